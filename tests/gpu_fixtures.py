@@ -1,0 +1,1 @@
+"""GPU fixtures (filled in by the GPU backend)."""
