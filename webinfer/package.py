@@ -1,0 +1,428 @@
+"""Reading a webinfer package (docs/package-format.md): manifest validation, model config, tensor locations.
+
+Pure Python (it also runs in Pyodide, where there is no numpy). The validation works on the manifest dict alone
+and fetches file bytes through a `reader(file_name, offset, size) -> bytes` callback, so the browser builds the
+same `Package` with `Package.from_manifest(manifest, reader)` over fetch/Cache API; `Package.open(dir)` is the
+local convenience.
+
+    pkg = Package.open("~/.cache/webinfer/packages/SmolLM2-135M-Instruct")
+    pkg.config.hidden_size, pkg.tensors["layers.0.q"].dtype, pkg.read_component("layers.0.q", "qweight")
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from webinfer.errors import FormatError, IntegrityError
+
+FORMAT = "webinfer-package"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+OFFSET_ALIGN = 256  # minStorageBufferOffsetAlignment: a shard uploaded whole can be bound at any offset we write
+MAX_BINDING_BYTES = 128 << 20  # WebGPU default maxStorageBufferBindingSize
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
+DTYPE_COMPONENTS = {"q4": ("qweight", "scales"), "q4a": ("qweight", "scales", "mins"),
+                    "q8": ("qweight", "scales"), "f32": ("data",)}
+_SHA_NAME = re.compile(r"^[0-9a-f]{64}\.(bin|json)$")
+
+Reader = Callable[[str, int, int], bytes]
+
+
+def component_row_bytes(dtype: str, component: str, k: int, group_size: int | None) -> int:
+    """Bytes per row of one component (the single source of truth for packer and reader)."""
+    if dtype == "f32":
+        return 4 * k
+    kp = -(-k // group_size) * group_size
+    if component == "qweight":
+        return kp // 2 if dtype in ("q4", "q4a") else kp
+    return 4 * (-(-(kp // group_size) // 2))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# model config
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    bos_token_id: int | None
+    eos_token_ids: tuple[int, ...]
+    pad_token_id: int | None
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_key_value_heads * self.head_dim
+
+    @classmethod
+    def from_dict(cls, d: Any, file: str = MANIFEST, prefix: str = "config") -> "ModelConfig":
+        if not isinstance(d, dict):
+            raise FormatError(file, prefix, f"is {type(d).__name__}", "an object")
+
+        def get(key, types, *, optional=False, positive=False):
+            f = f"{prefix}.{key}"
+            if key not in d:
+                raise FormatError(file, f, "missing")
+            v = d[key]
+            if v is None and optional:
+                return None
+            if isinstance(v, bool) and bool not in types or not isinstance(v, types):
+                raise FormatError(file, f, f"is {v!r}", " or ".join(t.__name__ for t in types))
+            if positive and not v > 0:
+                raise FormatError(file, f, f"is {v!r}", "a positive number")
+            return v
+
+        arch = get("architecture", (str,))
+        if arch not in SUPPORTED_ARCHITECTURES:
+            from webinfer.errors import UnsupportedArchitectureError
+            raise UnsupportedArchitectureError(file, f"{prefix}.architecture", f"{arch!r} is not supported",
+                                               "one of " + ", ".join(SUPPORTED_ARCHITECTURES))
+        ints = {k: get(k, (int,), positive=True) for k in (
+            "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "head_dim", "max_position_embeddings")}
+        if ints["num_attention_heads"] % ints["num_key_value_heads"]:
+            raise FormatError(file, f"{prefix}.num_key_value_heads", f"{ints['num_key_value_heads']} does not divide "
+                              f"num_attention_heads={ints['num_attention_heads']}", "a divisor of the head count")
+        if ints["head_dim"] % 2:
+            raise FormatError(file, f"{prefix}.head_dim", f"{ints['head_dim']} is odd", "an even number (RoPE pairs)")
+        scaling = get("rope_scaling", (dict,), optional=True)
+        eos = get("eos_token_ids", (list,))
+        if not all(isinstance(e, int) and not isinstance(e, bool) and 0 <= e < ints["vocab_size"] for e in eos):
+            raise FormatError(file, f"{prefix}.eos_token_ids", f"is {eos!r}", "a list of token ids < vocab_size")
+        bos = get("bos_token_id", (int,), optional=True)
+        pad = get("pad_token_id", (int,), optional=True)
+        for key, v in (("bos_token_id", bos), ("pad_token_id", pad)):
+            if v is not None and not 0 <= v < ints["vocab_size"]:
+                raise FormatError(file, f"{prefix}.{key}", f"{v} is out of range", f"0 <= id < {ints['vocab_size']}")
+        return cls(architecture=arch, **ints,
+                   rms_norm_eps=float(get("rms_norm_eps", (int, float), positive=True)),
+                   rope_theta=float(get("rope_theta", (int, float), positive=True)),
+                   rope_scaling=scaling,
+                   tie_word_embeddings=get("tie_word_embeddings", (bool,)),
+                   attention_bias=get("attention_bias", (bool,)),
+                   bos_token_id=bos, eos_token_ids=tuple(eos), pad_token_id=pad)
+
+    def to_dict(self) -> dict:
+        d = {f: getattr(self, f) for f in self.__dataclass_fields__}
+        d["eos_token_ids"] = list(self.eos_token_ids)
+        return d
+
+
+def expected_tensors(cfg: ModelConfig) -> list[tuple[str, list[int]]]:
+    """Canonical (name, shape) list in canonical order for a config."""
+    h, q, kv, f = cfg.hidden_size, cfg.q_dim, cfg.kv_dim, cfg.intermediate_size
+    out: list[tuple[str, list[int]]] = [("embed", [cfg.vocab_size, h])]
+    for i in range(cfg.num_hidden_layers):
+        p = f"layers.{i}."
+        out += [(p + "attn_norm", [h]), (p + "q", [q, h]), (p + "k", [kv, h]), (p + "v", [kv, h])]
+        if cfg.attention_bias:
+            out += [(p + "q_bias", [q]), (p + "k_bias", [kv]), (p + "v_bias", [kv])]
+        out += [(p + "o", [h, q]), (p + "ffn_norm", [h]), (p + "gate", [f, h]), (p + "up", [f, h]), (p + "down", [h, f])]
+    out.append(("norm", [h]))
+    if not cfg.tie_word_embeddings:
+        out.append(("lm_head", [cfg.vocab_size, h]))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------
+# tensors
+
+
+@dataclass(frozen=True)
+class ComponentRef:
+    file: str
+    offset: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class Part:
+    rows: tuple[int, int]
+    components: dict[str, ComponentRef]
+
+
+@dataclass(frozen=True)
+class Binding:
+    rows: tuple[int, int]
+    parts: tuple[Part, ...]
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    group_size: int | None
+    k_padded: int | None
+    source_type: str
+    lossless: bool
+    error: dict
+    bindings: tuple[Binding, ...]
+
+    @property
+    def rows(self) -> int:
+        return self.shape[0]
+
+    @property
+    def k(self) -> int:
+        return self.shape[1] if len(self.shape) == 2 else 1
+
+    @property
+    def components(self) -> tuple[str, ...]:
+        return DTYPE_COMPONENTS[self.dtype]
+
+    def row_bytes(self, component: str) -> int:
+        if self.dtype == "f32":
+            return 4 * self.k
+        return component_row_bytes(self.dtype, component, self.k, self.group_size)
+
+
+def _int(v, file, field, *, lo=0) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        raise FormatError(file, field, f"is {v!r}", f"an integer >= {lo}")
+    return v
+
+
+def _rows(v, file, field) -> tuple[int, int]:
+    if not (isinstance(v, list) and len(v) == 2):
+        raise FormatError(file, field, f"is {v!r}", "[first_row, end_row]")
+    a, b = _int(v[0], file, field), _int(v[1], file, field)
+    if b <= a:
+        raise FormatError(file, field, f"is {v!r}", "a non-empty row range")
+    return a, b
+
+
+def _tensor_from_dict(t: Any, idx: int, files: dict[str, int], file: str) -> TensorInfo:
+    field = f"tensors[{idx}]"
+    if not isinstance(t, dict):
+        raise FormatError(file, field, f"is {type(t).__name__}", "an object")
+    name = t.get("name")
+    if not isinstance(name, str):
+        raise FormatError(file, f"{field}.name", f"is {name!r}", "a string")
+    field = f"tensors[{name}]"
+    dtype = t.get("dtype")
+    if dtype not in DTYPE_COMPONENTS:
+        raise FormatError(file, f"{field}.dtype", f"is {dtype!r}", "one of " + ", ".join(DTYPE_COMPONENTS))
+    shape = t.get("shape")
+    if not (isinstance(shape, list) and len(shape) in (1, 2)):
+        raise FormatError(file, f"{field}.shape", f"is {shape!r}", "[N] or [N, K]")
+    shape = tuple(_int(s, file, f"{field}.shape", lo=1) for s in shape)
+    gs = kp = None
+    if dtype != "f32":
+        if len(shape) != 2:
+            raise FormatError(file, f"{field}.shape", f"{dtype} tensor has shape {list(shape)}", "[N, K]")
+        gs = _int(t.get("group_size"), file, f"{field}.group_size", lo=1)
+        if gs % 32:
+            raise FormatError(file, f"{field}.group_size", f"is {gs}", "a multiple of 32")
+        kp = _int(t.get("k_padded"), file, f"{field}.k_padded", lo=1)
+        if kp != -(-shape[1] // gs) * gs:
+            raise FormatError(file, f"{field}.k_padded", f"is {kp}", f"K={shape[1]} rounded up to a multiple of {gs}")
+    info = TensorInfo(name=name, dtype=dtype, shape=shape, group_size=gs, k_padded=kp,
+                      source_type=str(t.get("source_type", "")), lossless=bool(t.get("lossless", False)),
+                      error=t.get("error") or {}, bindings=())
+    comps = DTYPE_COMPONENTS[dtype]
+    raw_bindings = t.get("bindings")
+    if not isinstance(raw_bindings, list) or not raw_bindings:
+        raise FormatError(file, f"{field}.bindings", f"is {raw_bindings!r}", "a non-empty list")
+    bindings, next_row = [], 0
+    for bi, b in enumerate(raw_bindings):
+        bf = f"{field}.bindings[{bi}]"
+        if not isinstance(b, dict):
+            raise FormatError(file, bf, "is not an object")
+        brows = _rows(b.get("rows"), file, f"{bf}.rows")
+        if brows[0] != next_row:
+            raise FormatError(file, f"{bf}.rows", f"starts at row {brows[0]}", f"row {next_row} (contiguous bindings)")
+        raw_parts = b.get("parts")
+        if not isinstance(raw_parts, list) or not raw_parts:
+            raise FormatError(file, f"{bf}.parts", f"is {raw_parts!r}", "a non-empty list")
+        parts, prow = [], brows[0]
+        for pi, p in enumerate(raw_parts):
+            pf = f"{bf}.parts[{pi}]"
+            if not isinstance(p, dict):
+                raise FormatError(file, pf, "is not an object")
+            prows = _rows(p.get("rows"), file, f"{pf}.rows")
+            if prows[0] != prow:
+                raise FormatError(file, f"{pf}.rows", f"starts at row {prows[0]}", f"row {prow} (contiguous parts)")
+            prow = prows[1]
+            raw_c = p.get("components")
+            if not isinstance(raw_c, dict) or sorted(raw_c) != sorted(comps):
+                got = sorted(raw_c) if isinstance(raw_c, dict) else raw_c
+                raise FormatError(file, f"{pf}.components", f"is {got!r}", f"exactly {list(comps)} for {dtype}")
+            refs = {}
+            for c in comps:
+                r, cf = raw_c[c], f"{pf}.components.{c}"
+                if not isinstance(r, dict):
+                    raise FormatError(file, cf, "is not an object")
+                fname = r.get("file")
+                if fname not in files:
+                    raise FormatError(file, f"{cf}.file", f"{fname!r} is not in the files list")
+                off = _int(r.get("offset"), file, f"{cf}.offset")
+                if off % OFFSET_ALIGN:
+                    raise FormatError(file, f"{cf}.offset", f"is {off}", f"a multiple of {OFFSET_ALIGN}")
+                nb = _int(r.get("bytes"), file, f"{cf}.bytes")
+                want = (prows[1] - prows[0]) * info.row_bytes(c)
+                if nb != want:
+                    raise FormatError(file, f"{cf}.bytes", f"is {nb}", f"{want} for rows {list(prows)}")
+                if off + nb > files[fname]:
+                    raise FormatError(file, cf, f"bytes [{off}, {off + nb}) lie outside {fname} ({files[fname]} bytes)")
+                refs[c] = ComponentRef(fname, off, nb)
+            parts.append(Part(prows, refs))
+        if prow != brows[1]:
+            raise FormatError(file, f"{bf}.parts", f"cover rows up to {prow}", f"rows up to {brows[1]}")
+        for c in comps:
+            if (brows[1] - brows[0]) * info.row_bytes(c) > MAX_BINDING_BYTES:
+                raise FormatError(file, f"{bf}.rows", f"component {c} exceeds {MAX_BINDING_BYTES} bytes",
+                                  "bindings that fit one storage binding")
+        bindings.append(Binding(brows, tuple(parts)))
+        next_row = brows[1]
+    if next_row != shape[0]:
+        raise FormatError(file, f"{field}.bindings", f"cover rows up to {next_row}", f"all {shape[0]} rows")
+    return TensorInfo(**{**info.__dict__, "bindings": tuple(bindings)})
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the package
+
+
+class Package:
+    """A validated manifest plus a way to read the package's files."""
+
+    def __init__(self, manifest: dict, reader: Reader, where: str = MANIFEST, root: str | None = None):
+        self.manifest, self._reader, self.where, self.root = manifest, reader, where, root
+        m, f = manifest, where
+        if not isinstance(m, dict):
+            raise FormatError(f, "(top level)", f"is {type(m).__name__}", "a JSON object")
+        if m.get("format") != FORMAT:
+            raise FormatError(f, "format", f"is {m.get('format')!r}", repr(FORMAT))
+        if m.get("format_version") != FORMAT_VERSION:
+            raise FormatError(f, "format_version", f"package has version {m.get('format_version')!r}, "
+                              f"this reader knows version {FORMAT_VERSION}", f"format_version {FORMAT_VERSION}")
+        self.name = m.get("name") if isinstance(m.get("name"), str) else ""
+        self.config = ModelConfig.from_dict(m.get("config"), f)
+        files = m.get("files")
+        if not isinstance(files, list):
+            raise FormatError(f, "files", f"is {files!r}", "a list")
+        self.files: dict[str, dict] = {}
+        for i, e in enumerate(files):
+            if not (isinstance(e, dict) and isinstance(e.get("name"), str) and _SHA_NAME.match(e["name"])):
+                raise FormatError(f, f"files[{i}]", f"is {e!r}", "{name: <sha256>.bin|json, bytes, sha256}")
+            _int(e.get("bytes"), f, f"files[{i}].bytes")
+            if e.get("sha256") != e["name"].split(".")[0]:
+                raise FormatError(f, f"files[{i}].sha256", f"{e.get('sha256')!r} does not match the name {e['name']}")
+            if e["name"] in self.files:
+                raise FormatError(f, f"files[{i}].name", f"{e['name']} is listed twice")
+            self.files[e["name"]] = e
+        sizes = {n: e["bytes"] for n, e in self.files.items()}
+        tok = m.get("tokenizer")
+        if not (isinstance(tok, dict) and tok.get("file") in self.files):
+            raise FormatError(f, "tokenizer.file", f"is {tok!r}", "a file listed in files")
+        raw_tensors = m.get("tensors")
+        if not isinstance(raw_tensors, list):
+            raise FormatError(f, "tensors", f"is {raw_tensors!r}", "a list")
+        self.tensors: dict[str, TensorInfo] = {}
+        for i, t in enumerate(raw_tensors):
+            info = _tensor_from_dict(t, i, sizes, f)
+            if info.name in self.tensors:
+                raise FormatError(f, f"tensors[{info.name}]", "is listed twice")
+            self.tensors[info.name] = info
+        want = expected_tensors(self.config)
+        names = [n for n, _ in want]
+        if list(self.tensors) != names:
+            missing = [n for n in names if n not in self.tensors]
+            extra = [n for n in self.tensors if n not in set(names)]
+            raise FormatError(f, "tensors", f"missing {missing[:5]}, unexpected {extra[:5]}" if missing or extra
+                              else "are not in canonical order", "the canonical tensors of the config")
+        for n, shape in want:
+            if list(self.tensors[n].shape) != shape:
+                raise FormatError(f, f"tensors[{n}].shape", f"is {list(self.tensors[n].shape)}", f"{shape} from config")
+        tpl = m.get("chat_template")
+        self.chat_template: str | None = tpl if isinstance(tpl, str) else None
+        st = m.get("special_tokens")
+        self.special_tokens: dict = st if isinstance(st, dict) else {}
+        self.quantization: dict = m.get("quantization") or {}
+
+    # -- construction
+
+    @classmethod
+    def from_manifest(cls, manifest: dict, reader: Reader, where: str = MANIFEST) -> "Package":
+        return cls(manifest, reader, where)
+
+    @classmethod
+    def open(cls, path) -> "Package":
+        root = os.fspath(path)
+        mpath = os.path.join(root, MANIFEST)
+        try:
+            with open(mpath, "rb") as fh:
+                raw = fh.read()
+        except FileNotFoundError:
+            raise FormatError(mpath, "(file)", "does not exist", "a webinfer package folder with manifest.json") from None
+        try:
+            manifest = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise FormatError(mpath, "(json)", f"is not valid JSON: {e}") from None
+
+        def reader(name: str, offset: int, size: int) -> bytes:
+            with open(os.path.join(root, name), "rb") as fh:
+                fh.seek(offset)
+                data = fh.read(size)
+            if len(data) != size:
+                raise IntegrityError(os.path.join(root, name), f"at least {offset + size} bytes",
+                                     f"{offset + len(data)} bytes")
+            return data
+
+        return cls(manifest, reader, mpath, root)
+
+    # -- access
+
+    def file_path(self, name: str) -> str:
+        if self.root is None:
+            raise ValueError("this package was not opened from a local folder")
+        if name != MANIFEST and name not in self.files:
+            raise KeyError(f"{name} is not a file of this package")
+        return os.path.join(self.root, name)
+
+    def read_file(self, name: str) -> bytes:
+        return self._reader(name, 0, self.files[name]["bytes"])
+
+    def read_component(self, name: str, component: str, binding: int = 0) -> bytes:
+        """The bytes of one component of one binding: its rows, contiguous, as one storage buffer holds them."""
+        t = self.tensors[name]
+        if component not in t.components:
+            raise KeyError(f"{name} ({t.dtype}) has no component {component!r}; it has {list(t.components)}")
+        return b"".join(self._reader(p.components[component].file, p.components[component].offset,
+                                     p.components[component].bytes) for p in t.bindings[binding].parts)
+
+    def tokenizer_json(self) -> dict:
+        tok = self.manifest["tokenizer"]
+        data = self.read_file(tok["file"])
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != tok["file"].split(".")[0]:
+            raise IntegrityError(tok["file"], f"sha256 {tok['file'].split('.')[0]}", f"sha256 {digest}")
+        try:
+            out = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise FormatError(tok["file"], "(json)", f"is not valid JSON: {e}") from None
+        if not isinstance(out, dict) or not isinstance(out.get("model"), dict):
+            raise FormatError(tok["file"], "model", "missing", "a Hugging Face tokenizer.json")
+        return out
