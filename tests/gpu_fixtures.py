@@ -1,1 +1,59 @@
-"""GPU fixtures (filled in by the GPU backend)."""
+"""GPU fixtures: one session-scoped native device with browser-like limits.
+
+GPU tests skip only when no adapter exists, and never in CI: with CI=true or WEBINFER_REQUIRE_GPU=1 a missing
+adapter is a failure, so a broken lavapipe install cannot turn the GPU suite into silent skips.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+def _require_gpu() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true") or os.environ.get("WEBINFER_REQUIRE_GPU") == "1"
+
+
+@pytest.fixture(scope="session")
+def gpu():
+    from webinfer.errors import NoAdapterError
+
+    try:
+        from webinfer.gpu.native import request_device_sync
+
+        dev = request_device_sync(limits="browser")
+    except (NoAdapterError, ImportError) as e:
+        if _require_gpu():
+            pytest.fail(f"CI requires a WebGPU adapter (lavapipe), but: {e}")
+        pytest.skip(f"no WebGPU adapter: {e}")
+    yield dev
+
+
+@pytest.fixture(scope="session")
+def kernels(gpu):
+    from webinfer.kernels.library import KernelLibrary
+
+    return KernelLibrary(gpu)
+
+
+@pytest.fixture(scope="session")
+def gpu_f32():
+    """A second device with f16 forced off, to test the f32 paths even where shader-f16 exists."""
+    from webinfer.errors import NoAdapterError
+    from webinfer.gpu.native import request_device_sync
+
+    old = os.environ.get("WEBINFER_FORCE_F32")
+    os.environ["WEBINFER_FORCE_F32"] = "1"
+    try:
+        dev = request_device_sync(limits="browser")
+    except NoAdapterError as e:
+        if _require_gpu():
+            pytest.fail(str(e))
+        pytest.skip(str(e))
+    finally:
+        if old is None:
+            os.environ.pop("WEBINFER_FORCE_F32", None)
+        else:
+            os.environ["WEBINFER_FORCE_F32"] = old
+    yield dev
