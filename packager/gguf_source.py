@@ -1,0 +1,313 @@
+"""Reading a GGUF file (v2/v3) as a pack source.
+
+`gguf.GGUFReader` memory-maps the file but trusts every length it reads, so `validate_gguf_header` first walks
+the header with explicit bounds checks (magic, version, counts, string/array lengths, tensor infos, data offsets
+in bounds and non-overlapping) and raises FormatError naming the field. Only then is GGUFReader used, and any
+exception it still raises is converted to FormatError too.
+
+Conventions are normalised here: llama.cpp permutes the Q/K rows of `llama`/`mistral` GGUFs for adjacent-pair
+RoPE; `unpermute_rows` gives the row order of the half-split (Hugging Face) convention the runtime uses.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from webinfer.errors import FormatError, UnsupportedArchitectureError
+from webinfer.package import SUPPORTED_ARCHITECTURES
+
+GGUF_MAGIC = b"GGUF"
+GGUF_VERSIONS = (2, 3)
+# scalar value types: id -> (struct format, size)
+_SCALARS = {0: ("<B", 1), 1: ("<b", 1), 2: ("<H", 2), 3: ("<h", 2), 4: ("<I", 4), 5: ("<i", 4), 6: ("<f", 4),
+            7: ("<?", 1), 10: ("<Q", 8), 11: ("<q", 8), 12: ("<d", 8)}
+_STRING, _ARRAY = 8, 9
+MAX_DIMS = 4
+
+
+@dataclass(frozen=True)
+class HeaderTensor:
+    name: str
+    dims: tuple[int, ...]  # GGUF order: ne0 (K, the contiguous axis) first
+    type_id: int
+    offset: int  # relative to the data section
+    nbytes: int
+
+
+def validate_gguf_header(path: Path | str, data: bytes | memoryview | None = None) -> list[HeaderTensor]:
+    """Walk a GGUF header with bounds checks; return the tensor infos. Raises only FormatError."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    path = str(path)
+    if data is None:
+        import mmap
+
+        with open(path, "rb") as fh:
+            size = fh.seek(0, 2)
+            if size == 0:
+                raise FormatError(path, "magic", "the file is empty", "a GGUF file")
+            data = memoryview(mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ))
+    buf = memoryview(data)
+    size = len(buf)
+    pos = 0
+
+    def need(n: int, field: str) -> None:
+        if n < 0 or pos + n > size:
+            raise FormatError(path, field, f"needs {n} bytes at offset {pos} but the file has {size} bytes",
+                              "a complete GGUF file (truncated?)")
+
+    def scalar(fmt: str, n: int, field: str):
+        nonlocal pos
+        need(n, field)
+        (v,) = struct.unpack_from(fmt, buf, pos)
+        pos += n
+        return v
+
+    def string(field: str) -> str:
+        nonlocal pos
+        n = scalar("<Q", 8, f"{field} (string length)")
+        need(n, field)
+        raw = bytes(buf[pos:pos + n])
+        pos += n
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise FormatError(path, field, "is not valid UTF-8") from None
+
+    def value(type_id: int, field: str, depth: int = 0):
+        nonlocal pos
+        if type_id in _SCALARS:
+            fmt, n = _SCALARS[type_id]
+            return scalar(fmt, n, field)
+        if type_id == _STRING:
+            return string(field)
+        if type_id == _ARRAY and depth == 0:
+            item = scalar("<I", 4, f"{field} (array type)")
+            count = scalar("<Q", 8, f"{field} (array length)")
+            min_item = _SCALARS[item][1] if item in _SCALARS else 8 if item in (_STRING, _ARRAY) else None
+            if min_item is None:
+                raise FormatError(path, field, f"array of unknown value type {item}", "a GGUF value type 0-12")
+            if count * min_item > size - pos:  # checked before any loop or allocation
+                raise FormatError(path, field, f"array length {count} exceeds the {size - pos} bytes left")
+            if item in _SCALARS:
+                pos += count * min_item
+                return None
+            for i in range(count):
+                value(item, f"{field}[{i}]", depth + 1)
+            return None
+        raise FormatError(path, field, f"unknown value type {type_id}", "a GGUF value type 0-12 (arrays not nested)")
+
+    magic = bytes(buf[:4]) if size >= 4 else bytes(buf)
+    if magic != GGUF_MAGIC:
+        raise FormatError(path, "magic", f"is {magic!r}", "b'GGUF'")
+    pos = 4
+    version = scalar("<I", 4, "version")
+    if version not in GGUF_VERSIONS:
+        raise FormatError(path, "version", f"is {version}", "GGUF version 2 or 3")
+    n_tensors = scalar("<Q", 8, "tensor_count")
+    n_kv = scalar("<Q", 8, "kv_count")
+    if n_tensors * 28 > size - pos:
+        raise FormatError(path, "tensor_count", f"{n_tensors} tensors cannot fit in {size} bytes")
+    if n_kv * 13 > size - pos:
+        raise FormatError(path, "kv_count", f"{n_kv} key-value pairs cannot fit in {size} bytes")
+    alignment = 32
+    for i in range(n_kv):
+        key = string(f"kv[{i}].key")
+        type_id = scalar("<I", 4, f"{key} (type)")
+        v = value(type_id, key)
+        if key == "general.alignment":
+            if not isinstance(v, int) or v <= 0 or v & (v - 1) or v % 8:
+                raise FormatError(path, key, f"is {v!r}", "a power of two >= 8")
+            alignment = v
+    infos = []
+    names = set()
+    for i in range(n_tensors):
+        name = string(f"tensor_info[{i}].name")
+        if name in names:
+            raise FormatError(path, f"tensor_info[{name}]", "duplicate tensor name")
+        names.add(name)
+        n_dims = scalar("<I", 4, f"tensor_info[{name}].n_dims")
+        if not 1 <= n_dims <= MAX_DIMS:
+            raise FormatError(path, f"tensor_info[{name}].n_dims", f"is {n_dims}", f"1..{MAX_DIMS}")
+        dims = tuple(scalar("<Q", 8, f"tensor_info[{name}].dims") for _ in range(n_dims))
+        type_id = scalar("<I", 4, f"tensor_info[{name}].type")
+        offset = scalar("<Q", 8, f"tensor_info[{name}].offset")
+        try:
+            qtype = GGMLQuantizationType(type_id)
+            block, type_size = GGML_QUANT_SIZES[qtype]
+        except (ValueError, KeyError):
+            raise FormatError(path, f"tensor_info[{name}].type", f"unknown ggml type {type_id}") from None
+        if any(d == 0 for d in dims) or dims[0] % block:
+            raise FormatError(path, f"tensor_info[{name}].dims", f"is {list(dims)}",
+                              f"non-zero dims with ne0 a multiple of {block} for {qtype.name}")
+        n = 1
+        for d in dims:
+            n *= d
+        nbytes = n // block * type_size
+        if offset % alignment:
+            raise FormatError(path, f"tensor_info[{name}].offset", f"is {offset}", f"a multiple of {alignment}")
+        infos.append(HeaderTensor(name, dims, type_id, offset, nbytes))
+    data_start = -(-pos // alignment) * alignment
+    data_size = size - data_start
+    end = 0
+    for t in sorted(infos, key=lambda t: t.offset):
+        if t.offset < end:
+            raise FormatError(path, f"tensor_info[{t.name}].offset", f"{t.offset} overlaps the previous tensor",
+                              f">= {end}")
+        end = t.offset + t.nbytes
+        if end > data_size:
+            raise FormatError(path, f"tensor_info[{t.name}].offset",
+                              f"data [{t.offset}, {end}) lies outside the data section ({data_size} bytes)",
+                              "tensor data inside the file (truncated?)")
+    return infos
+
+
+# ----------------------------------------------------------------------------------------------------------
+
+
+def unpermute_rows(n_rows: int, n_head: int) -> np.ndarray:
+    """Row index r_gguf[i] for each half-split row i: llama.cpp stored row h*d + 2j + t from HF row h*d + t*d/2 + j."""
+    d = n_rows // n_head
+    idx = np.arange(n_rows).reshape(n_head, d // 2, 2)  # GGUF rows grouped as (head, j, t)
+    return idx.transpose(0, 2, 1).reshape(-1)  # HF row (head, t, j) comes from GGUF row (head, j, t)
+
+
+class SourceTensor:
+    """One canonical tensor of a source: float rows on demand, plus raw GGUF block rows for lossless repacking."""
+
+    def __init__(self, name: str, type_name: str, shape: list[int], data: np.ndarray, rows: np.ndarray | None,
+                 qtype=None):
+        self.name, self.type_name, self.shape, self._data, self._rows, self._qtype = name, type_name, shape, data, rows, qtype
+
+    def raw_rows(self, r0: int, r1: int) -> np.ndarray:
+        return self._data[self._rows[r0:r1]] if self._rows is not None else self._data[r0:r1]
+
+    def float_rows(self, r0: int, r1: int) -> np.ndarray:
+        from gguf.quants import dequantize
+
+        raw = self.raw_rows(r0, r1)
+        if self.type_name == "F32":
+            return np.asarray(raw, np.float32)
+        if self.type_name == "F16":
+            return np.asarray(raw).astype(np.float32)
+        return dequantize(np.asarray(raw), self._qtype).reshape(r1 - r0, -1).astype(np.float32, copy=False)
+
+    def float_all(self) -> np.ndarray:
+        return self.float_rows(0, self.shape[0]).reshape(self.shape)
+
+
+_GGUF_NAMES = {"attn_norm": "attn_norm", "q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output",
+               "q_bias": "attn_q.bias", "k_bias": "attn_k.bias", "v_bias": "attn_v.bias",
+               "ffn_norm": "ffn_norm", "gate": "ffn_gate", "up": "ffn_up", "down": "ffn_down"}
+
+
+def gguf_tensor_name(canonical: str) -> str:
+    if canonical == "embed":
+        return "token_embd.weight"
+    if canonical == "norm":
+        return "output_norm.weight"
+    if canonical == "lm_head":
+        return "output.weight"
+    _, i, part = canonical.split(".", 2)
+    n = _GGUF_NAMES[part]
+    return f"blk.{i}.{n}" if n.endswith(".bias") else f"blk.{i}.{n}.weight"
+
+
+class GGUFSource:
+    kind = "gguf"
+
+    def __init__(self, path: Path):
+        from gguf import GGUFReader
+
+        self.path = Path(path)
+        self.name = self.path.name
+        self.default_name = self.path.name.split(".")[0]
+        validate_gguf_header(self.path)
+        try:
+            self.reader = GGUFReader(self.path)
+            self.fields = {}
+            for k, f in self.reader.fields.items():
+                try:
+                    self.fields[k] = f.contents()
+                except Exception:  # noqa: BLE001 - a field GGUFReader cannot decode is simply unusable
+                    self.fields[k] = None
+            self.tensors = {t.name: t for t in self.reader.tensors}
+        except FormatError:
+            raise
+        except Exception as e:  # noqa: BLE001 - GGUFReader raises ValueError/IndexError/... on bad input
+            raise FormatError(self.path, "(GGUFReader)", f"{type(e).__name__}: {e}") from None
+        self.config = self._config()
+
+    def _get(self, key: str, default=None, *, required=False):
+        v = self.fields.get(key)
+        if v is None:
+            if required:
+                raise FormatError(self.path, key, "missing", "this metadata key")
+            return default
+        return v
+
+    def _config(self) -> dict:
+        arch = self._get("general.architecture", required=True)
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise UnsupportedArchitectureError(self.path, "general.architecture", f"{arch!r} is not supported",
+                                               "one of " + ", ".join(SUPPORTED_ARCHITECTURES))
+        self.arch = arch
+
+        def num(key, default=None, kind=int):
+            v = self._get(f"{arch}.{key}", default, required=default is None)
+            if isinstance(v, list) or not isinstance(v, (int, float)):
+                raise FormatError(self.path, f"{arch}.{key}", f"is {v!r}", "a number (per-layer lists unsupported)")
+            return kind(v)
+
+        hidden = num("embedding_length")
+        heads = num("attention.head_count")
+        tokens = self._get("tokenizer.ggml.tokens")
+        vocab = num("vocab_size", len(tokens) if tokens else None)
+        eos = self._get("tokenizer.ggml.eos_token_id")
+        return {
+            "architecture": arch, "vocab_size": vocab, "hidden_size": hidden,
+            "intermediate_size": num("feed_forward_length"), "num_hidden_layers": num("block_count"),
+            "num_attention_heads": heads, "num_key_value_heads": num("attention.head_count_kv", heads),
+            "head_dim": num("attention.key_length", hidden // heads if heads else 0),
+            "rms_norm_eps": num("attention.layer_norm_rms_epsilon", kind=float),
+            "rope_theta": num("rope.freq_base", 10000.0, kind=float),
+            "rope_scaling": None,
+            "max_position_embeddings": num("context_length", 2048),
+            "tie_word_embeddings": "output.weight" not in self.tensors,
+            "attention_bias": "blk.0.attn_q.bias" in self.tensors,
+            "bos_token_id": self._get("tokenizer.ggml.bos_token_id"),
+            "eos_token_ids": [int(eos)] if eos is not None else [],
+            "pad_token_id": self._get("tokenizer.ggml.padding_token_id"),
+        }
+
+    def tensor(self, canonical: str, shape: list[int]) -> SourceTensor:
+        gname = gguf_tensor_name(canonical)
+        t = self.tensors.get(gname)
+        if t is None:
+            raise FormatError(self.path, f"tensor {gname}", "missing", f"the tensor {canonical} of a {self.arch} model")
+        got = [int(d) for d in reversed(t.shape.tolist())]
+        if got != shape:
+            raise FormatError(self.path, f"tensor {gname}", f"has shape {got}", f"{shape} from the model config")
+        rows = None
+        part = canonical.rsplit(".", 1)[-1]
+        if self.arch in ("llama", "mistral") and part in ("q", "k"):
+            n_head = self.config["num_attention_heads" if part == "q" else "num_key_value_heads"]
+            rows = unpermute_rows(shape[0], n_head)
+        type_name = t.tensor_type.name
+        if type_name not in ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K",
+                             "Q5_K", "Q6_K"):
+            raise FormatError(self.path, f"tensor {gname}.type", f"{type_name} is not supported",
+                              "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 or a K-quant")
+        data = t.data if len(shape) == 2 else t.data.reshape(shape[0], -1)
+        return SourceTensor(gname, type_name, shape, data, rows, t.tensor_type)
+
+    # -- tokenizer side
+
+    def tokenizer(self) -> tuple[dict, str | None, dict]:
+        from webinfer_packager.tokenizer_convert import tokenizer_from_gguf
+
+        return tokenizer_from_gguf(self.fields, str(self.path))

@@ -1,0 +1,232 @@
+"""`webinfer pack`: a GGUF file or Hugging Face folder -> a webinfer package (docs/package-format.md).
+
+Streaming and memory-bounded: tensors are read one at a time through mmap, converted in row chunks (so the float
+copy of even the largest tensor is never held whole), and appended to content-addressed shards on disk. Peak
+memory is about one tensor's encoded components plus one float chunk. The package is built in
+`OUT.tmp-<random>` beside OUT and renamed into place at the end; on any error the temp folder is removed.
+
+    pack(Path("model.gguf"), Path("out"), group_size=32)      # or: webinfer pack model.gguf -o out
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from webinfer.errors import FormatError, WebinferError
+from webinfer.package import (FORMAT, FORMAT_VERSION, MAX_BINDING_BYTES, ModelConfig, Package, expected_tensors)
+from webinfer_packager import quant
+from webinfer_packager.shards import ShardWriter
+
+CHUNK_ELEMENTS = 1 << 22  # floats converted at once (16 MiB of float32)
+GROUP_SIZES = (32, 64, 128)
+
+
+class OutputExistsError(WebinferError):
+    pass
+
+
+def open_source(source: Path):
+    source = Path(source)
+    if source.is_dir():
+        from webinfer_packager.hf_source import HFSource
+
+        return HFSource(source)
+    if not source.exists():
+        raise FormatError(source, "(file)", "does not exist", "a GGUF file or a Hugging Face folder")
+    from webinfer_packager.gguf_source import GGUFSource
+
+    return GGUFSource(source)
+
+
+def _target_dtype(name: str, src_type: str, *, group_size: int, asymmetric: bool, embedding: str):
+    """(dtype, group_size, repack) for one canonical tensor."""
+    part = name.rsplit(".", 1)[-1]
+    if part in ("attn_norm", "ffn_norm", "norm", "q_bias", "k_bias", "v_bias"):
+        return "f32", None, False
+    is_embed = name in ("embed", "lm_head")
+    lossless = quant.GGUF_REPACK.get(src_type)
+    if lossless:
+        family = "q8" if lossless == "q8" else "q4"
+        wanted = embedding if is_embed else "q4"
+        # GGUF blocks already at (or, for Q8_0 linears, above) the requested precision are repacked bit-exactly
+        if family == wanted or (not is_embed and family == "q8"):
+            return lossless, quant.GGUF_BLOCK, True
+    if is_embed:
+        return embedding, group_size, False
+    return ("q4a" if asymmetric else "q4"), group_size, False
+
+
+def _encode(st, name: str, shape: list[int], dtype: str, gs: int | None, repack: bool):
+    """Encode one tensor in row chunks; returns (components [N, row_bytes] uint8, error, lossless)."""
+    n = shape[0]
+    k = shape[1] if len(shape) == 2 else 1
+    step = max(1, CHUNK_ELEMENTS // k)
+    chunks: dict[str, list[np.ndarray]] = {}
+    max_diff = max_w = sq_diff = sq_w = 0.0
+    exact = True
+    for r0 in range(0, n, step):
+        r1 = min(n, r0 + step)
+        w = st.float_rows(r0, r1).reshape(r1 - r0, k)
+        if not np.all(np.isfinite(w)):
+            raise FormatError(st.name, "values", f"rows {r0}..{r1} hold NaN or infinity", "finite weights")
+        if repack:
+            comps = quant.repack_gguf(st.type_name, st.raw_rows(r0, r1), r1 - r0, k)
+        else:
+            comps = quant.quantize(dtype, w, gs or 32)
+        comps = {c: np.ascontiguousarray(a).view(np.uint8).reshape(r1 - r0, -1) for c, a in comps.items()}
+        w_hat = quant.dequantize(dtype, comps, [r1 - r0, k], gs, quant.k_padded_for(k, gs) if gs else None)
+        exact = exact and np.array_equal(w, w_hat)
+        d = (w_hat.astype(np.float64) - w)
+        max_diff = max(max_diff, float(np.abs(d).max()))
+        max_w = max(max_w, float(np.abs(w).max()))
+        sq_diff += float(np.dot(d.ravel(), d.ravel()))
+        sq_w += float(np.dot(w.ravel().astype(np.float64), w.ravel().astype(np.float64)))
+        for c, a in comps.items():
+            chunks.setdefault(c, []).append(a)
+    comps = {c: np.concatenate(v) if len(v) > 1 else v[0] for c, v in chunks.items()}
+    err = {"max_rel": max_diff / max_w if max_w else 0.0, "rms_rel": (sq_diff / sq_w) ** 0.5 if sq_w else 0.0}
+    return comps, err, exact
+
+
+def _write_tensor(writer: ShardWriter, comps: dict[str, np.ndarray]) -> list[dict]:
+    n = next(iter(comps.values())).shape[0]
+    per_binding = max(1, MAX_BINDING_BYTES // max(a.shape[1] for a in comps.values()))
+    bindings = []
+    for b0 in range(0, n, per_binding):
+        b1 = min(n, b0 + per_binding)
+        bindings.append({"rows": [b0, b1], "parts": writer.write_rows(comps, b0, b1)})
+    return bindings
+
+
+def _build(src, folder: Path, *, group_size, asymmetric, embedding, shard_mb, name, progress) -> dict:
+    try:
+        cfg = ModelConfig.from_dict(src.config, str(src.path), "config")
+    except FormatError as e:
+        raise FormatError(src.path, e.field, e.problem, e.expected) from None
+    tok_json, chat_template, special = src.tokenizer()
+    want = expected_tensors(cfg)
+    sources = [(n, shape, src.tensor(n, shape)) for n, shape in want]  # checks every tensor before writing any
+    writer = ShardWriter(folder, shard_mb << 20)
+    tensors = []
+    total = sum(int(np.prod(s)) for _, s, _ in sources)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, unit="w", unit_scale=True, desc="pack", file=sys.stderr)
+    params = 0
+    for n, shape, st in sources:
+        dtype, gs, repack = _target_dtype(n, st.type_name, group_size=group_size, asymmetric=asymmetric,
+                                          embedding=embedding)
+        comps, err, exact = _encode(st, n, shape, dtype, gs, repack)
+        entry = {"name": n, "dtype": dtype, "shape": shape}
+        if gs:
+            entry.update(group_size=gs, k_padded=quant.k_padded_for(shape[1], gs))
+        entry.update(source_type=st.type_name, lossless=bool(exact), error=err, bindings=_write_tensor(writer, comps))
+        tensors.append(entry)
+        params += int(np.prod(shape))
+        del comps
+        if bar:
+            bar.update(int(np.prod(shape)))
+    writer.finish()
+    if bar:
+        bar.close()
+    for t in tensors:
+        for b in t["bindings"]:
+            writer.resolve(b["parts"])
+    tok_bytes = json.dumps(tok_json, ensure_ascii=False, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    import hashlib
+
+    tok_sha = hashlib.sha256(tok_bytes).hexdigest()
+    (folder / f"{tok_sha}.json").write_bytes(tok_bytes)
+    files = writer.files + [{"name": f"{tok_sha}.json", "bytes": len(tok_bytes), "sha256": tok_sha}]
+    total_bytes = sum(f["bytes"] for f in files)
+    weight_bytes = sum(f["bytes"] for f in writer.files)
+    manifest = {
+        "format": FORMAT, "format_version": FORMAT_VERSION,
+        "name": name or src.default_name,
+        "source": {"kind": src.kind, "name": src.name},
+        "config": cfg.to_dict(),
+        "tokenizer": {"file": f"{tok_sha}.json", "bytes": len(tok_bytes), "sha256": tok_sha},
+        "chat_template": chat_template,
+        "special_tokens": special,
+        "quantization": {"linear": "q4a" if asymmetric else "q4", "group_size": group_size, "embedding": embedding},
+        "tensors": tensors,
+        "files": files,
+        "totals": {"files": len(files), "bytes": total_bytes, "params": params,
+                   "bits_per_weight": round(8 * weight_bytes / params, 3) if params else 0.0},
+    }
+    data = json.dumps(manifest, ensure_ascii=False, sort_keys=True, indent=1).encode("utf-8")
+    (folder / "manifest.json").write_bytes(data)
+    Package.open(folder)  # the reader's validation is the final check of what we wrote
+    return manifest
+
+
+def pack(source: Path, out: Path, *, group_size: int = 32, asymmetric: bool = False, embedding: str = "q8",
+         shard_mb: int = 32, name: str | None = None, force: bool = False, progress: bool = True) -> Path:
+    """Pack SOURCE (GGUF file or HF folder) into the package folder OUT; returns OUT."""
+    source, out = Path(source), Path(out)
+    if group_size not in GROUP_SIZES:
+        raise ValueError(f"group_size must be one of {GROUP_SIZES}, got {group_size}")
+    if embedding not in ("q8", "q4"):
+        raise ValueError(f"embedding must be 'q8' or 'q4', got {embedding!r}")
+    if shard_mb < 1:
+        raise ValueError(f"shard_mb must be at least 1, got {shard_mb}")
+    if out.exists() and not force:
+        raise OutputExistsError(f"{out} already exists; pass --force to replace it")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f"{out.name}.tmp-{secrets.token_hex(4)}"
+    tmp.mkdir()
+    try:
+        src = open_source(source)
+        manifest = _build(src, tmp, group_size=group_size, asymmetric=asymmetric, embedding=embedding,
+                          shard_mb=shard_mb, name=name, progress=progress)
+        if out.exists():  # --force: move the old one aside first so OUT is never half-replaced
+            old = out.parent / f"{out.name}.old-{secrets.token_hex(4)}"
+            os.replace(out, old)
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if progress:
+        print_summary(manifest, file=sys.stderr)
+    return out
+
+
+def print_summary(manifest: dict, file=sys.stdout, worst: int = 8) -> None:
+    ts = [t for t in manifest["tensors"] if t["dtype"] != "f32"]
+    ts.sort(key=lambda t: -t["error"]["rms_rel"])
+    print(f"{'tensor':<24} {'dtype':<5} {'source':<6} {'lossless':<8} {'max_rel':>9} {'rms_rel':>9}", file=file)
+    for t in ts[:worst]:
+        e = t["error"]
+        print(f"{t['name']:<24} {t['dtype']:<5} {t['source_type']:<6} {str(t['lossless']):<8} "
+              f"{e['max_rel']:9.5f} {e['rms_rel']:9.5f}", file=file)
+    n_lossless = sum(t["lossless"] for t in manifest["tensors"])
+    tot = manifest["totals"]
+    print(f"overall: {len(manifest['tensors'])} tensors ({n_lossless} lossless), {tot['params']:,} params, "
+          f"{tot['bytes'] / 2**20:.1f} MiB in {tot['files']} files, {tot['bits_per_weight']} bits/weight; "
+          f"worst rms_rel {ts[0]['error']['rms_rel'] if ts else 0.0:.5f}", file=file)
+
+
+def cli_main(args) -> int:
+    from webinfer_packager import paths
+
+    source = Path(args.source) if args.source else paths.default_gguf_path()
+    out = Path(args.output) if args.output else paths.default_package_dir()
+    try:
+        pack(source, out, group_size=args.group_size, asymmetric=args.asymmetric, embedding=args.embedding,
+             shard_mb=args.shard_mb, name=args.name, force=args.force, progress=not args.quiet)
+    except ValueError as e:
+        raise WebinferError(str(e)) from None
+    print(out)
+    return 0
