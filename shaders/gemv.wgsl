@@ -1,0 +1,192 @@
+// Quantized matrix x activations: y[t, n] = sum_k W[n, k] * x[t, k] for the weight dtypes of
+// docs/package-format.md (q4, q4a, q8), used for decode (1-16 rows) and, row by row, for prefill.
+//
+// Layout: one invocation computes 4 consecutive output rows n for ONE activation row t (grid y = t), so the
+// reduction order of y[t, n] is the same sequential walk over k whatever T is: a sequence's output never depends
+// on what else is in the batch (the scheduler relies on it). The 4 rows share each vec4 of x they load.
+//
+// Defines: DTYPE (q4 | q4a | q8), BIAS (y = Wx + bias), ACCUMULATE (y += Wx: residual epilogue of o and down),
+// SWIGLU (the weight rows are gate/up interleaved in blocks of 4: rows 8j..8j+3 gate, 8j+4..8j+7 up;
+// y[t, 4j + r] = silu(gate) * up), BIAS_SLOT (binding of the bias: 6, or 7 with q4a).
+// The row count T of a dispatch is read from the per-step buffer `step[params.count_index]`, so one bind group
+// and one set of parameters serve every step; only the grid changes.
+#define WG 64
+#define DTYPE q4
+#define BIAS_SLOT 6
+
+struct Params {
+    n: u32,            // output rows of this weight binding
+    k: u32,            // logical reduction length (only k < K contributes)
+    gs: u32,           // group size (multiple of 32)
+    w_stride4: u32,    // vec4<u32> per weight row
+    s_stride: u32,     // u32 words per scale row
+    x_stride4: u32,    // vec4<f32> per activation row
+    y_stride: u32,     // f32 per output row
+    n_offset: u32,     // column of y where this binding's rows start
+    count_index: u32,  // which step[] entry holds the number of activation rows
+    _p0: u32, _p1: u32, _p2: u32,
+}
+
+@group(0) @binding(0) var<storage, read> w: array<vec4<u32>>;
+@group(0) @binding(1) var<storage, read> scales: array<u32>;
+@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+@group(0) @binding(4) var<uniform> params: Params;
+@group(0) @binding(5) var<storage, read> step: array<u32>;
+#if DTYPE == q4a
+@group(0) @binding(6) var<storage, read> mins: array<u32>;
+#endif
+#ifdef BIAS
+@group(0) @binding(BIAS_SLOT) var<storage, read> bias: array<f32>;
+#endif
+
+fn half_at(buf_word: u32, g: u32) -> f32 {
+    return unpack2x16float(buf_word)[g & 1u];
+}
+
+fn scale_of(row: u32, g: u32) -> f32 {
+    return half_at(scales[row * params.s_stride + g / 2u], g);
+}
+
+#if DTYPE == q4a
+fn min_of(row: u32, g: u32) -> f32 {
+    return half_at(mins[row * params.s_stride + g / 2u], g);
+}
+#endif
+
+#if DTYPE == q8
+// the 4 signed bytes of a word as floats
+fn i8x4(u: u32) -> vec4<f32> {
+    let v = bitcast<vec4<i32>>(vec4<u32>(u << 24u, u << 16u, u << 8u, u)) >> vec4<u32>(24u);
+    return vec4<f32>(v);
+}
+// dot of 32 int8 weights (2 vec4<u32>) with 32 activations
+fn dot32(a: vec4<u32>, b: vec4<u32>, xs: array<vec4<f32>, 8>) -> f32 {
+    return dot(i8x4(a.x), xs[0]) + dot(i8x4(a.y), xs[1]) + dot(i8x4(a.z), xs[2]) + dot(i8x4(a.w), xs[3])
+         + dot(i8x4(b.x), xs[4]) + dot(i8x4(b.y), xs[5]) + dot(i8x4(b.z), xs[6]) + dot(i8x4(b.w), xs[7]);
+}
+#else
+// the 8 nibbles of a word as unsigned values (low nibble = element 0)
+fn lo4(u: u32) -> vec4<f32> {
+    return vec4<f32>(vec4<u32>(u, u >> 4u, u >> 8u, u >> 12u) & vec4<u32>(15u));
+}
+fn hi4(u: u32) -> vec4<f32> {
+    return vec4<f32>(vec4<u32>(u >> 16u, u >> 20u, u >> 24u, u >> 28u) & vec4<u32>(15u));
+}
+// dot of 32 unsigned nibbles (one vec4<u32>) with 32 activations
+fn dot32(a: vec4<u32>, xs: array<vec4<f32>, 8>) -> f32 {
+    return dot(lo4(a.x), xs[0]) + dot(hi4(a.x), xs[1]) + dot(lo4(a.y), xs[2]) + dot(hi4(a.y), xs[3])
+         + dot(lo4(a.z), xs[4]) + dot(hi4(a.z), xs[5]) + dot(lo4(a.w), xs[6]) + dot(hi4(a.w), xs[7]);
+}
+#endif
+
+// one weight element (tail chunk only): the dequantized value of W[row, k]
+fn w_at(row: u32, k: u32) -> f32 {
+    let g = k / params.gs;
+#if DTYPE == q8
+    let word = w[row * params.w_stride4 + k / 16u][(k / 4u) % 4u];
+    let q = f32(bitcast<i32>(word << (24u - 8u * (k % 4u))) >> 24u);
+    return q * scale_of(row, g);
+#else
+    let word = w[row * params.w_stride4 + k / 32u][(k / 8u) % 4u];
+    let q = f32((word >> (4u * (k % 8u))) & 15u);
+#if DTYPE == q4a
+    return q * scale_of(row, g) + min_of(row, g);
+#else
+    return (q - 8.0) * scale_of(row, g);
+#endif
+#endif
+}
+
+// contribution of one full 32-element chunk c of `row`, given the chunk's activations and their sum
+fn chunk(row: u32, c: u32, xs: array<vec4<f32>, 8>, sx: f32) -> f32 {
+    let g = c * 32u / params.gs;
+    let s = scale_of(row, g);
+#if DTYPE == q8
+    let base = row * params.w_stride4 + 2u * c;
+    return s * dot32(w[base], w[base + 1u], xs);
+#else
+    let q = dot32(w[row * params.w_stride4 + c], xs);
+#if DTYPE == q4a
+    return s * q + min_of(row, g) * sx;
+#else
+    return s * (q - 8.0 * sx);  // (q - 8) * s summed: the -8 offset folded into one product per chunk
+#endif
+#endif
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let t = gid.y;
+    if (t >= step[params.count_index]) {
+        return;
+    }
+#ifdef SWIGLU
+    // rows of the fused weight: block j of 8 = 4 gate rows then 4 up rows
+    let out0 = gid.x * 4u;
+    if (out0 >= params.n / 2u) {
+        return;
+    }
+    let n0 = gid.x * 8u;
+    let last = params.n - 1u;
+    let r0 = n0; let r1 = min(n0 + 1u, last); let r2 = min(n0 + 2u, last); let r3 = min(n0 + 3u, last);
+    let r4 = min(n0 + 4u, last); let r5 = min(n0 + 5u, last); let r6 = min(n0 + 6u, last); let r7 = min(n0 + 7u, last);
+#else
+    let n0 = gid.x * 4u;
+    if (n0 >= params.n) {
+        return;
+    }
+    let last = params.n - 1u;
+    // rows past N re-read the last row (in bounds) and are not stored
+    let r0 = n0; let r1 = min(n0 + 1u, last); let r2 = min(n0 + 2u, last); let r3 = min(n0 + 3u, last);
+#endif
+    let xrow = t * params.x_stride4;
+    var acc = vec4<f32>(0.0);
+#ifdef SWIGLU
+    var acc_up = vec4<f32>(0.0);
+#endif
+    let full = params.k / 32u;
+    for (var c = 0u; c < full; c++) {
+        let xb = xrow + 8u * c;
+        let xs = array<vec4<f32>, 8>(x[xb], x[xb + 1u], x[xb + 2u], x[xb + 3u],
+                                     x[xb + 4u], x[xb + 5u], x[xb + 6u], x[xb + 7u]);
+        let s4 = (xs[0] + xs[1]) + (xs[2] + xs[3]) + (xs[4] + xs[5]) + (xs[6] + xs[7]);
+        let sx = (s4.x + s4.y) + (s4.z + s4.w);
+        acc += vec4<f32>(chunk(r0, c, xs, sx), chunk(r1, c, xs, sx), chunk(r2, c, xs, sx), chunk(r3, c, xs, sx));
+#ifdef SWIGLU
+        acc_up += vec4<f32>(chunk(r4, c, xs, sx), chunk(r5, c, xs, sx), chunk(r6, c, xs, sx), chunk(r7, c, xs, sx));
+#endif
+    }
+    // tail: the last partial chunk, element by element, only k < K
+    for (var k = full * 32u; k < params.k; k++) {
+        let xv = x[xrow + k / 4u][k % 4u];
+        acc += xv * vec4<f32>(w_at(r0, k), w_at(r1, k), w_at(r2, k), w_at(r3, k));
+#ifdef SWIGLU
+        acc_up += xv * vec4<f32>(w_at(r4, k), w_at(r5, k), w_at(r6, k), w_at(r7, k));
+#endif
+    }
+#ifdef SWIGLU
+    let h = acc / (vec4<f32>(1.0) + exp(-acc)) * acc_up;
+    let ybase = t * params.y_stride + params.n_offset + out0;
+    let nout = params.n / 2u;
+    for (var r = 0u; r < 4u; r++) {
+        if (out0 + r < nout) {
+            y[ybase + r] = h[r];
+        }
+    }
+#else
+    let ybase = t * params.y_stride + params.n_offset + n0;
+    for (var r = 0u; r < 4u; r++) {
+        if (n0 + r < params.n) {
+            var v = acc[r];
+#ifdef BIAS
+            v += bias[n0 + r];
+#endif
+#ifdef ACCUMULATE
+            v += y[ybase + r];
+#endif
+            y[ybase + r] = v;
+        }
+    }
+#endif
+}

@@ -1,0 +1,131 @@
+"""Quantized linear layers on the GPU (shaders/gemv.wgsl): y[t, :] = W x[t, :] for q4 / q4a / q8 weights.
+
+Built once at model load (pipeline, uniform parameters, bind groups); `encode(cmds, rows)` per step only records
+a dispatch whose grid depends on the row count. The kernel reads the row count itself from the per-step buffer
+(`step[count_index]`), so the same bind group serves every step.
+
+Batch invariance rule: every output y[t, n] is reduced by one invocation walking k in a fixed order (32-element
+chunks in sequence, then the tail), whatever T is and whichever other rows share the dispatch. Decode (T=1) and
+prefill (T=512) use the same kernel, so a sequence's logits never depend on the rest of the batch.
+
+Pure Python (it runs in Pyodide): parameters are packed with `struct`.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..gpu.device import COPY_DST, UNIFORM, BufferBinding
+
+ROWS_PER_INVOCATION = 4
+WG = 64
+_PARAMS = "<12I"  # Params in gemv.wgsl (48 bytes)
+
+ParamsFn = Callable[[bytes], BufferBinding]
+
+
+def standalone_params(device) -> ParamsFn:
+    """A ParamsFn that gives each dispatch its own small uniform buffer (tests; the model uses an arena)."""
+
+    def make(data: bytes) -> BufferBinding:
+        data = data + b"\0" * (-len(data) % 16)
+        buf = device.create_buffer(len(data), UNIFORM | COPY_DST, label="params")
+        device.write_buffer(buf, 0, data)
+        return BufferBinding(buf, 0, len(data))
+
+    return make
+
+
+@dataclass
+class WeightPart:
+    """One storage binding of a quantized weight: rows [row0, row0 + rows) of the logical matrix."""
+
+    row0: int
+    rows: int
+    qweight: Any  # BufferBinding or buffer
+    scales: Any
+    mins: Any = None  # q4a only
+
+
+def weight_strides(dtype: str, k: int, group_size: int) -> tuple[int, int]:
+    """(vec4<u32> per qweight row, u32 words per scale row) for the package layout."""
+    kp = -(-k // group_size) * group_size
+    w_words = kp // 8 if dtype in ("q4", "q4a") else kp // 4
+    groups = kp // group_size
+    return w_words // 4, -(-groups // 2)
+
+
+class Linear:
+    """y[:, n_offset : n_offset + N] (=, +=, or + bias) W x, for every row t < step[count_index].
+
+    x and y are bindings of row-major f32 matrices with row strides x_stride / y_stride (floats; x_stride must be a
+    multiple of 4). swiglu=True: W holds gate and up rows interleaved in blocks of 4 (see `interleave_gate_up`),
+    and y receives silu(gate) * up (N/2 columns).
+    """
+
+    def __init__(self, lib, dtype: str, n: int, k: int, group_size: int, parts: list[WeightPart], x, y,
+                 x_stride: int, y_stride: int, step, count_index: int = 0, params: ParamsFn | None = None,
+                 bias=None, accumulate: bool = False, swiglu: bool = False, n_offset: int = 0, label: str = "linear"):
+        if dtype not in ("q4", "q4a", "q8"):
+            raise ValueError(f"Linear: unsupported weight dtype {dtype!r} (q4, q4a, q8)")
+        if x_stride % 4:
+            raise ValueError(f"Linear: x row stride {x_stride} must be a multiple of 4 floats (vec4 loads)")
+        if group_size % 32:
+            raise ValueError(f"Linear: group size {group_size} must be a multiple of 32")
+        if swiglu and (n % 8 or len(parts) != 1 or bias is not None or accumulate):
+            raise ValueError("Linear: swiglu needs one binding with 2*F rows, F a multiple of 4, no bias/accumulate")
+        if bias is not None and len(parts) != 1:
+            raise ValueError("Linear: a bias is supported on single-binding weights only")
+        self.n, self.k, self.label, self.swiglu = n, k, label, swiglu
+        defines: dict[str, object] = {"DTYPE": dtype, "WG": WG}
+        if bias is not None:
+            defines["BIAS"] = 1
+            defines["BIAS_SLOT"] = 7 if dtype == "q4a" else 6
+        if accumulate:
+            defines["ACCUMULATE"] = 1
+        if swiglu:
+            defines["SWIGLU"] = 1
+        self.pipeline = lib.pipeline("gemv", defines=defines, use_f16=False)
+        params = params or standalone_params(lib.device)
+        w4, s_stride = weight_strides(dtype, k, group_size)
+        self._groups: list[tuple[Any, int]] = []
+        for p in parts:
+            if (p.mins is None) != (dtype != "q4a"):
+                raise ValueError(f"Linear {label}: q4a weights need mins, other dtypes none")
+            u = params(struct.pack(_PARAMS, p.rows, k, group_size, w4, s_stride, x_stride // 4, y_stride,
+                                   n_offset + p.row0, count_index, 0, 0, 0))
+            binds = [p.qweight, p.scales, x, y, u, step]
+            if dtype == "q4a":
+                binds.append(p.mins)
+            if bias is not None:
+                binds.append(bias)
+            bg = lib.device.create_bind_group(self.pipeline, binds)
+            per_inv = 2 * ROWS_PER_INVOCATION if swiglu else ROWS_PER_INVOCATION
+            self._groups.append((bg, -(-p.rows // (per_inv * WG))))
+
+    def encode(self, cmds, rows: int) -> None:
+        """Record the dispatches for `rows` activation rows (must equal step[count_index] or exceed it)."""
+        if rows <= 0:
+            return
+        for bg, gx in self._groups:
+            cmds.dispatch(self.pipeline, bg, gx, rows, 1, self.label)
+
+
+def interleave_gate_up(gate_rows: list[bytes], up_rows: list[bytes]) -> bytes:
+    """Rows of gate and up (same length F, F % 4 == 0) -> the fused order the SWIGLU kernel expects:
+    4 gate rows, then the same 4 up rows, repeated. Works on any per-row component (qweight, scales, mins)."""
+    if len(gate_rows) != len(up_rows) or len(gate_rows) % 4:
+        raise ValueError("interleave_gate_up: gate and up need the same row count, a multiple of 4")
+    out = []
+    for j in range(0, len(gate_rows), 4):
+        out += gate_rows[j : j + 4] + up_rows[j : j + 4]
+    return b"".join(out)
+
+
+def split_rows(data: bytes, rows: int) -> list[bytes]:
+    if rows <= 0 or len(data) % rows:
+        raise ValueError(f"split_rows: {len(data)} bytes do not divide into {rows} rows")
+    rb = len(data) // rows
+    return [data[i * rb : (i + 1) * rb] for i in range(rows)]
