@@ -23,7 +23,7 @@ fi
 
 [ -x .venv/bin/python ] || python3 -m venv .venv
 stamp=.venv/.webinfer-setup
-want="$(cat pyproject.toml web/package.json web/package-lock.json 2>/dev/null | sha256sum | cut -d' ' -f1)"
+want="$( (cat pyproject.toml; cat web/package.json web/package-lock.json 2>/dev/null || true) | sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "setup: pip install -e .[tools,test] (torch==2.13.0 CPU from local disk)"
   .venv/bin/python -m pip install -q --upgrade pip
