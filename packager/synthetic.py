@@ -1,0 +1,275 @@
+"""Tiny random-weight models for tests: a Hugging Face folder (llama or qwen2 flavour), a GGUF file (llama arch,
+Q4_0/Q4_1/Q8_0/F32 tensors), and a large f16 HF folder written streamingly for the memory test.
+
+Weights are drawn from a seeded numpy generator, so every writer is deterministic. `hf_weights` returns the
+float32 weights in Hugging Face (half-split RoPE) order: the GGUF writer permutes Q/K rows the way llama.cpp
+does, so tests can check that packing un-permutes them.
+
+    write_hf(tmp / "tiny-llama", arch="llama");  write_gguf(tmp / "tiny.gguf", types={"linear": "Q4_0"})
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+
+TINY = dict(vocab_size=300, hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=256)
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
+          "'<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+_MERGE_WORDS = ["the", "and", "ing", "hello", "world", "once", "upon", "time", "er", "on", "in", "at"]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# tokenizer: GPT-2 style byte-level BPE, hand-built
+
+
+def byte_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character map (printable bytes map to themselves)."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    out, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            out[b] = chr(b)
+        else:
+            out[b] = chr(256 + extra)
+            extra += 1
+    return out
+
+
+def tiny_vocab(vocab_size: int = 300) -> tuple[list[str], list[tuple[str, str]]]:
+    """Token strings (ids = positions; specials last) and merges, to exactly vocab_size tokens."""
+    b2u = byte_to_unicode()
+    tokens = [b2u[b] for b in range(256)]
+    have, merges = set(tokens), []
+    room = vocab_size - 256 - len(SPECIALS)
+    for word in _MERGE_WORDS:
+        for w in (word, "\u0120" + word):  # Ġ = byte-level space
+            cur = w[0]
+            for ch in w[1:]:
+                if len(merges) >= room:
+                    break
+                if cur + ch not in have:
+                    merges.append((cur, ch))
+                    tokens.append(cur + ch)
+                    have.add(cur + ch)
+                cur += ch
+    filler = 0
+    while len(tokens) < vocab_size - len(SPECIALS):  # unused filler tokens keep vocab_size exact
+        tokens.append(f"<unused{filler}>")
+        filler += 1
+    return tokens + SPECIALS, merges
+
+
+def tiny_tokenizer_json(vocab_size: int = 300) -> dict:
+    tokens, merges = tiny_vocab(vocab_size)
+    first_special = len(tokens) - len(SPECIALS)
+    bl = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    return {"version": "1.0", "truncation": None, "padding": None,
+            "added_tokens": [{"id": first_special + i, "content": s, "single_word": False, "lstrip": False,
+                              "rstrip": False, "normalized": False, "special": True} for i, s in enumerate(SPECIALS)],
+            "normalizer": None, "pre_tokenizer": bl, "post_processor": {**bl, "trim_offsets": False},
+            "decoder": bl,
+            "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                      "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                      "vocab": {t: i for i, t in enumerate(tokens)}, "merges": [list(m) for m in merges]}}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# weights
+
+
+def hf_weights(cfg: dict, *, arch: str = "llama", tied: bool = True, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    h, f, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    q, kv = cfg["num_attention_heads"] * cfg["head_dim"], cfg["num_key_value_heads"] * cfg["head_dim"]
+
+    def mat(n, k):
+        return (rng.standard_normal((n, k)) / np.sqrt(k)).astype(np.float32)
+
+    w = {"model.embed_tokens.weight": mat(v, h)}
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        w[p + "input_layernorm.weight"] = (1 + 0.1 * rng.standard_normal(h)).astype(np.float32)
+        w[p + "self_attn.q_proj.weight"] = mat(q, h)
+        w[p + "self_attn.k_proj.weight"] = mat(kv, h)
+        w[p + "self_attn.v_proj.weight"] = mat(kv, h)
+        if arch == "qwen2":
+            for n, d in (("q", q), ("k", kv), ("v", kv)):
+                w[p + f"self_attn.{n}_proj.bias"] = (0.1 * rng.standard_normal(d)).astype(np.float32)
+        w[p + "self_attn.o_proj.weight"] = mat(h, q)
+        w[p + "post_attention_layernorm.weight"] = (1 + 0.1 * rng.standard_normal(h)).astype(np.float32)
+        w[p + "mlp.gate_proj.weight"] = mat(f, h)
+        w[p + "mlp.up_proj.weight"] = mat(f, h)
+        w[p + "mlp.down_proj.weight"] = mat(h, f)
+    w["model.norm.weight"] = (1 + 0.1 * rng.standard_normal(h)).astype(np.float32)
+    if not tied:
+        w["lm_head.weight"] = mat(v, h)
+    return w
+
+
+def hf_config(cfg: dict, arch: str, tied: bool) -> dict:
+    n_tok = cfg["vocab_size"]
+    return {**cfg, "architectures": [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}[arch]],
+            "model_type": arch, "tie_word_embeddings": tied, "hidden_act": "silu",
+            "attention_bias": arch == "qwen2", "bos_token_id": n_tok - 2, "eos_token_id": n_tok - 1,
+            "pad_token_id": None, "rope_scaling": None, "torch_dtype": "float32"}
+
+
+def write_hf(folder: Path, *, arch: str = "llama", tied: bool = True, seed: int = 0, sharded: bool = False,
+             dtype: str = "float32", **overrides) -> Path:
+    """A tiny HF folder; returns it. `sharded` splits the weights over two files with an index."""
+    from safetensors.numpy import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    cfg = {**TINY, **overrides}
+    weights = {k: v.astype(dtype) for k, v in hf_weights(cfg, arch=arch, tied=tied, seed=seed).items()}
+    (folder / "config.json").write_text(json.dumps(hf_config(cfg, arch, tied), indent=1))
+    if sharded:
+        names = list(weights)
+        halves = [names[: len(names) // 2], names[len(names) // 2:]]
+        wm = {}
+        for j, part in enumerate(halves):
+            fname = f"model-0000{j + 1}-of-00002.safetensors"
+            save_file({k: weights[k] for k in part}, str(folder / fname))
+            wm.update({k: fname for k in part})
+        (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": wm}))
+    else:
+        save_file(weights, str(folder / "model.safetensors"))
+    (folder / "tokenizer.json").write_text(json.dumps(tiny_tokenizer_json(cfg["vocab_size"]), ensure_ascii=False))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "unk_token": "<|endoftext|>", "pad_token": None,
+        "add_bos_token": False, "add_eos_token": False, "chat_template": CHATML}))
+    return folder
+
+
+# ----------------------------------------------------------------------------------------------------------
+# GGUF
+
+
+def llamacpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """HF half-split rows -> llama.cpp adjacent-pair rows (what its converter does to Q and K)."""
+    n = w.shape[0]
+    return w.reshape(n_head, 2, n // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_gguf(path: Path, *, types: dict | None = None, seed: int = 0, tied: bool = True, version: int = 3,
+               **overrides) -> Path:
+    """A tiny llama GGUF. types: {"linear": "Q4_0"|"Q4_1"|"Q8_0"|"F32"|"F16", "embed": ..., "norm": "F32"}."""
+    import gguf
+    from gguf.quants import quantize
+
+    path = Path(path)
+    types = {"linear": "Q4_0", "embed": "Q8_0", "norm": "F32", **(types or {})}
+    cfg = {**TINY, **overrides}
+    w = hf_weights(cfg, arch="llama", tied=tied, seed=seed)
+    tokens, merges = tiny_vocab(cfg["vocab_size"])
+    n = len(tokens)
+    wr = gguf.GGUFWriter(str(path), "llama")
+    wr.add_name("tiny-llama")
+    wr.add_block_count(cfg["num_hidden_layers"])
+    wr.add_context_length(cfg["max_position_embeddings"])
+    wr.add_embedding_length(cfg["hidden_size"])
+    wr.add_feed_forward_length(cfg["intermediate_size"])
+    wr.add_head_count(cfg["num_attention_heads"])
+    wr.add_head_count_kv(cfg["num_key_value_heads"])
+    wr.add_rope_freq_base(cfg["rope_theta"])
+    wr.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    wr.add_vocab_size(cfg["vocab_size"])
+    wr.add_tokenizer_model("gpt2")
+    wr.add_tokenizer_pre("gpt2")
+    wr.add_token_list(tokens)
+    wr.add_token_merges([f"{a} {b}" for a, b in merges])
+    wr.add_token_types([3 if t in SPECIALS else 1 for t in tokens])
+    wr.add_bos_token_id(n - 2)
+    wr.add_eos_token_id(n - 1)
+    wr.add_add_bos_token(False)
+    wr.add_chat_template(CHATML)
+
+    def put(name, arr, kind):
+        t = types[kind]
+        qt = gguf.GGMLQuantizationType[t]
+        if t == "F32":
+            wr.add_tensor(name, arr.astype(np.float32))
+        elif t == "F16":
+            wr.add_tensor(name, arr.astype(np.float16))
+        else:
+            wr.add_tensor(name, quantize(arr, qt), raw_dtype=qt)
+
+    put("token_embd.weight", w["model.embed_tokens.weight"], "embed")
+    for i in range(cfg["num_hidden_layers"]):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        put(b + "attn_norm.weight", w[p + "input_layernorm.weight"], "norm")
+        put(b + "attn_q.weight", llamacpp_permute(w[p + "self_attn.q_proj.weight"], cfg["num_attention_heads"]), "linear")
+        put(b + "attn_k.weight", llamacpp_permute(w[p + "self_attn.k_proj.weight"], cfg["num_key_value_heads"]), "linear")
+        put(b + "attn_v.weight", w[p + "self_attn.v_proj.weight"], "linear")
+        put(b + "attn_output.weight", w[p + "self_attn.o_proj.weight"], "linear")
+        put(b + "ffn_norm.weight", w[p + "post_attention_layernorm.weight"], "norm")
+        put(b + "ffn_gate.weight", w[p + "mlp.gate_proj.weight"], "linear")
+        put(b + "ffn_up.weight", w[p + "mlp.up_proj.weight"], "linear")
+        put(b + "ffn_down.weight", w[p + "mlp.down_proj.weight"], "linear")
+    put("output_norm.weight", w["model.norm.weight"], "norm")
+    if not tied:
+        put("output.weight", w["lm_head.weight"], "embed")
+    wr.write_header_to_file()
+    wr.write_kv_data_to_file()
+    wr.write_tensors_to_file()
+    wr.close()
+    if version != 3:  # GGUF v2 has the same layout for everything we write; only the version field differs
+        with open(path, "r+b") as fh:
+            fh.seek(4)
+            fh.write(struct.pack("<I", version))
+    return path
+
+
+# ----------------------------------------------------------------------------------------------------------
+# large model for the memory test
+
+
+def write_large_synthetic_hf(folder: Path, gigabytes: float = 2.0, *, hidden: int = 2048, ffn: int = 5632,
+                             vocab: int = 32000, seed: int = 0) -> Path:
+    """An f16 llama HF folder of about `gigabytes`, written tensor by tensor in 16 MiB chunks (never held whole)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    heads = hidden // 64
+    layer = 4 * hidden * hidden + 3 * hidden * ffn + 2 * hidden
+    layers = max(1, round((gigabytes * 1e9 / 2 - vocab * hidden) / layer))
+    cfg = dict(TINY, vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
+               num_attention_heads=heads, num_key_value_heads=heads, head_dim=64, max_position_embeddings=2048)
+    shapes = {"model.embed_tokens.weight": [vocab, hidden]}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        shapes.update({p + "input_layernorm.weight": [hidden], p + "self_attn.q_proj.weight": [hidden, hidden],
+                       p + "self_attn.k_proj.weight": [hidden, hidden], p + "self_attn.v_proj.weight": [hidden, hidden],
+                       p + "self_attn.o_proj.weight": [hidden, hidden], p + "post_attention_layernorm.weight": [hidden],
+                       p + "mlp.gate_proj.weight": [ffn, hidden], p + "mlp.up_proj.weight": [ffn, hidden],
+                       p + "mlp.down_proj.weight": [hidden, ffn]})
+    shapes["model.norm.weight"] = [hidden]
+    header, off = {}, 0
+    for k, s in shapes.items():
+        nb = 2 * int(np.prod(s))
+        header[k] = {"dtype": "F16", "shape": s, "data_offsets": [off, off + nb]}
+        off += nb
+    hb = json.dumps(header).encode()
+    hb += b" " * (-len(hb) % 8)
+    rng = np.random.default_rng(seed)
+    chunk = 8 << 20  # f16 values per write
+    with open(folder / "model.safetensors", "wb") as fh:
+        fh.write(struct.pack("<Q", len(hb)) + hb)
+        for k, s in shapes.items():
+            left = int(np.prod(s))
+            while left:
+                m = min(chunk, left)
+                # random mantissa and sign, exponent fixed near 2^-6: cheap bounded f16 values
+                bits = (rng.integers(0, 1 << 16, m, dtype=np.uint16) & np.uint16(0x83FF)) | np.uint16(0x2400)
+                fh.write(bits.tobytes())
+                left -= m
+    (folder / "config.json").write_text(json.dumps(hf_config(cfg, "llama", True)))
+    (folder / "tokenizer.json").write_text(json.dumps(tiny_tokenizer_json(300), ensure_ascii=False))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": CHATML, "eos_token": "<|im_end|>"}))
+    return folder
