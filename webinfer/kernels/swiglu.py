@@ -1,0 +1,24 @@
+"""SwiGLU on the GPU (shaders/swiglu.wgsl): out[t, i] = silu(gu[t, i]) * gu[t, F + i].
+
+The model prefers the fused form (the SWIGLU epilogue of the gate/up GEMV in linear.py, one dispatch less per
+layer); this standalone kernel is the fallback when that fusion does not apply.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from .linear import WG, ParamsFn, standalone_params
+
+
+class SwiGLU:
+    def __init__(self, lib, f: int, gu, out, in_stride: int, out_stride: int, step, count_index: int = 0,
+                 params: ParamsFn | None = None, label: str = "swiglu"):
+        self.f, self.label = f, label
+        self.pipeline = lib.pipeline("swiglu", defines={"WG": WG}, use_f16=False)
+        u = (params or standalone_params(lib.device))(struct.pack("<4I", f, in_stride, out_stride, count_index))
+        self.bind_group = lib.device.create_bind_group(self.pipeline, [gu, out, u, step])
+
+    def encode(self, cmds, rows: int) -> None:
+        if rows > 0:
+            cmds.dispatch(self.pipeline, self.bind_group, -(-self.f // WG), rows, 1, self.label)
