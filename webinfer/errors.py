@@ -51,3 +51,7 @@ class NoAdapterError(GPUError):
 
 class DeviceLostError(GPUError):
     """The GPU device was lost (often out of memory); rebuild the engine to continue."""
+
+
+class ChatTemplateError(WebinferError, ValueError):
+    """A chat template failed to compile, or called raise_exception(...) while rendering (e.g. an unsupported role)."""
