@@ -1,0 +1,382 @@
+"""The GPU model runner: a package's transformer as a fixed graph of WebGPU dispatches (ModelRunner in batch.py).
+
+Everything is allocated and bound at load: weights, the paged KV cache, activations sized for max_batch_tokens,
+the per-step input buffers and one uniform arena holding every dispatch's constant parameters. A step then only
+writes a few small buffers (token ids, positions, cache slots, row counts, attention's sequence table), records
+the dispatches (their grids depend on the step's shape) into one command list, submits once, and reads back the
+sampled token ids.
+
+One step, T tokens of any mix of prefill chunks and decode tokens (rows of every activation buffer = tokens):
+    embed(ids) -> r                                          r: the residual stream [T, D]
+    per layer:  xn = rmsnorm(r) * attn_norm
+                qkv = Wqkv xn (+ bias)                       q, k, v fused into one weight: one dispatch
+                rope(q, k) in place; k, v -> cache slots     (shaders/rope.wgsl)
+                a = attention(q, cache)                      (webinfer/kernels/attention.py)
+                r += Wo a                                    (accumulate epilogue: no separate add)
+                xn = rmsnorm(r) * ffn_norm
+                m = silu(Wg xn) * (Wu xn)                    gate/up interleaved, swiglu epilogue: one dispatch
+                r += Wd m
+    xs = rmsnorm(r[last row of each sampled chunk]) * norm    (row gather)
+    logits = Wout xs; next ids = sample(logits)
+Dispatches per decode step: 2 + 8 per layer (+1 when attention needs its reduce pass, +1 per unfused matrix) + 3.
+
+Batch invariance: every kernel reduces a row in an order that depends only on that row (see linear.py and
+attention.py), so a sequence's tokens come out the same alone or batched with others.
+
+Pure Python (runs in Pyodide): bytes and struct only.
+"""
+
+from __future__ import annotations
+
+import inspect
+import struct
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
+
+from ..errors import ContextOverflowError, GPUError
+from ..gpu.device import COPY_DST, COPY_SRC, STORAGE, UNIFORM, BufferBinding, Device
+from ..kernels.attention import PagedAttention, SeqStep, pack_step, step_buffers
+from ..kernels.embed import Embed
+from ..kernels.library import KernelLibrary
+from ..kernels.linear import Linear, WeightPart, interleave_gate_up, split_rows
+from ..kernels.norm import RMSNorm
+from ..kernels.rope import Rope, inv_freq
+from ..kernels.swiglu import SwiGLU
+from .batch import StepBatch
+
+# step[] entries read by the kernels: the row counts of the two kinds of dispatches
+STEP_TOKENS, STEP_SAMPLED = 0, 1
+
+ComponentReader = Callable[[str, str, int], Awaitable[bytes] | bytes]
+
+
+class UniformArena:
+    """Every dispatch's constant parameters in one uniform buffer, one 256-byte slot each (written once at load)."""
+
+    SLOT = 256
+
+    def __init__(self, device: Device, slots: int):
+        self.device, self.slots = device, slots
+        self.buffer = device.create_buffer(slots * self.SLOT, UNIFORM | COPY_DST, label="params.arena")
+        self.used = 0
+
+    def __call__(self, data: bytes) -> BufferBinding:
+        if self.used >= self.slots:
+            raise GPUError(f"uniform arena full ({self.slots} slots): raise the estimate in GPUModel.load")
+        if len(data) > self.SLOT:
+            raise GPUError(f"uniform parameters of {len(data)} bytes exceed a {self.SLOT}-byte arena slot")
+        data = data + b"\0" * (-len(data) % 16)
+        off = self.used * self.SLOT
+        self.device.write_buffer(self.buffer, off, data)
+        self.used += 1
+        return BufferBinding(self.buffer, off, len(data))
+
+
+@dataclass
+class _Layer:
+    attn_norm: RMSNorm
+    qkv: list[Linear]
+    rope: Rope
+    attn: Any  # AttentionBinding
+    o: Linear
+    ffn_norm: RMSNorm
+    mlp_in: list[Any]  # Linear(s), plus a SwiGLU when gate/up could not be fused
+    down: Linear
+
+
+def _round4(n: int) -> int:
+    return -(-n // 4) * 4
+
+
+class GPUModel:
+    """ModelRunner over one device. Build with `await GPUModel.load(device, package, ...)`."""
+
+    def __init__(self):  # use load()
+        self.block_size = self.num_blocks = self.max_model_len = 0
+
+    # ------------------------------------------------------------------------------------------------ load
+    @classmethod
+    async def load(cls, device: Device, package, *, num_blocks: int, block_size: int = 16,
+                   max_batch_tokens: int = 256, max_seqs: int = 16, max_model_len: int | None = None,
+                   read: ComponentReader | None = None, fuse: bool = True) -> "GPUModel":
+        """Upload `package` (webinfer.package.Package) and build the graph.
+
+        read(tensor_name, component, binding) -> bytes or an awaitable of bytes (the browser fetches
+        asynchronously); default: package.read_component. num_blocks includes the null block 0.
+        fuse=False keeps q/k/v and gate/up as separate dispatches (for tests of the unfused path).
+        """
+        self = cls()
+        cfg = package.config
+        self.cfg, self.device, self.package = cfg, device, package
+        self.lib = KernelLibrary(device)
+        self.block_size, self.num_blocks = block_size, num_blocks
+        self.max_model_len = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
+        self.max_tokens, self.max_seqs = max_batch_tokens, max_seqs
+        if num_blocks < 2:
+            raise ValueError(f"num_blocks={num_blocks}: need the null block plus at least one")
+        reader = read or (lambda n, c, b: package.read_component(n, c, b))
+
+        async def get(name: str, comp: str, binding: int = 0) -> bytes:
+            data = reader(name, comp, binding)
+            return await data if inspect.isawaitable(data) else data
+
+        d, f, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
+        qd, kvd = cfg.q_dim, cfg.kv_dim
+        self.qkv_stride = _round4(qd + 2 * kvd)
+        T, S = max_batch_tokens, max_seqs
+        self.arena = UniformArena(device, 16 + L * 16)
+
+        def buf(nbytes: int, label: str, usage: int = STORAGE | COPY_DST):
+            return device.create_buffer(max(nbytes, 16), usage, label=label)
+
+        # per-step inputs
+        self.step_buf = buf(16, "step")
+        self.ids_buf = buf(4 * T, "ids")
+        self.pos_buf = buf(4 * T, "pos")
+        self.slot_buf = buf(4 * T, "slot")
+        self.rows_buf = buf(4 * S, "sample_rows")
+        max_blocks_per_seq = -(-self.max_model_len // block_size)
+        self.seq_info_buf, self.tables_buf = step_buffers(device, S, S * max_blocks_per_seq)
+        # activations (row stride = width rounded to 4 floats: vec4 loads)
+        self.d_stride, self.f_stride = _round4(d), _round4(f)
+        self.r_buf = buf(4 * T * self.d_stride, "residual")
+        self.xn_buf = buf(4 * T * self.d_stride, "normed")
+        self.qkv_buf = buf(4 * T * self.qkv_stride, "qkv")
+        self.attn_buf = buf(4 * T * _round4(qd), "attn_out")
+        self.act_buf = buf(4 * T * self.f_stride, "mlp_act")
+        self.xs_buf = buf(4 * S * self.d_stride, "final_rows")
+        self.logits_buf = buf(4 * S * cfg.vocab_size, "logits", STORAGE | COPY_DST | COPY_SRC)
+        self.gu_buf = None
+        # KV cache: per layer K and V [num_blocks, block_size, n_kv_heads, head_dim] f32
+        cache_bytes = num_blocks * block_size * kvd * 4
+        limit = device.caps.limits.get("max_storage_buffer_binding_size", 128 << 20)
+        if cache_bytes > limit:
+            raise GPUError(f"a layer's KV cache needs {cache_bytes} bytes, more than one binding allows ({limit}); "
+                           f"lower num_blocks (now {num_blocks})")
+        self.k_cache = [buf(cache_bytes, f"k_cache.{i}") for i in range(L)]
+        self.v_cache = [buf(cache_bytes, f"v_cache.{i}") for i in range(L)]
+
+        p, lib, step = self.arena, self.lib, self.step_buf
+        # embedding table (also the LM head when tied)
+        emb = package.tensors["embed"]
+        if len(emb.bindings) != 1:
+            raise GPUError(f"embedding table of {emb.shape} spans {len(emb.bindings)} bindings; "
+                           "the embedding gather supports one")
+        emb_comps = {c: await self._upload(await get("embed", c), f"embed.{c}") for c in emb.components}
+        self.embed = Embed(lib, emb.dtype, cfg.vocab_size, d, emb.group_size, emb_comps["qweight"], emb_comps["scales"],
+                           self.ids_buf, self.r_buf, self.d_stride, step, STEP_TOKENS, p, mins=emb_comps.get("mins"))
+        self.attention = PagedAttention(lib, n_heads=cfg.num_attention_heads, n_kv_heads=cfg.num_key_value_heads,
+                                        head_dim=cfg.head_dim, block_size=block_size, max_model_len=self.max_model_len,
+                                        max_seqs=S, q_stride=self.qkv_stride, q_offset=0)
+        freq = struct.pack(f"<{cfg.head_dim // 2}f", *inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling))
+        self.inv_freq_buf = await self._upload(freq, "inv_freq")
+        eps = cfg.rms_norm_eps
+        self.layers: list[_Layer] = []
+        for i in range(L):
+            pre = f"layers.{i}."
+            attn_norm = RMSNorm(lib, d, eps, self.r_buf, await self._upload(await get(pre + "attn_norm", "data"), "n"),
+                                self.xn_buf, self.d_stride, self.d_stride, step, STEP_TOKENS, p, label=f"{pre}attn_norm")
+            qkv = await self._qkv(get, pre, fuse)
+            rope = Rope(lib, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, self.qkv_buf,
+                        self.qkv_stride, self.k_cache[i], self.v_cache[i], self.pos_buf, self.slot_buf,
+                        self.inv_freq_buf, step, STEP_TOKENS, p, label=f"{pre}rope")
+            attn = self.attention.bind(self.qkv_buf, self.k_cache[i], self.v_cache[i], self.tables_buf,
+                                       self.seq_info_buf, self.attn_buf)
+            o = await self._linear(get, pre + "o", self.attn_buf, _round4(qd), self.r_buf, self.d_stride,
+                                   accumulate=True)
+            ffn_norm = RMSNorm(lib, d, eps, self.r_buf, await self._upload(await get(pre + "ffn_norm", "data"), "n"),
+                               self.xn_buf, self.d_stride, self.d_stride, step, STEP_TOKENS, p, label=f"{pre}ffn_norm")
+            mlp_in = await self._gate_up(get, pre, fuse)
+            down = await self._linear(get, pre + "down", self.act_buf, self.f_stride, self.r_buf, self.d_stride,
+                                      accumulate=True)
+            self.layers.append(_Layer(attn_norm, qkv, rope, attn, o, ffn_norm, mlp_in, down))
+        self.final_norm = RMSNorm(lib, d, eps, self.r_buf, await self._upload(await get("norm", "data"), "norm"),
+                                  self.xs_buf, self.d_stride, self.d_stride, step, STEP_SAMPLED, p,
+                                  row_map=self.rows_buf, label="final_norm")
+        if cfg.tie_word_embeddings:
+            head = emb
+            parts = [WeightPart(0, cfg.vocab_size, emb_comps["qweight"], emb_comps["scales"], emb_comps.get("mins"))]
+        else:
+            head = package.tensors["lm_head"]
+            parts = await self._parts(get, "lm_head")
+        self.lm_head = Linear(lib, head.dtype, cfg.vocab_size, d, head.group_size, parts, self.xs_buf, self.logits_buf,
+                              self.d_stride, cfg.vocab_size, step, STEP_SAMPLED, p, label="lm_head")
+        self.sampler = self._make_sampler()
+        return self
+
+    async def _upload(self, data: bytes, label: str):
+        b = self.device.create_buffer(len(data), STORAGE | COPY_DST, label=label)
+        self.device.write_buffer(b, 0, data)
+        return b
+
+    async def _parts(self, get, name: str) -> list[WeightPart]:
+        t = self.package.tensors[name]
+        parts = []
+        for bi, b in enumerate(t.bindings):
+            comps = {c: await self._upload(await get(name, c, bi), f"{name}.{c}") for c in t.components}
+            parts.append(WeightPart(b.rows[0], b.rows[1] - b.rows[0], comps["qweight"], comps["scales"], comps.get("mins")))
+        return parts
+
+    async def _linear(self, get, name, x, x_stride, y, y_stride, *, accumulate=False, n_offset=0, bias=None):
+        t = self.package.tensors[name]
+        return Linear(self.lib, t.dtype, t.rows, t.k, t.group_size, await self._parts(get, name), x, y, x_stride,
+                      y_stride, self.step_buf, STEP_TOKENS, self.arena, bias=bias, accumulate=accumulate,
+                      n_offset=n_offset, label=name)
+
+    def _fusable(self, names: list[str], fuse: bool) -> bool:
+        ts = [self.package.tensors[n] for n in names]
+        limit = self.device.caps.limits.get("max_storage_buffer_binding_size", 128 << 20)
+        return (fuse and all(len(t.bindings) == 1 for t in ts) and len({(t.dtype, t.group_size, t.k) for t in ts}) == 1
+                and sum(t.rows * t.row_bytes("qweight") for t in ts) <= limit)
+
+    async def _qkv(self, get, pre: str, fuse: bool) -> list[Linear]:
+        cfg = self.cfg
+        names = [pre + "q", pre + "k", pre + "v"]
+        biases = [None, None, None]
+        if cfg.attention_bias:
+            biases = [await get(n + "_bias", "data") for n in names]
+        if self._fusable(names, fuse):
+            t = self.package.tensors[names[0]]
+            comps = {}
+            for c in t.components:
+                comps[c] = await self._upload(b"".join([await get(n, c) for n in names]), f"{pre}qkv.{c}")
+            bias = await self._upload(b"".join(biases), f"{pre}qkv.bias") if cfg.attention_bias else None
+            n = cfg.q_dim + 2 * cfg.kv_dim
+            part = WeightPart(0, n, comps["qweight"], comps["scales"], comps.get("mins"))
+            return [Linear(self.lib, t.dtype, n, t.k, t.group_size, [part], self.xn_buf, self.qkv_buf, self.d_stride,
+                           self.qkv_stride, self.step_buf, STEP_TOKENS, self.arena, bias=bias, label=f"{pre}qkv")]
+        out, off = [], 0
+        for n, b in zip(names, biases):
+            bias = await self._upload(b, n + ".bias") if b is not None else None
+            out.append(await self._linear(get, n, self.xn_buf, self.d_stride, self.qkv_buf, self.qkv_stride,
+                                          n_offset=off, bias=bias))
+            off += self.package.tensors[n].rows
+        return out
+
+    async def _gate_up(self, get, pre: str, fuse: bool) -> list[Any]:
+        f = self.cfg.intermediate_size
+        names = [pre + "gate", pre + "up"]
+        if self._fusable(names, fuse) and f % 4 == 0:
+            t = self.package.tensors[names[0]]
+            comps = {}
+            for c in t.components:
+                g, u = await get(names[0], c), await get(names[1], c)
+                comps[c] = await self._upload(interleave_gate_up(split_rows(g, f), split_rows(u, f)), f"{pre}gate_up.{c}")
+            part = WeightPart(0, 2 * f, comps["qweight"], comps["scales"], comps.get("mins"))
+            return [Linear(self.lib, t.dtype, 2 * f, t.k, t.group_size, [part], self.xn_buf, self.act_buf,
+                           self.d_stride, self.f_stride, self.step_buf, STEP_TOKENS, self.arena, swiglu=True,
+                           label=f"{pre}gate_up_swiglu")]
+        if self.gu_buf is None:
+            self.gu_buf = self.device.create_buffer(4 * self.max_tokens * 2 * self.f_stride, STORAGE | COPY_DST,
+                                                    label="gate_up")
+        gate = await self._linear(get, names[0], self.xn_buf, self.d_stride, self.gu_buf, 2 * self.f_stride)
+        up = await self._linear(get, names[1], self.xn_buf, self.d_stride, self.gu_buf, 2 * self.f_stride,
+                                n_offset=self.f_stride)
+        act = SwiGLU(self.lib, self.f_stride, self.gu_buf, self.act_buf, 2 * self.f_stride, self.f_stride,
+                     self.step_buf, STEP_TOKENS, self.arena, label=f"{pre}swiglu")
+        return [gate, up, act]
+
+    def _make_sampler(self):
+        """The GPU sampler (webinfer/kernels/sampling.py) when present; else greedy on the host over read-back logits."""
+        return None
+
+    # ------------------------------------------------------------------------------------------------ step
+    def _prepare(self, batch: StepBatch):
+        ids, pos, slots, rows, seqs = [], [], [], [], []
+        sampled = []
+        bs = self.block_size
+        for c in batch.chunks:
+            n = len(c.token_ids)
+            if n == 0:
+                raise ValueError(f"sequence {c.seq_id}: empty chunk")
+            end = c.start_pos + n
+            if end > self.max_model_len:
+                raise ContextOverflowError(end, self.max_model_len)
+            if len(c.block_table) * bs < end:
+                raise ValueError(f"sequence {c.seq_id}: block table of {len(c.block_table)} blocks does not cover "
+                                 f"{end} positions (block size {bs})")
+            for b in c.block_table[: -(-end // bs)]:
+                if not 0 < b < self.num_blocks:
+                    raise ValueError(f"sequence {c.seq_id}: block id {b} outside 1..{self.num_blocks - 1}")
+            seqs.append(SeqStep(ctx_len=end, block_table=list(c.block_table[: -(-end // bs)]), q_row=len(ids), n_q=n))
+            for j, tok in enumerate(c.token_ids):
+                if not 0 <= tok < self.cfg.vocab_size:
+                    raise ValueError(f"sequence {c.seq_id}: token id {tok} outside the vocabulary of {self.cfg.vocab_size}")
+                p = c.start_pos + j
+                ids.append(tok)
+                pos.append(p)
+                slots.append(c.block_table[p // bs] * bs + p % bs)
+            if c.sample:
+                rows.append(len(ids) - 1)
+                sampled.append(c)
+        if len(ids) > self.max_tokens:
+            raise ValueError(f"step of {len(ids)} tokens exceeds max_batch_tokens={self.max_tokens}")
+        if len(seqs) > self.max_seqs:
+            raise ValueError(f"step of {len(seqs)} sequences exceeds max_seqs={self.max_seqs}")
+        return ids, pos, slots, rows, seqs, sampled
+
+    def encode_step(self, batch: StepBatch, timed: bool = False):
+        """Write this step's inputs and record its commands (not submitted). Returns (commands, sampled chunks)."""
+        ids, pos, slots, rows, seqs, sampled = self._prepare(batch)
+        T, S = len(ids), len(rows)
+        dev = self.device
+        dev.write_buffer(self.step_buf, 0, struct.pack("<4I", T, S, 0, 0))
+        dev.write_buffer(self.ids_buf, 0, struct.pack(f"<{T}I", *ids))
+        dev.write_buffer(self.pos_buf, 0, struct.pack(f"<{T}I", *pos))
+        dev.write_buffer(self.slot_buf, 0, struct.pack(f"<{T}I", *slots))
+        if S:
+            dev.write_buffer(self.rows_buf, 0, struct.pack(f"<{S}I", *rows))
+        info, tables, shape = pack_step(seqs)
+        dev.write_buffer(self.seq_info_buf, 0, info)
+        dev.write_buffer(self.tables_buf, 0, tables)
+        cmds = dev.commands(timed=timed)
+        self.embed.encode(cmds, T)
+        for ly in self.layers:
+            ly.attn_norm.encode(cmds, T)
+            for lin in ly.qkv:
+                lin.encode(cmds, T)
+            ly.rope.encode(cmds, T)
+            self.attention.encode(cmds, ly.attn, shape)
+            ly.o.encode(cmds, T)
+            ly.ffn_norm.encode(cmds, T)
+            for k in ly.mlp_in:
+                k.encode(cmds, T)
+            ly.down.encode(cmds, T)
+        if S:
+            self.final_norm.encode(cmds, S)
+            self.lm_head.encode(cmds, S)
+            if self.sampler is not None:
+                self.sampler.encode(cmds, sampled)
+        return cmds, sampled
+
+    async def execute(self, batch: StepBatch) -> list[int]:
+        cmds, sampled = self.encode_step(batch)
+        self.device.submit(cmds)
+        if not sampled:
+            return []
+        if self.sampler is not None:
+            return await self.sampler.read(sampled)
+        return await self._host_sample(sampled)
+
+    async def logits(self, n_rows: int) -> list[list[float]]:
+        """The logits rows of the last step's sampled chunks (tests and debugging; reads back S x V floats)."""
+        v = self.cfg.vocab_size
+        raw = await self.device.read_buffer(self.logits_buf, 0, 4 * v * n_rows)
+        flat = struct.unpack(f"<{v * n_rows}f", raw)
+        return [list(flat[i * v : (i + 1) * v]) for i in range(n_rows)]
+
+    async def _host_sample(self, sampled) -> list[int]:
+        # fallback until the GPU sampler is wired in: greedy only, lowest id on ties
+        for c in sampled:
+            if c.temperature != 0.0:
+                raise NotImplementedError("sampling with temperature > 0 needs the GPU sampler (kernels/sampling.py)")
+        out = []
+        for row in await self.logits(len(sampled)):
+            best = max(range(len(row)), key=row.__getitem__)  # max returns the first maximum: lowest id on ties
+            out.append(best)
+        return out
+
+    def dispatch_count(self, batch: StepBatch) -> int:
+        """Dispatches one step records (for reports); writes the step inputs as a side effect."""
+        cmds, _ = self.encode_step(batch)
+        return sum(1 for op in cmds.ops if op[0] == "dispatch")
