@@ -1,0 +1,170 @@
+"""Paged causal attention on the GPU (shaders/attention.wgsl): decode (flash-decoding + reduce) and chunked prefill.
+
+Contract with the model graph (webinfer/engine/gpu_model.py):
+
+- KV cache: per layer one K and one V buffer `[num_blocks, block_size, n_kv_heads, head_dim]`, f32 (or f16 with
+  kv_f16=True, only where the device has shader-f16). Whoever computes k and v (the RoPE kernel) writes the
+  roped k and the v of the token at position p of a sequence into block `block_table[p // block_size]`, slot
+  `p % block_size`, BEFORE attention is dispatched. Block 0 is the null block (padding).
+- q: f32 rows `[T, q_stride]`; query head h of token row t at `t*q_stride + q_offset + h*head_dim` (so q can live
+  inside a fused qkv buffer). out: f32 `[T, n_heads*head_dim]`, row t for token row t.
+- Per-step inputs, written once per step and shared by every layer (`pack_step`):
+    seq_info     u32 [max_seqs, 4]: (ctx_len, bt_offset, q_row, n_q) per sequence
+    block_tables u32 flat: every sequence's block table at its bt_offset
+  ctx_len counts this step's tokens too (their KV is already in the cache); the queries of a sequence are the
+  token rows q_row .. q_row + n_q - 1 at positions ctx_len - n_q .. ctx_len - 1.
+
+Bind groups are built once per layer (`bind`); a step calls `encode(cmds, binding, step)` which only records
+dispatches whose grid depends on the step's shape (number of sequences, longest context, longest chunk).
+
+Batch invariance: sequences with one query token always go through the decode kernel, those with more through
+the prefill kernel; decode splits a context into fixed CHUNK-long pieces. So a sequence's output depends only on
+its own tokens, never on how many other sequences share the step. (A token's output may differ in the last bits
+between a prefill chunk and a decode step; that is allowed.)
+
+Pure Python (it runs in Pyodide).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from ..gpu.device import COPY_DST, STORAGE, BufferBinding
+
+WG = 64
+DECODE, REDUCE, PREFILL = 0, 1, 2
+WORKGROUP_BYTES = 16384  # browser default maxComputeWorkgroupStorageSize
+
+
+@dataclass(frozen=True)
+class SeqStep:
+    """One sequence's share of a step: KV length after this step, its block table, first token row, query count."""
+
+    ctx_len: int
+    block_table: list[int]
+    q_row: int
+    n_q: int
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What `encode` needs to size its grids (pack_step returns it)."""
+
+    n_seqs: int
+    max_ctx_decode: int  # longest context among one-token sequences (0: none)
+    max_q_prefill: int  # longest chunk among multi-token sequences (0: none)
+
+
+def pack_step(seqs: list[SeqStep]) -> tuple[bytes, bytes, StepShape]:
+    """(seq_info bytes, block_tables bytes, shape) for one step. Raises ValueError on inconsistent input."""
+    info, tables = [], []
+    max_dec = max_pre = 0
+    for i, s in enumerate(seqs):
+        if s.n_q < 1 or s.ctx_len < s.n_q:
+            raise ValueError(f"sequence {i}: need 1 <= n_q <= ctx_len, got n_q={s.n_q}, ctx_len={s.ctx_len}")
+        info += [s.ctx_len, len(tables), s.q_row, s.n_q]
+        tables += s.block_table
+        if s.n_q == 1:
+            max_dec = max(max_dec, s.ctx_len)
+        else:
+            max_pre = max(max_pre, s.n_q)
+    return (struct.pack(f"<{len(info)}I", *info), struct.pack(f"<{len(tables)}I", *tables) or b"\0" * 4,
+            StepShape(len(seqs), max_dec, max_pre))
+
+
+@dataclass
+class AttentionBinding:
+    """The three bind groups of one layer (built once)."""
+
+    decode: Any
+    reduce: Any
+    prefill: Any
+
+
+class PagedAttention:
+    """Pipelines and the split-partials scratch buffer for one model's attention shape.
+
+    chunk: decode split length (positions per workgroup); max_model_len bounds the split count, max_seqs the
+    number of sequences per step (both size the partials buffer, allocated once here and shared by all layers).
+    """
+
+    def __init__(self, lib, *, n_heads: int, n_kv_heads: int, head_dim: int, block_size: int, max_model_len: int,
+                 max_seqs: int, q_stride: int | None = None, q_offset: int = 0, kv_f16: bool = False,
+                 chunk: int = 128, label: str = "attn"):
+        if n_heads % n_kv_heads:
+            raise ValueError(f"attention: n_heads {n_heads} is not a multiple of n_kv_heads {n_kv_heads}")
+        if head_dim % 4:
+            raise ValueError(f"attention: head_dim {head_dim} must be a multiple of 4 (vec4 loads)")
+        q_stride = n_heads * head_dim if q_stride is None else q_stride
+        if q_stride % 4 or q_offset % 4:
+            raise ValueError(f"attention: q_stride {q_stride} and q_offset {q_offset} must be multiples of 4")
+        if kv_f16 and not lib.device.caps.f16:
+            raise ValueError("attention: kv_f16 needs a device with shader-f16")
+        self.lib, self.label = lib, label
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
+        self.block_size, self.chunk, self.max_seqs = block_size, chunk, max_seqs
+        self.max_splits = -(-max_model_len // chunk)
+        group = n_heads // n_kv_heads
+        hd4 = head_dim // 4
+        # decode workgroup memory: q (group x head_dim), scores (group x chunk), reduction (group x WG)
+        dec_bytes = 4 * group * (head_dim + chunk + WG + 1)
+        if dec_bytes > WORKGROUP_BYTES:
+            raise ValueError(f"attention decode needs {dec_bytes} bytes of workgroup memory (> {WORKGROUP_BYTES}); "
+                             f"lower chunk (now {chunk})")
+        # prefill tiles: BQ queries x BK keys; q, k and v tiles plus scores must fit in 16 KiB
+        self.bq = self.bk = 16 if head_dim <= 64 else (8 if head_dim <= 128 else 4)
+        tpq = WG // self.bq  # invocations per query row; each must own whole output vectors
+        while hd4 % tpq:
+            tpq //= 2
+        self.bq = WG // tpq
+        pre_bytes = 4 * (self.bq * head_dim + 2 * self.bk * head_dim + self.bq * self.bk)
+        if pre_bytes > WORKGROUP_BYTES:
+            raise ValueError(f"attention prefill needs {pre_bytes} bytes of workgroup memory (> {WORKGROUP_BYTES})")
+        base = {"N_HEADS": n_heads, "N_KV_HEADS": n_kv_heads, "HEAD_DIM": head_dim, "BLOCK_SIZE": block_size,
+                "Q_STRIDE": q_stride, "Q_OFFSET": q_offset, "CHUNK": chunk, "MAX_SPLITS": self.max_splits,
+                "BQ": self.bq, "BK": self.bk}
+        if kv_f16:
+            base["KV_F16"] = 1
+        use_f16 = True if kv_f16 else False
+        self.pipelines = [lib.pipeline("attention", defines={**base, "KERNEL": k}, use_f16=use_f16)
+                          for k in (DECODE, REDUCE, PREFILL)]
+        self.partials_bytes = 4 * max_seqs * n_heads * self.max_splits * (head_dim + 4)
+        self.partials = lib.device.create_buffer(self.partials_bytes, STORAGE | COPY_DST, label=f"{label}.partials")
+
+    def bind(self, q, k_cache, v_cache, block_tables, seq_info, out) -> AttentionBinding:
+        """Bind groups for one layer: buffers or BufferBindings (bound once, at model load)."""
+        dev = self.lib.device
+        dec, red, pre = self.pipelines
+        return AttentionBinding(
+            decode=dev.create_bind_group(dec, [q, k_cache, v_cache, block_tables, seq_info, self.partials]),
+            reduce=dev.create_bind_group(red, [self.partials, seq_info, out]),
+            prefill=dev.create_bind_group(pre, [q, k_cache, v_cache, block_tables, seq_info, out]),
+        )
+
+    def encode(self, cmds, binding: AttentionBinding, step: StepShape) -> None:
+        """Record this step's attention: decode + reduce if any one-token sequence, prefill if any longer one."""
+        if step.n_seqs > self.max_seqs:
+            raise ValueError(f"attention: {step.n_seqs} sequences in a step, built for at most {self.max_seqs}")
+        dec, red, pre = self.pipelines
+        if step.max_ctx_decode:
+            splits = -(-step.max_ctx_decode // self.chunk)
+            if splits > self.max_splits:
+                raise ValueError(f"attention: context {step.max_ctx_decode} exceeds max_model_len "
+                                 f"{self.max_splits * self.chunk}")
+            cmds.dispatch(dec, binding.decode, splits, self.n_kv_heads, step.n_seqs, f"{self.label}.decode")
+            cmds.dispatch(red, binding.reduce, self.n_heads, step.n_seqs, 1, f"{self.label}.reduce")
+        if step.max_q_prefill:
+            cmds.dispatch(pre, binding.prefill, -(-step.max_q_prefill // self.bq), self.n_heads, step.n_seqs,
+                          f"{self.label}.prefill")
+
+
+def step_buffers(device, max_seqs: int, max_blocks_total: int) -> tuple[Any, Any]:
+    """(seq_info, block_tables) storage buffers sized for the worst step; write pack_step's bytes into them."""
+    info = device.create_buffer(16 * max_seqs, STORAGE | COPY_DST, label="attn.seq_info")
+    tables = device.create_buffer(4 * max(max_blocks_total, 1), STORAGE | COPY_DST, label="attn.block_tables")
+    return info, tables
+
+
+__all__ = ["PagedAttention", "AttentionBinding", "SeqStep", "StepShape", "pack_step", "step_buffers", "BufferBinding"]
