@@ -1,0 +1,41 @@
+"""The built site in Chromium: Pyodide + our wheels start in the worker, and the browser Device runs a kernel."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from .conftest import attach_console
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+
+def test_site_layout(tiny_site):
+    site = json.loads((tiny_site / "site.json").read_text())
+    html = (tiny_site / "index.html").read_text()
+    # relative URLs only, content-addressed wheels, versioned pyodide folder, pinned manifest
+    assert 'src="/' not in html and 'href="/' not in html and "http" not in html.split("<body>")[1].split("<script type=\"application/json\"")[0]
+    assert site["pyodide"] == "pyodide/314.0.7/"
+    for w in site["wheels"]:
+        f = tiny_site / w
+        import hashlib
+        assert hashlib.sha256(f.read_bytes()).hexdigest().startswith(w.split("/")[1])
+    m = site["models"][0]
+    assert hashlib.sha256((tiny_site / m["manifest"]).read_bytes()).hexdigest() == m["sha256"]
+    assert m["sha256"] in html
+
+
+def test_browser_device_runs_copy_kernel(served, browser):
+    logs: list[str] = []
+    page = browser.new_page()
+    attach_console(page, logs)
+    page.goto(served.url + "index.html")
+    res = page.evaluate("""async () => {
+        const w = await import("./webinfer.js");
+        return await w.selftest();
+    }""")
+    assert res["ok"], (res, logs)
+    assert res["words"] == 65536
+    assert res["device"]["limits"]["max_storage_buffer_binding_size"] >= 128 << 20
+    print("selftest", json.dumps(res["timings"]), f"copy {res['ms']:.1f} ms", res["device"]["adapter"])

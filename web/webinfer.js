@@ -1,0 +1,194 @@
+// webinfer's public ES module: run a packaged language model in this page's browser, on its GPU, offline.
+//
+//   import * as webinfer from "./webinfer.js";
+//   const engine = await webinfer.load("models/SmolLM2-135M-Instruct/manifest.json", {onProgress: console.log});
+//   for await (const chunk of engine.chat.completions.create({messages, stream: true}))
+//     out.textContent += chunk.choices[0].delta.content ?? "";
+//
+// The engine lives in a dedicated Web Worker (Pyodide + WebGPU); this module only passes messages, so the page
+// never blocks. Chunks have the OpenAI chat.completion.chunk shape.
+
+const ROOT = new URL("./", import.meta.url);
+let siteConfig = null;
+
+export async function site() {
+  if (!siteConfig) {
+    const res = await fetch(new URL("site.json", ROOT));
+    if (!res.ok) throw new Error(`site.json: HTTP ${res.status}: is webinfer.js served from a site built by \`webinfer site\`?`);
+    siteConfig = await res.json();
+  }
+  return siteConfig;
+}
+
+export class PreflightError extends Error {
+  constructor(problems) { super(problems.join(" ")); this.name = "PreflightError"; this.problems = problems; }
+}
+
+/**
+ * Check what this browser offers before any download. model: an entry of site.json's models (bytes,
+ * kv_bytes_per_token) or null. Returns {ok, problems, notes, adapter, features, limits, storage}.
+ */
+export async function preflight(model = null, { contextTokens = 2048 } = {}) {
+  const problems = [], notes = [];
+  const out = { ok: false, problems, notes, adapter: null, features: [], limits: {}, storage: null };
+  if (!("gpu" in navigator)) {
+    problems.push("This browser has no WebGPU. Use a recent Chrome, Edge or Safari, or enable WebGPU in the browser's settings.");
+    return out;
+  }
+  const adapter = await navigator.gpu.requestAdapter();
+  if (!adapter) {
+    problems.push("WebGPU is present but no GPU adapter is available (disabled, blocklisted, or in a restricted context).");
+    return out;
+  }
+  out.adapter = adapter.info ? { vendor: adapter.info.vendor, architecture: adapter.info.architecture,
+    description: adapter.info.description, fallback: !!adapter.info.isFallbackAdapter } : {};
+  out.features = [...adapter.features];
+  for (const k of ["maxStorageBufferBindingSize", "maxBufferSize", "maxStorageBuffersPerShaderStage",
+                   "maxComputeWorkgroupStorageSize", "maxComputeInvocationsPerWorkgroup"]) out.limits[k] = adapter.limits[k];
+  if (!adapter.features.has("shader-f16")) notes.push("No shader-f16 on this GPU: using the f32 path (slower, not an error).");
+  if (out.adapter.fallback) notes.push("This is a software (fallback) adapter: expect slow generation.");
+  if (out.limits.maxStorageBuffersPerShaderStage < 8) problems.push(`The GPU allows only ${out.limits.maxStorageBuffersPerShaderStage} storage buffers per shader; 8 are needed.`);
+  if (model) {
+    const need = model.bytes + (model.kv_bytes_per_token || 0) * contextTokens;
+    out.memoryNeed = need;
+    const devMem = navigator.deviceMemory ? navigator.deviceMemory * 2 ** 30 : null;
+    if (devMem && need > devMem / 2) notes.push(`The model needs about ${fmtBytes(need)} of GPU memory; this device reports ${fmtBytes(devMem)} of RAM.`);
+    if (navigator.storage?.estimate) {
+      const est = await navigator.storage.estimate();
+      out.storage = est;
+      const free = (est.quota ?? 0) - (est.usage ?? 0);
+      if (free < model.bytes) notes.push(`Only ${fmtBytes(free)} of storage is available for ${fmtBytes(model.bytes)} of model: it will be kept in memory and downloaded again next visit.`);
+    }
+    if (navigator.storage?.persist) {
+      try { out.persisted = await navigator.storage.persist(); } catch { out.persisted = false; }
+      if (!out.persisted) notes.push("The browser may evict the cached model under storage pressure (persistent storage was not granted).");
+    }
+  }
+  out.ok = problems.length === 0;
+  return out;
+}
+
+export function fmtBytes(n) {
+  if (n == null) return "?";
+  const u = ["B", "KB", "MB", "GB"]; let i = 0;
+  while (n >= 1000 && i < u.length - 1) { n /= 1000; i++; }
+  return `${n.toFixed(i ? 1 : 0)} ${u[i]}`;
+}
+
+class WorkerClient {
+  constructor() {
+    this.worker = new Worker(new URL("./worker.js", import.meta.url), { type: "module" });
+    this.nextId = 1;
+    this.pending = new Map();
+    this.worker.onmessage = (ev) => this.onMessage(ev.data);
+    this.worker.onerror = (ev) => {
+      for (const p of this.pending.values()) p.reject(new Error(`worker failed: ${ev.message}`));
+      this.pending.clear();
+    };
+  }
+  onMessage(msg) {
+    const p = this.pending.get(msg.id);
+    if (!p) return;
+    if (msg.type === "progress") p.onProgress?.(msg);
+    else if (msg.type === "chunk") p.onChunk?.(msg.chunk);
+    else {
+      this.pending.delete(msg.id);
+      if (msg.type === "result") p.resolve(msg.value);
+      else { const e = new Error(msg.message); e.name = msg.name; e.details = msg.details; p.reject(e); }
+    }
+  }
+  call(type, body = {}, hooks = {}) {
+    const id = this.nextId++;
+    const promise = new Promise((resolve, reject) => this.pending.set(id, { resolve, reject, ...hooks }));
+    this.worker.postMessage({ id, type, ...body });
+    return { id, promise };
+  }
+  stop(target) { this.worker.postMessage({ type: "stop", target }); }
+}
+
+class Engine {
+  constructor(client, info) {
+    this.client = client;
+    this.info = info;
+    this.running = null;
+    this.chat = { completions: { create: (req) => this.create(req) } };
+  }
+  // Streaming: an async iterator of chunks (breaking out of the loop stops generation). Otherwise a Promise of
+  // a chat.completion object assembled from the chunks.
+  create(request) {
+    const iter = this.stream(request);
+    if (request.stream) return iter;
+    return (async () => {
+      let text = "", last = null;
+      for await (const c of iter) { text += c.choices?.[0]?.delta?.content ?? ""; last = c; }
+      return { id: last?.id, object: "chat.completion", created: last?.created, model: last?.model,
+               choices: [{ index: 0, message: { role: "assistant", content: text },
+                           finish_reason: last?.choices?.[0]?.finish_reason ?? null }],
+               usage: last?.usage ?? null, webinfer: this.lastStats };
+    })();
+  }
+  stream(request) {
+    const queue = [];
+    let wake = null, finished = false, failure = null;
+    const push = () => { if (wake) { wake(); wake = null; } };
+    const { id, promise } = this.client.call("chat", { request: { ...request, stream: true } },
+      { onChunk: (c) => { queue.push(c); push(); } });
+    this.running = id;
+    promise.then((stats) => { this.lastStats = stats; }, (e) => { failure = e; })
+      .finally(() => { finished = true; if (this.running === id) this.running = null; push(); });
+    const self = this;
+    return {
+      [Symbol.asyncIterator]() { return this; },
+      async next() {
+        for (;;) {
+          if (queue.length) return { value: queue.shift(), done: false };
+          if (failure) throw failure;
+          if (finished) return { value: undefined, done: true };
+          await new Promise((r) => { wake = r; });
+        }
+      },
+      async return() { self.client.stop(id); await promise.catch(() => {}); return { value: undefined, done: true }; },
+    };
+  }
+  stop() { if (this.running != null) this.client.stop(this.running); }
+  unload() { this.client.worker.terminate(); }
+}
+
+/**
+ * Load a package and return an engine with an OpenAI-shaped chat.completions.create.
+ * options: onProgress(p) with p.phase in "runtime" | "cache" | "download" | "done" and byte counts,
+ *          manifestSha256 (pins the manifest; default: from site.json when the URL is one of its models),
+ *          preflight (default true).
+ */
+export async function load(manifestUrl, options = {}) {
+  const { onProgress = () => {} } = options;
+  const cfg = await site();
+  const abs = new URL(manifestUrl, document.baseURI).href;
+  const model = cfg.models.find((m) => new URL(m.manifest, ROOT).href === abs) || null;
+  if (options.preflight !== false) {
+    const pf = await preflight(model);
+    onProgress({ phase: "preflight", preflight: pf });
+    if (!pf.ok) throw new PreflightError(pf.problems);
+  }
+  const client = new WorkerClient();
+  onProgress({ phase: "runtime" });
+  const { promise: ready } = client.call("init", { site: cfg, base: ROOT.href });
+  const initInfo = await ready;
+  const { promise } = client.call("load", {
+    manifestUrl: abs, sha256: options.manifestSha256 ?? model?.sha256 ?? null,
+    keepPackages: cfg.models.map((m) => m.sha256),
+  }, { onProgress });
+  const info = await promise;
+  info.timings = { ...initInfo.timings, ...info.timings };
+  return new Engine(client, info);
+}
+
+/** Start the worker and run the GPU self-test (copy kernel through the KernelLibrary). For diagnostics and tests. */
+export async function selftest() {
+  const cfg = await site();
+  const client = new WorkerClient();
+  const init = await client.call("init", { site: cfg, base: ROOT.href }).promise;
+  const value = await client.call("selftest").promise;
+  client.worker.terminate();
+  return { ...value, timings: init.timings };
+}

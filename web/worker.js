@@ -1,0 +1,92 @@
+// The chat worker: hosts Pyodide and the engine, so the page's thread never blocks on Python or the GPU.
+// Protocol (postMessage, every reply carries the request's id):
+//   {id, type: "init", site}                 -> {type: "ready", timings}
+//   {id, type: "selftest"}                   -> {type: "result", value}
+//   {id, type: "load", manifestUrl, sha256}  -> {type: "progress", ...}*, {type: "result", value}
+//   {id, type: "chat", request}              -> {type: "chunk", chunk}*, {type: "result", value}
+//   {type: "stop", target}                   (no reply: the running chat stops after its current token)
+// Errors: {id, type: "error", name, message, details}.
+import { loadModelFiles } from "./loader.js";
+
+let pyodide = null;
+let worker = null;          // the Python module webinfer.browser_worker
+let site = null;
+const stops = new Set();
+const timings = {};
+
+function post(msg) { self.postMessage(msg); }
+
+function errorReply(id, e) {
+  // Python exceptions arrive as PythonError whose message is the whole traceback: keep the last line.
+  let name = e && e.name || "Error";
+  let message = String(e && e.message || e);
+  const m = /(\w+(?:Error|Exception)): ([^\n]*)\n?$/.exec(message.trim() + "\n");
+  if (e && e.constructor && e.constructor.name === "PythonError" && m) { name = m[1]; message = m[2]; }
+  post({ id, type: "error", name, message, details: e && e.details || null });
+}
+
+async function init(msg) {
+  if (pyodide) return { timings };
+  site = msg.site;
+  const base = new URL(msg.base || "./", self.location.href);
+  const t0 = performance.now();
+  const { loadPyodide } = await import(new URL(site.pyodide + "pyodide.mjs", base).href);
+  pyodide = await loadPyodide({ indexURL: new URL(site.pyodide, base).href });
+  const t1 = performance.now();
+  await pyodide.loadPackage(site.wheels.map((w) => new URL(w, base).href));
+  worker = pyodide.pyimport("webinfer.browser_worker");
+  const t2 = performance.now();
+  timings.pyodide_start_ms = t1 - t0;
+  timings.wheel_install_ms = t2 - t1;
+  return { timings };
+}
+
+async function load(msg) {
+  const t0 = performance.now();
+  const onProgress = (p) => post({ id: msg.id, type: "progress", ...p });
+  const { manifestText, files, stats } = await loadModelFiles(msg.manifestUrl, {
+    manifestSha256: msg.sha256, onProgress, keepPackages: msg.keepPackages,
+  });
+  const t1 = performance.now();
+  const map = new Map(Object.entries(files));
+  const info = await worker.load(manifestText, map, msg.manifestUrl);
+  const value = info.toJs({ dict_converter: Object.fromEntries });
+  info.destroy();
+  value.timings = { ...timings, ...stats, files_ms: t1 - t0, python_load_ms: performance.now() - t1, ...value.timings };
+  return value;
+}
+
+async function chat(msg) {
+  stops.delete(msg.id);
+  const emit = (s) => post({ id: msg.id, type: "chunk", chunk: JSON.parse(s) });
+  const shouldStop = () => stops.has(msg.id);
+  const res = await worker.chat(JSON.stringify(msg.request), emit, shouldStop);
+  const value = res.toJs({ dict_converter: Object.fromEntries });
+  res.destroy();
+  return value;
+}
+
+async function selftest() {
+  const res = await worker.selftest_copy();
+  const value = res.toJs({ dict_converter: Object.fromEntries });
+  res.destroy();
+  return value;
+}
+
+const handlers = { init, load, chat, selftest };
+
+// Messages run one at a time (the engine is single-stream), except stop, which must get through while a chat runs.
+let queue = Promise.resolve();
+self.onmessage = (ev) => {
+  const msg = ev.data;
+  if (msg.type === "stop") { stops.add(msg.target); return; }
+  const h = handlers[msg.type];
+  if (!h) { post({ id: msg.id, type: "error", name: "TypeError", message: `unknown message ${msg.type}` }); return; }
+  queue = queue.then(async () => {
+    try {
+      post({ id: msg.id, type: "result", value: await h(msg) });
+    } catch (e) {
+      errorReply(msg.id, e);
+    }
+  });
+};

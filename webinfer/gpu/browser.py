@@ -1,0 +1,280 @@
+"""The browser's WebGPU (navigator.gpu) through Pyodide's JS FFI. Runs only inside Pyodide, in a Web Worker.
+
+Costs that shape this file (measured in Chromium 156): every JS call from Python costs ~0.5-0.8 us and a full
+encoder-pass-dispatch-submit issued from Python 32-175 us, so `submit` encodes a whole recorded `Commands` list into
+one encoder, one compute pass (while dispatches follow each other) and one queue submit. Uploads pass a view of the
+Python buffer to `queue.writeBuffer` without copying it in Python.
+
+WebGPU reports validation errors asynchronously (uncapturederror events), not as exceptions from the call that
+caused them; they are collected here and raised as GPUError at the next `read_buffer`, the only point where the
+engine waits for the GPU anyway. `create_pipeline_async` uses createComputePipelineAsync, which rejects at once with
+the compiler's message (used to warm the pipeline cache and to time pipeline creation).
+"""
+
+from __future__ import annotations
+
+from ..errors import DeviceLostError, GPUError, NoAdapterError
+from .device import (
+    BROWSER_DEFAULT_LIMITS,
+    COPY_DST,
+    COPY_SRC,
+    MAP_READ,
+    AdapterInfo,
+    BufferBinding,
+    Capabilities,
+    Commands,
+    Device,
+    align,
+)
+
+_QUERY_RESOLVE = 0x0200
+_MAP_MODE_READ = 0x0001
+
+
+def _camel(snake: str) -> str:
+    head, *rest = snake.split("_")
+    return head + "".join(w.capitalize() for w in rest)
+
+
+def _js():
+    import js  # noqa: PLC0415  (only exists inside Pyodide)
+    from pyodide.ffi import create_once_callable, create_proxy, to_js  # noqa: PLC0415
+
+    return js, create_proxy, create_once_callable, to_js
+
+
+def _obj(value):
+    js, _, _, to_js = _js()
+    return to_js(value, dict_converter=js.Object.fromEntries)
+
+
+async def request_device(*, timestamps: bool = False, force_f32: bool = False,
+                         disable_subgroups: bool = False) -> "BrowserDevice":
+    """Request an adapter and a device with the adapter's limits for the keys we use, and the features we can use.
+
+    No shader-f16 is not an error: the kernels have an f32 path (SwiftShader, many phones)."""
+    js, _, _, _ = _js()
+    gpu = getattr(js.navigator, "gpu", None)
+    if gpu is None:
+        raise NoAdapterError("this browser has no WebGPU (navigator.gpu is missing); use a recent Chrome or Edge, "
+                             "or Safari/Firefox with WebGPU enabled")
+    adapter = await gpu.requestAdapter(powerPreference="high-performance")
+    if adapter is None:
+        raise NoAdapterError("navigator.gpu.requestAdapter() returned no adapter (WebGPU disabled or blocklisted)")
+    feats = set(adapter.features.keys())  # a JS Set: keys() iterates its values
+    want = []
+    f16 = "shader-f16" in feats and not force_f32
+    sub = "subgroups" in feats and not disable_subgroups
+    ts = timestamps and "timestamp-query" in feats
+    for on, name in ((f16, "shader-f16"), (sub, "subgroups"), (ts, "timestamp-query")):
+        if on:
+            want.append(name)
+    # Ask for the adapter's value of every limit we know (never less than the default a browser guarantees).
+    req = {}
+    for k, v in BROWSER_DEFAULT_LIMITS.items():
+        a = getattr(adapter.limits, _camel(k), None)
+        if a is not None:
+            req[_camel(k)] = int(a)
+    try:
+        device = await adapter.requestDevice(_obj({"requiredFeatures": want, "requiredLimits": req,
+                                                   "label": "webinfer"}))
+    except Exception as e:
+        raise GPUError(f"requestDevice failed: {e}") from e
+    info = adapter.info
+    sg = 0
+    if sub:
+        sg = int(getattr(info, "subgroupMinSize", 0) or 0) or 4
+    caps = Capabilities(f16=f16, subgroups=sub, subgroup_size=sg, timestamps=ts,
+                        limits={k: int(getattr(device.limits, _camel(k))) for k in BROWSER_DEFAULT_LIMITS
+                                if getattr(device.limits, _camel(k), None) is not None})
+    name = " ".join(str(getattr(info, f, "") or "") for f in ("vendor", "architecture", "device", "description"))
+    ainfo = AdapterInfo(name=" ".join(name.split()) or "unknown", backend="WebGPU (browser)",
+                        adapter_type="", is_fallback=bool(getattr(info, "isFallbackAdapter", False)))
+    return BrowserDevice(device, ainfo, caps)
+
+
+class BrowserDevice(Device):
+    def __init__(self, device, info: AdapterInfo, caps: Capabilities):
+        js, create_proxy, create_once_callable, _ = _js()
+        self._js = js
+        self._create_proxy = create_proxy
+        self.device = device
+        self.queue = device.queue
+        self.info = info
+        self.caps = caps
+        self._errors: list[str] = []
+        self._lost_reason: str | None = None
+        self._destroyed = False
+        self._timing: dict[int, tuple] = {}
+
+        def on_error(event):
+            self._errors.append(str(event.error.message))
+
+        def on_lost(lost_info):
+            if not self._destroyed:
+                self._lost_reason = f"{lost_info.reason}: {lost_info.message}"
+
+        self._on_error = create_proxy(on_error)  # kept alive as long as the device
+        device.addEventListener("uncapturederror", self._on_error)
+        device.lost.then(create_once_callable(on_lost))
+
+    # ----------------------------------------------------------------- state
+    @property
+    def lost(self) -> bool:
+        return self._lost_reason is not None
+
+    def _check(self) -> None:
+        if self._lost_reason is not None:
+            raise DeviceLostError(f"the GPU device was lost ({self._lost_reason}); the engine will be rebuilt")
+        if self._errors:
+            errs, self._errors = self._errors, []
+            raise GPUError("WebGPU reported: " + " | ".join(errs[:5]) + (f" (+{len(errs) - 5} more)" if len(errs) > 5 else ""))
+
+    # ----------------------------------------------------------------- resources
+    def create_buffer(self, size: int, usage: int, label: str = ""):
+        return self.device.createBuffer(size=align(max(size, 4), 4), usage=usage, label=label)
+
+    def write_buffer(self, buffer, offset: int, data) -> None:
+        mv = memoryview(data).cast("B")
+        if len(mv) % 4:  # writeBuffer sizes must be multiples of 4
+            mv = memoryview(bytes(mv) + b"\0" * (4 - len(mv) % 4))
+        if not mv.contiguous:
+            mv = memoryview(bytes(mv))
+        px = self._create_proxy(mv)
+        view = px.getBuffer("u8")
+        try:
+            self.queue.writeBuffer(buffer, offset, view.data)  # zero-copy view of the Python buffer
+        finally:
+            view.release()
+            px.destroy()
+
+    def create_pipeline(self, code: str, label: str = "", entry_point: str = "main"):
+        module = self.device.createShaderModule(code=code, label=label)
+        return self.device.createComputePipeline(
+            _obj({"layout": "auto", "label": label, "compute": {"module": module, "entryPoint": entry_point}}))
+
+    async def create_pipeline_async(self, code: str, label: str = "", entry_point: str = "main"):
+        module = self.device.createShaderModule(code=code, label=label)
+        try:
+            return await self.device.createComputePipelineAsync(
+                _obj({"layout": "auto", "label": label, "compute": {"module": module, "entryPoint": entry_point}}))
+        except Exception as e:
+            msgs = ""
+            try:
+                ci = await module.getCompilationInfo()
+                msgs = "; ".join(f"{m.lineNum}:{m.linePos} {m.message}" for m in ci.messages)
+            except Exception:
+                pass
+            raise GPUError(f"shader {label or '?'} failed to compile: {e} {msgs}".strip()) from e
+
+    def create_bind_group(self, pipeline, bindings, group: int = 0):
+        entries = []
+        for i, b in enumerate(bindings):
+            if not isinstance(b, BufferBinding):
+                b = BufferBinding(b)
+            size = b.size if b.size is not None else int(b.buffer.size) - b.offset
+            entries.append({"binding": i, "resource": {"buffer": b.buffer, "offset": b.offset, "size": size}})
+        return self.device.createBindGroup(_obj({"layout": pipeline.getBindGroupLayout(group), "entries": entries}))
+
+    def destroy_buffer(self, buffer) -> None:
+        buffer.destroy()
+
+    # ----------------------------------------------------------------- execution
+    def submit(self, commands: Commands) -> None:
+        if self._lost_reason is not None:
+            raise DeviceLostError(f"the GPU device was lost ({self._lost_reason}); the engine will be rebuilt")
+        enc = self.device.createCommandEncoder()
+        qs = None
+        labels: list[str] = []
+        if commands.timed and self.caps.timestamps:
+            n = sum(1 for op in commands.ops if op[0] == "dispatch")
+            qs = self.device.createQuerySet(type="timestamp", count=max(2 * n, 2))
+        cpass = None
+        qi = 0
+        for op in commands.ops:
+            kind = op[0]
+            if kind == "dispatch":
+                _, pipe, bg, x, y, z, label = op
+                if qs is not None:
+                    cpass = enc.beginComputePass(_obj({"timestampWrites": {
+                        "querySet": qs, "beginningOfPassWriteIndex": qi, "endOfPassWriteIndex": qi + 1}}))
+                    qi += 2
+                    labels.append(label)
+                elif cpass is None:
+                    cpass = enc.beginComputePass()
+                cpass.setPipeline(pipe)
+                cpass.setBindGroup(0, bg)
+                cpass.dispatchWorkgroups(x, y, z)
+                if qs is not None:
+                    cpass.end()
+                    cpass = None
+            else:
+                if cpass is not None:
+                    cpass.end()
+                    cpass = None
+                if kind == "copy":
+                    _, src, so, dst, do, size = op
+                    enc.copyBufferToBuffer(src, so, dst, do, size)
+                elif kind == "clear":
+                    _, buf, off, size = op
+                    if size is None:
+                        enc.clearBuffer(buf, off)
+                    else:
+                        enc.clearBuffer(buf, off, size)
+        if cpass is not None:
+            cpass.end()
+        if qs is not None:
+            rb = self.device.createBuffer(size=align(8 * qi, 256), usage=_QUERY_RESOLVE | COPY_SRC)
+            enc.resolveQuerySet(qs, 0, qi, rb, 0)
+            self._timing[id(commands)] = (rb, labels, qi)
+        self.queue.submit(self._js.Array.of(enc.finish()))
+
+    async def read_buffer(self, buffer, offset: int = 0, size: int | None = None) -> bytes:
+        size = int(buffer.size) - offset if size is None else size
+        if size == 0:
+            self._check()
+            return b""
+        o0 = offset - offset % 4  # copy ranges must be 4-byte aligned: widen, then slice
+        n = align(offset + size - o0, 4)
+        staging = self.device.createBuffer(size=n, usage=MAP_READ | COPY_DST, label="readback")
+        try:
+            enc = self.device.createCommandEncoder()
+            enc.copyBufferToBuffer(buffer, o0, staging, 0, n)
+            self.queue.submit(self._js.Array.of(enc.finish()))
+            try:
+                await staging.mapAsync(_MAP_MODE_READ)
+            except Exception as e:
+                self._check()
+                raise GPUError(f"reading back {n} bytes failed: {e}") from e
+            self._check()
+            out = bytearray(n)
+            self._js.Uint8Array.new(staging.getMappedRange()).assign_to(out)
+            staging.unmap()
+        finally:
+            staging.destroy()
+        return bytes(out[offset - o0: offset - o0 + size])
+
+    async def read_timings(self, commands: Commands) -> list[tuple[str, float]]:
+        entry = self._timing.pop(id(commands), None)
+        if entry is None:
+            return []
+        rb, labels, n = entry
+        import struct  # noqa: PLC0415
+
+        raw = await self.read_buffer(rb, 0, 8 * n)
+        ticks = struct.unpack(f"<{n}Q", raw)
+        return [(lab, (ticks[2 * i + 1] - ticks[2 * i]) / 1e6) for i, lab in enumerate(labels)]
+
+    async def wait_idle(self) -> None:
+        await self.queue.onSubmittedWorkDone()
+        self._check()
+
+    def destroy(self) -> None:
+        self._destroyed = True
+        try:
+            self.device.destroy()
+        except Exception:
+            pass
+
+
+__all__ = ["BrowserDevice", "request_device"]
