@@ -277,8 +277,8 @@ class GPUModel:
         return [gate, up, act]
 
     def _make_sampler(self):
-        """The GPU sampler (webinfer/kernels/sampling.py) when present; else greedy on the host over read-back logits."""
-        return None
+        """The GPU sampler (webinfer/kernels/sampling.py): only S token ids come back per step."""
+        return _StepSampler(self.lib, self.cfg.vocab_size, self.logits_buf, self.max_seqs)
 
     # ------------------------------------------------------------------------------------------------ step
     def _prepare(self, batch: StepBatch):
@@ -345,8 +345,7 @@ class GPUModel:
         if S:
             self.final_norm.encode(cmds, S)
             self.lm_head.encode(cmds, S)
-            if self.sampler is not None:
-                self.sampler.encode(cmds, sampled)
+            self.sampler.encode(cmds, sampled)
         return cmds, sampled
 
     async def execute(self, batch: StepBatch) -> list[int]:
@@ -354,9 +353,7 @@ class GPUModel:
         self.device.submit(cmds)
         if not sampled:
             return []
-        if self.sampler is not None:
-            return await self.sampler.read(sampled)
-        return await self._host_sample(sampled)
+        return await self.sampler.read(len(sampled))
 
     async def logits(self, n_rows: int) -> list[list[float]]:
         """The logits rows of the last step's sampled chunks (tests and debugging; reads back S x V floats)."""
@@ -365,18 +362,29 @@ class GPUModel:
         flat = struct.unpack(f"<{v * n_rows}f", raw)
         return [list(flat[i * v : (i + 1) * v]) for i in range(n_rows)]
 
-    async def _host_sample(self, sampled) -> list[int]:
-        # fallback until the GPU sampler is wired in: greedy only, lowest id on ties
-        for c in sampled:
-            if c.temperature != 0.0:
-                raise NotImplementedError("sampling with temperature > 0 needs the GPU sampler (kernels/sampling.py)")
-        out = []
-        for row in await self.logits(len(sampled)):
-            best = max(range(len(row)), key=row.__getitem__)  # max returns the first maximum: lowest id on ties
-            out.append(best)
-        return out
-
     def dispatch_count(self, batch: StepBatch) -> int:
         """Dispatches one step records (for reports); writes the step inputs as a side effect."""
         cmds, _ = self.encode_step(batch)
         return sum(1 for op in cmds.ops if op[0] == "dispatch")
+
+
+class _StepSampler:
+    """Binds the GPU sampler to the logits buffer once; per step writes the rows' parameters and reads the ids."""
+
+    def __init__(self, lib, vocab: int, logits_buf, max_rows: int):
+        from ..kernels.sampling import GpuSampler, buffers
+
+        self.device = lib.device
+        self.kernel = GpuSampler(lib, vocab)
+        self.params, self.ids = buffers(lib.device, max_rows)
+        self.binding = self.kernel.bind(logits_buf, self.params, self.ids)
+
+    def encode(self, cmds, sampled) -> None:
+        from ..kernels.sampling import SampleRow, pack_rows
+
+        rows = [SampleRow(j, c.temperature, c.top_k, c.top_p, c.seed, c.sample_index) for j, c in enumerate(sampled)]
+        self.device.write_buffer(self.params, 0, pack_rows(rows))
+        self.kernel.encode(cmds, self.binding, len(rows))
+
+    async def read(self, n: int) -> list[int]:
+        return list(struct.unpack(f"<{n}I", await self.device.read_buffer(self.ids, 0, 4 * n)))
