@@ -9,6 +9,7 @@ import hashlib
 import os
 import shutil
 import threading
+import time
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -99,6 +100,7 @@ class SiteServer:
                 if fault == "cut":
                     self.wfile.write(data[: len(data) // 2])
                     self.wfile.flush()
+                    time.sleep(0.5)  # let the browser hand the first half to the reader before the cut
                     self.close_connection = True
                     self.connection.shutdown(2)
                     return
