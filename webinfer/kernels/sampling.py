@@ -1,0 +1,77 @@
+"""Token sampling on the GPU (shaders/sample.wgsl): logits rows in, one u32 token id per row out.
+
+What it computes (exactly `webinfer_packager.reference.Sampler`'s distribution, in f32):
+  greedy when temperature <= 0 or top_k == 1: argmax, lowest id on ties;
+  else temperature -> top-k (ties at the k-th value: lowest ids first) -> top-p (shortest prefix, in logit-descending /
+  id-ascending order, whose mass reaches top_p) -> inverse CDF in id order at u * mass, u = `uniform(seed, index)`.
+The draw is a pure function of (logits, parameters, seed, index): a request that resamples index i gets the same
+token, and a row's result never depends on the other rows in the dispatch.
+
+Built once at load (`GpuSampler(lib, vocab)`, `bind(...)`); per step the host writes `pack_rows(...)` into the
+params buffer and records `encode(cmds, binding, n_rows)`. Pure Python (it runs in Pyodide).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from ..gpu.device import COPY_DST, COPY_SRC, STORAGE
+
+ROW_BYTES = 32  # RowParams in sample.wgsl
+_ROW = "<4I2f2I"
+_MASK = 0xFFFFFFFF
+
+
+@dataclass(frozen=True)
+class SampleRow:
+    logit_row: int  # which row of the logits buffer
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+    index: int = 0  # how many tokens the request sampled before this one
+
+
+def pack_rows(rows: list[SampleRow]) -> bytes:
+    """The params buffer contents for `rows` (validated like the reference Sampler)."""
+    out = bytearray()
+    for r in rows:
+        if r.temperature < 0 or r.top_k < 0 or not (0.0 < r.top_p <= 1.0):
+            raise ValueError(f"sampling: need temperature >= 0, top_k >= 0, 0 < top_p <= 1; got {r}")
+        out += struct.pack(_ROW, r.logit_row, r.top_k, r.seed & _MASK, r.index & _MASK, r.temperature, r.top_p, 0, 0)
+    return bytes(out)
+
+
+def _pcg(v: int) -> int:
+    s = (v * 747796405 + 2891336453) & _MASK
+    w = (((s >> ((s >> 28) + 4)) ^ s) * 277803737) & _MASK
+    return ((w >> 22) ^ w) & _MASK
+
+
+def uniform(seed: int, index: int) -> float:
+    """The shader's uniform draw in [0, 1) for (seed, index): (pcg(pcg(seed) + index) >> 8) / 2^24."""
+    return (_pcg((_pcg(seed & _MASK) + index) & _MASK) >> 8) / 16777216.0
+
+
+class GpuSampler:
+    def __init__(self, lib, vocab: int, label: str = "sample"):
+        self.lib, self.vocab, self.label = lib, vocab, label
+        self.pipeline = lib.pipeline("sample", defines={"VOCAB": f"{vocab}u", "ID_BITS": f"{vocab.bit_length()}i"},
+                                     use_f16=False)
+
+    def bind(self, logits, params, out_ids) -> Any:
+        """logits: f32 [rows, vocab]; params: ROW_BYTES per row; out_ids: u32 per row (buffers or BufferBindings)."""
+        return self.lib.device.create_bind_group(self.pipeline, [logits, params, out_ids])
+
+    def encode(self, cmds, binding, n_rows: int) -> None:
+        if n_rows > 0:
+            cmds.dispatch(self.pipeline, binding, n_rows, 1, 1, self.label)
+
+
+def buffers(device, max_rows: int) -> tuple[Any, Any]:
+    """(params, out_ids) buffers for up to max_rows rows; out_ids can be copied to a staging buffer and read."""
+    params = device.create_buffer(ROW_BYTES * max_rows, STORAGE | COPY_DST, label="sample.params")
+    ids = device.create_buffer(4 * max_rows, STORAGE | COPY_SRC, label="sample.ids")
+    return params, ids
