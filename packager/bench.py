@@ -1,0 +1,269 @@
+"""`webinfer bench`: measure the kernels and generation on the GPU in use, in one run; JSON output.
+
+    webinfer bench [PACKAGE] [--json] [--output FILE] [--quick] [--skip-hf]
+
+Everything is measured on one device with timestamp queries where the GPU does the work (copy, GEMV, the kernels
+of one decode step) and with the wall clock where the host is involved (a decode step, prefill, decode):
+
+    adapter              name, backend, adapter type and the features the device got (f16, subgroups, timestamps)
+    copy_gbps            shaders/copy.wgsl over a large buffer; bytes read + bytes written per second, median
+    gemv                 q4 GEMV (webinfer/kernels/linear.py) at 4096x4096 and at the model's own shapes:
+                         ms, GB/s of weight bytes (qweight + scales) and ratio to copy_gbps
+    kernels              per-label GPU ms of one timed decode step of the model (summed over layers)
+    step_ms              wall time of one decode step (encode, submit, read back the sampled id); median
+    host_overhead_frac   1 - sum(kernel ms) / step_ms: the share of a step the GPU is not computing
+    dispatches_per_token dispatches one decode step records
+    ttft_s, prefill_tok_s  a PROMPT_LEN-token prompt (512; 32 with --quick) to its first sampled token
+    decode_tok_s         DECODE_LEN tokens (128; 8 with --quick), greedy, one sequence
+    hf_transformers      the same model through HF transformers on this CPU (model.generate, greedy): decode tok/s
+                         and ratio = ours / theirs; null with a reason when skipped or not possible
+
+Numbers are medians over a few repetitions (`quick` uses fewer); lavapipe on a shared 2-core box is noisy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import struct
+import time
+from pathlib import Path
+
+import numpy as np
+
+from webinfer.gpu.device import COPY_DST, COPY_SRC, STORAGE, UNIFORM
+
+
+def _median_timed(dev, record, reps: int) -> float:
+    """Median ms of the dispatches `record(cmds)` adds, over `reps` timed submissions (after one warm-up)."""
+    times = []
+    for i in range(reps + 1):
+        cmds = dev.commands(timed=True)
+        record(cmds)
+        dev.submit(cmds)
+        t = asyncio.run(dev.read_timings(cmds))
+        if i:  # the first run compiles and warms caches
+            times.append(sum(ms for _, ms in t))
+    return statistics.median(times)
+
+
+def adapter_info(dev) -> dict:
+    c = dev.caps
+    feats = [n for n, on in (("shader-f16", c.f16), ("subgroups", c.subgroups), ("timestamp-query", c.timestamps)) if on]
+    return {"name": dev.info.name, "backend": dev.info.backend, "adapter_type": dev.info.adapter_type,
+            "features": feats, "subgroup_size": c.subgroup_size}
+
+
+def bench_copy(dev, lib, nbytes: int, reps: int) -> float:
+    """GB/s of the copy kernel (read + write bytes) over an nbytes buffer."""
+    n_vec4 = nbytes // 16
+    src = dev.create_buffer(nbytes, STORAGE | COPY_DST | COPY_SRC, "bench.copy.src")
+    dst = dev.create_buffer(nbytes, STORAGE | COPY_SRC, "bench.copy.dst")
+    dev.write_buffer(src, 0, np.arange(nbytes // 4, dtype=np.uint32).tobytes())
+    u = dev.create_buffer(16, UNIFORM | COPY_DST, "bench.copy.params")
+    dev.write_buffer(u, 0, struct.pack("<4I", n_vec4, 0, 0, 0))
+    p = lib.pipeline("copy")
+    bg = dev.create_bind_group(p, [src, dst, u])
+    groups = -(-n_vec4 // (256 * 4))  # copy.wgsl: WG 256, 4 vectors per invocation
+    ms = _median_timed(dev, lambda c: c.dispatch(p, bg, groups, 1, 1, "copy"), reps)
+    ok = dev.read_buffer_sync(dst, nbytes - 64, 64) == dev.read_buffer_sync(src, nbytes - 64, 64)
+    dev.destroy_buffer(src)
+    dev.destroy_buffer(dst)
+    if not ok:
+        raise RuntimeError("bench: the copy kernel did not copy (its last bytes differ)")
+    return 2 * nbytes / (ms / 1e3) / 1e9
+
+
+def bench_gemv(dev, lib, name: str, n: int, k: int, copy_gbps: float, reps: int, group_size: int = 32) -> dict:
+    """One q4 Linear with random weights (timing only: values do not matter, scales are a fixed 1/64)."""
+    from webinfer.kernels.linear import Linear, WeightPart, weight_strides
+
+    w4, s_words = weight_strides("q4", k, group_size)
+    rng = np.random.default_rng(n * 7 + k)
+    qw = rng.integers(0, 2**32, size=n * w4 * 4, dtype=np.uint32).tobytes()
+    sc = (np.full(n * s_words * 2, 1 / 64, np.float16)).tobytes()
+    bufs = []
+
+    def upload(data: bytes, label: str):
+        b = dev.create_buffer(len(data), STORAGE | COPY_DST, label)
+        dev.write_buffer(b, 0, data)
+        bufs.append(b)
+        return b
+
+    x = upload(rng.standard_normal(-(-k // 4) * 4).astype(np.float32).tobytes(), "bench.x")
+    y = upload(b"\0" * 4 * n, "bench.y")
+    step = upload(struct.pack("<4I", 1, 1, 0, 0), "bench.step")
+    lin = Linear(lib, "q4", n, k, group_size, [WeightPart(0, n, upload(qw, "bench.w"), upload(sc, "bench.s"))],
+                 x, y, -(-k // 4) * 4, n, step, label=f"gemv {name}")
+    ms = _median_timed(dev, lambda c: lin.encode(c, 1), reps)
+    for b in bufs:
+        dev.destroy_buffer(b)
+    gbps = (len(qw) + len(sc)) / (ms / 1e3) / 1e9
+    return {"name": name, "shape": [n, k], "ms": round(ms, 4), "gbps": round(gbps, 3),
+            "ratio": round(gbps / copy_gbps, 3) if copy_gbps else None}
+
+
+def model_shapes(cfg) -> list[tuple[str, int, int]]:
+    """The model's GEMV shapes [N, K] as the GPU model runs them (q/k/v fused, gate/up fused)."""
+    d, f, hd = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    qkv = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * hd
+    return [("qkv", qkv, d), ("o", d, cfg.num_attention_heads * hd), ("gate_up", 2 * f, d), ("down", d, f),
+            ("lm_head", cfg.vocab_size, d)]
+
+
+def bench_model(dev, package, prompt_len: int, decode_len: int, reps: int) -> dict:
+    """Timed decode step, step wall time, dispatch count, prefill and decode speed of the GPU model."""
+    from webinfer.engine.batch import SeqChunk, StepBatch
+    from webinfer_packager.native import generate_async, load_runner
+
+    cfg = package.config
+    total = prompt_len + decode_len + 16
+    runner = load_runner(package, device=dev, max_model_len=total, num_blocks=2 + -(-total // 16),
+                         max_batch_tokens=min(256, prompt_len))
+    rng = np.random.default_rng(0)
+    prompt = [int(t) for t in rng.integers(0, cfg.vocab_size, size=prompt_len)]
+    # generation: prefill (in chunks of max_batch_tokens) + greedy decode, no EOS
+    stamps: list[float] = []
+    t0 = time.perf_counter()
+    out = asyncio.run(generate_async(runner, prompt, decode_len, stamps=stamps))
+    ttft = stamps[0] - t0
+    decode_s = stamps[-1] - stamps[0]
+    # one decode step at the end of that context, repeated (same position: it rewrites the same KV slot)
+    table = list(range(1, -(-total // 16) + 1))
+    batch = StepBatch([SeqChunk(0, [out[-1]], prompt_len + len(out) - 1, table, True)])
+    walls = []
+    for _ in range(reps + 1):
+        t = time.perf_counter()
+        asyncio.run(runner.execute(batch))
+        walls.append((time.perf_counter() - t) * 1e3)
+    step_ms = statistics.median(walls[1:])
+    per_label: dict[str, list[float]] = {}
+    sums = []
+    for _ in range(max(reps, 1)):
+        cmds, _ = runner.encode_step(batch, timed=True)
+        dev.submit(cmds)
+        timings = asyncio.run(dev.read_timings(cmds))  # waits for the step to finish
+        sums.append(sum(ms for _, ms in timings))
+        step_labels: dict[str, float] = {}
+        for label, ms in timings:
+            step_labels[_kind(label)] = step_labels.get(_kind(label), 0.0) + ms
+        for kname, ms in step_labels.items():
+            per_label.setdefault(kname, []).append(ms)
+    kernels = {k: round(statistics.median(v), 4) for k, v in sorted(per_label.items(), key=lambda kv: -statistics.median(kv[1]))}
+    kernel_ms = statistics.median(sums)
+    return {
+        "kernels": kernels,
+        "kernel_ms": round(kernel_ms, 4),
+        "step_ms": round(step_ms, 4),
+        "host_overhead_frac": round(1 - kernel_ms / step_ms, 4),
+        "dispatches_per_token": runner.dispatch_count(batch),
+        "ttft_s": round(ttft, 4),
+        "prefill_tok_s": round(prompt_len / ttft, 2),
+        "decode_tok_s": round((len(stamps) - 1) / decode_s, 2) if decode_s > 0 else None,
+        "prompt_tokens": prompt_len,
+        "decode_tokens": len(out),
+    }
+
+
+def _kind(label: str) -> str:
+    """'layers.3.qkv' -> 'qkv', 'attn.decode' -> 'attn.decode': group a step's timings by kernel across layers."""
+    parts = [p for p in label.split(".") if not p.isdigit() and p != "layers"]
+    return ".".join(parts) or label or "?"
+
+
+def bench_hf(package, decode_len: int) -> dict:
+    """Greedy decode tok/s of HF transformers' model.generate on this CPU for the package's GGUF source."""
+    from webinfer_packager.paths import default_gguf_path
+
+    src = package.manifest.get("source", {}) if hasattr(package, "manifest") else {}
+    gguf = default_gguf_path()
+    if src.get("kind") != "gguf" or src.get("name") != gguf.name:
+        return {"decode_tok_s": None, "reason": f"only the default GGUF source can be loaded by transformers here "
+                                                f"(package source: {src})"}
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True)
+    model.eval()
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]])
+
+    def run(n):
+        t = time.perf_counter()
+        with torch.no_grad():
+            model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+        return time.perf_counter() - t
+
+    run(2)  # warm-up
+    t1, tn = run(1), run(decode_len)
+    return {"decode_tok_s": round((decode_len - 1) / max(tn - t1, 1e-9), 2), "path": "model.generate (greedy)",
+            "torch_threads": torch.get_num_threads()}
+
+
+def run_bench(package_path, *, quick: bool = False, skip_hf: bool = False, device=None) -> dict:
+    from webinfer.gpu.native import request_device_sync
+    from webinfer.kernels.library import KernelLibrary
+    from webinfer.package import Package
+
+    dev = device or request_device_sync(limits="browser", timestamps=True)
+    lib = KernelLibrary(dev)
+    reps = 3 if quick else 7
+    res: dict = {"adapter": adapter_info(dev), "quick": quick}
+    if not dev.caps.timestamps:
+        res["note"] = "no timestamp-query on this adapter: GPU times are missing"
+    copy_bytes = (16 if quick else 128) << 20
+    res["copy_gbps"] = round(bench_copy(dev, lib, copy_bytes, reps), 3)
+    res["copy_bytes"] = copy_bytes
+    pkg = package_path if isinstance(package_path, Package) else Package.open(Path(package_path))
+    shapes = [("4096x4096", 4096, 4096)] + model_shapes(pkg.config)
+    res["gemv"] = [bench_gemv(dev, lib, n_, n, k, res["copy_gbps"], reps) for n_, n, k in shapes]
+    prompt_len, decode_len = (32, 8) if quick else (512, 128)
+    res.update(bench_model(dev, pkg, prompt_len, decode_len, reps))
+    if skip_hf:
+        res["hf_transformers"] = {"decode_tok_s": None, "reason": "skipped (--skip-hf)"}
+    else:
+        try:
+            res["hf_transformers"] = bench_hf(pkg, 16 if quick else 64)
+        except Exception as e:  # the comparison must never sink the benchmark
+            res["hf_transformers"] = {"decode_tok_s": None, "reason": f"{type(e).__name__}: {e}"}
+    hf = res["hf_transformers"].get("decode_tok_s")
+    res["hf_transformers"]["ratio"] = round(res["decode_tok_s"] / hf, 3) if hf and res.get("decode_tok_s") else None
+    return res
+
+
+def format_table(r: dict) -> str:
+    a = r["adapter"]
+    lines = [f"adapter      {a['name']} ({a['backend']}, {a['adapter_type']}) features: {', '.join(a['features'])}",
+             f"copy         {r['copy_gbps']:.2f} GB/s (read + write, {r['copy_bytes'] >> 20} MiB)"]
+    for g in r["gemv"]:
+        lines.append(f"gemv q4      {g['name']:<10} {g['shape'][0]:>6}x{g['shape'][1]:<6} {g['ms']:8.3f} ms "
+                     f"{g['gbps']:7.2f} GB/s  {g['ratio']:.2f}x copy")
+    lines.append(f"decode step  {r['step_ms']:.2f} ms wall, {r['kernel_ms']:.2f} ms on the GPU, host overhead "
+                 f"{100 * r['host_overhead_frac']:.0f} %, {r['dispatches_per_token']} dispatches")
+    for k, ms in list(r["kernels"].items())[:8]:
+        lines.append(f"  {k:<24} {ms:8.3f} ms")
+    lines.append(f"prefill      {r['prompt_tokens']} tokens: ttft {r['ttft_s']:.3f} s, {r['prefill_tok_s']:.1f} tok/s")
+    lines.append(f"decode       {r['decode_tok_s']} tok/s ({r['decode_tokens']} tokens)")
+    hf = r["hf_transformers"]
+    lines.append(f"transformers {hf.get('decode_tok_s')} tok/s" + (f" (ours {hf['ratio']}x)" if hf.get("ratio") else
+                                                                  f" ({hf.get('reason', '')})"))
+    return "\n".join(lines)
+
+
+def cli_main(args) -> int:
+    from webinfer_packager.paths import resolve_package
+
+    res = run_bench(resolve_package(args.package), quick=args.quick, skip_hf=args.skip_hf)
+    text = json.dumps(res, indent=2, sort_keys=False)
+    if args.output:
+        Path(args.output).write_text(text + "\n", encoding="utf-8")
+    if args.json:
+        print(text)
+    else:
+        print(format_table(res))
+        print(text)
+    return 0
+
+
+__all__ = ["run_bench", "cli_main", "format_table"]

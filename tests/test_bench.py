@@ -1,0 +1,60 @@
+"""`webinfer bench --quick --json --skip-hf` on a tiny synthetic package: valid JSON with every key, sane numbers.
+
+Run: XDG_RUNTIME_DIR=/tmp/xdg python -m pytest tests/test_bench.py -q
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from webinfer_packager.cli import main
+
+pytestmark = pytest.mark.gpu
+
+KEYS = ["adapter", "copy_gbps", "gemv", "kernels", "step_ms", "host_overhead_frac", "dispatches_per_token", "ttft_s",
+        "prefill_tok_s", "decode_tok_s", "hf_transformers"]
+
+
+@pytest.fixture(scope="module")
+def tiny_package(tmp_path_factory):
+    from webinfer_packager.pack import pack
+    from webinfer_packager.synthetic import write_hf
+
+    tmp = tmp_path_factory.mktemp("bench")
+    write_hf(tmp / "hf", arch="llama")
+    return pack(tmp / "hf", tmp / "pkg", progress=False)
+
+
+def test_bench_quick_json(tiny_package, tmp_path, capsys):
+    out_file = tmp_path / "bench.json"
+    assert main(["bench", str(tiny_package), "--quick", "--json", "--skip-hf", "--output", str(out_file)]) == 0
+    printed = capsys.readouterr().out
+    res = json.loads(printed)  # --json: stdout is only the JSON document
+    assert json.loads(out_file.read_text()) == res
+    for k in KEYS:
+        assert k in res, f"missing top-level key {k}"
+    assert res["adapter"]["name"] and "timestamp-query" in res["adapter"]["features"]
+    assert res["copy_gbps"] > 0
+    names = [g["name"] for g in res["gemv"]]
+    assert names[0] == "4096x4096" and "qkv" in names and "lm_head" in names
+    for g in res["gemv"]:
+        assert g["ms"] > 0 and g["gbps"] > 0 and g["ratio"] > 0
+    # the tiny model: 64 hidden, 4 heads + 2*2 kv heads of 16 -> fused qkv is 128 x 64
+    assert {g["name"]: g["shape"] for g in res["gemv"]}["qkv"] == [128, 64]
+    assert "attn.decode" in res["kernels"] and "attn.reduce" in res["kernels"] and "sample" in res["kernels"]
+    assert all(ms > 0 for ms in res["kernels"].values())
+    assert res["step_ms"] > 0 and res["kernel_ms"] > 0
+    assert res["host_overhead_frac"] == pytest.approx(1 - res["kernel_ms"] / res["step_ms"], abs=1e-3)
+    assert res["dispatches_per_token"] >= 2 + 8 * 2  # embed ... 2 layers ... sample
+    for k in ("ttft_s", "prefill_tok_s", "decode_tok_s"):
+        assert res[k] > 0
+    assert res["decode_tokens"] == 8 and res["prompt_tokens"] == 32
+    assert res["hf_transformers"]["decode_tok_s"] is None and "skip" in res["hf_transformers"]["reason"]
+
+
+def test_bench_table(tiny_package, capsys):
+    assert main(["bench", str(tiny_package), "--quick", "--skip-hf"]) == 0
+    text = capsys.readouterr().out
+    assert "copy" in text and "gemv q4" in text and "decode step" in text
