@@ -9,6 +9,7 @@ of one decode step) and with the wall clock where the host is involved (a decode
     copy_gbps            shaders/copy.wgsl over a large buffer; bytes read + bytes written per second, median
     gemv                 q4 GEMV (webinfer/kernels/linear.py) at 4096x4096 and at the model's own shapes:
                          ms, GB/s of weight bytes (qweight + scales) and ratio to copy_gbps
+    attention, sampling  GPU ms of this project's attention (decode, prefill) and sampling kernels alone
     kernels              per-label GPU ms of one timed decode step of the model (summed over layers)
     step_ms              wall time of one decode step (encode, submit, read back the sampled id); median
     host_overhead_frac   1 - sum(kernel ms) / step_ms: the share of a step the GPU is not computing
@@ -102,6 +103,63 @@ def bench_gemv(dev, lib, name: str, n: int, k: int, copy_gbps: float, reps: int,
     gbps = (len(qw) + len(sc)) / (ms / 1e3) / 1e9
     return {"name": name, "shape": [n, k], "ms": round(ms, 4), "gbps": round(gbps, 3),
             "ratio": round(gbps / copy_gbps, 3) if copy_gbps else None}
+
+
+def bench_attention(dev, lib, cfg, ctx: int, n_seqs: int, prefill: int, reps: int) -> dict:
+    """GPU ms of the paged attention kernels at the model's head shape (random q/K/V, block size 16):
+    `decode`: n_seqs sequences of ctx positions, one query each (decode + reduce); `prefill`: one chunk of
+    `prefill` queries at the end of a ctx + prefill long sequence."""
+    from webinfer.kernels.attention import PagedAttention, SeqStep, pack_step
+
+    H, Hkv, hd, bs = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, 16
+    out: dict = {"shape": {"heads": H, "kv_heads": Hkv, "head_dim": hd, "block_size": bs}}
+    rng = np.random.default_rng(1)
+    for name, seqs in (("decode", [(ctx, 1)] * n_seqs), ("prefill", [(ctx + prefill, prefill)])):
+        blocks = [-(-c // bs) for c, _ in seqs]
+        total_blocks = 1 + sum(blocks)
+        T = sum(n for _, n in seqs)
+        steps, row, nxt = [], 0, 1
+        for (c, n), nb in zip(seqs, blocks):
+            steps.append(SeqStep(c, list(range(nxt, nxt + nb)), row, n))
+            nxt, row = nxt + nb, row + n
+        info, tables, shape = pack_step(steps)
+        attn = PagedAttention(lib, n_heads=H, n_kv_heads=Hkv, head_dim=hd, block_size=bs,
+                              max_model_len=ctx + prefill, max_seqs=len(seqs), label=f"attn.{name}")
+
+        def up(data: bytes):
+            b = dev.create_buffer(len(data), STORAGE | COPY_DST | COPY_SRC)
+            dev.write_buffer(b, 0, data)
+            return b
+
+        kv = 4 * total_blocks * bs * Hkv * hd
+        bufs = [up(rng.standard_normal(T * H * hd).astype(np.float32).tobytes()),
+                up(rng.standard_normal(kv // 4).astype(np.float32).tobytes()),
+                up(rng.standard_normal(kv // 4).astype(np.float32).tobytes()), up(tables), up(info),
+                up(b"\0" * 4 * T * H * hd)]
+        bg = attn.bind(*bufs)
+        ms = _median_timed(dev, lambda c: attn.encode(c, bg, shape), reps)
+        out[name] = {"seqs": len(seqs), "ctx": seqs[0][0], "queries": T, "ms": round(ms, 4),
+                     "kv_gbps": round(2 * sum(c for c, _ in seqs) * Hkv * hd * 4 / (ms / 1e3) / 1e9, 3)}
+        for b in bufs:
+            dev.destroy_buffer(b)
+    return out
+
+
+def bench_sampling(dev, lib, vocab: int, rows: int, reps: int) -> dict:
+    """GPU ms of the sampling kernel over `rows` rows of `vocab` logits: greedy, and temperature + top-k + top-p."""
+    from webinfer.kernels.sampling import GpuSampler, SampleRow, pack_rows
+
+    s = GpuSampler(lib, vocab)
+    logits = dev.create_buffer(4 * vocab * rows, STORAGE | COPY_DST)
+    dev.write_buffer(logits, 0, (np.random.default_rng(2).standard_normal(vocab * rows) * 3).astype(np.float32).tobytes())
+    ids = dev.create_buffer(4 * rows, STORAGE | COPY_SRC)
+    res = {"vocab": vocab, "rows": rows}
+    for name, row in (("greedy_ms", SampleRow(0)), ("top_k_top_p_ms", SampleRow(0, 0.8, 40, 0.9, seed=1))):
+        params = dev.create_buffer(32 * rows, STORAGE | COPY_DST)
+        dev.write_buffer(params, 0, pack_rows([SampleRow(i, row.temperature, row.top_k, row.top_p, i) for i in range(rows)]))
+        bg = s.bind(logits, params, ids)
+        res[name] = round(_median_timed(dev, lambda c: s.encode(c, bg, rows), reps), 4)
+    return res
 
 
 def model_shapes(cfg) -> list[tuple[str, int, int]]:
@@ -218,6 +276,9 @@ def run_bench(package_path, *, quick: bool = False, skip_hf: bool = False, devic
     pkg = package_path if isinstance(package_path, Package) else Package.open(Path(package_path))
     shapes = [("4096x4096", 4096, 4096)] + model_shapes(pkg.config)
     res["gemv"] = [bench_gemv(dev, lib, n_, n, k, res["copy_gbps"], reps) for n_, n, k in shapes]
+    cfg = pkg.config
+    res["attention"] = bench_attention(dev, lib, cfg, 128 if quick else 512, 4 if quick else 16, 32 if quick else 256, reps)
+    res["sampling"] = bench_sampling(dev, lib, cfg.vocab_size, 1 if quick else 4, reps)
     prompt_len, decode_len = (32, 8) if quick else (512, 128)
     res.update(bench_model(dev, pkg, prompt_len, decode_len, reps))
     if skip_hf:
@@ -241,6 +302,14 @@ def format_table(r: dict) -> str:
                      f"{g['gbps']:7.2f} GB/s  {g['ratio']:.2f}x copy")
     lines.append(f"decode step  {r['step_ms']:.2f} ms wall, {r['kernel_ms']:.2f} ms on the GPU, host overhead "
                  f"{100 * r['host_overhead_frac']:.0f} %, {r['dispatches_per_token']} dispatches")
+    at = r["attention"]
+    for k in ("decode", "prefill"):
+        a = at[k]
+        lines.append(f"attention    {k:<8} {a['seqs']} seq x ctx {a['ctx']}, {a['queries']} queries: {a['ms']:.3f} ms "
+                     f"({a['kv_gbps']:.2f} GB/s of K+V)")
+    sm = r["sampling"]
+    lines.append(f"sampling     vocab {sm['vocab']} x {sm['rows']}: greedy {sm['greedy_ms']:.3f} ms, "
+                 f"top-k+top-p {sm['top_k_top_p_ms']:.3f} ms")
     for k, ms in list(r["kernels"].items())[:8]:
         lines.append(f"  {k:<24} {ms:8.3f} ms")
     lines.append(f"prefill      {r['prompt_tokens']} tokens: ttft {r['ttft_s']:.3f} s, {r['prefill_tok_s']:.1f} tok/s")
