@@ -101,8 +101,13 @@ def bench_gemv(dev, lib, name: str, n: int, k: int, copy_gbps: float, reps: int,
     for b in bufs:
         dev.destroy_buffer(b)
     gbps = (len(qw) + len(sc)) / (ms / 1e3) / 1e9
-    return {"name": name, "shape": [n, k], "ms": round(ms, 4), "gbps": round(gbps, 3),
-            "ratio": round(gbps / copy_gbps, 3) if copy_gbps else None}
+    return {"name": name, "shape": [n, k], "ms": _sig(ms), "gbps": _sig(gbps),
+            "ratio": _sig(gbps / copy_gbps) if copy_gbps else None}
+
+
+def _sig(x: float, digits: int = 4) -> float:
+    """Round to significant digits (tiny shapes have tiny GB/s that plain rounding would turn into 0)."""
+    return float(f"{x:.{digits}g}")
 
 
 def bench_attention(dev, lib, cfg, ctx: int, n_seqs: int, prefill: int, reps: int) -> dict:
@@ -139,7 +144,7 @@ def bench_attention(dev, lib, cfg, ctx: int, n_seqs: int, prefill: int, reps: in
         bg = attn.bind(*bufs)
         ms = _median_timed(dev, lambda c: attn.encode(c, bg, shape), reps)
         out[name] = {"seqs": len(seqs), "ctx": seqs[0][0], "queries": T, "ms": round(ms, 4),
-                     "kv_gbps": round(2 * sum(c for c, _ in seqs) * Hkv * hd * 4 / (ms / 1e3) / 1e9, 3)}
+                     "kv_gbps": _sig(2 * sum(c for c, _ in seqs) * Hkv * hd * 4 / (ms / 1e3) / 1e9)}
         for b in bufs:
             dev.destroy_buffer(b)
     return out
