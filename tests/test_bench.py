@@ -51,6 +51,9 @@ def test_bench_quick_json(tiny_package, tmp_path, capsys):
     for k in ("ttft_s", "prefill_tok_s", "decode_tok_s"):
         assert res[k] > 0
     assert res["decode_tokens"] == 8 and res["prompt_tokens"] == 32
+    assert res["attention"]["decode"]["ms"] > 0 and res["attention"]["prefill"]["ms"] > 0
+    assert res["attention"]["decode"]["queries"] == 4 and res["attention"]["prefill"]["queries"] == 32
+    assert res["sampling"]["vocab"] == 300 and res["sampling"]["greedy_ms"] > 0 and res["sampling"]["top_k_top_p_ms"] > 0
     assert res["hf_transformers"]["decode_tok_s"] is None and "skip" in res["hf_transformers"]["reason"]
 
 
