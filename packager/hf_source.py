@@ -2,9 +2,9 @@
 tokenizer_config.json) as a pack source.
 
 Safetensors headers are validated here before any data is touched (header length, JSON, dtype known, shape,
-offsets in bounds, sized right and non-overlapping), then tensors are memory-mapped with numpy. We map the
-file ourselves rather than through `safe_open(framework="numpy")` because numpy has no bfloat16 and
-`safe_open` refuses BF16 tensors; BF16 is widened to float32 by a 16-bit shift.
+offsets in bounds, sized right and non-overlapping), then tensor rows are read in chunks with pread. We read
+the file ourselves rather than through `safe_open(framework="numpy")` because numpy has no bfloat16 (safe_open
+refuses BF16 tensors) and because mmap'd pages count towards resident memory; BF16 is widened by a 16-bit shift.
 """
 
 from __future__ import annotations
@@ -78,11 +78,30 @@ def validate_safetensors_header(path: Path | str, head: bytes, file_size: int) -
 
 
 class _HFTensor:
-    def __init__(self, name, dt, shape, arr, rows=None):
-        self.name, self.type_name, self.shape, self._a = name, dt, shape, arr
+    """Rows read with pread into small buffers: file-backed mmap pages would count towards (and pile up in)
+    the packer's resident memory, reads keep it bounded by one chunk."""
+
+    def __init__(self, name, dt, shape, path: Path, begin: int):
+        self.name, self.type_name, self.shape, self._path, self._begin = name, dt, shape, path, begin
+        k = shape[1] if len(shape) == 2 else 1
+        self._np, item = ST_DTYPES[dt]
+        self._row = k * item
+
+    def _read(self, r0, r1):
+        import os
+
+        n = (r1 - r0) * self._row
+        fd = os.open(self._path, os.O_RDONLY)
+        try:
+            data = os.pread(fd, n, self._begin + r0 * self._row)
+        finally:
+            os.close(fd)
+        if len(data) != n:
+            raise FormatError(self._path, self.name, "is truncated", f"{n} bytes at {self._begin + r0 * self._row}")
+        return np.frombuffer(data, self._np).reshape(r1 - r0, -1)
 
     def float_rows(self, r0, r1):
-        a = self._a[r0:r1]
+        a = self._read(r0, r1)
         if self.type_name == "BF16":
             return (a.astype(np.uint32) << np.uint32(16)).view(np.float32)
         return a.astype(np.float32)
@@ -115,7 +134,6 @@ class HFSource:
                     raise FormatError(idx_path, "weight_map", f"names {f.name}, which does not exist in the folder")
         if not files:
             raise FormatError(self.path, "*.safetensors", "no safetensors files", "model.safetensors")
-        self._maps = {}
         for f in files:
             size = f.stat().st_size
             with open(f, "rb") as fh:
@@ -194,10 +212,7 @@ class HFSource:
         f, dt, got, b, e = self.index[hn]
         if got != shape:
             raise FormatError(f, f"{hn}.shape", f"is {got}", f"{shape} from config.json")
-        if f not in self._maps:
-            self._maps[f] = np.memmap(f, dtype=np.uint8, mode="r")
-        arr = self._maps[f][b:e].view(ST_DTYPES[dt][0]).reshape(shape[0], -1)
-        return _HFTensor(hn, dt, shape, arr)
+        return _HFTensor(hn, dt, shape, f, b)
 
     def tokenizer(self):
         from webinfer_packager.tokenizer_convert import tokenizer_from_hf
