@@ -213,7 +213,7 @@ def build_site(packages: list[Path], output: Path, *, force: bool = True) -> dic
         env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(WEB)), autoescape=True,
                                  undefined=jinja2.StrictUndefined)
         html = env.get_template("index.html.j2").render(site=site, models=models, assets=assets,
-                                                        site_json=json.dumps(site, sort_keys=True))
+                                                        site_json=_script_json(site))
         (tmp / "index.html").write_text(html, encoding="utf-8")
 
         if output.exists():
@@ -229,6 +229,14 @@ def build_site(packages: list[Path], output: Path, *, force: bool = True) -> dic
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _script_json(value):
+    """JSON safe to inline in a <script> element: no '<', '>' or '&' that could close it or start markup."""
+    import markupsafe  # noqa: PLC0415
+
+    text = json.dumps(value, sort_keys=True).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    return markupsafe.Markup(text)
 
 
 def cli_main(args) -> int:

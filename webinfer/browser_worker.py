@@ -125,48 +125,165 @@ async def load(manifest_text: str, js_files, where: str = "manifest.json") -> di
     return info
 
 
-async def build_engine(timings: dict | None = None) -> Any:
+class _Timed:
+    """Adds up the wall time of some device methods during engine build (GPU upload vs pipeline creation)."""
+
+    def __init__(self, dev, names):
+        self.dev, self.names, self.ms = dev, names, {n: 0.0 for n in names}
+
+    def __enter__(self):
+        for n in self.names:
+            orig = getattr(self.dev, n)
+
+            def wrapped(*a, _orig=orig, _n=n, **kw):
+                t0 = time.perf_counter()
+                try:
+                    return _orig(*a, **kw)
+                finally:
+                    self.ms[_n] += (time.perf_counter() - t0) * 1e3
+            setattr(self.dev, n, wrapped)
+        return self
+
+    def __exit__(self, *exc):
+        for n in self.names:
+            delattr(self.dev, n)  # back to the class's method
+
+
+def blocks_for(cfg, tokens: int, block_size: int) -> int:
+    """KV blocks for `tokens` of context, plus the null block 0."""
+    return 1 + -(-tokens // block_size)
+
+
+async def build_engine(timings: dict | None = None, context_tokens: int = 2048) -> Any:
     """(Re)build the engine for the loaded package on a live device (after a device loss too)."""
-    from .engine import gpu_model  # noqa: PLC0415
+    from .chat_template import render  # noqa: PLC0415, F401  (fail early if the runtime lacks it)
+    from .engine.gpu_model import GPUModel  # noqa: PLC0415
+    from .tokenizer import Tokenizer  # noqa: PLC0415
 
     pkg = _state["package"]
     if pkg is None:
         raise WebinferError("no model is loaded")
     dev = await get_device()
     t0 = time.perf_counter()
-    runner = gpu_model.GPUModel.load(dev, pkg)
-    if hasattr(runner, "__await__"):
-        runner = await runner
+    ctx = min(context_tokens, pkg.config.max_position_embeddings)
+    with _Timed(dev, ("write_buffer", "create_pipeline", "create_buffer")) as tm:
+        runner = await GPUModel.load(dev, pkg, num_blocks=blocks_for(pkg.config, ctx, 16), block_size=16,
+                                     max_batch_tokens=64, max_seqs=1, max_model_len=ctx)
+    await dev.wait_idle()  # uploads done and pipelines usable: an honest end of "GPU upload"
+    t1 = time.perf_counter()
+    if _state.get("tokenizer") is None:
+        _state["tokenizer"] = Tokenizer.from_json(pkg.tokenizer_json())
     _state["engine"] = runner
     if timings is not None:
-        timings["engine_build_ms"] = (time.perf_counter() - t0) * 1e3
+        timings.update({"engine_build_ms": (t1 - t0) * 1e3, "gpu_upload_ms": tm.ms["write_buffer"],
+                        "pipeline_create_ms": tm.ms["create_pipeline"], "buffer_create_ms": tm.ms["create_buffer"],
+                        "tokenizer_ms": (time.perf_counter() - t1) * 1e3})
     return runner
 
 
+def prompt_ids(req: dict) -> list[int]:
+    """Token ids of a request: `prompt_ids` as given, or the messages through the package's chat template."""
+    if req.get("prompt_ids"):
+        return [int(i) for i in req["prompt_ids"]]
+    from .chat_template import render  # noqa: PLC0415
+
+    pkg, tok = _state["package"], _state["tokenizer"]
+    messages = req.get("messages") or []
+    st = pkg.special_tokens
+    if pkg.chat_template:
+        text = render(pkg.chat_template, messages, add_generation_prompt=True,
+                      bos_token=st.get("bos_token") or "", eos_token=st.get("eos_token") or "")
+    else:
+        text = "\n".join(str(m.get("content", "")) for m in messages)
+    return list(tok.encode(text, add_special_tokens=False))
+
+
 async def chat(request_json: str, emit: Callable[[str], None], should_stop: Callable[[], bool]) -> dict:
-    """Stream an OpenAI-shaped chat completion: emit(chunk_json) per chunk; returns timing stats."""
+    """Stream an OpenAI-shaped chat completion: emit(chunk_json) per token; returns timing stats.
+
+    One sequence at a time (the worker serves one page); greedy unless temperature > 0. Every chunk also carries
+    the sampled `token_ids` (an extension, as vLLM does) so tests can compare ids with the native engine."""
+    from .engine.batch import SeqChunk, StepBatch  # noqa: PLC0415
+
     req = json.loads(request_json)
+    t_start = time.perf_counter()
     if _state["engine"] is None or _state["device"] is None or _state["device"].lost:
         await build_engine()  # first message after a device loss: rebuild
-    from . import api  # noqa: PLC0415
+    runner, tok, pkg = _state["engine"], _state["tokenizer"], _state["package"]
+    ids = prompt_ids(req)
+    max_tokens = int(req.get("max_tokens") or req.get("max_completion_tokens") or 256)
+    if len(ids) + max_tokens > runner.max_model_len:
+        max_tokens = max(1, runner.max_model_len - len(ids))
+    if len(ids) >= runner.max_model_len:
+        from .errors import ContextOverflowError  # noqa: PLC0415
 
-    t0 = time.perf_counter()
-    first = None
-    n = 0
+        raise ContextOverflowError(len(ids), runner.max_model_len)
+    temp, top_p = float(req.get("temperature") or 0.0), float(req.get("top_p") or 1.0)
+    top_k, seed = int(req.get("top_k") or 0), int(req.get("seed") or 0)
+    eos = set(pkg.config.eos_token_ids)
+    table = list(range(1, runner.num_blocks))
+    out: list[int] = []
+    cid = f"chatcmpl-{int(t_start * 1e6):x}"
+    created, model = int(time.time()), pkg.name
+    dec = tok.decode_stream(skip_special_tokens=True)
+
+    def chunk(delta: dict, finish=None, token_ids=None, usage=None):
+        c = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
+             "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        if token_ids is not None:
+            c["choices"][0]["token_ids"] = token_ids
+        if usage is not None:
+            c["usage"] = usage
+        emit(json.dumps(c))
+
+    def step(tokens, start, sample=True):
+        return StepBatch([SeqChunk(0, list(tokens), start, table, sample, temp, top_p, top_k, seed, len(out))])
+
+    chunk({"role": "assistant", "content": ""})
+    host_s = 0.0
+    t_first = None
+    enc_t, sub_t = _Timed(runner, ("encode_step",)), _Timed(_state["device"], ("submit",))
     try:
-        stream = api.create_chat_completion_stream(_state["engine"], _state["package"], **req)
-        async for chunk in stream:
-            if first is None:
-                first = time.perf_counter()
-            n += 1
-            emit(json.dumps(chunk))
-            if should_stop():
-                await stream.aclose()
+        pos = 0
+        while pos < len(ids):
+            part = ids[pos: pos + runner.max_tokens]
+            res = await runner.execute(step(part, pos, pos + len(part) == len(ids)))
+            pos += len(part)
+        t_first = time.perf_counter()
+        enc_t.__enter__()
+        sub_t.__enter__()
+        finish = "length"
+        tokn = res[0]
+        while True:
+            out.append(tokn)
+            if tokn in eos:
+                finish = "stop"
                 break
+            chunk({"content": dec.add(tokn)}, token_ids=[tokn])
+            if len(out) >= max_tokens:
+                break
+            if should_stop():
+                finish = "stop"
+                break
+            h0 = time.perf_counter()
+            batch = step([tokn], len(ids) + len(out) - 1)
+            res = await runner.execute(batch)
+            host_s += time.perf_counter() - h0
+            tokn = res[0]
+        tail = dec.finish()
+        usage = {"prompt_tokens": len(ids), "completion_tokens": len(out),
+                 "total_tokens": len(ids) + len(out)}
+        chunk({"content": tail} if tail else {}, finish=finish, usage=usage)
     except DeviceLostError:
         _state["engine"] = None
         raise
-    t1 = time.perf_counter()
-    ttft = ((first or t1) - t0) * 1e3
-    decode_s = t1 - (first or t1)
-    return {"ttft_ms": ttft, "chunks": n, "decode_tok_s": (n - 1) / decode_s if n > 1 and decode_s > 0 else 0.0}
+    finally:
+        if t_first is not None:
+            enc_t.__exit__()
+            sub_t.__exit__()
+    t_end = time.perf_counter()
+    n_dec = max(0, len(out) - 1)
+    host_ms = (enc_t.ms["encode_step"] + sub_t.ms["submit"]) / n_dec if n_dec else 0.0
+    return {"ttft_ms": (t_first - t_start) * 1e3, "completion_tokens": len(out), "prompt_tokens": len(ids),
+            "decode_tok_s": n_dec / (t_end - t_first) if n_dec and t_end > t_first else 0.0,
+            "step_ms": host_s * 1e3 / n_dec if n_dec else 0.0, "host_ms_per_token": host_ms, "token_ids": out}

@@ -24,6 +24,8 @@ def test_site_layout(tiny_site):
     m = site["models"][0]
     assert hashlib.sha256((tiny_site / m["manifest"]).read_bytes()).hexdigest() == m["sha256"]
     assert m["sha256"] in html
+    inline = html.split('<script type="application/json" id="site">')[1].split("</script>")[0]
+    assert json.loads(inline) == site  # the page parses this; HTML-escaping it would break the page
 
 
 def test_browser_device_runs_copy_kernel(served, browser):
