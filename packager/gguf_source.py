@@ -305,6 +305,14 @@ class GGUFSource:
         data = t.data if len(shape) == 2 else t.data.reshape(shape[0], -1)
         return SourceTensor(gname, type_name, shape, data, rows, t.tensor_type)
 
+    def release(self) -> None:
+        """Drop the mapped pages read so far: file-backed pages count towards resident memory otherwise."""
+        import mmap
+
+        mm = getattr(self.reader.data, "_mmap", None)
+        if mm is not None and hasattr(mmap, "MADV_DONTNEED"):
+            mm.madvise(mmap.MADV_DONTNEED)
+
     # -- tokenizer side
 
     def tokenizer(self) -> tuple[dict, str | None, dict]:

@@ -133,6 +133,8 @@ def _build(src, folder: Path, *, group_size, asymmetric, embedding, shard_mb, na
         tensors.append(entry)
         params += int(np.prod(shape))
         del comps
+        if hasattr(src, "release"):
+            src.release()
         if bar:
             bar.update(int(np.prod(shape)))
     writer.finish()
