@@ -47,6 +47,9 @@ var<workgroup> q_s: array<vec4<f32>, GROUP * HD4>;
 var<workgroup> sc: array<f32, GROUP * CHUNK>;
 var<workgroup> red: array<f32, GROUP * WG>;
 var<workgroup> stat: array<f32, GROUP>;
+// the weighted V sum splits the positions over SLICES groups of HD4 invocations (HD4 <= WG)
+const SLICES: u32 = max(WG / HD4, 1u);
+var<workgroup> vex: array<vec4<f32>, max(SLICES - 1u, 1u) * GROUP * HD4>;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -65,19 +68,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         q_s[i] = q[(sq.z * Q_STRIDE + Q_OFFSET) / 4u + (kvh * GROUP + g) * HD4 + i % HD4] * scale;
     }
     workgroupBarrier();
-    // scores: one key per invocation at a time, shared by the GROUP query heads
+    // scores: one key per invocation at a time; each K vector is loaded once for the GROUP query heads
     var mloc: array<f32, GROUP>;
     for (var g = 0u; g < GROUP; g++) { mloc[g] = NEG; }
     for (var i = lid; i < n; i += WG) {
         let pos = start + i;
         let blk = block_tables[sq.y + pos / BLOCK_SIZE];
         let base = ((blk * BLOCK_SIZE + pos % BLOCK_SIZE) * N_KV_HEADS + kvh) * HD4;
+        var acc: array<vec4<f32>, GROUP>;
+        for (var g = 0u; g < GROUP; g++) { acc[g] = vec4<f32>(0.0); }
+        for (var d = 0u; d < HD4; d++) {
+            let kv = vec4<f32>(k_cache[base + d]);
+            for (var g = 0u; g < GROUP; g++) { acc[g] += q_s[g * HD4 + d] * kv; }
+        }
         for (var g = 0u; g < GROUP; g++) {
-            var acc = vec4<f32>(0.0);
-            for (var d = 0u; d < HD4; d++) {
-                acc += q_s[g * HD4 + d] * vec4<f32>(k_cache[base + d]);
-            }
-            let s = acc.x + acc.y + acc.z + acc.w;
+            let s = acc[g].x + acc[g].y + acc[g].z + acc[g].w;
             sc[g * CHUNK + i] = s;
             mloc[g] = max(mloc[g], s);
         }
@@ -109,18 +114,31 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let h = kvh * GROUP + lid;
         partials[((wid.z * N_HEADS + h) * MAX_SPLITS + split) * rec] = vec4<f32>(stat[lid], l, 0.0, 0.0);
     }
-    for (var it = lid; it < GROUP * HD4; it += WG) {
-        let g = it / HD4;
-        let d = it % HD4;
-        var acc = vec4<f32>(0.0);
-        for (var i = 0u; i < n; i++) {
+    // weighted V sum: invocation (slice, d) walks positions slice, slice + SLICES, ... for output vector d of all
+    // GROUP heads (each V vector loaded once); the SLICES partial sums are then added in slice order
+    let d = lid % HD4;
+    let slice = lid / HD4;
+    var vacc: array<vec4<f32>, GROUP>;
+    for (var g = 0u; g < GROUP; g++) { vacc[g] = vec4<f32>(0.0); }
+    if (slice < SLICES) {
+        for (var i = slice; i < n; i += SLICES) {
             let pos = start + i;
             let blk = block_tables[sq.y + pos / BLOCK_SIZE];
-            let base = ((blk * BLOCK_SIZE + pos % BLOCK_SIZE) * N_KV_HEADS + kvh) * HD4;
-            acc += sc[g * CHUNK + i] * vec4<f32>(v_cache[base + d]);
+            let vv = vec4<f32>(v_cache[((blk * BLOCK_SIZE + pos % BLOCK_SIZE) * N_KV_HEADS + kvh) * HD4 + d]);
+            for (var g = 0u; g < GROUP; g++) { vacc[g] += sc[g * CHUNK + i] * vv; }
         }
-        let h = kvh * GROUP + g;
-        partials[((wid.z * N_HEADS + h) * MAX_SPLITS + split) * rec + 1u + d] = acc;
+    }
+    if (slice > 0u && slice < SLICES) {
+        for (var g = 0u; g < GROUP; g++) { vex[((slice - 1u) * GROUP + g) * HD4 + d] = vacc[g]; }
+    }
+    workgroupBarrier();
+    if (slice == 0u) {
+        for (var g = 0u; g < GROUP; g++) {
+            var a = vacc[g];
+            for (var sl = 1u; sl < SLICES; sl++) { a += vex[((sl - 1u) * GROUP + g) * HD4 + d]; }
+            let h = kvh * GROUP + g;
+            partials[((wid.z * N_HEADS + h) * MAX_SPLITS + split) * rec + 1u + d] = a;
+        }
     }
 }
 #endif

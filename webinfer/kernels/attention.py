@@ -95,8 +95,8 @@ class PagedAttention:
                  chunk: int = 128, label: str = "attn"):
         if n_heads % n_kv_heads:
             raise ValueError(f"attention: n_heads {n_heads} is not a multiple of n_kv_heads {n_kv_heads}")
-        if head_dim % 4:
-            raise ValueError(f"attention: head_dim {head_dim} must be a multiple of 4 (vec4 loads)")
+        if head_dim % 4 or head_dim > 4 * WG:
+            raise ValueError(f"attention: head_dim {head_dim} must be a multiple of 4 (vec4 loads) and <= {4 * WG}")
         q_stride = n_heads * head_dim if q_stride is None else q_stride
         if q_stride % 4 or q_offset % 4:
             raise ValueError(f"attention: q_stride {q_stride} and q_offset {q_offset} must be multiples of 4")
@@ -108,8 +108,10 @@ class PagedAttention:
         self.max_splits = -(-max_model_len // chunk)
         group = n_heads // n_kv_heads
         hd4 = head_dim // 4
-        # decode workgroup memory: q (group x head_dim), scores (group x chunk), reduction (group x WG)
-        dec_bytes = 4 * group * (head_dim + chunk + WG + 1)
+        # decode workgroup memory: q (group x head_dim), scores (group x chunk), reduction (group x WG), and the
+        # V-sum exchange between position slices ((WG / hd4 - 1) x group x head_dim)
+        slices = max(WG // hd4, 1)
+        dec_bytes = 4 * group * (head_dim + chunk + WG + 1) + 4 * max(slices - 1, 1) * group * head_dim
         if dec_bytes > WORKGROUP_BYTES:
             raise ValueError(f"attention decode needs {dec_bytes} bytes of workgroup memory (> {WORKGROUP_BYTES}); "
                              f"lower chunk (now {chunk})")
