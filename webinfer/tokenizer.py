@@ -628,20 +628,237 @@ class Tokenizer:
         return b
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# streaming decoders: the decoder chain run as a pipeline of stages that each hold back only what a later token can
+# still change, so every id costs O(1) amortised and the joined deltas equal decode(all ids) exactly.
+#
+# Until the first Fuse / ByteLevel step a chain works on a list of token strings ("item" stages, one output per
+# input in order, so each stage counts its own position for Metaspace's first-token rule). Fuse, ByteLevel, or the
+# final "".join turn the list into one string; the steps after that see that single token, i.e. the whole text
+# ("text" stages, which stream character runs).
+
+
+class _Unstreamable(Exception):
+    """A chain step whose effect on the whole text is not local (IncrementalDecoder then re-decodes)."""
+
+
+class _MapItems:
+    """A per-token step: f(position in this stage's input, token)."""
+
+    def __init__(self, f: Callable[[int, str], str]):
+        self.f, self.n = f, 0
+
+    def push(self, tok: str) -> list[str]:
+        self.n += 1
+        return [self.f(self.n - 1, tok)]
+
+    def flush(self) -> list[str]:
+        return []
+
+
+class _ByteFallbackItems:
+    """Runs of <0xNN> tokens become one item: their UTF-8 text, or one U+FFFD per byte when the run is invalid.
+    A run is held until a non-byte token (or the end) closes it: one more byte can turn it all into U+FFFD."""
+
+    def __init__(self):
+        self.run = bytearray()
+
+    def push(self, tok: str) -> list[str]:
+        b = _byte_token(tok)
+        if b >= 0:
+            self.run.append(b)
+            return []
+        return self.flush() + [tok]
+
+    def flush(self) -> list[str]:
+        if not self.run:
+            return []
+        out = _decode_byte_fallback([f"<0x{b:02X}>" for b in self.run])
+        self.run.clear()
+        return out
+
+
+class _ByteLevelFuse:
+    """ByteLevel: the tokens' bytes joined and decoded as UTF-8; Python's incremental decoder replaces invalid
+    sequences exactly as a one-shot decode(errors="replace") does."""
+
+    def __init__(self, tok: "Tokenizer"):
+        self.tok = tok
+        self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, t: str) -> str:
+        try:
+            b = bytes(CHAR_TO_BYTE[c] for c in t)
+        except KeyError:  # a token outside the byte alphabet: its own UTF-8, as _decode_byte_level
+            b = t.encode("utf-8")
+        return self.utf8.decode(b)
+
+    def flush(self) -> str:
+        return self.utf8.decode(b"", final=True)
+
+
+class _ConcatFuse:
+    """Fuse, or the final join: the tokens concatenated (with `sep` between them for a null decoder)."""
+
+    def __init__(self, sep: str = ""):
+        self.sep, self.first = sep, True
+
+    def push(self, t: str) -> str:
+        if self.first:
+            self.first = False
+            return t
+        return self.sep + t
+
+    def flush(self) -> str:
+        return ""
+
+
+class _ReplaceText:
+    """str.replace over the whole text: matches are found left to right, so text before the last len(old)-1
+    characters can never become part of a later match."""
+
+    def __init__(self, old: str, new: str):
+        if not old:
+            raise _Unstreamable("Replace with an empty pattern")
+        self.old, self.new, self.buf = old, new, ""
+
+    def push(self, text: str) -> str:
+        buf, old = self.buf + text, self.old
+        out, pos = [], 0
+        while (j := buf.find(old, pos)) >= 0:
+            out += (buf[pos:j], self.new)
+            pos = j + len(old)
+        safe = max(pos, len(buf) - len(old) + 1)  # a match starting here or later may still need future text
+        out.append(buf[pos:safe])
+        self.buf = buf[safe:]
+        return "".join(out)
+
+    def flush(self) -> str:
+        out, self.buf = self.buf, ""  # shorter than the pattern: no match left
+        return out
+
+
+class _StripText:
+    """Strip on the whole text: up to `start` leading `ch` dropped, and up to `stop` trailing ones (never past the
+    leading cut). Leading characters wait until `start` of them are seen or another character comes; a trailing
+    run of `ch` (its last `stop` characters) waits until something else follows it."""
+
+    def __init__(self, ch: str, start: int, stop: int):
+        self.ch, self.start, self.stop = ch, start, stop
+        self.leading = 0  # leading ch characters dropped so far; -1 once the leading part is done
+        self.tail = ""  # held trailing ch characters
+
+    def push(self, text: str) -> str:
+        if self.leading >= 0:
+            i = 0
+            while i < len(text) and self.leading < self.start and text[i] == self.ch:
+                i += 1
+                self.leading += 1
+            text = text[i:]
+            if not text and self.leading < self.start:
+                return ""
+            self.leading = -1
+        if self.stop <= 0:
+            return text
+        buf = self.tail + text
+        k = len(buf)
+        while k > 0 and len(buf) - k < self.stop and buf[k - 1] == self.ch:
+            k -= 1
+        self.tail = buf[k:]
+        return buf[:k]
+
+    def flush(self) -> str:
+        self.tail = ""  # still trailing at the end: stripped
+        return ""
+
+
+class _MapText:
+    """A step that maps each character on its own (Metaspace on the single fused token)."""
+
+    def __init__(self, f: Callable[[str], str]):
+        self.f = f
+
+    def push(self, text: str) -> str:
+        return self.f(text)
+
+    def flush(self) -> str:
+        return ""
+
+
+def _stream_stages(tok: "Tokenizer", obj) -> tuple[list, object, list]:
+    """(item stages, the fusing stage, text stages) for a decoder chain; raises _Unstreamable."""
+    steps = []
+
+    def flatten(d):
+        if isinstance(d, dict) and d.get("type") == "Sequence":
+            for x in d.get("decoders") or []:
+                flatten(x)
+        else:
+            steps.append(d)
+
+    if obj is None:
+        return [], _ConcatFuse(" "), []
+    flatten(obj)
+    items, fuse, texts = [], None, []
+    for d in steps:
+        kind = d.get("type")
+        if kind in ("Fuse", "ByteLevel"):
+            if fuse is None:
+                fuse = _ByteLevelFuse(tok) if kind == "ByteLevel" else _ConcatFuse()
+            elif kind == "ByteLevel":
+                raise _Unstreamable("ByteLevel after the tokens are fused")
+            continue  # a second Fuse of one token changes nothing
+        if kind == "Replace":
+            old, new = d["pattern"]["String"], d.get("content", "")
+            if fuse is None:
+                items.append(_MapItems(lambda _i, t, old=old, new=new: t.replace(old, new)))
+            else:
+                texts.append(_ReplaceText(old, new))
+        elif kind == "Strip":
+            ch, start, stop = d.get("content", " "), int(d.get("start", 0)), int(d.get("stop", 0))
+            if fuse is None:
+                one = _build_decoder(d, "decoder")
+                items.append(_MapItems(lambda _i, t, one=one: one([t])[0]))
+            else:
+                texts.append(_StripText(ch, start, stop))
+        elif kind == "Metaspace":
+            # as _build_decoder: the replacement character of token 0 is dropped unless the scheme is "never"
+            rep = d.get("replacement", "▁")
+            scheme = d.get("prepend_scheme") or ("always" if d.get("add_prefix_space", True) else "never")
+            first = "" if scheme != "never" else " "
+            if fuse is None:
+                items.append(_MapItems(lambda i, t, rep=rep, first=first: t.replace(rep, first if i == 0 else " ")))
+            else:
+                texts.append(_MapText(lambda t, rep=rep, first=first: t.replace(rep, first)))  # the fused text is token 0
+        elif kind == "ByteFallback" and fuse is None:
+            items.append(_ByteFallbackItems())
+        else:
+            raise _Unstreamable(f"{kind} after the tokens are fused")
+    return items, fuse or _ConcatFuse(), texts
+
+
 class IncrementalDecoder:
     """Feed ids one at a time, get text deltas that never contain a broken UTF-8 sequence.
 
     "".join(all deltas) + finish() == tokenizer.decode(all ids). ByteLevel decoders stream through Python's
-    incremental UTF-8 decoder (same replacement rules as a one-shot decode). Other decoders (SentencePiece chains)
-    re-decode the ids and emit only the part that can no longer change: text from a trailing run of <0xNN> tokens
-    is held back (a later byte can turn the whole run into U+FFFD), as are trailing U+FFFD characters.
+    incremental UTF-8 decoder (same replacement rules as a one-shot decode). SentencePiece chains (Replace,
+    ByteFallback, Fuse, Strip, Metaspace) run as a pipeline of streaming stages (see _stream_stages): a run of
+    <0xNN> tokens is held until it is closed, a leading/trailing stripped character until it is known whether it
+    is stripped, the end of the text while it may still start a Replace pattern; every id costs O(1) amortised.
+    A chain the stages cannot express exactly falls back to re-decoding all ids (O(n) per id).
     """
 
     def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = False):
         self.tok, self.skip = tokenizer, skip_special_tokens
         self.fast = tokenizer._is_plain_byte_level_decoder()
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self.ids: list[int] = []
+        self._stages = None
+        if not self.fast:
+            try:
+                self._stages = _stream_stages(tokenizer, tokenizer.decoder_json)
+            except _Unstreamable:
+                pass
+        self.ids: list[int] = []  # only kept by the re-decoding fallback
         self._stable = 0  # ids[:_stable] end outside a byte-token run
         self._emitted = ""
 
@@ -650,6 +867,29 @@ class IncrementalDecoder:
             return ""
         if self.fast:
             return self._utf8.decode(self.tok._token_bytes(token_id))
+        if self._stages is not None:
+            t = self.tok.id_to_token(token_id)
+            return "" if t is None else self._run([t])  # unknown ids are dropped, as decode() does
+        return self._add_redecode(token_id)
+
+    def _run(self, toks: list[str] | None) -> str:
+        """Push tokens through the stages (None: flush every stage in order) and return the text that came out."""
+        items, fuse, texts = self._stages
+        final = toks is None
+        toks = toks or []
+        for st in items:
+            out = []
+            for t in toks:
+                out += st.push(t)
+            if final:
+                out += st.flush()
+            toks = out
+        text = "".join(fuse.push(t) for t in toks) + (fuse.flush() if final else "")
+        for st in texts:
+            text = st.push(text) + (st.flush() if final else "")
+        return text
+
+    def _add_redecode(self, token_id: int) -> str:
         self.ids.append(token_id)
         t = self.tok.id_to_token(token_id)
         if t is None or _byte_token(t) < 0:
@@ -668,6 +908,8 @@ class IncrementalDecoder:
         """The rest of the text once no more ids will come (an incomplete sequence becomes U+FFFD)."""
         if self.fast:
             return self._utf8.decode(b"", final=True)
+        if self._stages is not None:
+            return self._run(None)
         full = self.tok.decode(self.ids)
         delta = full[len(self._emitted):] if full.startswith(self._emitted) else ""
         self._emitted = full
