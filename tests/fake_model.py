@@ -1,0 +1,85 @@
+"""A deterministic fake model runner for scheduler/engine/server tests (no GPU, no numpy, microseconds a step).
+
+The next token is a hash of the sequence's whole token history, and the runner rebuilds that history only from
+what the paged KV cache would hold: every fed token is written to (block_table[p // bs], p % bs) together with its
+position, and reading positions < start_pos goes back through the block table. A wrong block table, a stale or
+overwritten block, a wrong start_pos or a reordered chunk changes the history and hence every later token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+
+from webinfer.engine.batch import StepBatch
+
+
+def next_token(history: list[int], vocab: int, temperature: float = 0.0, seed: int = 0, sample_index: int = 0) -> int:
+    """Greedy: a function of the history only. Sampling: also of (seed, sample_index), like a counter-based RNG."""
+    h = hashlib.sha256(",".join(map(str, history)).encode())
+    if temperature > 0:
+        h.update(f"|{seed}|{sample_index}|{temperature}".encode())
+    return int.from_bytes(h.digest()[:8], "little") % vocab
+
+
+class KVCorruption(AssertionError):
+    pass
+
+
+class FakeRunner:
+    def __init__(self, num_blocks: int = 64, block_size: int = 4, max_model_len: int = 256, vocab: int = 50,
+                 delay_s: float = 0.0):
+        self.num_blocks, self.block_size, self.max_model_len, self.vocab = num_blocks, block_size, max_model_len, vocab
+        self.delay_s = delay_s
+        self.slots: dict[tuple[int, int], tuple[int, int]] = {}  # (block, slot) -> (token, position)
+        self.steps = 0
+        self.batch_sizes: list[int] = []
+        self.tokens_per_step: list[int] = []
+
+    def execute_sync(self, batch: StepBatch) -> list[int]:
+        bs = self.block_size
+        out = []
+        self.steps += 1
+        self.batch_sizes.append(len(batch.chunks))
+        self.tokens_per_step.append(batch.num_tokens)
+        for c in batch.chunks:
+            end = c.start_pos + len(c.token_ids)
+            if len(c.token_ids) == 0:
+                raise KVCorruption(f"seq {c.seq_id}: empty chunk")
+            if len(c.block_table) * bs < end:
+                raise KVCorruption(f"seq {c.seq_id}: block table covers {len(c.block_table) * bs} positions, needs {end}")
+            if 0 in c.block_table:
+                raise KVCorruption(f"seq {c.seq_id}: the null block 0 is in a block table")
+            if len(set(c.block_table)) != len(c.block_table):
+                raise KVCorruption(f"seq {c.seq_id}: a block appears twice in one table: {c.block_table}")
+            history = []
+            for p in range(c.start_pos):
+                tok, pos = self.slots.get((c.block_table[p // bs], p % bs), (None, None))
+                if pos != p:
+                    raise KVCorruption(f"seq {c.seq_id}: position {p} holds KV of position {pos}")
+                history.append(tok)
+            for i, t in enumerate(c.token_ids):
+                p = c.start_pos + i
+                self.slots[(c.block_table[p // bs], p % bs)] = (t, p)
+            history += c.token_ids
+            if c.sample:
+                out.append(next_token(history, self.vocab, c.temperature, c.seed, c.sample_index))
+        return out
+
+    async def execute(self, batch: StepBatch) -> list[int]:
+        await asyncio.sleep(self.delay_s)  # yields to the event loop like a real GPU wait
+        return self.execute_sync(batch)
+
+
+def generate_alone(prompt: list[int], max_tokens: int, vocab: int, eos_ids=(), max_len: int = 10**9,
+                   temperature: float = 0.0, seed: int = 0) -> tuple[list[int], str]:
+    """What a request produces with nothing else around: the reference the batched outputs must equal."""
+    hist, out = list(prompt), []
+    while True:
+        t = next_token(hist, vocab, temperature, seed, len(out))
+        out.append(t)
+        hist.append(t)
+        if t in eos_ids:
+            return out, "stop"
+        if len(out) >= max_tokens or len(hist) >= max_len:
+            return out, "length"

@@ -1,0 +1,166 @@
+"""Continuous batching scheduler against the fake paged runner.
+Run: python -m pytest tests/test_scheduler.py -q
+
+The reference for every output is `generate_alone` (the request run with nothing else around, no paging)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from tests.fake_model import FakeRunner, generate_alone
+from webinfer.engine.scheduler import Request, Scheduler
+from webinfer.engine.stopping import SamplingParams
+from webinfer.errors import ContextOverflowError
+
+VOCAB = 40
+EOS = (0,)
+
+
+def run_to_end(sched: Scheduler, runner: FakeRunner, max_steps: int = 10_000) -> None:
+    for _ in range(max_steps):
+        if not sched.has_work():
+            return
+        batch = sched.schedule()
+        assert batch.num_tokens <= sched.max_num_batched_tokens
+        sched.update(batch, runner.execute_sync(batch))
+    raise AssertionError("scheduler did not drain")
+
+
+def test_batched_outputs_equal_alone_with_chunked_prefill_and_prefix_hits():
+    runner = FakeRunner(num_blocks=64, block_size=4, max_model_len=128, vocab=VOCAB)
+    sched = Scheduler(64, 4, 128, eos_ids=EOS, max_num_batched_tokens=16, max_num_seqs=4)
+    system = [5, 6, 7, 8, 9, 10, 11, 12, 13]
+    prompts = [system + [20 + i] * (i + 1) for i in range(6)] + [[3] * 30]
+    reqs = [Request(i, p, SamplingParams(max_tokens=10)) for i, p in enumerate(prompts)]
+    for r in reqs:
+        sched.add_request(r)
+    run_to_end(sched, runner)
+    for r, p in zip(reqs, prompts):
+        assert (r.output_ids, r.finish_reason) == generate_alone(p, 10, VOCAB, EOS)
+    assert max(runner.batch_sizes) == 4 and max(runner.tokens_per_step) == 16
+    st_ = sched.stats()
+    assert st_["prefix_hit_tokens"] >= 8 * 3  # later requests reuse the 2 full system-prompt blocks
+    assert st_["blocks_used"] == 0 and st_["blocks_free"] == 63
+
+
+def test_preemption_under_a_tiny_pool_gives_the_same_answers():
+    runner = FakeRunner(num_blocks=9, block_size=2, max_model_len=64, vocab=1000)
+    sched = Scheduler(9, 2, 64, eos_ids=(), max_num_batched_tokens=8, max_num_seqs=4)
+    prompts = [[1, 2, 3], [4, 5, 6, 7], [8, 9], [10, 11, 12]]
+    reqs = [Request(i, p, SamplingParams(max_tokens=6, temperature=0.8, seed=i)) for i, p in enumerate(prompts)]
+    for r in reqs:
+        sched.add_request(r)
+    run_to_end(sched, runner)
+    assert sched.num_preemptions > 0
+    for r, p in zip(reqs, prompts):
+        assert r.output_ids == generate_alone(p, 6, 1000, (), temperature=0.8, seed=r.request_id)[0]
+    assert sched.kv.pool.num_free == 8
+
+
+def test_prompt_that_can_never_fit_names_both_lengths():
+    sched = Scheduler(num_blocks=5, block_size=4, max_model_len=100)  # 16 tokens of KV
+    with pytest.raises(ContextOverflowError) as e:
+        sched.add_request(Request(1, list(range(16)), SamplingParams()))
+    assert "16" in str(e.value) and "15" in str(e.value)
+    sched2 = Scheduler(num_blocks=100, block_size=4, max_model_len=10)
+    with pytest.raises(ContextOverflowError) as e:
+        sched2.add_request(Request(1, list(range(10)), SamplingParams()))
+    assert e.value.n_prompt == 10 and e.value.n_ctx == 9
+    # the largest prompt that fits generates exactly one token, then stops for length
+    runner = FakeRunner(num_blocks=100, block_size=4, max_model_len=10, vocab=1000)
+    r = Request(2, list(range(9)), SamplingParams(max_tokens=50))
+    sched2.add_request(r)
+    run_to_end(sched2, runner)
+    assert len(r.output_ids) == 1 and r.finish_reason == "length"
+
+
+def test_abort_frees_blocks_at_once():
+    sched = Scheduler(20, 4, 64)
+    runner = FakeRunner(20, 4, 64)
+    sched.add_request(Request(1, list(range(1, 12)), SamplingParams(max_tokens=30)))
+    b = sched.schedule()
+    sched.update(b, runner.execute_sync(b))
+    assert sched.kv.stats()["blocks_used"] == 3
+    sched.finish_request(1)
+    assert sched.kv.stats()["blocks_used"] == 0 and not sched.has_work()
+    sched.finish_request(1)  # twice is harmless
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    @initialize(num_blocks=st.integers(4, 14), block_size=st.integers(1, 4), budget=st.integers(1, 12),
+                max_seqs=st.integers(1, 5), max_len=st.integers(6, 40))
+    def setup(self, num_blocks, block_size, budget, max_seqs, max_len):
+        self.runner = FakeRunner(num_blocks, block_size, max_len, vocab=VOCAB)
+        self.sched = Scheduler(num_blocks, block_size, max_len, eos_ids=EOS, max_num_batched_tokens=budget,
+                               max_num_seqs=max_seqs)
+        self.next_id = 0
+        self.live: dict[int, Request] = {}
+        self.done: list[Request] = []
+        self.cancelled: set[int] = set()
+        self.initial_free = self.sched.kv.pool.num_free
+
+    @rule(prefix=st.sampled_from([[], [1, 2, 3, 4, 5], [1, 2, 3, 9]]),
+          tail=st.lists(st.integers(1, VOCAB - 1), max_size=12), max_tokens=st.integers(1, 10),
+          temperature=st.sampled_from([0.0, 0.9]), seed=st.integers(0, 3))
+    def add(self, prefix, tail, max_tokens, temperature, seed):
+        prompt = prefix + tail or [7]
+        r = Request(self.next_id, prompt, SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed))
+        self.next_id += 1
+        try:
+            self.sched.add_request(r)
+        except ContextOverflowError:
+            assert len(prompt) + 1 > self.sched.max_len
+            return
+        assert len(prompt) + 1 <= self.sched.max_len
+        self.live[r.request_id] = r
+
+    @precondition(lambda self: self.sched.has_work())
+    @rule()
+    def step(self):
+        batch = self.sched.schedule()
+        assert batch.num_tokens <= self.sched.max_num_batched_tokens
+        assert len(batch.chunks) <= self.sched.max_num_seqs
+        for out in self.sched.update(batch, self.runner.execute_sync(batch)):
+            if out.finish_reason:
+                self.done.append(self.live.pop(out.request.request_id))
+
+    @precondition(lambda self: self.live)
+    @rule(pick=st.integers(0, 10**6))
+    def cancel(self, pick):
+        rid = sorted(self.live)[pick % len(self.live)]
+        self.sched.finish_request(rid)
+        self.cancelled.add(rid)
+        del self.live[rid]
+
+    @invariant()
+    def ref_counts_match_tables(self):
+        if not hasattr(self, "sched"):
+            return
+        pool = self.sched.kv.pool
+        refs = [0] * pool.num_blocks
+        for table in self.sched.kv.tables.values():
+            for b in table:
+                refs[b] += 1
+        assert [b.ref_cnt for b in pool.blocks] == refs
+        assert set(pool.free) == {b.block_id for b in pool.blocks[1:] if b.ref_cnt == 0}
+        assert pool.blocks[0].ref_cnt == 0 and 0 not in pool.free
+
+    def teardown(self):
+        if not hasattr(self, "sched"):
+            return
+        run_to_end(self.sched, self.runner)
+        self.done += [r for r in self.live.values()]
+        for r in self.done:
+            p = r.params
+            want = generate_alone(r.prompt_ids, p.max_tokens, VOCAB, EOS, self.sched.max_len, p.temperature, p.seed)
+            assert (r.output_ids, r.finish_reason) == want, f"request {r.request_id}"
+        assert self.sched.kv.pool.num_free == self.initial_free
+        assert not self.sched.kv.tables
+
+
+SchedulerMachine.TestCase.settings = settings(max_examples=120, stateful_step_count=40, deadline=None,
+                                              suppress_health_check=list(HealthCheck))
+test_scheduler_state_machine = SchedulerMachine.TestCase

@@ -1,0 +1,193 @@
+"""Continuous batching over a paged KV cache. Plain data in, plain data out; no GPU, no asyncio.
+
+One invariant drives everything (as in vLLM v1): a request has `all_token_ids` (prompt + generated) and
+`num_computed_tokens`, the prefix whose KV is in the cache. Each step the scheduler hands each request a chunk
+that moves num_computed_tokens towards len(all_token_ids): a whole or partial prefill, or the one last sampled
+token when decoding. When a chunk reaches the end of the known tokens the runner samples a new token.
+
+A step holds every running request's next chunk (oldest first), then admits waiting requests, while the token
+budget (`max_num_batched_tokens`) and `max_num_seqs` allow. When the pool runs dry, the most recently admitted
+running request is preempted: its blocks are freed and it goes back to the front of the queue with
+num_computed_tokens = 0; it later recomputes prompt + generated tokens (often from the prefix cache) and
+continues exactly where it was, because sampling depends only on (history, seed, sample_index).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from webinfer.engine.batch import SeqChunk, StepBatch
+from webinfer.engine.kv_cache import KVCacheManager
+from webinfer.engine.stopping import FINISH_ABORT, SamplingParams, token_stop_reason
+from webinfer.errors import ContextOverflowError
+
+WAITING, RUNNING, FINISHED = "waiting", "running", "finished"
+
+
+@dataclass
+class Request:
+    request_id: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    output_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = -1   # prefix-cache hit of the first admission (-1: not admitted yet)
+    status: str = WAITING
+    finish_reason: str | None = None
+    num_preemptions: int = 0
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+
+@dataclass
+class StepOutput:
+    """What one step did to one request: new_token is None for a prefill chunk that did not sample."""
+    request: Request
+    new_token: int | None
+    finish_reason: str | None
+
+
+class Scheduler:
+    def __init__(self, num_blocks: int, block_size: int, max_model_len: int, eos_ids=(),
+                 max_num_batched_tokens: int = 256, max_num_seqs: int = 16, enable_prefix_caching: bool = True):
+        if max_num_batched_tokens < 1 or max_num_seqs < 1:
+            raise ValueError("max_num_batched_tokens and max_num_seqs must be >= 1")
+        self.kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching)
+        # a request can never hold more than the whole pool, so that is a context limit too
+        self.max_len = min(max_model_len, self.kv.capacity_tokens)
+        self.max_model_len = max_model_len
+        self.eos_ids = frozenset(eos_ids)
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_num_seqs = max_num_seqs
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []   # in admission order; preemption takes from the end
+        self.requests: dict[int, Request] = {}
+        self._scheduled: list[tuple[Request, int]] = []
+        self.num_preemptions = 0
+
+    # ---- requests in and out
+
+    def add_request(self, req: Request) -> None:
+        n = len(req.prompt_ids)
+        if n == 0:
+            raise ValueError("the prompt is empty: at least one token is needed")
+        if n + 1 > self.max_model_len:
+            raise ContextOverflowError(n, self.max_model_len - 1, "context length (minus one token to generate)")
+        if n + 1 > self.max_len:
+            raise ContextOverflowError(n, self.max_len - 1, "KV cache capacity (minus one token to generate)")
+        if req.request_id in self.requests:
+            raise ValueError(f"request id {req.request_id} is already in use")
+        self.requests[req.request_id] = req
+        self.waiting.append(req)
+
+    def finish_request(self, request_id: int, reason: str = FINISH_ABORT) -> None:
+        """Abort or finish (e.g. a stop string matched) at any time: the blocks are freed at once.
+        Safe to call for unknown or already finished ids."""
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return
+        if req.status == RUNNING:
+            self.running.remove(req)
+        elif req.status == WAITING:
+            self.waiting.remove(req)
+        self.kv.free(request_id)
+        req.status, req.finish_reason = FINISHED, reason
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- one step
+
+    def _preempt_last(self) -> Request:
+        victim = self.running.pop()
+        self.kv.free(victim.request_id)
+        victim.num_computed_tokens = 0
+        victim.status = WAITING
+        victim.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(victim)
+        return victim
+
+    def _chunk(self, req: Request, n: int) -> SeqChunk:
+        start = req.num_computed_tokens
+        p = req.params
+        return SeqChunk(
+            seq_id=req.request_id, token_ids=req.all_token_ids[start:start + n], start_pos=start,
+            block_table=list(self.kv.block_table(req.request_id)), sample=start + n == req.num_tokens,
+            temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, seed=p.seed, sample_index=len(req.output_ids))
+
+    def schedule(self) -> StepBatch:
+        assert not self._scheduled, "update() must follow every schedule()"
+        budget = self.max_num_batched_tokens
+        scheduled: list[tuple[Request, int]] = []
+        preemptions_before = self.num_preemptions
+
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            while not self.kv.allocate(req.request_id, req.num_computed_tokens + n):
+                if self._preempt_last() is req:
+                    break
+            if req.status != RUNNING:  # it preempted itself: everything after it is gone too
+                break
+            scheduled.append((req, n))
+            budget -= n
+            i += 1
+
+        # after a preemption the pool is tight: admitting someone now would only preempt again next step
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs \
+                and (self.num_preemptions == preemptions_before or not scheduled):
+            req = self.waiting[0]
+            prefix = self.kv.find_prefix(req.request_id, req.all_token_ids)
+            computed = len(prefix) * self.kv.block_size
+            n = min(req.num_tokens - computed, budget)
+            if not self.kv.allocate(req.request_id, computed + n, prefix):
+                break  # first come, first served: wait for blocks rather than overtake
+            self.waiting.popleft()
+            if req.num_cached_tokens < 0:
+                req.num_cached_tokens = computed
+                self.kv.record_prefix_lookup(len(req.prompt_ids), computed)
+            req.num_computed_tokens = computed
+            req.status = RUNNING
+            self.running.append(req)
+            scheduled.append((req, n))
+            budget -= n
+
+        self._scheduled = scheduled
+        return StepBatch([self._chunk(r, n) for r, n in scheduled])
+
+    def update(self, batch: StepBatch, sampled: list[int]) -> list[StepOutput]:
+        """Apply the runner's sampled ids (one per chunk with sample=True) to the requests of the last schedule()."""
+        scheduled, self._scheduled = self._scheduled, []
+        n_sample = sum(1 for c in batch.chunks if c.sample)
+        if len(sampled) != n_sample:
+            raise ValueError(f"the runner returned {len(sampled)} token ids for {n_sample} sampling chunks")
+        it = iter(sampled)
+        outs = []
+        for (req, n), chunk in zip(scheduled, batch.chunks):
+            tok = next(it) if chunk.sample else None
+            if req.status != RUNNING:  # aborted while the step ran
+                continue
+            req.num_computed_tokens += n
+            reason = None
+            if tok is not None:
+                req.output_ids.append(tok)
+                reason = token_stop_reason(tok, len(req.output_ids), req.num_tokens, req.params, self.eos_ids, self.max_len)
+            self.kv.cache_computed(req.request_id, req.all_token_ids, req.num_computed_tokens)
+            if reason is not None:
+                self.finish_request(req.request_id, reason)
+            outs.append(StepOutput(req, tok, reason))
+        return outs
+
+    def stats(self) -> dict:
+        s = self.kv.stats()
+        s.update(waiting=len(self.waiting), running=len(self.running), preemptions=self.num_preemptions)
+        return s

@@ -1,0 +1,107 @@
+"""Per-request sampling parameters and stop conditions.
+
+Token-level stops (EOS ids, max_tokens, context length) are checked by the scheduler right after a token is
+sampled. Stop strings need text, so `TextStream` turns the growing list of output ids into text deltas:
+text that could still become a stop string is held back, and a matched stop string (and all after it) is cut.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+FINISH_STOP, FINISH_LENGTH, FINISH_ABORT = "stop", "length", "abort"
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 64
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)  # extra ids that end the request like EOS
+    ignore_eos: bool = False
+
+    def __post_init__(self):
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = [s for s in self.stop if s]
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+
+
+def token_stop_reason(token_id: int, num_output: int, num_total: int, params: SamplingParams,
+                      eos_ids: frozenset[int], max_len: int) -> str | None:
+    """Finish reason after sampling token_id (already counted in num_output/num_total), or None to continue."""
+    if (not params.ignore_eos and token_id in eos_ids) or token_id in params.stop_token_ids:
+        return FINISH_STOP
+    if num_output >= params.max_tokens or num_total >= max_len:
+        return FINISH_LENGTH
+    return None
+
+
+class TextStream:
+    """Output ids -> text deltas, with stop strings.
+
+    decode: ids -> str for the whole output so far (re-decoding everything keeps byte-level BPE merges and
+    multi-byte characters right; outputs are short, so O(n^2) characters is cheap next to a model step).
+    A trailing U+FFFD means an incomplete UTF-8 sequence: held back until the next token completes it.
+    """
+
+    def __init__(self, decode: Callable[[list[int]], str], stop: list[str], skip_ids: frozenset[int] = frozenset()):
+        self.decode, self.stop, self.skip_ids = decode, list(stop), skip_ids
+        self.ids: list[int] = []
+        self.emitted = ""   # text already handed out; always a prefix of the final text
+        self.stopped = False
+
+    def _holdback(self, text: str) -> int:
+        """Length of the longest suffix of text that is a proper prefix of some stop string."""
+        best = 0
+        for s in self.stop:
+            for k in range(min(len(s) - 1, len(text)), best, -1):
+                if text.endswith(s[:k]):
+                    best = k
+                    break
+        return best
+
+    def push(self, token_ids: list[int], final: bool = False) -> tuple[str, bool]:
+        """Add new ids; returns (text delta, matched a stop string). final: flush everything held back."""
+        if self.stopped:
+            return "", True
+        self.ids.extend(t for t in token_ids if t not in self.skip_ids)
+        text = self.decode(self.ids)
+        # only search where a match could not have been found before
+        search_from = max(0, len(self.emitted) - max((len(s) for s in self.stop), default=0))
+        cut = None
+        for s in self.stop:
+            i = text.find(s, search_from)
+            if i != -1 and (cut is None or i < cut):
+                cut = i
+        if cut is not None:
+            self.stopped = True
+            safe = text[:cut]
+        elif final:
+            safe = text
+        else:
+            safe = text
+            while safe.endswith("\ufffd"):
+                safe = safe[:-1]
+            safe = safe[:len(safe) - self._holdback(safe)]
+        if not safe.startswith(self.emitted):
+            # a later token changed earlier text (rare tokenizer merges): emit nothing until it agrees again
+            return "", self.stopped
+        delta = safe[len(self.emitted):]
+        self.emitted = safe
+        return delta, self.stopped
+
+    @property
+    def text(self) -> str:
+        return self.emitted
