@@ -1,0 +1,87 @@
+"""The real model in the browser: SmolLM2-135M-Instruct through the built site. Greedy ids equal the native
+engine's for the same chat prompt; the chat UI streams an answer (screenshot mid-answer), and Stop ends it."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from .conftest import ARTIFACTS, SiteServer, attach_console
+
+pytestmark = [pytest.mark.browser, pytest.mark.model, pytest.mark.slow]
+
+MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
+N = 5
+
+
+@pytest.fixture(scope="module")
+def smol_site(tmp_path_factory, smollm2_package):
+    from webinfer_packager.site import build_site
+
+    out = tmp_path_factory.mktemp("smolsite") / "site"
+    build_site([smollm2_package], out)
+    srv = SiteServer(out)
+    yield srv
+    srv.stop()
+
+
+def _native(package):
+    from webinfer_packager.native import generate_native
+    from webinfer_packager.prompting import PromptTokenizer, render_chat
+    from webinfer.package import Package
+
+    pkg = Package.open(package)
+    text = render_chat(pkg.chat_template, MESSAGES, pkg.special_tokens)
+    ids = PromptTokenizer(pkg.tokenizer_json()).encode(text)
+    out, timings = generate_native(package, ids, N)
+    return ids, out, timings
+
+
+def test_smollm2_greedy_ids_equal_native(smol_site, browser, smollm2_package):
+    with ThreadPoolExecutor(1) as ex:  # Playwright's sync API keeps an event loop in this thread
+        prompt, want, native_t = ex.submit(_native, smollm2_package).result()
+    logs: list[str] = []
+    page = browser.new_page()
+    attach_console(page, logs)
+    page.goto(smol_site.url + "index.html")
+    m = json.loads((smol_site.root / "site.json").read_text())["models"][0]
+    r = page.evaluate("""async ([url, messages, n]) => {
+        const w = await import("./webinfer.js");
+        const engine = await w.load(url);
+        const ids = []; let text = "";
+        for await (const c of engine.chat.completions.create({messages, max_tokens: n, stream: true})) {
+            ids.push(...(c.choices[0].token_ids || [])); text += c.choices[0].delta.content || "";
+        }
+        const out = {ids, text, info: engine.info, stats: engine.lastStats};
+        engine.unload();
+        return out;
+    }""", [m["manifest"], MESSAGES, N])
+    assert r["stats"]["prompt_tokens"] == len(prompt), (r["stats"], len(prompt))
+    assert r["ids"] == want[: len(r["ids"])] and len(r["ids"]) == len([t for t in want if t != 2]), (r, want, logs)
+    print("smollm2 browser", json.dumps(r["info"]["timings"]), json.dumps({k: v for k, v in r["stats"].items() if k != "token_ids"}))
+    print("smollm2 native", json.dumps(native_t), "text:", repr(r["text"]))
+
+
+def test_chat_ui_streams_and_stops(smol_site, browser):
+    ARTIFACTS.mkdir(exist_ok=True)
+    logs: list[str] = []
+    page = browser.new_page()
+    attach_console(page, logs)
+    page.goto(smol_site.url + "index.html")
+    page.click("#load")
+    page.wait_for_selector("body[data-loaded]", timeout=240_000)
+    assert "ready" in page.inner_text("#status"), page.inner_text("#status")
+    page.fill("#input", "Tell me a story about a robot.")
+    page.press("#input", "Enter")
+    page.wait_for_function("document.querySelector('.msg.assistant') && document.querySelector('.msg.assistant').textContent.length > 8",
+                           timeout=120_000)
+    page.screenshot(path=str(ARTIFACTS / "chat-mid-answer.png"))
+    assert page.is_enabled("#stop")
+    page.click("#stop")
+    page.wait_for_function("document.getElementById('stats').textContent.includes('tokens/s')", timeout=60_000)
+    assert not page.is_enabled("#stop") and page.is_enabled("#send")
+    n = int(page.inner_text("#stats").split("·")[2].split()[0])
+    assert 1 < n < 256, page.inner_text("#stats")  # stopped well before max_tokens
+    print("ui", page.inner_text("#stats"), repr(page.inner_text(".msg.assistant")[:80]))
