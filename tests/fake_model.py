@@ -83,3 +83,19 @@ def generate_alone(prompt: list[int], max_tokens: int, vocab: int, eos_ids=(), m
             return out, "stop"
         if len(out) >= max_tokens or len(hist) >= max_len:
             return out, "length"
+
+
+class FakeTokenizer:
+    """id i <-> one character; enough to test text deltas and stop strings without a real vocabulary."""
+
+    ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789 .,!?ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+    def __init__(self, vocab: int = 50):
+        assert vocab <= len(self.ALPHABET)
+        self.vocab = vocab
+
+    def encode(self, text: str) -> list[int]:
+        return [self.ALPHABET.index(ch) for ch in text if ch in self.ALPHABET[: self.vocab]]
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(self.ALPHABET[i] for i in ids)

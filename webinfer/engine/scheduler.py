@@ -187,6 +187,15 @@ class Scheduler:
             outs.append(StepOutput(req, tok, reason))
         return outs
 
+    def step_failed(self) -> list[int]:
+        """The runner raised during the last scheduled step: its KV is unknown, so its requests are finished
+        (abort) and their blocks freed. Returns their ids."""
+        scheduled, self._scheduled = self._scheduled, []
+        ids = [r.request_id for r, _ in scheduled]
+        for rid in ids:
+            self.finish_request(rid, FINISH_ABORT)
+        return ids
+
     def stats(self) -> dict:
         s = self.kv.stats()
         s.update(waiting=len(self.waiting), running=len(self.running), preemptions=self.num_preemptions)

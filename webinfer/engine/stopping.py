@@ -48,19 +48,48 @@ def token_stop_reason(token_id: int, num_output: int, num_total: int, params: Sa
     return None
 
 
+class RedecodeDecoder:
+    """Incremental decoder over a plain decode(ids) -> str (for tokenizers without decode_stream): re-decodes
+    everything each id (O(n) per id) and holds back a trailing U+FFFD, an incomplete UTF-8 sequence."""
+
+    def __init__(self, decode: Callable[[list[int]], str]):
+        self.decode, self.ids, self.emitted = decode, [], ""
+
+    def _delta(self, text: str) -> str:
+        if not text.startswith(self.emitted):
+            return ""  # a later id changed earlier text: wait until it agrees again
+        d, self.emitted = text[len(self.emitted):], text
+        return d
+
+    def add(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        return self._delta(self.decode(self.ids).rstrip("\ufffd"))
+
+    def finish(self) -> str:
+        return self._delta(self.decode(self.ids))
+
+
+def incremental_decoder(tokenizer):
+    """The tokenizer's own streaming decoder (webinfer.tokenizer.Tokenizer.decode_stream) when it has one."""
+    if hasattr(tokenizer, "decode_stream"):
+        return tokenizer.decode_stream(skip_special_tokens=True)
+    return RedecodeDecoder(tokenizer.decode)
+
+
 class TextStream:
     """Output ids -> text deltas, with stop strings.
 
-    decode: ids -> str for the whole output so far (re-decoding everything keeps byte-level BPE merges and
-    multi-byte characters right; outputs are short, so O(n^2) characters is cheap next to a model step).
-    A trailing U+FFFD means an incomplete UTF-8 sequence: held back until the next token completes it.
+    decoder: add(id) -> str delta, finish() -> str (see incremental_decoder). Text that could still be the start
+    of a stop string is held back; when one matches, it and everything after it are dropped and stopped is set.
+    skip_ids (EOS) never reach the text.
     """
 
-    def __init__(self, decode: Callable[[list[int]], str], stop: list[str], skip_ids: frozenset[int] = frozenset()):
-        self.decode, self.stop, self.skip_ids = decode, list(stop), skip_ids
-        self.ids: list[int] = []
+    def __init__(self, decoder, stop: list[str], skip_ids: frozenset[int] = frozenset()):
+        self.decoder, self.stop, self.skip_ids = decoder, list(stop), skip_ids
+        self.raw = ""       # everything decoded so far
         self.emitted = ""   # text already handed out; always a prefix of the final text
         self.stopped = False
+        self.max_stop = max((len(s) for s in self.stop), default=0)
 
     def _holdback(self, text: str) -> int:
         """Length of the longest suffix of text that is a proper prefix of some stop string."""
@@ -76,28 +105,24 @@ class TextStream:
         """Add new ids; returns (text delta, matched a stop string). final: flush everything held back."""
         if self.stopped:
             return "", True
-        self.ids.extend(t for t in token_ids if t not in self.skip_ids)
-        text = self.decode(self.ids)
-        # only search where a match could not have been found before
-        search_from = max(0, len(self.emitted) - max((len(s) for s in self.stop), default=0))
+        before = len(self.raw)
+        self.raw += "".join(self.decoder.add(t) for t in token_ids if t not in self.skip_ids)
+        if final:
+            self.raw += self.decoder.finish()
+        # a new match must end in the new text, so it starts at most max_stop - 1 characters earlier
+        search_from = max(0, before - self.max_stop + 1)
         cut = None
         for s in self.stop:
-            i = text.find(s, search_from)
+            i = self.raw.find(s, search_from)
             if i != -1 and (cut is None or i < cut):
                 cut = i
         if cut is not None:
             self.stopped = True
-            safe = text[:cut]
+            safe = self.raw[:cut]
         elif final:
-            safe = text
+            safe = self.raw
         else:
-            safe = text
-            while safe.endswith("\ufffd"):
-                safe = safe[:-1]
-            safe = safe[:len(safe) - self._holdback(safe)]
-        if not safe.startswith(self.emitted):
-            # a later token changed earlier text (rare tokenizer merges): emit nothing until it agrees again
-            return "", self.stopped
+            safe = self.raw[:len(self.raw) - self._holdback(self.raw)]
         delta = safe[len(self.emitted):]
         self.emitted = safe
         return delta, self.stopped

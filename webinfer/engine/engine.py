@@ -1,0 +1,188 @@
+"""The async engine: one background asyncio task steps the scheduler and awaits the runner, while any number of
+`generate()` calls stream their own outputs. Pure Python + asyncio, so it runs in Pyodide too.
+
+    engine = AsyncEngine(runner, tokenizer, eos_ids=[2])
+    async for out in engine.generate(prompt_ids, SamplingParams(max_tokens=32)):
+        print(out.text, end="")
+
+Requests join and leave at step boundaries. A consumer that stops iterating (or whose task is cancelled) aborts
+its request: its blocks are freed before the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+from webinfer.engine.batch import ModelRunner
+from webinfer.engine.scheduler import Request, Scheduler
+from webinfer.engine.stopping import FINISH_ABORT, FINISH_STOP, SamplingParams, TextStream, incremental_decoder
+from webinfer.errors import WebinferError
+
+
+class EngineStepError(WebinferError):
+    """The model runner failed during a step; the requests in that step were aborted."""
+
+
+@dataclass
+class RequestOutput:
+    request_id: int
+    token_ids: list[int]           # ids produced since the previous output (EOS included when it ends the request)
+    text: str                      # text delta (stop strings and EOS never appear)
+    finish_reason: str | None      # None while running, then "stop" | "length" | "abort"
+    num_prompt_tokens: int
+    num_output_tokens: int         # total so far
+    num_cached_tokens: int         # prompt tokens found in the prefix cache
+    ttft_s: float | None           # arrival -> first token
+    token_times_s: list[float] = field(default_factory=list)  # gaps between consecutive output tokens so far
+
+
+class _Stream:
+    def __init__(self, req: Request, text: TextStream, t0: float):
+        self.req, self.text, self.t0 = req, text, t0
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.t_first: float | None = None
+        self.t_last: float | None = None
+        self.gaps: list[float] = []
+        self.done = False
+
+
+class AsyncEngine:
+    def __init__(self, runner: ModelRunner, tokenizer, eos_ids=(), chat_template: str | None = None,
+                 special_tokens: dict | None = None, model_name: str = "webinfer", max_num_batched_tokens: int = 256,
+                 max_num_seqs: int = 16, enable_prefix_caching: bool = True, clock=time.perf_counter):
+        self.runner, self.tokenizer = runner, tokenizer
+        self.eos_ids = frozenset(eos_ids)
+        self.chat_template, self.special_tokens = chat_template, dict(special_tokens or {})
+        self.model_name = model_name
+        self.scheduler = Scheduler(runner.num_blocks, runner.block_size, runner.max_model_len, self.eos_ids,
+                                   max_num_batched_tokens, max_num_seqs, enable_prefix_caching)
+        self.clock = clock
+        self._ids = itertools.count(1)
+        self._streams: dict[int, _Stream] = {}
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self.steps = 0
+        self.tokens_generated = 0
+        self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) of recent steps, for tokens/s
+
+    @property
+    def max_model_len(self) -> int:
+        return self.scheduler.max_len
+
+    # ---- requests
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams | None = None) -> AsyncIterator[RequestOutput]:
+        """Stream outputs of one request. Raises ContextOverflowError at once if the prompt can never fit."""
+        params = params or SamplingParams()
+        req = Request(next(self._ids), list(prompt_ids), params)
+        self.scheduler.add_request(req)
+        text = TextStream(incremental_decoder(self.tokenizer), params.stop,
+                          frozenset() if params.ignore_eos else self.eos_ids)
+        st = _Stream(req, text, self.clock())
+        self._streams[req.request_id] = st
+        self._start()
+        try:
+            while True:
+                item = await st.queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finish_reason is not None:
+                    return
+        finally:
+            if not st.done:  # the consumer left early or was cancelled
+                self.abort(req.request_id)
+
+    def abort(self, request_id: int) -> None:
+        st = self._streams.pop(request_id, None)
+        if st is not None:
+            st.done = True
+        self.scheduler.finish_request(request_id, FINISH_ABORT)
+
+    # ---- the loop
+
+    def _start(self) -> None:
+        if self._task is None or self._task.done():
+            self._wake = asyncio.Event()
+            self._task = asyncio.get_running_loop().create_task(self._loop())
+        self._wake.set()
+
+    async def close(self) -> None:
+        for rid in list(self._streams):
+            st = self._streams[rid]
+            self.abort(rid)
+            st.queue.put_nowait(EngineStepError("the engine was closed"))
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+    async def _loop(self) -> None:
+        while True:
+            if not self.scheduler.has_work():
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            batch = self.scheduler.schedule()
+            if not batch.chunks:
+                await asyncio.sleep(0)
+                continue
+            try:
+                sampled = await self.runner.execute(batch)
+            except asyncio.CancelledError:
+                self.scheduler.step_failed()
+                raise
+            except Exception as e:  # one failing step must not kill the engine: fail only its requests
+                for rid in self.scheduler.step_failed():
+                    st = self._streams.pop(rid, None)
+                    if st is not None:
+                        st.done = True
+                        st.queue.put_nowait(EngineStepError(f"the model failed in a step: {type(e).__name__}: {e}"))
+                continue
+            self.steps += 1
+            now = self.clock()
+            self._emit(self.scheduler.update(batch, sampled), now)
+            self._recent.append((now, len(sampled)))
+            while self._recent and now - self._recent[0][0] > 10.0:
+                self._recent.popleft()
+            await asyncio.sleep(0)  # let consumers and new arrivals in between steps
+
+    def _emit(self, outs, now: float) -> None:
+        for o in outs:
+            st = self._streams.get(o.request.request_id)
+            if st is None or o.new_token is None:
+                continue
+            self.tokens_generated += 1
+            if st.t_first is None:
+                st.t_first = now
+            else:
+                st.gaps.append(now - st.t_last)
+            st.t_last = now
+            reason = o.finish_reason
+            delta, stopped = st.text.push([o.new_token], final=reason is not None)
+            if stopped and reason is None:
+                reason = FINISH_STOP
+                self.scheduler.finish_request(st.req.request_id, FINISH_STOP)
+            if reason is not None:
+                st.done = True
+                del self._streams[st.req.request_id]
+            r = st.req
+            st.queue.put_nowait(RequestOutput(
+                r.request_id, [o.new_token], delta, reason, len(r.prompt_ids), len(r.output_ids),
+                max(r.num_cached_tokens, 0), st.t_first - st.t0, list(st.gaps)))
+
+    def stats(self) -> dict:
+        s = self.scheduler.stats()
+        now = self.clock()
+        recent = [(t, n) for t, n in self._recent if now - t <= 10.0]
+        span = (now - recent[0][0]) if len(recent) > 1 else 0.0
+        s.update(steps=self.steps, tokens_generated=self.tokens_generated,
+                 tokens_per_s=(sum(n for _, n in recent[1:]) / span) if span > 0 else 0.0)
+        return s
