@@ -55,3 +55,11 @@ class DeviceLostError(GPUError):
 
 class ChatTemplateError(WebinferError, ValueError):
     """A chat template failed to compile, or called raise_exception(...) while rendering (e.g. an unsupported role)."""
+
+
+class InvalidRequestError(WebinferError, ValueError):
+    """A request (API call or HTTP body) breaks a limit or has a bad parameter; param names the field."""
+
+    def __init__(self, param: str, problem: str):
+        self.param, self.problem = param, problem
+        super().__init__(f"{param}: {problem}")
