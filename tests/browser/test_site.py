@@ -41,3 +41,20 @@ def test_browser_device_runs_copy_kernel(served, browser):
     assert res["words"] == 65536
     assert res["device"]["limits"]["max_storage_buffer_binding_size"] >= 128 << 20
     print("selftest", json.dumps(res["timings"]), f"copy {res['ms']:.1f} ms", res["device"]["adapter"])
+
+
+def test_embed_example_generates(served, browser):
+    import shutil
+    from pathlib import Path
+
+    shutil.copyfile(Path(__file__).resolve().parents[2] / "examples" / "embed" / "index.html", served.root / "embed.html")
+    logs: list[str] = []
+    page = browser.new_page()
+    attach_console(page, logs)
+    page.goto(served.url + "embed.html?n=3&q=hi")
+    page.wait_for_selector("body[data-done]", timeout=90_000)
+    import re
+
+    m = re.match(r"done \((\d+) tokens, TTFT \d+ ms\)", page.inner_text("#status"))
+    assert m and 1 <= int(m.group(1)) <= 3, (page.inner_text("#status"), logs)  # max_tokens=3 (EOS may end sooner)
+    assert not any(line.startswith("pageerror") for line in logs), logs
