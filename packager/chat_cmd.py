@@ -1,0 +1,314 @@
+"""`webinfer chat`: an interactive chat in the terminal, on the native GPU engine.
+
+    webinfer chat [PACKAGE] [--max-tokens 512] [--temperature 0.7 --top-p 0.9 --seed 1]
+
+Each turn the whole conversation is rendered with the model's chat template and tokenized again; the engine's
+prefix cache finds the blocks of the earlier turns, so only the new text is prefilled (the stats line says how
+many prompt tokens came from the cache). The answer streams as it is generated.
+
+Keys: Ctrl-C during an answer stops that answer (the partial answer stays in the conversation); Ctrl-C or Ctrl-D
+at the prompt quits. Commands: /reset (new conversation), /exit.
+
+Threads: input() blocks, so it runs in a daemon thread that hands each line to the event loop; the loop owns
+SIGINT (loop.add_signal_handler), which makes Ctrl-C an ordinary event instead of a KeyboardInterrupt that could
+land anywhere, e.g. in the middle of a GPU step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+from webinfer.errors import ContextOverflowError, WebinferError
+
+PROMPT = "> "
+HELP = "commands: /reset (new conversation), /exit; Ctrl-C stops an answer, Ctrl-C or Ctrl-D at the prompt quits"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# input off the event loop
+
+
+class LineReader:
+    """Lines from stdin read in one daemon thread, one line per read() call. A daemon, because a thread blocked
+    on a read cannot be stopped: on exit the process simply leaves it behind. On a terminal the thread uses
+    input() (line editing, history); otherwise it reads the file descriptor itself, because input() on a pipe
+    holds sys.stdin's buffer lock and the interpreter aborts at exit when a daemon thread holds that lock."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, out=sys.stdout):
+        self.loop, self.out = loop, out
+        self.pending: asyncio.Future | None = None
+        self.want = threading.Semaphore(0)
+        self.prompt = PROMPT
+        self.tty = sys.stdin.isatty() and out.isatty()
+        self._raw = b""
+        threading.Thread(target=self._run, name="chat-input", daemon=True).start()
+
+    def _fd_line(self) -> str | None:
+        while b"\n" not in self._raw:
+            chunk = os.read(0, 4096)
+            if not chunk:
+                line, self._raw = self._raw, b""
+                return line.decode("utf-8", errors="replace") if line else None
+            self._raw += chunk
+        line, self._raw = self._raw.split(b"\n", 1)
+        return line.decode("utf-8", errors="replace").removesuffix("\r")
+
+    def _run(self) -> None:
+        while True:
+            self.want.acquire()
+            try:
+                if self.tty:
+                    line = input(self.prompt)
+                else:
+                    self.out.write(self.prompt)
+                    self.out.flush()
+                    line = self._fd_line()
+            except EOFError:
+                line = None
+            except Exception as e:  # e.g. a closed stdin: report it as the end of input
+                print(f"\ninput error: {e}", file=sys.stderr)
+                line = None
+            self.loop.call_soon_threadsafe(self._deliver, line)
+            if line is None:
+                return
+
+    def _deliver(self, line: str | None) -> None:
+        if self.pending is not None and not self.pending.done():
+            self.pending.set_result(line)
+
+    async def read(self, prompt: str = PROMPT) -> str | None:
+        """The next line, or None at end of input (Ctrl-D) or when cancel() was called (Ctrl-C)."""
+        self.prompt = prompt
+        self.pending = self.loop.create_future()
+        self.want.release()
+        return await self.pending
+
+    def cancel(self) -> bool:
+        """End a read() in progress with None; False when no read is waiting."""
+        if self.pending is None or self.pending.done():
+            return False
+        self.pending.set_result(None)
+        return True
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the engine: one request at a time, abortable between steps
+
+
+@dataclass
+class Answer:
+    text: str
+    output_ids: list[int]
+    finish_reason: str | None
+    prompt_tokens: int
+    cached_tokens: int
+    ttft_s: float | None
+    decode_tok_s: float | None
+
+
+class ChatEngine:
+    """The scheduler + GPU runner loop for the chat: one request at a time, so a turn's prompt shares the
+    previous turns' KV blocks through the prefix cache. abort() takes effect at the next step boundary."""
+
+    def __init__(self, runner, eos_ids):
+        from webinfer.engine.scheduler import Scheduler
+
+        self.runner = runner
+        self.sched = Scheduler(runner.num_blocks, runner.block_size, runner.max_model_len, eos_ids,
+                               max_num_batched_tokens=runner.max_tokens, max_num_seqs=1, enable_prefix_caching=True)
+        self.max_len = self.sched.max_len
+        self._next_id = 0
+        self._current: int | None = None
+
+    async def generate(self, prompt_ids: list[int], params, on_token):
+        """Run one request to its end; on_token(id) for each sampled id. Returns the scheduler's Request."""
+        from webinfer.engine.scheduler import Request
+
+        self._next_id += 1
+        req = Request(self._next_id, list(prompt_ids), params)
+        self.sched.add_request(req)  # ContextOverflowError when the conversation no longer fits
+        self._current = req.request_id
+        try:
+            while self.sched.has_work():
+                batch = self.sched.schedule()
+                sampled = await self.runner.execute(batch)
+                for out in self.sched.update(batch, sampled):
+                    if out.new_token is not None:
+                        on_token(out.new_token)
+                # the native runner may finish a step without yielding: give the loop a turn, so a Ctrl-C
+                # delivered during the step is handled before the next one starts
+                await asyncio.sleep(0)
+        finally:
+            self.sched.finish_request(req.request_id)  # no-op when it already finished; frees blocks on errors
+            self._current = None
+        return req
+
+    def abort(self) -> None:
+        if self._current is not None:
+            self.sched.finish_request(self._current)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the chat
+
+
+class Chat:
+    def __init__(self, package, tokenizer, engine: ChatEngine, params, out=sys.stdout):
+        self.package, self.tok, self.engine, self.params, self.out = package, tokenizer, engine, params, out
+        self.messages: list[dict] = []
+        self.answering = False
+        self.interrupted = False
+        color = hasattr(out, "isatty") and out.isatty()
+        self.dim, self.plain = ("\x1b[2m", "\x1b[0m") if color else ("", "")
+
+    def note(self, text: str) -> None:
+        self.out.write(f"{self.dim}{text}{self.plain}\n")
+        self.out.flush()
+
+    def prompt_ids(self) -> list[int]:
+        from webinfer.chat_template import render
+
+        st = self.package.special_tokens
+        text = render(self.package.chat_template, self.messages, add_generation_prompt=True,
+                      bos_token=st.get("bos_token") or "", eos_token=st.get("eos_token") or "")
+        return self.tok.encode(text)  # the template writes every special token itself
+
+    async def answer(self) -> Answer:
+        ids = self.prompt_ids()
+        dec = self.tok.decode_stream(skip_special_tokens=True)
+        eos = set(self.package.config.eos_token_ids)
+        parts: list[str] = []
+        stamps: list[float] = []
+
+        def on_token(t: int) -> None:
+            stamps.append(time.perf_counter())
+            if t in eos:
+                return
+            delta = dec.add(t)
+            if delta:
+                parts.append(delta)
+                self.out.write(delta)
+                self.out.flush()
+
+        t0 = time.perf_counter()
+        self.answering, self.interrupted = True, False
+        try:
+            req = await self.engine.generate(ids, self.params, on_token)
+        finally:
+            self.answering = False
+        tail = dec.finish()
+        parts.append(tail)
+        self.out.write(tail + "\n")
+        n = len(stamps)
+        return Answer("".join(parts), list(req.output_ids), "abort" if self.interrupted else req.finish_reason,
+                      len(ids), max(req.num_cached_tokens, 0), stamps[0] - t0 if n else None,
+                      (n - 1) / (stamps[-1] - stamps[0]) if n > 1 and stamps[-1] > stamps[0] else None)
+
+    def stats_line(self, a: Answer) -> str:
+        ttft = f"TTFT {a.ttft_s:.2f} s" if a.ttft_s is not None else "TTFT -"
+        speed = f"{a.decode_tok_s:.1f} tok/s" if a.decode_tok_s is not None else "- tok/s"
+        end = {"stop": "", "length": ", stopped at the token limit", "abort": ", interrupted"}.get(a.finish_reason or "", "")
+        return (f"[{ttft} · {speed} · {len(a.output_ids)} tokens · prompt {a.prompt_tokens} tokens, "
+                f"{a.cached_tokens} cached{end}]")
+
+    def on_sigint(self, reader: LineReader) -> None:
+        if self.answering:
+            self.interrupted = True
+            self.engine.abort()
+        elif not reader.cancel():  # neither answering nor at the prompt (between the two): quit too
+            raise KeyboardInterrupt
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        reader = LineReader(loop, self.out)
+        saved_tty = _save_terminal() if reader.tty else None
+        try:
+            loop.add_signal_handler(signal.SIGINT, self.on_sigint, reader)
+        except (NotImplementedError, RuntimeError):  # no signal handlers here (Windows, non-main thread)
+            pass
+        self.note(f"{self.package.name} · {HELP}")
+        try:
+            while True:
+                line = await reader.read(PROMPT)
+                if line is None:  # Ctrl-D or Ctrl-C at the prompt
+                    self.out.write("\n")
+                    return 0
+                text = line.strip()
+                if not text:
+                    continue
+                if text == "/exit":
+                    return 0
+                if text == "/reset":
+                    self.messages.clear()
+                    self.note("(new conversation)")
+                    continue
+                if text.startswith("/") and " " not in text:  # /help or an unknown command: never sent to the model
+                    self.note(HELP if text == "/help" else f"unknown command {text}; {HELP}")
+                    continue
+                self.messages.append({"role": "user", "content": line})
+                try:
+                    a = await self.answer()
+                except ContextOverflowError as e:
+                    self.messages.pop()
+                    self.note(f"the conversation no longer fits ({e}); /reset to start a new one")
+                    continue
+                # an interrupted answer stays in the conversation: the next turn continues from what was said
+                self.messages.append({"role": "assistant", "content": a.text})
+                self.note(self.stats_line(a))
+        finally:
+            try:
+                loop.remove_signal_handler(signal.SIGINT)
+            except (NotImplementedError, RuntimeError):
+                pass
+            if saved_tty is not None:  # readline may still hold the terminal in its own mode (no echo)
+                _restore_terminal(saved_tty)
+
+
+def _save_terminal():
+    try:
+        import termios
+
+        return termios.tcgetattr(0)
+    except (ImportError, OSError):
+        return None
+
+
+def _restore_terminal(attrs) -> None:
+    try:
+        import termios
+
+        termios.tcsetattr(0, termios.TCSANOW, attrs)
+    except (ImportError, OSError):
+        pass
+
+
+def cli_main(args) -> int:
+    from webinfer.engine.stopping import SamplingParams
+    from webinfer.package import Package
+    from webinfer.tokenizer import Tokenizer
+    from webinfer_packager.native import load_runner
+    from webinfer_packager.paths import resolve_package
+
+    if args.max_tokens < 1:
+        raise WebinferError(f"--max-tokens must be at least 1, got {args.max_tokens}")
+    try:
+        params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                                top_k=args.top_k, seed=args.seed)
+    except ValueError as e:
+        raise WebinferError(str(e)) from None
+    path = resolve_package(args.package)
+    package = Package.open(path)
+    if not package.chat_template:
+        raise WebinferError(f"{path}: the model has no chat template (manifest chat_template is null); "
+                            "use `webinfer generate --prompt` instead")
+    tok = Tokenizer.from_json(package.tokenizer_json())
+    print(f"loading {package.name} ...", file=sys.stderr, flush=True)
+    runner = load_runner(package, kv_budget_mb=128.0)
+    chat = Chat(package, tok, ChatEngine(runner, package.config.eos_token_ids), params)
+    return asyncio.run(chat.run())
