@@ -74,14 +74,17 @@ class Scheduler:
 
     # ---- requests in and out
 
-    def add_request(self, req: Request) -> None:
-        n = len(req.prompt_ids)
+    def check_prompt(self, n: int) -> None:
+        """Raise ContextOverflowError (naming both lengths) if an n-token prompt could never run."""
         if n == 0:
             raise ValueError("the prompt is empty: at least one token is needed")
         if n + 1 > self.max_model_len:
             raise ContextOverflowError(n, self.max_model_len - 1, "context length (minus one token to generate)")
         if n + 1 > self.max_len:
             raise ContextOverflowError(n, self.max_len - 1, "KV cache capacity (minus one token to generate)")
+
+    def add_request(self, req: Request) -> None:
+        self.check_prompt(len(req.prompt_ids))
         if req.request_id in self.requests:
             raise ValueError(f"request id {req.request_id} is already in use")
         self.requests[req.request_id] = req
