@@ -4,9 +4,12 @@ Built once at model load (pipeline, uniform parameters, bind groups); `encode(cm
 a dispatch whose grid depends on the row count. The kernel reads the row count itself from the per-step buffer
 (`step[count_index]`), so the same bind group serves every step.
 
-Batch invariance rule: every output y[t, n] is reduced by one invocation walking k in a fixed order (32-element
-chunks in sequence, then the tail), whatever T is and whichever other rows share the dispatch. Decode (T=1) and
-prefill (T=512) use the same kernel, so a sequence's logits never depend on the rest of the batch.
+Two kernels: gemv.wgsl (decode: each invocation streams 4 weight rows for one activation row) and gemm.wgsl
+(prefill: 64x16 tiles, the weight tile dequantized once into workgroup memory for 16 activation rows).
+Batch invariance rule: in both, every output y[t, n] is a sequential sum over 32-element k chunks in a fixed
+order, whatever T is and whichever other rows share the dispatch. The two kernels may differ in the last bits,
+so the model picks per sequence, from the sequence's own chunk: one-token chunks (decode) -> gemv over rows
+[0, step[count_index]); multi-token chunks (prefill) -> gemm over rows [step[start_index], + step[count_index]).
 
 Pure Python (it runs in Pyodide): parameters are packed with `struct`.
 """
@@ -21,6 +24,7 @@ from ..gpu.device import COPY_DST, UNIFORM, BufferBinding
 
 ROWS_PER_INVOCATION = 4
 WG = 64
+GEMM_ROWS, GEMM_TOKENS = 64, 16  # gemm.wgsl tile: weight rows x activation rows per workgroup
 _PARAMS = "<12I"  # Params in gemv.wgsl (48 bytes)
 
 ParamsFn = Callable[[bytes], BufferBinding]
@@ -67,7 +71,10 @@ class Linear:
 
     def __init__(self, lib, dtype: str, n: int, k: int, group_size: int, parts: list[WeightPart], x, y,
                  x_stride: int, y_stride: int, step, count_index: int = 0, params: ParamsFn | None = None,
-                 bias=None, accumulate: bool = False, swiglu: bool = False, n_offset: int = 0, label: str = "linear"):
+                 bias=None, accumulate: bool = False, swiglu: bool = False, n_offset: int = 0, label: str = "linear",
+                 kernel: str = "gemv", start_index: int = 0):
+        if kernel not in ("gemv", "gemm"):
+            raise ValueError(f"Linear: kernel must be 'gemv' or 'gemm', not {kernel!r}")
         if dtype not in ("q4", "q4a", "q8"):
             raise ValueError(f"Linear: unsupported weight dtype {dtype!r} (q4, q4a, q8)")
         if x_stride % 4:
@@ -78,8 +85,8 @@ class Linear:
             raise ValueError("Linear: swiglu needs one binding with 2*F rows, F a multiple of 4, no bias/accumulate")
         if bias is not None and len(parts) != 1:
             raise ValueError("Linear: a bias is supported on single-binding weights only")
-        self.n, self.k, self.label, self.swiglu = n, k, label, swiglu
-        defines: dict[str, object] = {"DTYPE": dtype, "WG": WG}
+        self.n, self.k, self.label, self.swiglu, self.kernel = n, k, label, swiglu, kernel
+        defines: dict[str, object] = {"DTYPE": dtype} if kernel == "gemm" else {"DTYPE": dtype, "WG": WG}
         if bias is not None:
             defines["BIAS"] = 1
             defines["BIAS_SLOT"] = 7 if dtype == "q4a" else 6
@@ -87,7 +94,7 @@ class Linear:
             defines["ACCUMULATE"] = 1
         if swiglu:
             defines["SWIGLU"] = 1
-        self.pipeline = lib.pipeline("gemv", defines=defines, use_f16=False)
+        self.pipeline = lib.pipeline(kernel, defines=defines, use_f16=False)
         params = params or standalone_params(lib.device)
         w4, s_stride = weight_strides(dtype, k, group_size)
         self._groups: list[tuple[Any, int]] = []
@@ -95,22 +102,26 @@ class Linear:
             if (p.mins is None) != (dtype != "q4a"):
                 raise ValueError(f"Linear {label}: q4a weights need mins, other dtypes none")
             u = params(struct.pack(_PARAMS, p.rows, k, group_size, w4, s_stride, x_stride // 4, y_stride,
-                                   n_offset + p.row0, count_index, 0, 0, 0))
+                                   n_offset + p.row0, count_index, start_index, 0, 0))
             binds = [p.qweight, p.scales, x, y, u, step]
             if dtype == "q4a":
                 binds.append(p.mins)
             if bias is not None:
                 binds.append(bias)
             bg = lib.device.create_bind_group(self.pipeline, binds)
-            per_inv = 2 * ROWS_PER_INVOCATION if swiglu else ROWS_PER_INVOCATION
-            self._groups.append((bg, -(-p.rows // (per_inv * WG))))
+            if kernel == "gemm":
+                gx = -(-p.rows // GEMM_ROWS)
+            else:
+                gx = -(-p.rows // ((2 if swiglu else 1) * ROWS_PER_INVOCATION * WG))
+            self._groups.append((bg, gx))
 
     def encode(self, cmds, rows: int) -> None:
-        """Record the dispatches for `rows` activation rows (must equal step[count_index] or exceed it)."""
+        """Record the dispatches for `rows` activation rows (at least step[count_index]; extra rows exit early)."""
         if rows <= 0:
             return
+        gy = -(-rows // GEMM_TOKENS) if self.kernel == "gemm" else rows
         for bg, gx in self._groups:
-            cmds.dispatch(self.pipeline, bg, gx, rows, 1, self.label)
+            cmds.dispatch(self.pipeline, bg, gx, gy, 1, self.label)
 
 
 def interleave_gate_up(gate_rows: list[bytes], up_rows: list[bytes]) -> bytes:
