@@ -45,6 +45,8 @@ def test_bench_quick_json(tiny_package, tmp_path, capsys):
     assert {g["name"]: g["shape"] for g in res["gemv"]}["qkv"] == [128, 64]
     assert "attn.decode" in res["kernels"] and "attn.reduce" in res["kernels"] and "sample" in res["kernels"]
     assert all(ms > 0 for ms in res["kernels"].values())
+    assert res["prefill_kernels"]["tokens"] == 32 and res["prefill_kernels"]["attn.prefill"] > 0
+    assert "attn.decode" not in res["prefill_kernels"]
     assert res["step_ms"] > 0 and res["kernel_ms"] > 0
     assert res["host_overhead_frac"] == pytest.approx(1 - res["kernel_ms"] / res["step_ms"], abs=1e-3)
     assert res["dispatches_per_token"] >= 2 + 8 * 2  # embed ... 2 layers ... sample
