@@ -18,7 +18,8 @@ One step, T tokens of any mix of prefill chunks and decode tokens (rows of every
                 r += Wd m
     xs = rmsnorm(r[last row of each sampled chunk]) * norm    (row gather)
     logits = Wout xs; next ids = sample(logits)
-Dispatches per decode step: 2 + 8 per layer (+1 when attention needs its reduce pass, +1 per unfused matrix) + 3.
+Dispatches per decode step: 1 + 9 per layer (attention = decode + reduce) + 3; a step with prefill chunks adds a
+GEMM dispatch per matrix and the prefill attention kernel. Unfused q/k/v or gate/up add one dispatch per matrix.
 
 Batch invariance: every kernel reduces a row in an order that depends only on that row (see linear.py and
 attention.py), so a sequence's tokens come out the same alone or batched with others.
@@ -44,8 +45,8 @@ from ..kernels.rope import Rope, inv_freq
 from ..kernels.swiglu import SwiGLU
 from .batch import StepBatch
 
-# step[] entries read by the kernels: the row counts of the two kinds of dispatches
-STEP_TOKENS, STEP_SAMPLED = 0, 1
+# step[] entries read by the kernels: all token rows, sampled rows, decode rows [0, Td), prefill rows [Td, T)
+STEP_TOKENS, STEP_SAMPLED, STEP_DECODE, STEP_PREFILL = 0, 1, 2, 3
 
 ComponentReader = Callable[[str, str, int], Awaitable[bytes] | bytes]
 
@@ -75,17 +76,32 @@ class UniformArena:
 @dataclass
 class _Layer:
     attn_norm: RMSNorm
-    qkv: list[Linear]
+    qkv: list[Any]  # DualLinear(s)
     rope: Rope
     attn: Any  # AttentionBinding
-    o: Linear
+    o: Any  # DualLinear
     ffn_norm: RMSNorm
-    mlp_in: list[Any]  # Linear(s), plus a SwiGLU when gate/up could not be fused
-    down: Linear
+    mlp_in: list[Any]  # DualLinear(s), plus a SwiGLU when gate/up could not be fused
+    down: Any  # DualLinear
 
 
 def _round4(n: int) -> int:
     return -(-n // 4) * 4
+
+
+class DualLinear:
+    """One weight, two bind groups: GEMV over the decode rows [0, Td), GEMM over the prefill rows [Td, T).
+
+    Rows are ordered by the model so that one-token chunks come first; which kernel a row gets then depends only
+    on its own sequence's chunk length (the batch invariance rule of linear.py)."""
+
+    def __init__(self, lib, *args, **kw):
+        self.gemv = Linear(lib, *args, count_index=STEP_DECODE, kernel="gemv", **kw)
+        self.gemm = Linear(lib, *args, count_index=STEP_PREFILL, start_index=STEP_DECODE, kernel="gemm", **kw)
+
+    def encode(self, cmds, n_decode: int, n_prefill: int) -> None:
+        self.gemv.encode(cmds, n_decode)
+        self.gemm.encode(cmds, n_prefill)
 
 
 class GPUModel:
@@ -124,7 +140,7 @@ class GPUModel:
         qd, kvd = cfg.q_dim, cfg.kv_dim
         self.qkv_stride = _round4(qd + 2 * kvd)
         T, S = max_batch_tokens, max_seqs
-        self.arena = UniformArena(device, 16 + L * 16)
+        self.arena = UniformArena(device, 16 + L * 32)
 
         def buf(nbytes: int, label: str, usage: int = STORAGE | COPY_DST):
             return device.create_buffer(max(nbytes, 16), usage, label=label)
@@ -219,9 +235,9 @@ class GPUModel:
 
     async def _linear(self, get, name, x, x_stride, y, y_stride, *, accumulate=False, n_offset=0, bias=None):
         t = self.package.tensors[name]
-        return Linear(self.lib, t.dtype, t.rows, t.k, t.group_size, await self._parts(get, name), x, y, x_stride,
-                      y_stride, self.step_buf, STEP_TOKENS, self.arena, bias=bias, accumulate=accumulate,
-                      n_offset=n_offset, label=name)
+        return DualLinear(self.lib, t.dtype, t.rows, t.k, t.group_size, await self._parts(get, name), x, y, x_stride,
+                          y_stride, self.step_buf, params=self.arena, bias=bias, accumulate=accumulate,
+                          n_offset=n_offset, label=name)
 
     def _fusable(self, names: list[str], fuse: bool) -> bool:
         ts = [self.package.tensors[n] for n in names]
@@ -229,7 +245,7 @@ class GPUModel:
         return (fuse and all(len(t.bindings) == 1 for t in ts) and len({(t.dtype, t.group_size, t.k) for t in ts}) == 1
                 and sum(t.rows * t.row_bytes("qweight") for t in ts) <= limit)
 
-    async def _qkv(self, get, pre: str, fuse: bool) -> list[Linear]:
+    async def _qkv(self, get, pre: str, fuse: bool) -> list[DualLinear]:
         cfg = self.cfg
         names = [pre + "q", pre + "k", pre + "v"]
         biases = [None, None, None]
@@ -243,8 +259,9 @@ class GPUModel:
             bias = await self._upload(b"".join(biases), f"{pre}qkv.bias") if cfg.attention_bias else None
             n = cfg.q_dim + 2 * cfg.kv_dim
             part = WeightPart(0, n, comps["qweight"], comps["scales"], comps.get("mins"))
-            return [Linear(self.lib, t.dtype, n, t.k, t.group_size, [part], self.xn_buf, self.qkv_buf, self.d_stride,
-                           self.qkv_stride, self.step_buf, STEP_TOKENS, self.arena, bias=bias, label=f"{pre}qkv")]
+            return [DualLinear(self.lib, t.dtype, n, t.k, t.group_size, [part], self.xn_buf, self.qkv_buf,
+                               self.d_stride, self.qkv_stride, self.step_buf, params=self.arena, bias=bias,
+                               label=f"{pre}qkv")]
         out, off = [], 0
         for n, b in zip(names, biases):
             bias = await self._upload(b, n + ".bias") if b is not None else None
@@ -263,9 +280,9 @@ class GPUModel:
                 g, u = await get(names[0], c), await get(names[1], c)
                 comps[c] = await self._upload(interleave_gate_up(split_rows(g, f), split_rows(u, f)), f"{pre}gate_up.{c}")
             part = WeightPart(0, 2 * f, comps["qweight"], comps["scales"], comps.get("mins"))
-            return [Linear(self.lib, t.dtype, 2 * f, t.k, t.group_size, [part], self.xn_buf, self.act_buf,
-                           self.d_stride, self.f_stride, self.step_buf, STEP_TOKENS, self.arena, swiglu=True,
-                           label=f"{pre}gate_up_swiglu")]
+            return [DualLinear(self.lib, t.dtype, 2 * f, t.k, t.group_size, [part], self.xn_buf, self.act_buf,
+                               self.d_stride, self.f_stride, self.step_buf, params=self.arena, swiglu=True,
+                               label=f"{pre}gate_up_swiglu")]
         if self.gu_buf is None:
             self.gu_buf = self.device.create_buffer(4 * self.max_tokens * 2 * self.f_stride, STORAGE | COPY_DST,
                                                     label="gate_up")
@@ -282,8 +299,8 @@ class GPUModel:
 
     # ------------------------------------------------------------------------------------------------ step
     def _prepare(self, batch: StepBatch):
-        ids, pos, slots, rows, seqs = [], [], [], [], []
-        sampled = []
+        """Host-side step inputs. Token rows: all one-token (decode) chunks first, then multi-token chunks, so the
+        decode rows [0, Td) go to GEMV and the prefill rows [Td, T) to GEMM; sampled rows keep chunk order."""
         bs = self.block_size
         for c in batch.chunks:
             n = len(c.token_ids)
@@ -298,29 +315,37 @@ class GPUModel:
             for b in c.block_table[: -(-end // bs)]:
                 if not 0 < b < self.num_blocks:
                     raise ValueError(f"sequence {c.seq_id}: block id {b} outside 1..{self.num_blocks - 1}")
-            seqs.append(SeqStep(ctx_len=end, block_table=list(c.block_table[: -(-end // bs)]), q_row=len(ids), n_q=n))
-            for j, tok in enumerate(c.token_ids):
+            for tok in c.token_ids:
                 if not 0 <= tok < self.cfg.vocab_size:
                     raise ValueError(f"sequence {c.seq_id}: token id {tok} outside the vocabulary of {self.cfg.vocab_size}")
+        if len(batch.chunks) > self.max_seqs:
+            raise ValueError(f"step of {len(batch.chunks)} sequences exceeds max_seqs={self.max_seqs}")
+        if batch.num_tokens > self.max_tokens:
+            raise ValueError(f"step of {batch.num_tokens} tokens exceeds max_batch_tokens={self.max_tokens}")
+        order = [c for c in batch.chunks if len(c.token_ids) == 1] + [c for c in batch.chunks if len(c.token_ids) > 1]
+        ids, pos, slots, seqs, last_row = [], [], [], [], {}
+        for c in order:
+            n = len(c.token_ids)
+            end = c.start_pos + n
+            seqs.append(SeqStep(ctx_len=end, block_table=list(c.block_table[: -(-end // bs)]), q_row=len(ids), n_q=n))
+            for j, tok in enumerate(c.token_ids):
                 p = c.start_pos + j
                 ids.append(tok)
                 pos.append(p)
                 slots.append(c.block_table[p // bs] * bs + p % bs)
-            if c.sample:
-                rows.append(len(ids) - 1)
-                sampled.append(c)
-        if len(ids) > self.max_tokens:
-            raise ValueError(f"step of {len(ids)} tokens exceeds max_batch_tokens={self.max_tokens}")
-        if len(seqs) > self.max_seqs:
-            raise ValueError(f"step of {len(seqs)} sequences exceeds max_seqs={self.max_seqs}")
-        return ids, pos, slots, rows, seqs, sampled
+            last_row[id(c)] = len(ids) - 1
+        sampled = [c for c in batch.chunks if c.sample]
+        rows = [last_row[id(c)] for c in sampled]
+        n_decode = sum(1 for c in batch.chunks if len(c.token_ids) == 1)
+        return ids, pos, slots, rows, seqs, sampled, n_decode
 
     def encode_step(self, batch: StepBatch, timed: bool = False):
         """Write this step's inputs and record its commands (not submitted). Returns (commands, sampled chunks)."""
-        ids, pos, slots, rows, seqs, sampled = self._prepare(batch)
+        ids, pos, slots, rows, seqs, sampled, n_dec = self._prepare(batch)
         T, S = len(ids), len(rows)
+        n_pre = T - n_dec
         dev = self.device
-        dev.write_buffer(self.step_buf, 0, struct.pack("<4I", T, S, 0, 0))
+        dev.write_buffer(self.step_buf, 0, struct.pack("<4I", T, S, n_dec, n_pre))
         dev.write_buffer(self.ids_buf, 0, struct.pack(f"<{T}I", *ids))
         dev.write_buffer(self.pos_buf, 0, struct.pack(f"<{T}I", *pos))
         dev.write_buffer(self.slot_buf, 0, struct.pack(f"<{T}I", *slots))
@@ -334,14 +359,17 @@ class GPUModel:
         for ly in self.layers:
             ly.attn_norm.encode(cmds, T)
             for lin in ly.qkv:
-                lin.encode(cmds, T)
+                lin.encode(cmds, n_dec, n_pre)
             ly.rope.encode(cmds, T)
             self.attention.encode(cmds, ly.attn, shape)
-            ly.o.encode(cmds, T)
+            ly.o.encode(cmds, n_dec, n_pre)
             ly.ffn_norm.encode(cmds, T)
             for k in ly.mlp_in:
-                k.encode(cmds, T)
-            ly.down.encode(cmds, T)
+                if isinstance(k, DualLinear):
+                    k.encode(cmds, n_dec, n_pre)
+                else:
+                    k.encode(cmds, T)
+            ly.down.encode(cmds, n_dec, n_pre)
         if S:
             self.final_norm.encode(cmds, S)
             self.lm_head.encode(cmds, S)
