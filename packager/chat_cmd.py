@@ -21,9 +21,9 @@ import os
 import signal
 import sys
 import threading
-import time
 from dataclasses import dataclass
 
+from webinfer.engine.engine import EngineStepError
 from webinfer.errors import ContextOverflowError, WebinferError
 
 PROMPT = "> "
@@ -97,14 +97,10 @@ class LineReader:
         return True
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# the engine: one request at a time, abortable between steps
-
-
 @dataclass
 class Answer:
     text: str
-    output_ids: list[int]
+    num_tokens: int
     finish_reason: str | None
     prompt_tokens: int
     cached_tokens: int
@@ -112,57 +108,16 @@ class Answer:
     decode_tok_s: float | None
 
 
-class ChatEngine:
-    """The scheduler + GPU runner loop for the chat: one request at a time, so a turn's prompt shares the
-    previous turns' KV blocks through the prefix cache. abort() takes effect at the next step boundary."""
-
-    def __init__(self, runner, eos_ids):
-        from webinfer.engine.scheduler import Scheduler
-
-        self.runner = runner
-        self.sched = Scheduler(runner.num_blocks, runner.block_size, runner.max_model_len, eos_ids,
-                               max_num_batched_tokens=runner.max_tokens, max_num_seqs=1, enable_prefix_caching=True)
-        self.max_len = self.sched.max_len
-        self._next_id = 0
-        self._current: int | None = None
-
-    async def generate(self, prompt_ids: list[int], params, on_token):
-        """Run one request to its end; on_token(id) for each sampled id. Returns the scheduler's Request."""
-        from webinfer.engine.scheduler import Request
-
-        self._next_id += 1
-        req = Request(self._next_id, list(prompt_ids), params)
-        self.sched.add_request(req)  # ContextOverflowError when the conversation no longer fits
-        self._current = req.request_id
-        try:
-            while self.sched.has_work():
-                batch = self.sched.schedule()
-                sampled = await self.runner.execute(batch)
-                for out in self.sched.update(batch, sampled):
-                    if out.new_token is not None:
-                        on_token(out.new_token)
-                # the native runner may finish a step without yielding: give the loop a turn, so a Ctrl-C
-                # delivered during the step is handled before the next one starts
-                await asyncio.sleep(0)
-        finally:
-            self.sched.finish_request(req.request_id)  # no-op when it already finished; frees blocks on errors
-            self._current = None
-        return req
-
-    def abort(self) -> None:
-        if self._current is not None:
-            self.sched.finish_request(self._current)
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # the chat
 
 
 class Chat:
-    def __init__(self, package, tokenizer, engine: ChatEngine, params, out=sys.stdout):
+    def __init__(self, package, tokenizer, engine, params, out=sys.stdout):
+        """engine: webinfer.engine.engine.AsyncEngine over the package's runner and tokenizer."""
         self.package, self.tok, self.engine, self.params, self.out = package, tokenizer, engine, params, out
         self.messages: list[dict] = []
-        self.answering = False
+        self._task: asyncio.Task | None = None  # the answer being streamed
         self.interrupted = False
         color = hasattr(out, "isatty") and out.isatty()
         self.dim, self.plain = ("\x1b[2m", "\x1b[0m") if color else ("", "")
@@ -180,47 +135,49 @@ class Chat:
         return self.tok.encode(text)  # the template writes every special token itself
 
     async def answer(self) -> Answer:
+        """Stream one answer to the conversation so far. Ctrl-C cancels the consuming task; the engine's generate()
+        then aborts the request (its KV blocks stay in the prefix cache for the next turn)."""
         ids = self.prompt_ids()
-        dec = self.tok.decode_stream(skip_special_tokens=True)
-        eos = set(self.package.config.eos_token_ids)
         parts: list[str] = []
-        stamps: list[float] = []
+        last: list = [None]
 
-        def on_token(t: int) -> None:
-            stamps.append(time.perf_counter())
-            if t in eos:
-                return
-            delta = dec.add(t)
-            if delta:
-                parts.append(delta)
-                self.out.write(delta)
-                self.out.flush()
+        async def consume():
+            async for out in self.engine.generate(ids, self.params):
+                last[0] = out
+                if out.text:
+                    parts.append(out.text)
+                    self.out.write(out.text)
+                    self.out.flush()
 
-        t0 = time.perf_counter()
-        self.answering, self.interrupted = True, False
+        self.interrupted = False
+        self._task = asyncio.ensure_future(consume())
         try:
-            req = await self.engine.generate(ids, self.params, on_token)
+            await self._task
+        except asyncio.CancelledError:
+            if not self.interrupted:
+                raise  # cancelled from outside, not by Ctrl-C
         finally:
-            self.answering = False
-        tail = dec.finish()
-        parts.append(tail)
-        self.out.write(tail + "\n")
-        n = len(stamps)
-        return Answer("".join(parts), list(req.output_ids), "abort" if self.interrupted else req.finish_reason,
-                      len(ids), max(req.num_cached_tokens, 0), stamps[0] - t0 if n else None,
-                      (n - 1) / (stamps[-1] - stamps[0]) if n > 1 and stamps[-1] > stamps[0] else None)
+            self._task = None
+        self.out.write("\n")
+        o = last[0]
+        if o is None:  # interrupted before the first token
+            return Answer("", 0, "abort", len(ids), 0, None, None)
+        gaps = o.token_times_s
+        return Answer("".join(parts), o.num_output_tokens, "abort" if self.interrupted else o.finish_reason,
+                      o.num_prompt_tokens, o.num_cached_tokens, o.ttft_s,
+                      len(gaps) / sum(gaps) if gaps and sum(gaps) > 0 else None)
 
     def stats_line(self, a: Answer) -> str:
         ttft = f"TTFT {a.ttft_s:.2f} s" if a.ttft_s is not None else "TTFT -"
         speed = f"{a.decode_tok_s:.1f} tok/s" if a.decode_tok_s is not None else "- tok/s"
         end = {"stop": "", "length": ", stopped at the token limit", "abort": ", interrupted"}.get(a.finish_reason or "", "")
-        return (f"[{ttft} · {speed} · {len(a.output_ids)} tokens · prompt {a.prompt_tokens} tokens, "
+        return (f"[{ttft} · {speed} · {a.num_tokens} tokens · prompt {a.prompt_tokens} tokens, "
                 f"{a.cached_tokens} cached{end}]")
 
     def on_sigint(self, reader: LineReader) -> None:
-        if self.answering:
+        if self._task is not None:
             self.interrupted = True
-            self.engine.abort()
+            self._task.cancel()
         elif not reader.cancel():  # neither answering nor at the prompt (between the two): quit too
             raise KeyboardInterrupt
 
@@ -258,6 +215,11 @@ class Chat:
                     self.messages.pop()
                     self.note(f"the conversation no longer fits ({e}); /reset to start a new one")
                     continue
+                except EngineStepError as e:  # the runner failed this request only; the chat can go on
+                    self.messages.pop()
+                    self.out.write("\n")
+                    self.note(f"error: {e}")
+                    continue
                 # an interrupted answer stays in the conversation: the next turn continues from what was said
                 self.messages.append({"role": "assistant", "content": a.text})
                 self.note(self.stats_line(a))
@@ -266,6 +228,7 @@ class Chat:
                 loop.remove_signal_handler(signal.SIGINT)
             except (NotImplementedError, RuntimeError):
                 pass
+            await self.engine.close()
             if saved_tty is not None:  # readline may still hold the terminal in its own mode (no echo)
                 _restore_terminal(saved_tty)
 
@@ -289,6 +252,7 @@ def _restore_terminal(attrs) -> None:
 
 
 def cli_main(args) -> int:
+    from webinfer.engine.engine import AsyncEngine
     from webinfer.engine.stopping import SamplingParams
     from webinfer.package import Package
     from webinfer.tokenizer import Tokenizer
@@ -310,5 +274,12 @@ def cli_main(args) -> int:
     tok = Tokenizer.from_json(package.tokenizer_json())
     print(f"loading {package.name} ...", file=sys.stderr, flush=True)
     runner = load_runner(package, kv_budget_mb=128.0)
-    chat = Chat(package, tok, ChatEngine(runner, package.config.eos_token_ids), params)
+
+    async def main() -> int:
+        # one request at a time: a turn's prompt reuses the earlier turns' blocks through the prefix cache
+        engine = AsyncEngine(runner, tok, package.config.eos_token_ids, max_num_batched_tokens=runner.max_tokens,
+                             max_num_seqs=1, enable_prefix_caching=True)
+        return await Chat(package, tok, engine, params).run()
+
+    return asyncio.run(main())
     return asyncio.run(chat.run())
