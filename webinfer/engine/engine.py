@@ -68,6 +68,7 @@ class AsyncEngine:
         self._task: asyncio.Task | None = None
         self.steps = 0
         self.tokens_generated = 0
+        self.requests_aborted = 0
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) of recent steps, for tokens/s
 
     @property
@@ -102,6 +103,7 @@ class AsyncEngine:
         st = self._streams.pop(request_id, None)
         if st is not None:
             st.done = True
+            self.requests_aborted += 1
         self.scheduler.finish_request(request_id, FINISH_ABORT)
 
     # ---- the loop
@@ -183,6 +185,6 @@ class AsyncEngine:
         now = self.clock()
         recent = [(t, n) for t, n in self._recent if now - t <= 10.0]
         span = (now - recent[0][0]) if len(recent) > 1 else 0.0
-        s.update(steps=self.steps, tokens_generated=self.tokens_generated,
+        s.update(steps=self.steps, tokens_generated=self.tokens_generated, requests_aborted=self.requests_aborted,
                  tokens_per_s=(sum(n for _, n in recent[1:]) / span) if span > 0 else 0.0)
         return s
