@@ -151,6 +151,8 @@ class Engine {
     };
   }
   stop() { if (this.running != null) this.client.stop(this.running); }
+  /** Tests only: destroy the GPU device as a driver reset would; the next message rebuilds the engine. */
+  _loseDeviceForTest() { return this.client.call("loseDevice").promise; }
   unload() { this.client.worker.terminate(); }
 }
 

@@ -73,7 +73,13 @@ async function selftest() {
   return value;
 }
 
-const handlers = { init, load, chat, selftest };
+async function loseDevice() {
+  worker.lose_device_for_test();
+  await new Promise((r) => setTimeout(r, 50));  // let device.lost resolve
+  return true;
+}
+
+const handlers = { init, load, chat, selftest, loseDevice };
 
 // Messages run one at a time (the engine is single-stream), except stop, which must get through while a chat runs.
 let queue = Promise.resolve();

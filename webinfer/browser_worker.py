@@ -35,6 +35,13 @@ async def get_device():
     return dev
 
 
+def lose_device_for_test() -> None:
+    """Destroy the JS device behind the engine's back, as a driver reset would (tests of the rebuild path)."""
+    dev = _state["device"]
+    if dev is not None:
+        dev.device.destroy()  # not dev.destroy(): that one marks the loss as intentional
+
+
 def device_summary(dev) -> dict:
     c = dev.caps
     return {"adapter": dev.info.name, "fallback": dev.info.is_fallback, "f16": c.f16, "subgroups": c.subgroups,

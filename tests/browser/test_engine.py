@@ -12,7 +12,7 @@ from .conftest import ARTIFACTS, SiteServer, attach_console
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-GENERATE = """async ([url, ids, n]) => {
+GENERATE = """async ([url, ids, n, lose]) => {
     const w = await import("./webinfer.js");
     const t0 = performance.now();
     const engine = await w.load(url);
@@ -24,8 +24,16 @@ GENERATE = """async ([url, ids, n]) => {
         text += c.choices[0].delta.content || "";
     }
     const info = engine.info;
+    const stats = engine.lastStats;
+    let afterLoss = null;
+    if (lose) {  // device lost: the next message must rebuild the engine and answer the same
+        await engine._loseDeviceForTest();
+        afterLoss = [];
+        for await (const c of engine.chat.completions.create({prompt_ids: ids, messages: [], max_tokens: n, stream: true}))
+            afterLoss.push(...(c.choices[0].token_ids || []));
+    }
     engine.unload();
-    return {ids: got, text, loadMs, info, stats: engine.lastStats};
+    return {ids: got, text, loadMs, info, stats, afterLoss};
 }"""
 
 
@@ -47,7 +55,7 @@ def test_tiny_model_matches_native_and_works_offline(served, browser, tiny_packa
     page = browser.new_page()
     attach_console(page, logs)
     page.goto(served.url + "index.html")
-    r = page.evaluate(GENERATE, [site["models"][0]["manifest"], prompt, n])
+    r = page.evaluate(GENERATE, [site["models"][0]["manifest"], prompt, n, False])
     assert r["info"]["engine"], (r["info"], logs)
     want = _native_ids(tiny_package, prompt, n)
     eos = json.loads((tiny_package / "manifest.json").read_text())["config"]["eos_token_ids"]
@@ -58,7 +66,8 @@ def test_tiny_model_matches_native_and_works_offline(served, browser, tiny_packa
     page.wait_for_function("navigator.serviceWorker.controller !== null", timeout=30_000)
     served.stop()
     page.reload()
-    r2 = page.evaluate(GENERATE, [site["models"][0]["manifest"], prompt, n])
+    r2 = page.evaluate(GENERATE, [site["models"][0]["manifest"], prompt, n, True])
     assert r2["ids"] == r["ids"], (r2, logs)
+    assert r2["afterLoss"] == r["ids"], (r2, logs)
     assert r2["info"]["timings"]["files_downloaded"] == 0 and r2["info"]["timings"]["requests"] == 0, r2["info"]
     print("tiny warm offline", json.dumps(r2["info"]["timings"]), json.dumps(r2["stats"]))

@@ -1,0 +1,69 @@
+"""`webinfer site` without a browser: deterministic wheel, atomic output, hash-checked package copies,
+actionable errors when the setup step was skipped."""
+
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+
+import pytest
+
+from webinfer.errors import IntegrityError
+
+
+def test_runtime_wheel_is_deterministic_and_complete():
+    from webinfer_packager.site import build_runtime_wheel
+
+    name, a = build_runtime_wheel()
+    _, b = build_runtime_wheel()
+    assert name == "webinfer-0.1.0-py3-none-any.whl" and a == b
+    names = zipfile.ZipFile(io.BytesIO(a)).namelist()
+    assert "webinfer/gpu/browser.py" in names and "webinfer_shaders/copy.wgsl" in names
+    assert not any(n.startswith("webinfer_packager/") for n in names)  # the browser never needs the packager
+    record = zipfile.ZipFile(io.BytesIO(a)).read("webinfer-0.1.0.dist-info/RECORD").decode()
+    assert "webinfer/browser_worker.py,sha256=" in record
+
+
+def test_cli_builds_site_and_rebuild_replaces_it(tiny_package, tmp_path):
+    from webinfer_packager.cli import main
+
+    out = tmp_path / "site"
+    assert main(["site", str(tiny_package), "-o", str(out)]) == 0
+    site = json.loads((out / "site.json").read_text())
+    manifest = json.loads((tiny_package / "manifest.json").read_text())
+    copied = sorted(p.name for p in (out / site["models"][0]["manifest"]).parent.iterdir())
+    assert copied == sorted([f["name"] for f in manifest["files"]] + ["manifest.json"])
+    (out / "stale.txt").write_text("x")
+    assert main(["site", str(tiny_package), "-o", str(out)]) == 0
+    assert not (out / "stale.txt").exists()
+    assert json.loads((out / "site.json").read_text())["version"] == site["version"]  # same input, same version
+    assert [p.name for p in tmp_path.iterdir()] == ["site"]  # no temporary folders left behind
+
+
+def test_corrupt_package_fails_and_leaves_previous_site(tiny_package, tmp_path):
+    import shutil
+
+    from webinfer_packager.site import build_site
+
+    out = tmp_path / "site"
+    build_site([tiny_package], out)
+    bad = tmp_path / "bad"
+    shutil.copytree(tiny_package, bad)
+    f = json.loads((bad / "manifest.json").read_text())["files"][0]["name"]
+    data = bytearray((bad / f).read_bytes())
+    data[0] ^= 1
+    (bad / f).write_bytes(bytes(data))
+    with pytest.raises(IntegrityError, match=f):
+        build_site([bad], out)
+    assert (out / "index.html").is_file()  # the previous site is untouched
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad", "site"]
+
+
+def test_missing_setup_is_reported_with_the_fix(tiny_package, tmp_path, monkeypatch):
+    from webinfer_packager.site import SiteBuildError, build_site
+
+    monkeypatch.setenv("WEBINFER_BROWSER_WHEELS", str(tmp_path / "nowheels"))
+    with pytest.raises(SiteBuildError, match="setup-browser.sh"):
+        build_site([tiny_package], tmp_path / "site")
+    assert not (tmp_path / "site").exists()
