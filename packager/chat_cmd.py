@@ -46,6 +46,11 @@ class LineReader:
         self.want = threading.Semaphore(0)
         self.prompt = PROMPT
         self.tty = sys.stdin.isatty() and out.isatty()
+        if self.tty:
+            try:
+                import readline  # noqa: F401  (imported for its effect: input() gets line editing and history)
+            except ImportError:
+                pass
         self._raw = b""
         threading.Thread(target=self._run, name="chat-input", daemon=True).start()
 

@@ -151,3 +151,48 @@ def test_reset_and_eof(gpu, tiny_chat_package):
     assert len(stats) == 2, out
     assert stats[0]["prompt"] == stats[1]["prompt"] and int(stats[0]["n"]) <= 5
     assert "(new conversation)" in out and "unknown command /nonsense" in out
+
+
+def test_terminal(gpu, tiny_chat_package):
+    """On a pseudo-terminal: input() with line editing, the stats line dimmed, Ctrl-C mid-answer stops it, Ctrl-C
+    at the prompt quits, and the terminal's mode (echo, canonical input) is what it was before."""
+    import pty
+    import select
+    import termios
+
+    env = dict(os.environ, PYTHONIOENCODING="utf-8", TERM="xterm")
+    env.setdefault("XDG_RUNTIME_DIR", "/tmp/xdg")
+    pid, fd = pty.fork()
+    if pid == 0:  # child: the chat on the pty's slave side
+        os.execve(sys.executable, [sys.executable, "-m", "webinfer_packager.cli", "chat", str(tiny_chat_package),
+                                   "--max-tokens", "300"], env)
+    before = termios.tcgetattr(fd)
+    buf = bytearray()
+
+    def until(pred, timeout=60.0):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            text = buf.decode("utf-8", errors="replace")
+            if pred(text):
+                return text
+            try:
+                if select.select([fd], [], [], 0.05)[0]:
+                    buf.extend(os.read(fd, 4096))
+            except OSError:  # the child closed the pty
+                break
+        os.kill(pid, signal.SIGKILL)
+        pytest.fail(f"pty output: {bytes(buf)[-1500:]!r}")
+
+    until(lambda t: t.endswith("> "))
+    start = len(buf)
+    os.write(fd, b"hello world\r")
+    until(lambda t: len(t) > start + len("hello world\r\n") + 3)
+    os.kill(pid, signal.SIGINT)
+    text = until(lambda t: "interrupted]" in t and t.endswith("> "))
+    assert "\x1b[2m[TTFT" in text  # dim on a terminal
+    os.kill(pid, signal.SIGINT)  # Ctrl-C at the prompt, while readline holds the terminal in its own mode
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    after = termios.tcgetattr(fd)
+    assert after[3] & (termios.ECHO | termios.ICANON) == before[3] & (termios.ECHO | termios.ICANON)
+    os.close(fd)
