@@ -1,0 +1,85 @@
+"""A ModelRunner over the numpy reference model: the engine, API and server with a real model, without a GPU.
+
+The KV cache is paged exactly like the GPU model's: K/V of position p of a chunk live in physical block
+block_table[p // block_size], slot p % block_size (one numpy array per block, all layers). Each chunk gathers its
+history from the block table, runs ReferenceModel.forward over the new tokens, and scatters their K/V back, so
+prefix-cache hits, preemption and block reuse behave as on the GPU, and a wrong block table gives a wrong answer.
+
+Sampling: greedy is argmax (lowest id on ties); otherwise the reference Sampler's distribution (temperature ->
+top-k -> top-p) and one uniform draw from a generator seeded with (seed, sample_index), so a request's draws do
+not depend on what else is in the batch or on preemption.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+
+from webinfer.engine.batch import StepBatch
+from webinfer_packager.reference import ReferenceModel, Sampler
+
+
+def sample(logits: np.ndarray, temperature: float, top_p: float, top_k: int, seed: int, sample_index: int) -> int:
+    """logits [V] -> token id."""
+    if temperature == 0.0:
+        return int(np.argmax(logits))
+    p = Sampler(temperature, top_k, top_p, seed).probs(logits)           # [V]
+    cdf = np.cumsum(p)
+    u = np.random.default_rng([seed, sample_index]).random()
+    return int(min(np.searchsorted(cdf, u * cdf[-1], side="right"), p.size - 1))
+
+
+class ReferenceRunner:
+    def __init__(self, model: ReferenceModel, num_blocks: int = 129, block_size: int = 16,
+                 max_model_len: int | None = None, in_thread: bool = True):
+        c = model.cfg
+        self.model = model
+        self.block_size, self.num_blocks = block_size, num_blocks
+        self.max_model_len = min(max_model_len or c.max_position_embeddings, c.max_position_embeddings)
+        self.vocab_size = c.vocab_size
+        self.in_thread = in_thread
+        # block id -> [2 (k, v), layers, block_size, kv_heads, head_dim]; allocated on first write
+        self.blocks: dict[int, np.ndarray] = {}
+        self._shape = (2, c.num_hidden_layers, block_size, c.num_key_value_heads, c.head_dim)
+
+    @classmethod
+    def from_package(cls, package, **kw) -> "ReferenceRunner":
+        return cls(ReferenceModel.from_package(Path(package) if isinstance(package, str) else package), **kw)
+
+    def _gather(self, table: list[int], n: int) -> np.ndarray:
+        """K/V of positions [0, n): [2, layers, n, kv_heads, head_dim]."""
+        bs = self.block_size
+        parts = [self.blocks[table[b]][:, :, : min(bs, n - b * bs)] for b in range(-(-n // bs))]
+        if not parts:
+            return np.zeros(self._shape[:2] + (0,) + self._shape[3:], np.float32)
+        return np.concatenate(parts, axis=2)
+
+    def _scatter(self, table: list[int], start: int, kv: np.ndarray) -> None:
+        bs = self.block_size
+        for i in range(kv.shape[2]):
+            p = start + i
+            blk = self.blocks.get(table[p // bs])
+            if blk is None:
+                blk = self.blocks[table[p // bs]] = np.zeros(self._shape, np.float32)
+            blk[:, :, p % bs] = kv[:, :, i]
+
+    def execute_sync(self, batch: StepBatch) -> list[int]:
+        m, out = self.model, []
+        for c in batch.chunks:
+            past = self._gather(c.block_table, c.start_pos)                # [2, L, S, Hkv, hd]
+            m.k_cache, m.v_cache = list(past[0]), list(past[1])
+            logits = m.forward(list(c.token_ids), c.start_pos)             # [T, V]
+            new = np.stack([np.stack([k[c.start_pos:] for k in m.k_cache]),
+                            np.stack([v[c.start_pos:] for v in m.v_cache])])  # [2, L, T, Hkv, hd]
+            self._scatter(c.block_table, c.start_pos, new)
+            if c.sample:
+                out.append(sample(logits[-1], c.temperature, c.top_p, c.top_k, c.seed, c.sample_index))
+        m.reset()
+        return out
+
+    async def execute(self, batch: StepBatch) -> list[int]:
+        if self.in_thread:  # keep the server's event loop answering while numpy works
+            return await asyncio.to_thread(self.execute_sync, batch)
+        return self.execute_sync(batch)

@@ -1,0 +1,59 @@
+"""`webinfer serve`: the OpenAI-compatible API (and optionally a static site) on 127.0.0.1.
+
+    webinfer serve [PACKAGE] [--host 127.0.0.1] [--port 8000] [--site FOLDER]
+
+The runner is the native GPU model (webinfer_packager.native.load_runner); if that cannot be imported, the numpy
+reference runner takes over with a warning (correct, but slow).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from webinfer.errors import GPUError, WebinferError
+
+
+def load_engine(package_path, backend: str = "auto", **engine_kw):
+    from webinfer.engine.engine import AsyncEngine
+    from webinfer.package import Package
+    from webinfer.tokenizer import Tokenizer
+
+    pkg = Package.open(package_path)
+    runner = None
+    if backend in ("auto", "native"):
+        try:
+            from webinfer_packager.native import load_runner
+        except ImportError as e:
+            if backend == "native":
+                raise WebinferError(f"the native GPU runner is not available: {e}") from None
+            print(f"webinfer serve: warning: native GPU runner unavailable ({e}); using the numpy reference runner",
+                  file=sys.stderr)
+        else:
+            try:
+                runner = load_runner(package_path)
+            except GPUError as e:  # no adapter here: still serve, slowly, rather than not at all
+                if backend == "native":
+                    raise
+                print(f"webinfer serve: warning: no GPU ({e}); using the numpy reference runner", file=sys.stderr)
+    if runner is None:
+        from webinfer_packager.reference import limit_blas_threads
+        from webinfer_packager.reference_runner import ReferenceRunner
+
+        limit_blas_threads(1)
+        runner = ReferenceRunner.from_package(pkg, max_model_len=2048)
+    tok = Tokenizer.from_json(pkg.tokenizer_json())
+    return AsyncEngine(runner, tok, eos_ids=pkg.config.eos_token_ids, chat_template=pkg.chat_template,
+                       special_tokens=pkg.special_tokens, model_name=pkg.name or "webinfer", **engine_kw)
+
+
+def cli_main(args) -> int:
+    from webinfer.api import LLM
+    from webinfer.server import serve
+    from webinfer_packager.paths import resolve_package
+
+    path = resolve_package(args.package)
+    engine = load_engine(path)
+    print(f"webinfer serve: {engine.model_name} on http://{args.host}:{args.port}/v1 "
+          f"(KV: {engine.scheduler.kv.pool.num_usable} blocks of {engine.scheduler.kv.block_size})", file=sys.stderr)
+    serve(LLM(engine), host=args.host, port=args.port, site=args.site)
+    return 0
