@@ -19,7 +19,7 @@ from pathlib import Path
 from urllib.parse import unquote
 
 from fastapi import FastAPI, Request
-from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, StreamingResponse
 
 from webinfer.api import LLM
 from webinfer.errors import ChatTemplateError, ContextOverflowError, InvalidRequestError

@@ -43,7 +43,7 @@ class BlockPool:
         self.blocks = [Block(i) for i in range(num_blocks)]
         # free block ids; allocation pops from the front. Unkeyed blocks go to the front, keyed ones to the back,
         # so the front is always the cheapest to reuse and keyed blocks leave least recently used first.
-        self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(1, num_blocks))
+        self.free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(NULL_BLOCK + 1, num_blocks))
         self.cached: dict[bytes, int] = {}
         self.evictions = 0
 
