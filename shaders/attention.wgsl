@@ -7,8 +7,8 @@
 //                (max, sum, unnormalised acc) for the GROUP query heads that share the kv head.
 //   KERNEL == 1  reduce:  merges a decode sequence's partials in split order -> out.
 //   KERNEL == 2  prefill: sequences with two or more query tokens (chunked prefill; earlier KV read from the
-//                cache). One workgroup per (BQ-query tile, query head, sequence); K/V tiles of BK positions in
-//                workgroup memory; online softmax.
+//                cache). One workgroup per (WG-query tile, query head, sequence), one query per invocation; K/V
+//                tiles of BK positions in workgroup memory; online softmax.
 // Which kernel serves a sequence depends only on its own query count, and the split count only on its own
 // context length, so a sequence's output never depends on the rest of the batch (batch invariance).
 //
@@ -178,6 +178,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #endif
 
 // prefill -----------------------------------------------------------------------------------------------------
+// One invocation per query row (WG rows per workgroup) keeps its scaled query and its output in registers; K/V
+// tiles of BK positions are staged in workgroup memory and every invocation reads the same element at the same
+// time (uniform addresses). Measured on lavapipe: 1.7x faster than 16x16 score tiles shared by 4 invocations/row.
 #if KERNEL == 2
 @group(0) @binding(0) var<storage, read> q: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> k_cache: array<kv_vec>;
@@ -186,14 +189,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 @group(0) @binding(4) var<storage, read> seqs: array<vec4<u32>>;
 @group(0) @binding(5) var<storage, read_write> out: array<vec4<f32>>;
 
-// TPQ invocations per query row; each owns DPT consecutive output vectors
-const TPQ: u32 = WG / BQ;
-const DPT: u32 = HD4 / TPQ;
-
-var<workgroup> q_s: array<vec4<f32>, BQ * HD4>;
 var<workgroup> k_s: array<vec4<f32>, BK * HD4>;
 var<workgroup> v_s: array<vec4<f32>, BK * HD4>;
-var<workgroup> sc: array<f32, BQ * BK>;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -202,31 +199,26 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let sq = seqs[wid.z];
     let ctx = sq.x;
     let nq = sq.w;
-    let q0 = wid.x * BQ;
+    let q0 = wid.x * WG;
     if (nq <= 1u || q0 >= nq) {
-        return;  // decode sequences go to the decode kernel; tiles past the chunk have nothing to do
+        return;
     }
     let start_pos = ctx - nq;
     let scale = inverseSqrt(f32(HEAD_DIM));
-    for (var i = lid; i < BQ * HD4; i += WG) {
-        let r = i / HD4;
-        var v = vec4<f32>(0.0);
-        if (q0 + r < nq) {
-            v = q[((sq.z + q0 + r) * Q_STRIDE + Q_OFFSET) / 4u + h * HD4 + i % HD4] * scale;
-        }
-        q_s[i] = v;
+    let valid = q0 + lid < nq;
+    let qpos = start_pos + q0 + lid;
+    var qr: array<vec4<f32>, HD4>;
+    var acc: array<vec4<f32>, HD4>;
+    let qbase = ((sq.z + q0 + lid) * Q_STRIDE + Q_OFFSET) / 4u + h * HD4;
+    for (var d = 0u; d < HD4; d++) {
+        qr[d] = select(vec4<f32>(0.0), q[qbase + d] * scale, valid);
+        acc[d] = vec4<f32>(0.0);
     }
-    let qi = lid / TPQ;
-    let part = lid % TPQ;
-    let qpos = start_pos + q0 + qi;
-    // keys past the tile's last query are never visible
-    let kv_end = start_pos + min(q0 + BQ, nq);
+    let kv_end = start_pos + min(q0 + WG, nq);
     var m = NEG;
     var l = 0.0;
-    var acc: array<vec4<f32>, DPT>;
-    for (var j = 0u; j < DPT; j++) { acc[j] = vec4<f32>(0.0); }
     for (var kt = 0u; kt < kv_end; kt += BK) {
-        workgroupBarrier();  // everyone is done with the previous tile
+        workgroupBarrier();
         for (var i = lid; i < BK * HD4; i += WG) {
             let pos = kt + i / HD4;
             var kv = vec4<f32>(0.0);
@@ -241,37 +233,29 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             v_s[i] = vv;
         }
         workgroupBarrier();
-        for (var i = lid; i < BQ * BK; i += WG) {
-            let r = i / BK;
-            let c = i % BK;
-            var s = NEG;
-            if (kt + c <= start_pos + q0 + r && kt + c < kv_end) {
-                var a = vec4<f32>(0.0);
-                for (var d = 0u; d < HD4; d++) { a += q_s[r * HD4 + d] * k_s[c * HD4 + d]; }
-                s = a.x + a.y + a.z + a.w;
-            }
-            sc[i] = s;
-        }
-        workgroupBarrier();
-        // online softmax for row qi (the TPQ invocations of a row compute the same m and l)
+        var s: array<f32, BK>;
         var mt = m;
-        for (var c = 0u; c < BK; c++) { mt = max(mt, sc[qi * BK + c]); }
+        for (var c = 0u; c < BK; c++) {
+            var a = vec4<f32>(0.0);
+            for (var d = 0u; d < HD4; d++) { a += qr[d] * k_s[c * HD4 + d]; }
+            s[c] = select(NEG, a.x + a.y + a.z + a.w, kt + c <= qpos);
+            mt = max(mt, s[c]);
+        }
         let alpha = exp(m - mt);
         l *= alpha;
-        for (var j = 0u; j < DPT; j++) { acc[j] *= alpha; }
+        for (var d = 0u; d < HD4; d++) { acc[d] *= alpha; }
         for (var c = 0u; c < BK; c++) {
-            let s = sc[qi * BK + c];
-            if (s > 0.5 * NEG) {
-                let p = exp(s - mt);
+            if (s[c] > 0.5 * NEG) {
+                let p = exp(s[c] - mt);
                 l += p;
-                for (var j = 0u; j < DPT; j++) { acc[j] += p * v_s[c * HD4 + part * DPT + j]; }
+                for (var d = 0u; d < HD4; d++) { acc[d] += p * v_s[c * HD4 + d]; }
             }
         }
         m = mt;
     }
-    if (q0 + qi < nq) {
-        for (var j = 0u; j < DPT; j++) {
-            out[((sq.z + q0 + qi) * N_HEADS + h) * HD4 + part * DPT + j] = acc[j] / l;
+    if (valid) {
+        for (var d = 0u; d < HD4; d++) {
+            out[((sq.z + q0 + lid) * N_HEADS + h) * HD4 + d] = acc[d] / l;
         }
     }
 }

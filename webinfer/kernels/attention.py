@@ -115,18 +115,12 @@ class PagedAttention:
         if dec_bytes > WORKGROUP_BYTES:
             raise ValueError(f"attention decode needs {dec_bytes} bytes of workgroup memory (> {WORKGROUP_BYTES}); "
                              f"lower chunk (now {chunk})")
-        # prefill tiles: BQ queries x BK keys; q, k and v tiles plus scores must fit in 16 KiB
-        self.bq = self.bk = 16 if head_dim <= 64 else (8 if head_dim <= 128 else 4)
-        tpq = WG // self.bq  # invocations per query row; each must own whole output vectors
-        while hd4 % tpq:
-            tpq //= 2
-        self.bq = WG // tpq
-        pre_bytes = 4 * (self.bq * head_dim + 2 * self.bk * head_dim + self.bq * self.bk)
-        if pre_bytes > WORKGROUP_BYTES:
-            raise ValueError(f"attention prefill needs {pre_bytes} bytes of workgroup memory (> {WORKGROUP_BYTES})")
+        # prefill: WG query rows per workgroup; K and V tiles of BK positions must fit in 16 KiB
+        self.bq = WG
+        self.bk = max(1, min(32, WORKGROUP_BYTES // (8 * head_dim)))
         base = {"N_HEADS": n_heads, "N_KV_HEADS": n_kv_heads, "HEAD_DIM": head_dim, "BLOCK_SIZE": block_size,
                 "Q_STRIDE": q_stride, "Q_OFFSET": q_offset, "CHUNK": chunk, "MAX_SPLITS": self.max_splits,
-                "BQ": self.bq, "BK": self.bk}
+                "BK": self.bk}
         if kv_f16:
             base["KV_F16"] = 1
         use_f16 = True if kv_f16 else False
