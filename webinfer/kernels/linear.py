@@ -5,7 +5,7 @@ a dispatch whose grid depends on the row count. The kernel reads the row count i
 (`step[count_index]`), so the same bind group serves every step.
 
 Two kernels: gemv.wgsl (decode: each invocation streams 4 weight rows for one activation row) and gemm.wgsl
-(prefill: 64x16 tiles, the weight tile dequantized once into workgroup memory for 16 activation rows).
+(prefill: each invocation unpacks 4 weight rows once per k chunk and applies them to 4 activation rows).
 Batch invariance rule: in both, every output y[t, n] is a sequential sum over 32-element k chunks in a fixed
 order, whatever T is and whichever other rows share the dispatch. The two kernels may differ in the last bits,
 so the model picks per sequence, from the sequence's own chunk: one-token chunks (decode) -> gemv over rows
@@ -24,7 +24,7 @@ from ..gpu.device import COPY_DST, UNIFORM, BufferBinding
 
 ROWS_PER_INVOCATION = 4
 WG = 64
-GEMM_ROWS, GEMM_TOKENS = 64, 16  # gemm.wgsl tile: weight rows x activation rows per workgroup
+GEMM_TOKENS = 4  # gemm.wgsl: activation rows per invocation (and per workgroup along y)
 _PARAMS = "<12I"  # Params in gemv.wgsl (48 bytes)
 
 ParamsFn = Callable[[bytes], BufferBinding]
@@ -86,7 +86,7 @@ class Linear:
         if bias is not None and len(parts) != 1:
             raise ValueError("Linear: a bias is supported on single-binding weights only")
         self.n, self.k, self.label, self.swiglu, self.kernel = n, k, label, swiglu, kernel
-        defines: dict[str, object] = {"DTYPE": dtype} if kernel == "gemm" else {"DTYPE": dtype, "WG": WG}
+        defines: dict[str, object] = {"DTYPE": dtype, "WG": WG}
         if bias is not None:
             defines["BIAS"] = 1
             defines["BIAS_SLOT"] = 7 if dtype == "q4a" else 6
@@ -109,10 +109,7 @@ class Linear:
             if bias is not None:
                 binds.append(bias)
             bg = lib.device.create_bind_group(self.pipeline, binds)
-            if kernel == "gemm":
-                gx = -(-p.rows // GEMM_ROWS)
-            else:
-                gx = -(-p.rows // ((2 if swiglu else 1) * ROWS_PER_INVOCATION * WG))
+            gx = -(-p.rows // ((2 if swiglu else 1) * ROWS_PER_INVOCATION * WG))
             self._groups.append((bg, gx))
 
     def encode(self, cmds, rows: int) -> None:
