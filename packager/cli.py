@@ -81,7 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("package", nargs="?")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--site", help="static site folder to serve at / (default: build one for PACKAGE)")
+    p.add_argument("--site", help="static site folder to serve at / (default: build the chat site for PACKAGE)")
+    p.add_argument("--no-site", action="store_true", help="serve only the API")
+    p.add_argument("--backend", choices=["auto", "native", "reference"], default="auto",
+                   help="native GPU, the numpy reference (slow), or auto (native if an adapter exists)")
+    p.add_argument("--kv-budget-mb", type=float, default=128.0, help="GPU memory for the KV cache (default 128)")
     p.set_defaults(handler="webinfer_packager.serve_cmd:cli_main")
 
     p = sub.add_parser("site", help="build the static offline chat site")

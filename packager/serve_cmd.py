@@ -13,7 +13,7 @@ import sys
 from webinfer.errors import GPUError, WebinferError
 
 
-def load_engine(package_path, backend: str = "auto", **engine_kw):
+def load_engine(package_path, backend: str = "auto", kv_budget_mb: float = 128.0, **engine_kw):
     from webinfer.engine.engine import AsyncEngine
     from webinfer.package import Package
     from webinfer.tokenizer import Tokenizer
@@ -30,7 +30,7 @@ def load_engine(package_path, backend: str = "auto", **engine_kw):
                   file=sys.stderr)
         else:
             try:
-                runner = load_runner(package_path)
+                runner = load_runner(package_path, kv_budget_mb=kv_budget_mb)
             except GPUError as e:  # no adapter here: still serve, slowly, rather than not at all
                 if backend == "native":
                     raise
@@ -52,8 +52,31 @@ def cli_main(args) -> int:
     from webinfer_packager.paths import resolve_package
 
     path = resolve_package(args.package)
-    engine = load_engine(path)
+    site = None if args.no_site else (args.site or default_site(path))
+    engine = load_engine(path, backend=args.backend, kv_budget_mb=args.kv_budget_mb)
     print(f"webinfer serve: {engine.model_name} on http://{args.host}:{args.port}/v1 "
           f"(KV: {engine.scheduler.kv.pool.num_usable} blocks of {engine.scheduler.kv.block_size})", file=sys.stderr)
-    serve(LLM(engine), host=args.host, port=args.port, site=args.site)
+    if site:
+        print(f"webinfer serve: chat site at http://{args.host}:{args.port}/ (from {site})", file=sys.stderr)
+    serve(LLM(engine), host=args.host, port=args.port, site=site)
     return 0
+
+
+def default_site(package_path) -> str | None:
+    """The chat site for this package, built once into $WEBINFER_HOME/sites/ (keyed by the manifest's hash)."""
+    import hashlib
+    from pathlib import Path
+
+    from webinfer_packager.paths import webinfer_home
+    from webinfer_packager.site import SiteBuildError, build_site
+
+    manifest = Path(package_path) / "manifest.json"
+    key = hashlib.sha256(manifest.read_bytes()).hexdigest()[:16]
+    out = webinfer_home() / "sites" / f"{Path(package_path).name}-{key}"
+    if not (out / "index.html").is_file():
+        try:
+            build_site([Path(package_path)], out)
+        except SiteBuildError as e:  # the API still works without the page
+            print(f"webinfer serve: warning: no chat site ({e}); serving the API only", file=sys.stderr)
+            return None
+    return str(out)

@@ -6,6 +6,7 @@ exists for the CLI and tests.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import struct
 
@@ -205,7 +206,9 @@ class NativeDevice(Device):
         self.queue.submit([enc.finish()])
 
     async def read_buffer(self, buffer, offset: int = 0, size: int | None = None) -> bytes:
-        return self.read_buffer_sync(buffer, offset, size)
+        # The wait for the GPU happens in a worker thread so that an event loop (the HTTP server) keeps serving
+        # while a step runs. Safe: the engine issues GPU work from one coroutine at a time.
+        return await asyncio.to_thread(self.read_buffer_sync, buffer, offset, size)
 
     def read_buffer_sync(self, buffer, offset: int = 0, size: int | None = None) -> bytes:
         size = buffer.size - offset if size is None else size
