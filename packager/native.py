@@ -18,24 +18,24 @@ from webinfer.engine.gpu_model import GPUModel
 from webinfer.package import Package
 
 
-def blocks_for_budget(package: Package, budget_mb: float, block_size: int) -> int:
-    """How many KV blocks (incl. the null block) fit in budget_mb of K+V over all layers (f32)."""
+def blocks_for_budget(package: Package, budget_mb: float, block_size: int, kv_f16: bool = False) -> int:
+    """How many KV blocks (incl. the null block) fit in budget_mb of K+V over all layers."""
     c = package.config
-    per_block = 2 * c.num_hidden_layers * block_size * c.kv_dim * 4
+    per_block = 2 * c.num_hidden_layers * block_size * c.kv_dim * (2 if kv_f16 else 4)
     return max(2, int(budget_mb * (1 << 20)) // per_block)
 
 
 def load_runner(package_path, *, device=None, kv_budget_mb: float = 64.0, block_size: int = 16,
                 num_blocks: int | None = None, max_batch_tokens: int = 256, max_seqs: int = 16,
-                max_model_len: int | None = None, fuse: bool = True) -> GPUModel:
+                max_model_len: int | None = None, fuse: bool = True, kv_f16: bool = False) -> GPUModel:
     from webinfer.gpu.native import request_device_sync
 
     pkg = package_path if isinstance(package_path, Package) else Package.open(Path(package_path))
     dev = device or request_device_sync(limits="browser")
-    nb = num_blocks or blocks_for_budget(pkg, kv_budget_mb, block_size)
+    nb = num_blocks or blocks_for_budget(pkg, kv_budget_mb, block_size, kv_f16)
     return asyncio.run(GPUModel.load(dev, pkg, num_blocks=nb, block_size=block_size,
                                      max_batch_tokens=max_batch_tokens, max_seqs=max_seqs,
-                                     max_model_len=max_model_len, fuse=fuse))
+                                     max_model_len=max_model_len, fuse=fuse, kv_f16=kv_f16))
 
 
 async def generate_async(runner: GPUModel, prompt_ids: list[int], max_tokens: int, temperature: float = 0.0,

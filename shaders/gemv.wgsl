@@ -5,6 +5,8 @@
 // reduction order of y[t, n] is the same sequential walk over k whatever T is: a sequence's output never depends
 // on what else is in the batch (the scheduler relies on it). The 4 rows share each vec4 of x they load.
 //
+// SUBGROUPS (+SG_SIZE): the 8 activation vectors of a chunk are loaded once per subgroup and broadcast
+// (subgroup sizes 4 and >= 8 handled; without SUBGROUPS every lane loads them itself).
 // Defines: DTYPE (q4 | q4a | q8), BIAS (y = Wx + bias), ACCUMULATE (y += Wx: residual epilogue of o and down),
 // SWIGLU (the weight rows are gate/up interleaved in blocks of 4: rows 8j..8j+3 gate, 8j+4..8j+7 up;
 // y[t, 4j + r] = silu(gate) * up), BIAS_SLOT (binding of the bias: 6, or 7 with q4a).
@@ -116,7 +118,11 @@ fn chunk(row: u32, c: u32, xs: array<vec4<f32>, 8>, sx: f32) -> f32 {
 }
 
 @compute @workgroup_size(WG)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+fn main(@builtin(global_invocation_id) gid: vec3<u32>
+#ifdef SUBGROUPS
+        , @builtin(subgroup_invocation_id) lane: u32
+#endif
+        ) {
     let t = gid.y;
     if (t >= step[params.count_index]) {
         return;
@@ -124,18 +130,22 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
 #ifdef SWIGLU
     // rows of the fused weight: block j of 8 = 4 gate rows then 4 up rows
     let out0 = gid.x * 4u;
+#ifndef SUBGROUPS
     if (out0 >= params.n / 2u) {
         return;
     }
-    let n0 = gid.x * 8u;
+#endif
+    let n0 = min(gid.x * 8u, params.n - 1u);
     let last = params.n - 1u;
     let r0 = n0; let r1 = min(n0 + 1u, last); let r2 = min(n0 + 2u, last); let r3 = min(n0 + 3u, last);
     let r4 = min(n0 + 4u, last); let r5 = min(n0 + 5u, last); let r6 = min(n0 + 6u, last); let r7 = min(n0 + 7u, last);
 #else
     let n0 = gid.x * 4u;
+#ifndef SUBGROUPS
     if (n0 >= params.n) {
-        return;
+        return;  // with subgroups, every lane must reach the broadcasts: rows are clamped instead
     }
+#endif
     let last = params.n - 1u;
     // rows past N re-read the last row (in bounds) and are not stored
     let r0 = n0; let r1 = min(n0 + 1u, last); let r2 = min(n0 + 2u, last); let r3 = min(n0 + 3u, last);
@@ -148,8 +158,25 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let full = params.k / 32u;
     for (var c = 0u; c < full; c++) {
         let xb = xrow + 8u * c;
+#ifdef SUBGROUPS
+        // all lanes share the same activation row: each lane loads 8 / SG_SIZE vectors (or one, when the subgroup
+        // has 8 or more lanes) and the subgroup broadcasts them, instead of every lane loading all 8
+#if SG_SIZE == 4
+        let xa = x[xb + lane % 4u];
+        let xc = x[xb + 4u + lane % 4u];
+        let xs = array<vec4<f32>, 8>(subgroupBroadcast(xa, 0u), subgroupBroadcast(xa, 1u), subgroupBroadcast(xa, 2u),
+                                     subgroupBroadcast(xa, 3u), subgroupBroadcast(xc, 0u), subgroupBroadcast(xc, 1u),
+                                     subgroupBroadcast(xc, 2u), subgroupBroadcast(xc, 3u));
+#else
+        let xa = x[xb + lane % 8u];
+        let xs = array<vec4<f32>, 8>(subgroupBroadcast(xa, 0u), subgroupBroadcast(xa, 1u), subgroupBroadcast(xa, 2u),
+                                     subgroupBroadcast(xa, 3u), subgroupBroadcast(xa, 4u), subgroupBroadcast(xa, 5u),
+                                     subgroupBroadcast(xa, 6u), subgroupBroadcast(xa, 7u));
+#endif
+#else
         let xs = array<vec4<f32>, 8>(x[xb], x[xb + 1u], x[xb + 2u], x[xb + 3u],
                                      x[xb + 4u], x[xb + 5u], x[xb + 6u], x[xb + 7u]);
+#endif
         let s4 = (xs[0] + xs[1]) + (xs[2] + xs[3]) + (xs[4] + xs[5]) + (xs[6] + xs[7]);
         let sx = (s4.x + s4.y) + (s4.z + s4.w);
         acc += vec4<f32>(chunk(r0, c, xs, sx), chunk(r1, c, xs, sx), chunk(r2, c, xs, sx), chunk(r3, c, xs, sx));

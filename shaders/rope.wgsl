@@ -5,6 +5,7 @@
 //   (slot = block_table[pos / block_size] * block_size + pos % block_size, computed on the host per step)
 //   cache layout (per layer, K and V alike): [num_blocks, block_size, n_kv_heads, head_dim] f32,
 //   element (slot, h, d) at slot * kv_dim + h * head_dim + d
+// KV_F16: the cache holds f16 (half the memory; attention reads it with the same define). Math stays f32.
 // inv_freq [head_dim / 2] is computed once at load (llama3 scaling applied there), angle = pos * inv_freq[i].
 #define WG 64
 
@@ -17,9 +18,15 @@ struct Params {
     _p0: u32, _p1: u32, _p2: u32,
 }
 
+#ifdef KV_F16
+alias kv_t = f16;
+#else
+alias kv_t = f32;
+#endif
+
 @group(0) @binding(0) var<storage, read_write> qkv: array<f32>;
-@group(0) @binding(1) var<storage, read_write> k_cache: array<f32>;
-@group(0) @binding(2) var<storage, read_write> v_cache: array<f32>;
+@group(0) @binding(1) var<storage, read_write> k_cache: array<kv_t>;
+@group(0) @binding(2) var<storage, read_write> v_cache: array<kv_t>;
 @group(0) @binding(3) var<uniform> params: Params;
 @group(0) @binding(4) var<storage, read> step: array<u32>;
 @group(0) @binding(5) var<storage, read> pos: array<u32>;
@@ -54,9 +61,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         let x1 = qkv[a];
         let x2 = qkv[a + half];
         let dst = slot[t] * kv_dim + h * params.head_dim + i;
-        k_cache[dst] = x1 * c - x2 * s;
-        k_cache[dst + half] = x2 * c + x1 * s;
-        v_cache[dst] = qkv[a + kv_dim];
-        v_cache[dst + half] = qkv[a + kv_dim + half];
+        k_cache[dst] = kv_t(x1 * c - x2 * s);
+        k_cache[dst + half] = kv_t(x2 * c + x1 * s);
+        v_cache[dst] = kv_t(qkv[a + kv_dim]);
+        v_cache[dst + half] = kv_t(qkv[a + kv_dim + half]);
     }
 }

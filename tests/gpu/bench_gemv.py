@@ -1,6 +1,7 @@
 """GEMV bandwidth on the native device, beside the copy kernel in the same run (timestamp queries).
 
 Run: XDG_RUNTIME_DIR=/tmp/xdg python -m tests.gpu.bench_gemv [--reps 5]
+(WEBINFER_DISABLE_SUBGROUPS=1 for the path without subgroupBroadcast)
 Effective bytes = weight + scale (+ min) bytes; ratio = GEMV GB/s / copy GB/s (copy counts read + write bytes).
 """
 
@@ -27,12 +28,12 @@ SHAPES = [("q4", 4096, 4096, 1, "gemv"), ("q4a", 4096, 4096, 1, "gemv"), ("q8", 
 
 def timed(dev, record, reps):
     ms = []
-    for _ in range(reps):
+    for _ in range(reps + 1):  # the first run compiles the shader (llvmpipe JITs at first use): dropped
         cmds = dev.commands(timed=True)
         record(cmds)
         dev.submit(cmds)
         ms.append(sum(t for _, t in asyncio.run(dev.read_timings(cmds))))
-    return statistics.median(ms)
+    return statistics.median(ms[1:])
 
 
 def main() -> None:

@@ -130,3 +130,36 @@ def test_gemv_swiglu_epilogue(gpu, kernels):
 def test_gemv_hypothesis_shapes(gpu, kernels, dtype, n, k, t):
     out, ref, k = run_linear(gpu, kernels, dtype, n, k, t, seed=n * 7 + k)
     check_op(out, ref, *tol(k), name=f"{dtype} {n}x{k} T={t}")
+
+
+@pytest.fixture(scope="module")
+def lib_nosg():
+    """A device without subgroups: the fallback path where every lane loads x itself."""
+    import os
+
+    from webinfer.gpu.native import request_device_sync
+    from webinfer.kernels.library import KernelLibrary
+
+    old = os.environ.get("WEBINFER_DISABLE_SUBGROUPS")
+    os.environ["WEBINFER_DISABLE_SUBGROUPS"] = "1"
+    try:
+        dev = request_device_sync(limits="browser")
+    finally:
+        if old is None:
+            os.environ.pop("WEBINFER_DISABLE_SUBGROUPS", None)
+        else:
+            os.environ["WEBINFER_DISABLE_SUBGROUPS"] = old
+    assert not dev.caps.subgroups
+    return KernelLibrary(dev)
+
+
+@pytest.mark.parametrize("dtype", ["q4", "q4a", "q8"])
+def test_gemv_without_subgroups_matches(lib_nosg, dtype):
+    out, ref, k = run_linear(lib_nosg.device, lib_nosg, dtype, 301, 600, 3)
+    check_op(out, ref, *tol(k), name=f"no subgroups {dtype}")
+
+
+def test_gemv_subgroup_path_is_active(gpu, kernels):
+    if not gpu.caps.subgroups:
+        pytest.skip("device has no subgroups")
+    assert "subgroupBroadcast" in kernels.source("gemv", {"DTYPE": "q4"}, use_f16=False)

@@ -19,8 +19,13 @@ def test_inv_freq_matches_reference(scaling):
     np.testing.assert_allclose(np.float32(inv_freq(64, 1e5, scaling)), rope_inv_freq(1e5, 64, scaling), rtol=1e-6)
 
 
+@pytest.mark.parametrize("kv_f16", [False, True])
 @pytest.mark.parametrize("h,hkv,hd,t,scaling", [(9, 3, 64, 17, None), (4, 4, 16, 1, LLAMA3), (2, 1, 6, 3, None)])
-def test_rope_and_cache_write(gpu, kernels, h, hkv, hd, t, scaling):
+def test_rope_and_cache_write(gpu, kernels, h, hkv, hd, t, scaling, kv_f16):
+    """kv_f16: the cache holds f16; compared with the f32 reference rounded to f16 (tolerance 1e-3 rel)."""
+    if kv_f16 and not gpu.caps.f16:
+        pytest.skip("no shader-f16")
+    kvt = np.float16 if kv_f16 else np.float32
     rng = np.random.default_rng(h * hd + t)
     qd, kvd = h * hd, hkv * hd
     stride = qd + 2 * kvd
@@ -28,12 +33,12 @@ def test_rope_and_cache_write(gpu, kernels, h, hkv, hd, t, scaling):
     pos = rng.integers(0, 300, t).astype(np.uint32)
     nb, bs = 6, 4
     slots = rng.permutation(nb * bs)[:t].astype(np.uint32)
-    kc = GpuArray.upload(gpu, np.zeros((nb, bs, hkv, hd), np.float32))
-    vc = GpuArray.upload(gpu, np.zeros((nb, bs, hkv, hd), np.float32))
+    kc = GpuArray.upload(gpu, np.zeros((nb, bs, hkv, hd), kvt))
+    vc = GpuArray.upload(gpu, np.zeros((nb, bs, hkv, hd), kvt))
     buf = GpuArray.upload(gpu, qkv)
     up = lambda a: GpuArray.upload(gpu, a).binding  # noqa: E731
     r = Rope(kernels, h, hkv, hd, buf.binding, stride, kc.binding, vc.binding, up(pos), up(slots),
-             up(np.float32(inv_freq(hd, 1e5, scaling))), up(np.array([t, 0, 0, 0], np.uint32)))
+             up(np.float32(inv_freq(hd, 1e5, scaling))), up(np.array([t, 0, 0, 0], np.uint32)), kv_f16=kv_f16)
     run(gpu, lambda c: r.encode(c, t))
     q_ref = rope(qkv[:, :qd].reshape(t, h, hd), pos, 1e5, hd, scaling).reshape(t, qd)
     k_ref = rope(qkv[:, qd:qd + kvd].reshape(t, hkv, hd), pos, 1e5, hd, scaling)
@@ -44,5 +49,6 @@ def test_rope_and_cache_write(gpu, kernels, h, hkv, hd, t, scaling):
     want_k[slots] = k_ref
     want_v[slots] = qkv[:, qd + kvd:].reshape(t, hkv, hd)
     check_op(buf, want_qkv, 2e-5, 1e-5, "q in place (k, v columns unchanged)")
-    check_op(kc, want_k.reshape(nb, bs, hkv, hd), 2e-5, 1e-5, "k cache")
-    check_op(vc, want_v.reshape(nb, bs, hkv, hd), 0, 0, "v cache")
+    ktol = (1e-3, 1e-3) if kv_f16 else (2e-5, 1e-5)
+    check_op(kc, want_k.reshape(nb, bs, hkv, hd).astype(kvt), *ktol, "k cache")
+    check_op(vc, want_v.reshape(nb, bs, hkv, hd).astype(kvt), 0, 0, "v cache")

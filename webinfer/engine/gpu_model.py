@@ -114,12 +114,13 @@ class GPUModel:
     @classmethod
     async def load(cls, device: Device, package, *, num_blocks: int, block_size: int = 16,
                    max_batch_tokens: int = 256, max_seqs: int = 16, max_model_len: int | None = None,
-                   read: ComponentReader | None = None, fuse: bool = True) -> "GPUModel":
+                   read: ComponentReader | None = None, fuse: bool = True, kv_f16: bool = False) -> "GPUModel":
         """Upload `package` (webinfer.package.Package) and build the graph.
 
         read(tensor_name, component, binding) -> bytes or an awaitable of bytes (the browser fetches
         asynchronously); default: package.read_component. num_blocks includes the null block 0.
         fuse=False keeps q/k/v and gate/up as separate dispatches (for tests of the unfused path).
+        kv_f16=True stores the KV cache in f16 (half the memory; needs shader-f16); all math stays f32.
         """
         self = cls()
         cfg = package.config
@@ -163,8 +164,11 @@ class GPUModel:
         self.xs_buf = buf(4 * S * self.d_stride, "final_rows")
         self.logits_buf = buf(4 * S * cfg.vocab_size, "logits", STORAGE | COPY_DST | COPY_SRC)
         self.gu_buf = None
-        # KV cache: per layer K and V [num_blocks, block_size, n_kv_heads, head_dim] f32
-        cache_bytes = num_blocks * block_size * kvd * 4
+        # KV cache: per layer K and V [num_blocks, block_size, n_kv_heads, head_dim], f32 (or f16)
+        if kv_f16 and not device.caps.f16:
+            raise GPUError("kv_f16=True needs a device with shader-f16 (this one has none, or WEBINFER_FORCE_F32=1)")
+        self.kv_f16 = kv_f16
+        cache_bytes = num_blocks * block_size * kvd * (2 if kv_f16 else 4)
         limit = device.caps.limits.get("max_storage_buffer_binding_size", 128 << 20)
         if cache_bytes > limit:
             raise GPUError(f"a layer's KV cache needs {cache_bytes} bytes, more than one binding allows ({limit}); "
@@ -183,7 +187,7 @@ class GPUModel:
                            self.ids_buf, self.r_buf, self.d_stride, step, STEP_TOKENS, p, mins=emb_comps.get("mins"))
         self.attention = PagedAttention(lib, n_heads=cfg.num_attention_heads, n_kv_heads=cfg.num_key_value_heads,
                                         head_dim=cfg.head_dim, block_size=block_size, max_model_len=self.max_model_len,
-                                        max_seqs=S, q_stride=self.qkv_stride, q_offset=0)
+                                        max_seqs=S, q_stride=self.qkv_stride, q_offset=0, kv_f16=kv_f16)
         freq = struct.pack(f"<{cfg.head_dim // 2}f", *inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling))
         self.inv_freq_buf = await self._upload(freq, "inv_freq")
         eps = cfg.rms_norm_eps
@@ -195,7 +199,7 @@ class GPUModel:
             qkv = await self._qkv(get, pre, fuse)
             rope = Rope(lib, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, self.qkv_buf,
                         self.qkv_stride, self.k_cache[i], self.v_cache[i], self.pos_buf, self.slot_buf,
-                        self.inv_freq_buf, step, STEP_TOKENS, p, label=f"{pre}rope")
+                        self.inv_freq_buf, step, STEP_TOKENS, p, label=f"{pre}rope", kv_f16=kv_f16)
             attn = self.attention.bind(self.qkv_buf, self.k_cache[i], self.v_cache[i], self.tables_buf,
                                        self.seq_info_buf, self.attn_buf)
             o = await self._linear(get, pre + "o", self.attn_buf, _round4(qd), self.r_buf, self.d_stride,

@@ -3,7 +3,7 @@
 Contract with the attention kernels (webinfer/kernels/attention.py): the qkv projection writes [T, q_dim + 2 kv_dim]
 rows (q, k, v); this kernel rotates q in place (half-split pairs, Hugging Face `rotate_half`) and writes rotated k
 and plain v of token t into cache slot `slot[t]` of this layer's K and V buffers, laid out
-[num_blocks, block_size, n_kv_heads, head_dim] f32. The host computes per step, for every fed token,
+[num_blocks, block_size, n_kv_heads, head_dim], f32 (f16 with kv_f16=True, as attention's kv_f16). The host computes per step, for every fed token,
 pos[t] and slot[t] = block_table[pos // block_size] * block_size + pos % block_size.
 """
 
@@ -47,12 +47,17 @@ def inv_freq(head_dim: int, theta: float, scaling: dict | None = None) -> list[f
 class Rope:
     def __init__(self, lib, n_heads: int, n_kv_heads: int, head_dim: int, qkv, qkv_stride: int, k_cache, v_cache,
                  pos, slot, inv_freq_buf, step, count_index: int = 0, params: ParamsFn | None = None,
-                 label: str = "rope"):
+                 label: str = "rope", kv_f16: bool = False):
         if head_dim % 2:
             raise ValueError(f"Rope: head_dim {head_dim} must be even")
+        if kv_f16 and not lib.device.caps.f16:
+            raise ValueError("Rope: kv_f16 needs a device with shader-f16")
         self.pairs = (n_heads + n_kv_heads) * head_dim // 2
         self.label = label
-        self.pipeline = lib.pipeline("rope", defines={"WG": WG}, use_f16=False)
+        defines: dict[str, object] = {"WG": WG}
+        if kv_f16:
+            defines["KV_F16"] = 1
+        self.pipeline = lib.pipeline("rope", defines=defines, use_f16=kv_f16)
         u = (params or standalone_params(lib.device))(
             struct.pack("<8I", n_heads, n_kv_heads, head_dim, qkv_stride, count_index, 0, 0, 0))
         self.bind_group = lib.device.create_bind_group(
