@@ -141,6 +141,9 @@ async function store(cache, entry, bytes, state) {
     }));
   } catch (e) {
     if (!isQuota(e)) throw e;
+    // Whatever a failed put may have left under this key is not a verified file: drop it (the files stored
+    // before are complete and verified, and stay for the next visit).
+    try { await cache.delete(keyUrl("file", entry.sha256)); } catch { /* nothing to drop */ }
     state.noCache = true;
     state.warning = "Storage is full: the model is kept in memory only and will be downloaded again next visit. " +
       "Free some disk space or allow this site more storage.";

@@ -115,3 +115,51 @@ def test_html_error_page_is_never_cached(served, browser):
     r = page.evaluate(LOAD, [m["manifest"], m["sha256"]])
     assert r["ok"] and r["hashes"][f["name"]] == f["sha256"], r
     assert any(f["sha256"] in k for k in page.evaluate(CACHED))
+
+
+# Storage full: Cache.put stores one file, then writes a truncated entry and throws QuotaExceededError, as a
+# browser whose quota runs out mid-write might. Patched in the page, where this loader runs as in the worker.
+QUOTA = """() => {
+    let puts = 0;
+    const put = Cache.prototype.put;
+    Cache.prototype.put = async function (req, res) {
+        const url = typeof req === "string" ? req : req.url;
+        if (!url.includes("/file/")) return put.call(this, req, res);
+        if (++puts === 1) return put.call(this, req, res);
+        const half = new Uint8Array(await res.arrayBuffer()).slice(0, 100);
+        await put.call(this, req, new Response(half));
+        throw new DOMException("The quota has been exceeded.", "QuotaExceededError");
+    };
+}"""
+
+
+def test_storage_full_keeps_loading_from_memory(served, browser):
+    logs: list[str] = []
+    m, manifest = _model(served)
+    assert len(manifest["files"]) >= 2, "the test needs a package of several files"
+    page = _open(served, browser, logs)
+    page.evaluate(QUOTA)
+    r = page.evaluate(LOAD, [m["manifest"], m["sha256"]])
+    assert r["ok"], (r, logs)
+    assert r["hashes"] == {f["name"]: f["sha256"] for f in manifest["files"]}  # every file, from memory
+    assert r["stats"]["cached"] is False and "Storage is full" in r["stats"]["warning"], r["stats"]
+    # what the cache holds is complete and verified: the one file stored before the quota ran out, nothing else
+    entries = page.evaluate("""async () => {
+        const L = await import("./loader.js");
+        const c = await caches.open(L.CACHE_NAME);
+        const out = {};
+        for (const req of await c.keys()) {
+            const key = req.url.split("/__webinfer__/")[1];
+            if (key.startsWith("file/"))
+                out[key.slice(5)] = await L.sha256Hex(new Uint8Array(await (await c.match(req)).arrayBuffer()));
+        }
+        return out;
+    }""")
+    assert len(entries) == 1 and all(k == v for k, v in entries.items()), entries
+    # the next visit (storage still full) reads that file from the cache and downloads only the others
+    served.log.clear()
+    page.reload()
+    page.evaluate(QUOTA)
+    r2 = page.evaluate(LOAD, [m["manifest"], m["sha256"]])
+    assert r2["ok"] and r2["stats"]["files_cached"] == 1, r2["stats"]
+    assert r2["stats"]["files_downloaded"] == len(manifest["files"]) - 1, r2["stats"]
