@@ -10,9 +10,10 @@
 //     3. r = u * (mass of the kept tokens), u = uniform(seed, index) in [0, 1) (see rng below); the answer is the
 //        smallest kept id j with sum(e_i, kept, i <= j) > r (inverse CDF in id order).
 //   This is exactly webinfer_packager.reference.Sampler's distribution, in f32.
-// Thresholds are found by bisection instead of sorting: over the 32 bits of an order-preserving u32 key of the
-// logit (the k-th largest value; the value where the top-p mass is reached), then over the id bits (which of the
-// tied tokens are kept; where the CDF crosses r). Every step is one pass over the row with a fixed-order workgroup
+// Thresholds are found by a 16-way search instead of sorting: over the 32 bits of an order-preserving u32 key of
+// the logit (the k-th largest value; the value where the top-p mass is reached), then over the id bits (which of
+// the tied tokens are kept; where the CDF crosses r), 4 bits per pass: each pass reads the row once and
+// evaluates 16 candidate thresholds at once (4 vec4 accumulators). Every pass ends in a fixed-order workgroup
 // reduction, so a row's answer never depends on the other rows (batch invariance) and is deterministic.
 
 #define WG 256
@@ -38,6 +39,8 @@ var<workgroup> red_i: array<u32, WG>;
 var<workgroup> res_f: f32;
 var<workgroup> res_u: u32;
 var<workgroup> res_i: u32;
+var<workgroup> red4: array<vec4<f32>, WG>;
+var<workgroup> res4: vec4<f32>;
 
 // Order-preserving map f32 -> u32: a < b  <=>  okey(a) < okey(b) (for non-NaN values).
 fn okey(x: f32) -> u32 {
@@ -70,17 +73,6 @@ fn sum_f(v: f32, lid: u32) -> f32 {
     }
     if (lid == 0u) { res_f = red_f[0]; }
     return workgroupUniformLoad(&res_f);
-}
-
-fn sum_u(v: u32, lid: u32) -> u32 {
-    red_u[lid] = v;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (lid < s) { red_u[lid] += red_u[lid + s]; }
-        workgroupBarrier();
-    }
-    if (lid == 0u) { res_u = red_u[0]; }
-    return workgroupUniformLoad(&res_u);
 }
 
 fn max_u(v: u32, lid: u32) -> u32 {
@@ -124,6 +116,102 @@ fn kept(key: u32, i: u32) -> bool {
     return (key > t1 || (key == t1 && i <= c1)) && (key > t2 || (key == t2 && i <= c2));
 }
 
+fn sum4(v: vec4<f32>, lid: u32) -> vec4<f32> {
+    red4[lid] = v;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if (lid < s) { red4[lid] += red4[lid + s]; }
+        workgroupBarrier();
+    }
+    if (lid == 0u) { res4 = red4[0]; }
+    return workgroupUniformLoad(&res4);
+}
+
+// the 16 candidate digits of a pass, as offsets b = 0..15 in 4 vectors
+const B0 = vec4<u32>(0u, 1u, 2u, 3u);
+const B1 = vec4<u32>(4u, 5u, 6u, 7u);
+const B2 = vec4<u32>(8u, 9u, 10u, 11u);
+const B3 = vec4<u32>(12u, 13u, 14u, 15u);
+
+const BY_KEY_COUNT = 0u;   // weight 1, candidate compares key >= c           (top-k value)
+const BY_ID_TIES = 1u;     // weight [key == tie] (kept), compares id < c      (which ties; top-k and top-p)
+const BY_KEY_MASS = 2u;    // weight e if kept, compares key >= c              (top-p value)
+const BY_ID_MASS = 3u;     // weight e if kept, compares id < c                (inverse CDF)
+
+struct Totals { a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, d: vec4<f32> }
+
+// One pass over the row: for the 16 candidates c_b = prefix | (b << shift), the total weight of the elements
+// that satisfy the mode's comparison. `tie` is the key whose ties BY_ID_TIES counts; ties_kept: only kept ones.
+fn pass16(mode: u32, base: u32, lid: u32, prefix: u32, shift: u32, mx: f32, inv_t: f32, tie: u32,
+          ties_kept: bool) -> Totals {
+    let sh = vec4<u32>(shift);
+    let c0 = vec4<u32>(prefix) | (B0 << sh);
+    let c1 = vec4<u32>(prefix) | (B1 << sh);
+    let c2 = vec4<u32>(prefix) | (B2 << sh);
+    let c3 = vec4<u32>(prefix) | (B3 << sh);
+    var a0 = vec4<f32>(0.0);
+    var a1 = vec4<f32>(0.0);
+    var a2 = vec4<f32>(0.0);
+    var a3 = vec4<f32>(0.0);
+    let zero = vec4<f32>(0.0);
+    for (var i = lid; i < VOCAB; i += WG) {
+        let l = logits[base + i];
+        let k = okey(l);
+        var w = 1.0;
+        var x = vec4<u32>(k);
+        if (mode == BY_ID_TIES) {
+            w = select(0.0, 1.0, k == tie && (!ties_kept || kept(k, i)));
+        } else if (mode != BY_KEY_COUNT) {
+            w = select(0.0, exp((l - mx) * inv_t), kept(k, i));
+        }
+        let wv = vec4<f32>(w);
+        if (mode == BY_KEY_COUNT || mode == BY_KEY_MASS) {
+            a0 += select(zero, wv, x >= c0);
+            a1 += select(zero, wv, x >= c1);
+            a2 += select(zero, wv, x >= c2);
+            a3 += select(zero, wv, x >= c3);
+        } else {
+            x = vec4<u32>(i);
+            a0 += select(zero, wv, x < c0);
+            a1 += select(zero, wv, x < c1);
+            a2 += select(zero, wv, x < c2);
+            a3 += select(zero, wv, x < c3);
+        }
+    }
+    return Totals(sum4(a0, lid), sum4(a1, lid), sum4(a2, lid), sum4(a3, lid));
+}
+
+const GE = 0u;  // candidate satisfies total >= goal
+const LT = 1u;  // total < goal
+const LE = 2u;  // total <= goal
+
+// How many of the 16 candidates satisfy the comparison; the totals are monotone in b and candidate 0 (the current
+// prefix) always satisfies, so the last satisfying digit is that count - 1.
+fn digit(t: Totals, goal: f32, cmp: u32) -> u32 {
+    let g = vec4<f32>(goal);
+    let one = vec4<f32>(1.0);
+    let z = vec4<f32>(0.0);
+    var n: f32;
+    if (cmp == GE) {
+        n = dot(select(z, one, t.a >= g), one) + dot(select(z, one, t.b >= g), one)
+          + dot(select(z, one, t.c >= g), one) + dot(select(z, one, t.d >= g), one);
+    } else if (cmp == LT) {
+        n = dot(select(z, one, t.a < g), one) + dot(select(z, one, t.b < g), one)
+          + dot(select(z, one, t.c < g), one) + dot(select(z, one, t.d < g), one);
+    } else {
+        n = dot(select(z, one, t.a <= g), one) + dot(select(z, one, t.b <= g), one)
+          + dot(select(z, one, t.c <= g), one) + dot(select(z, one, t.d <= g), one);
+    }
+    return max(u32(n), 1u) - 1u;
+}
+
+fn affine(t: Totals, add: f32, mul: f32) -> Totals {
+    return Totals(add + mul * t.a, add + mul * t.b, add + mul * t.c, add + mul * t.d);
+}
+
+// top shift of the 4-bit digits of an id (ids have ID_BITS bits)
+const ID_TOP: u32 = (u32(ID_BITS) + 3u) / 4u * 4u - 4u;
+
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let row = wid.x;
@@ -146,23 +234,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 
     if (p.top_k > 0u && p.top_k < VOCAB) {
         // largest key t with count(key >= t) >= top_k: the k-th largest logit
+        let kf = f32(p.top_k);
         var t = 0u;
-        for (var bit = 31i; bit >= 0i; bit--) {
-            let cand = t | (1u << u32(bit));
-            var n = 0u;
-            for (var i = lid; i < VOCAB; i += WG) { n += u32(okey(logits[base + i]) >= cand); }
-            if (sum_u(n, lid) >= p.top_k) { t = cand; }
+        for (var sh = 28i; sh >= 0i; sh -= 4i) {
+            t |= digit(pass16(BY_KEY_COUNT, base, lid, t, u32(sh), mx, inv_t, 0u, false), kf, GE) << u32(sh);
         }
-        var n_gt = 0u;
-        for (var i = lid; i < VOCAB; i += WG) { n_gt += u32(okey(logits[base + i]) > t); }
-        let need = p.top_k - sum_u(n_gt, lid);
+        // how many tokens equal to t are needed after those above it
+        let above = pass16(BY_KEY_COUNT, base, lid, t + 1u, 0u, mx, inv_t, 0u, false).a.x;
+        let need = kf - select(above, 0.0, t == 0xffffffffu);
         // the id of the need-th token equal to t: largest x with count(key == t, id < x) < need
         var x = 0u;
-        for (var bit = ID_BITS - 1i; bit >= 0i; bit--) {
-            let cand = x | (1u << u32(bit));
-            var n = 0u;
-            for (var i = lid; i < min(cand, VOCAB); i += WG) { n += u32(okey(logits[base + i]) == t); }
-            if (sum_u(n, lid) < need) { x = cand; }
+        for (var sh = i32(ID_TOP); sh >= 0i; sh -= 4i) {
+            x |= digit(pass16(BY_ID_TIES, base, lid, x, u32(sh), mx, inv_t, t, false), need, LT) << u32(sh);
         }
         t1 = t;
         c1 = x;
@@ -179,35 +262,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let goal = p.top_p * mass;
         // largest key t with mass(kept, key >= t) >= goal
         var t = 0u;
-        for (var bit = 31i; bit >= 0i; bit--) {
-            let cand = t | (1u << u32(bit));
-            var s = 0.0;
-            for (var i = lid; i < VOCAB; i += WG) {
-                let l = logits[base + i];
-                let k = okey(l);
-                if (k >= cand && kept(k, i)) { s += exp((l - mx) * inv_t); }
-            }
-            if (sum_f(s, lid) >= goal) { t = cand; }
+        for (var sh = 28i; sh >= 0i; sh -= 4i) {
+            t |= digit(pass16(BY_KEY_MASS, base, lid, t, u32(sh), mx, inv_t, 0u, false), goal, GE) << u32(sh);
         }
-        var s_gt = 0.0;
-        for (var i = lid; i < VOCAB; i += WG) {
-            let l = logits[base + i];
-            let k = okey(l);
-            if (k > t && kept(k, i)) { s_gt += exp((l - mx) * inv_t); }
+        var mass_gt = 0.0;
+        if (t != 0xffffffffu) {
+            mass_gt = pass16(BY_KEY_MASS, base, lid, t + 1u, 0u, mx, inv_t, 0u, false).a.x;
         }
-        let mass_gt = sum_f(s_gt, lid);
         let e_t = exp((fkey(t) - mx) * inv_t);
         // ties at t, lowest ids first, until the mass reaches the goal: largest x with
         // mass_gt + e_t * count(kept, key == t, id < x) < goal
         var x = 0u;
-        for (var bit = ID_BITS - 1i; bit >= 0i; bit--) {
-            let cand = x | (1u << u32(bit));
-            var n = 0u;
-            for (var i = lid; i < min(cand, VOCAB); i += WG) {
-                let k = okey(logits[base + i]);
-                n += u32(k == t && kept(k, i));
-            }
-            if (mass_gt + e_t * f32(sum_u(n, lid)) < goal) { x = cand; }
+        for (var sh = i32(ID_TOP); sh >= 0i; sh -= 4i) {
+            let n = pass16(BY_ID_TIES, base, lid, x, u32(sh), mx, inv_t, t, true);
+            x |= digit(affine(n, mass_gt, e_t), goal, LT) << u32(sh);
         }
         t2 = t;
         c2 = x;
@@ -219,17 +287,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         mass = sum_f(m, lid);
     }
 
-    // inverse CDF in id order: largest x with sum(kept, id < x) <= r; then x is the sampled id
+    // inverse CDF in id order: largest x with sum(kept, id < x) <= r, i.e. not > r; then x is the sampled id
     let r = uniform01(p.seed, p.index) * mass;
     var x = 0u;
-    for (var bit = ID_BITS - 1i; bit >= 0i; bit--) {
-        let cand = x | (1u << u32(bit));
-        var s = 0.0;
-        for (var i = lid; i < min(cand, VOCAB); i += WG) {
-            let l = logits[base + i];
-            if (kept(okey(l), i)) { s += exp((l - mx) * inv_t); }
-        }
-        if (sum_f(s, lid) <= r) { x = cand; }
+    for (var sh = i32(ID_TOP); sh >= 0i; sh -= 4i) {
+        x |= digit(pass16(BY_ID_MASS, base, lid, x, u32(sh), mx, inv_t, 0u, false), r, LE) << u32(sh);
     }
     // rounding can leave x past the last kept id (r within an ulp of the total): take the last kept id then
     var last = 0u;
