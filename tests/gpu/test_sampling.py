@@ -61,7 +61,8 @@ def test_uniform_mirror_known_values():
     assert abs(u.mean() - 0.5) < 0.02 and u.min() >= 0 and u.max() < 1
 
 
-@pytest.mark.parametrize("vocab", [1, 5, 256, 1000, 49152, 50001])
+# few distinct vocab sizes: each one is a pipeline compile (seconds on lavapipe)
+@pytest.mark.parametrize("vocab", [1, 257, 3000, 49152, 50001])
 def test_greedy_matches_argmax_with_ties(gpu_f32, lib, vocab):
     rng = np.random.default_rng(vocab)
     logits = rng.integers(-3, 4, size=(4, vocab)).astype(np.float32)  # many exact ties at the max
@@ -121,7 +122,7 @@ def test_seeded_determinism_and_batch_invariance(gpu_f32, lib):
 def test_distribution_chi_square(gpu_f32, lib):
     """Many seeds over a small vocab: the sampled frequencies follow the numpy filtered distribution."""
     rng = np.random.default_rng(5)
-    V, n = 12, 2500
+    V, n = 257, 2500  # top_k=8 below leaves a small category count
     logits = rng.standard_normal((1, V)).astype(np.float32)
     r0 = SampleRow(0, 0.8, 8, 0.9)
     p = Sampler(r0.temperature, r0.top_k, r0.top_p).probs(logits[0].astype(np.float64))
@@ -132,14 +133,15 @@ def test_distribution_chi_square(gpu_f32, lib):
     keep = p > 0
     exp = p[keep] * n
     chi2 = float(((counts[keep] - exp) ** 2 / exp).sum())
+    assert 2 <= keep.sum() <= 8
     # chi-square with (kept - 1) <= 7 degrees of freedom: 99.9 % quantile is 24.3
     assert chi2 < 24.3, f"chi2={chi2:.1f}, counts={counts[keep]}, expected={exp.round(1)}"
 
 
 @settings(max_examples=8, deadline=None)
-@given(st.integers(2, 3000), st.floats(0.2, 2.0), st.integers(0, 60), st.floats(0.3, 1.0), st.integers(0, 2**32 - 1))
+@given(st.sampled_from([2, 257, 3000]), st.floats(0.2, 2.0), st.integers(0, 60), st.floats(0.3, 1.0), st.integers(0, 2**32 - 1))
 def test_sampling_hypothesis(gpu_f32, lib, V, temp, top_k, top_p, seed):
-    logits = (np.random.default_rng(V).standard_normal((1, V)) * 2).astype(np.float32)
+    logits = (np.random.default_rng(seed % 1000).standard_normal((1, V)) * 2).astype(np.float32)
     r = SampleRow(0, temp, top_k, top_p, seed=seed, index=seed % 97)
     g = int(_sample(gpu_f32, lib, logits, [r]).read()[0])
     want, sure = _expected(logits[0].astype(np.float64), r)
