@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 export XDG_RUNTIME_DIR=/tmp/webinfer-xdg
 export PATH="$PWD/.venv/bin:$PATH"
+# numpy's decode-sized matmuls are faster single-threaded on 2 cores shared with lavapipe's threads
+export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}"
 export WEBINFER_HOME="${WEBINFER_HOME:-$PWD/.venv/webinfer-home}"
 set +e
 python -m pytest -ra -p no:cacheprovider "$@"
