@@ -125,3 +125,16 @@ def test_attention_hypothesis(gpu_f32, lib32, raw, heads, bs):
     H, Hkv, hd = heads
     out, ref = _case(gpu_f32, lib32, H=H, Hkv=Hkv, hd=hd, bs=bs, seqs=seqs, chunk=32)
     check_op(out, ref, ATOL, RTOL, f"{seqs}")
+
+
+def test_bad_shapes_are_rejected(lib32):
+    with pytest.raises(ValueError, match="multiple of n_kv_heads"):
+        PagedAttention(lib32, n_heads=6, n_kv_heads=4, head_dim=16, block_size=16, max_model_len=64, max_seqs=1)
+    with pytest.raises(ValueError, match="workgroup memory"):
+        PagedAttention(lib32, n_heads=64, n_kv_heads=1, head_dim=256, block_size=16, max_model_len=64, max_seqs=1)
+    with pytest.raises(ValueError, match="n_q <= ctx_len"):
+        pack_step([SeqStep(3, [1], 0, 4)])
+    a = PagedAttention(lib32, n_heads=2, n_kv_heads=1, head_dim=16, block_size=16, max_model_len=64, max_seqs=1, chunk=32)
+    _, _, shape = pack_step([SeqStep(65, [1] * 5, 0, 1)])
+    with pytest.raises(ValueError, match="exceeds max_model_len"):
+        a.encode(lib32.device.commands(), None, shape)
