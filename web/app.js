@@ -80,7 +80,8 @@ async function send(text) {
   const t0 = performance.now();
   let first = null, n = 0, answer = "";
   try {
-    const stream = ui.engine.chat.completions.create({ messages: ui.messages, stream: true, max_tokens: 256 });
+    const stream = ui.engine.chat.completions.create({ messages: ui.messages, stream: true, max_tokens: 256,
+                                                         temperature: 0 });  // greedy: steadier for small models
     for await (const chunk of stream) {
       const delta = chunk.choices?.[0]?.delta?.content ?? "";
       if (delta) { first ??= performance.now(); n++; answer += delta; out.textContent = answer; out.scrollIntoView({ block: "end" }); }

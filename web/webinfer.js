@@ -110,11 +110,12 @@ class Engine {
   constructor(client, info) {
     this.client = client;
     this.info = info;
-    this.running = null;
+    this.running = new Set();  // ids of this page's streams in flight (they run concurrently in one engine)
     this.chat = { completions: { create: (req) => this.create(req) } };
   }
-  // Streaming: an async iterator of chunks (breaking out of the loop stops generation). Otherwise a Promise of
-  // a chat.completion object assembled from the chunks.
+  // Streaming: an async iterator of chunks (breaking out of the loop stops that generation only). Otherwise a
+  // Promise of a chat.completion object assembled from the chunks. Calls may overlap: the worker's engine batches
+  // them, each stream keeps its own id. The iterator's `stats` holds the request's stats once it has ended.
   create(request) {
     const iter = this.stream(request);
     if (request.stream) return iter;
@@ -124,7 +125,7 @@ class Engine {
       return { id: last?.id, object: "chat.completion", created: last?.created, model: last?.model,
                choices: [{ index: 0, message: { role: "assistant", content: text },
                            finish_reason: last?.choices?.[0]?.finish_reason ?? null }],
-               usage: last?.usage ?? null, webinfer: this.lastStats };
+               usage: last?.usage ?? null, webinfer: iter.stats };
     })();
   }
   stream(request) {
@@ -133,11 +134,10 @@ class Engine {
     const push = () => { if (wake) { wake(); wake = null; } };
     const { id, promise } = this.client.call("chat", { request: { ...request, stream: true } },
       { onChunk: (c) => { queue.push(c); push(); } });
-    this.running = id;
-    promise.then((stats) => { this.lastStats = stats; }, (e) => { failure = e; })
-      .finally(() => { finished = true; if (this.running === id) this.running = null; push(); });
+    this.running.add(id);
     const self = this;
-    return {
+    const iter = {
+      stats: null,
       [Symbol.asyncIterator]() { return this; },
       async next() {
         for (;;) {
@@ -149,8 +149,12 @@ class Engine {
       },
       async return() { self.client.stop(id); await promise.catch(() => {}); return { value: undefined, done: true }; },
     };
+    promise.then((stats) => { iter.stats = stats; this.lastStats = stats; }, (e) => { failure = e; })
+      .finally(() => { finished = true; this.running.delete(id); push(); });
+    return iter;
   }
-  stop() { if (this.running != null) this.client.stop(this.running); }
+  /** Stop every stream of this engine (each ends with finish_reason "abort" after its next chunk). */
+  stop() { for (const id of this.running) this.client.stop(id); }
   /** Tests only: destroy the GPU device as a driver reset would; the next message rebuilds the engine. */
   _loseDeviceForTest() { return this.client.call("loseDevice").promise; }
   unload() { this.client.worker.terminate(); }
@@ -185,12 +189,15 @@ export async function load(manifestUrl, options = {}) {
   return new Engine(client, info);
 }
 
-/** Start the worker and run the GPU self-test (copy kernel through the KernelLibrary). For diagnostics and tests. */
-export async function selftest() {
+/**
+ * Start a worker and run a GPU self-test: "copy" (shaders/copy.wgsl through the KernelLibrary), or "gemv" (the
+ * quantized Linear on weights given in spec, see browser_worker.selftest_gemv). For diagnostics and tests.
+ */
+export async function selftest(name = "copy", spec = null) {
   const cfg = await site();
   const client = new WorkerClient();
   const init = await client.call("init", { site: cfg, base: ROOT.href }).promise;
-  const value = await client.call("selftest").promise;
+  const value = await client.call("selftest", { name, spec }).promise;
   client.worker.terminate();
   return { ...value, timings: init.timings };
 }

@@ -1,10 +1,10 @@
 // The chat worker: hosts Pyodide and the engine, so the page's thread never blocks on Python or the GPU.
 // Protocol (postMessage, every reply carries the request's id):
 //   {id, type: "init", site}                 -> {type: "ready", timings}
-//   {id, type: "selftest"}                   -> {type: "result", value}
+//   {id, type: "selftest", name, spec}       -> {type: "result", value}   (name: copy | gemv)
 //   {id, type: "load", manifestUrl, sha256}  -> {type: "progress", ...}*, {type: "result", value}
 //   {id, type: "chat", request}              -> {type: "chunk", chunk}*, {type: "result", value}
-//   {type: "stop", target}                   (no reply: the running chat stops after its current token)
+//   {type: "stop", target}                   (no reply: that chat is aborted after its next chunk; others go on)
 // Errors: {id, type: "error", name, message, details}.
 import { loadModelFiles } from "./loader.js";
 
@@ -57,17 +57,20 @@ async function load(msg) {
 }
 
 async function chat(msg) {
-  stops.delete(msg.id);
   const emit = (s) => post({ id: msg.id, type: "chunk", chunk: JSON.parse(s) });
   const shouldStop = () => stops.has(msg.id);
-  const res = await worker.chat(JSON.stringify(msg.request), emit, shouldStop);
-  const value = res.toJs({ dict_converter: Object.fromEntries });
-  res.destroy();
-  return value;
+  try {
+    const res = await worker.chat(JSON.stringify(msg.request), emit, shouldStop);
+    const value = res.toJs({ dict_converter: Object.fromEntries });
+    res.destroy();
+    return value;
+  } finally {
+    stops.delete(msg.id);
+  }
 }
 
-async function selftest() {
-  const res = await worker.selftest_copy();
+async function selftest(msg) {
+  const res = await worker.selftest(msg.name || "copy", JSON.stringify(msg.spec || {}));
   const value = res.toJs({ dict_converter: Object.fromEntries });
   res.destroy();
   return value;
@@ -81,18 +84,23 @@ async function loseDevice() {
 
 const handlers = { init, load, chat, selftest, loseDevice };
 
-// Messages run one at a time (the engine is single-stream), except stop, which must get through while a chat runs.
+// Setup messages (init, load, selftest, loseDevice) run one at a time, in order. Chats run concurrently: each is
+// one request in the shared engine, which batches them; a chat starts once the setup sent before it is done.
+// stop must get through at once, while chats run.
+const CONCURRENT = new Set(["chat"]);
 let queue = Promise.resolve();
+async function run(msg, h) {
+  try {
+    post({ id: msg.id, type: "result", value: await h(msg) });
+  } catch (e) {
+    errorReply(msg.id, e);
+  }
+}
 self.onmessage = (ev) => {
   const msg = ev.data;
   if (msg.type === "stop") { stops.add(msg.target); return; }
   const h = handlers[msg.type];
   if (!h) { post({ id: msg.id, type: "error", name: "TypeError", message: `unknown message ${msg.type}` }); return; }
-  queue = queue.then(async () => {
-    try {
-      post({ id: msg.id, type: "result", value: await h(msg) });
-    } catch (e) {
-      errorReply(msg.id, e);
-    }
-  });
+  if (CONCURRENT.has(msg.type)) queue.then(() => run(msg, h));
+  else queue = queue.then(() => run(msg, h));
 };

@@ -80,6 +80,67 @@ async def selftest_copy(n_words: int = 1 << 16) -> dict:
     return {"ok": ok, "words": n_words, "ms": ms, "device": device_summary(dev)}
 
 
+GUARD_BYTES = 256
+GUARD = b"\xab" * GUARD_BYTES  # NaN-free pattern (0xabababab is a finite float) that no kernel writes
+
+
+async def selftest_gemv(spec_json: str) -> dict:
+    """Run the quantized Linear (webinfer/kernels/linear.py) on the browser device for weights and activations
+    given by the caller (base64), with a guard region after y; return all of y + guard (base64) for comparison
+    against numpy outside the browser. spec: dtype, n, k, t, group_size, kernel ("gemv"|"gemm"), x_stride,
+    qweight, scales, [mins], x (f32 rows of x_stride floats)."""
+    import base64  # noqa: PLC0415
+
+    from .kernels.library import KernelLibrary  # noqa: PLC0415
+    from .kernels.linear import Linear, WeightPart  # noqa: PLC0415
+
+    spec = json.loads(spec_json)
+    dev = await get_device()
+    lib = KernelLibrary(dev)
+    n, k, t = int(spec["n"]), int(spec["k"]), int(spec["t"])
+    owned = []
+
+    def upload(b64: str, label: str):
+        data = base64.b64decode(b64)
+        buf = dev.create_buffer(len(data) + (-len(data) % 4), STORAGE | COPY_DST, label)
+        dev.write_buffer(buf, 0, data + b"\0" * (-len(data) % 4))
+        owned.append(buf)
+        return dev_binding(buf, 0, len(data) + (-len(data) % 4))
+
+    part = WeightPart(0, n, upload(spec["qweight"], "qweight"), upload(spec["scales"], "scales"),
+                      upload(spec["mins"], "mins") if spec.get("mins") else None)
+    x = upload(spec["x"], "x")
+    y_bytes = 4 * t * n
+    y = dev.create_buffer(y_bytes + GUARD_BYTES, STORAGE | COPY_SRC | COPY_DST, "y")
+    owned.append(y)
+    dev.write_buffer(y, 0, b"\xcd" * y_bytes + GUARD)
+    step = dev.create_buffer(16, STORAGE | COPY_DST, "step")
+    owned.append(step)
+    dev.write_buffer(step, 0, array.array("I", [t, 0, 0, 0]))
+    kernel = spec.get("kernel", "gemv")
+    lin = Linear(lib, spec["dtype"], n, k, int(spec["group_size"]), [part], x, dev_binding(y, 0, y_bytes),
+                 int(spec["x_stride"]), n, dev_binding(step), kernel=kernel)
+    cmds = dev.commands()
+    lin.encode(cmds, t)
+    t0 = time.perf_counter()
+    dev.submit(cmds)
+    out = await dev.read_buffer(y)
+    ms = (time.perf_counter() - t0) * 1e3
+    for b in owned:
+        dev.destroy_buffer(b)
+    return {"y": base64.b64encode(out).decode("ascii"), "y_bytes": y_bytes, "guard_ok": out[y_bytes:] == GUARD,
+            "ms": ms, "kernel": kernel, "device": device_summary(dev)}
+
+
+async def selftest(name: str = "copy", spec_json: str = "{}") -> dict:
+    """Dispatch a named GPU self test (copy | gemv)."""
+    if name == "copy":
+        return await selftest_copy()
+    if name == "gemv":
+        return await selftest_gemv(spec_json)
+    raise WebinferError(f"unknown self test {name!r} (copy, gemv)")
+
+
 def dev_binding(buf, offset: int = 0, size: int | None = None):
     from .gpu.device import BufferBinding  # noqa: PLC0415
 
@@ -161,136 +222,155 @@ def blocks_for(cfg, tokens: int, block_size: int) -> int:
     return 1 + -(-tokens // block_size)
 
 
-async def build_engine(timings: dict | None = None, context_tokens: int = 2048) -> Any:
-    """(Re)build the engine for the loaded package on a live device (after a device loss too)."""
+# The page may run several chats at once (two create() calls, two UI panes): they share one paged KV pool of
+# KV_TOKENS slots and are stepped together by the engine's scheduler (continuous batching, at most MAX_SEQS).
+KV_TOKENS = 2048
+MAX_SEQS = 4
+MAX_BATCH_TOKENS = 64
+
+
+class _HostTime:
+    """Running totals of the host (Python) time spent encoding and submitting steps: reported per token."""
+
+    def __init__(self, runner, device):
+        self.ms, self.steps = 0.0, 0
+        enc, sub = runner.encode_step, device.submit
+
+        def encode_step(batch):
+            t0 = time.perf_counter()
+            try:
+                return enc(batch)
+            finally:
+                self.ms += (time.perf_counter() - t0) * 1e3
+                self.steps += 1
+
+        def submit(cmds):
+            t0 = time.perf_counter()
+            try:
+                return sub(cmds)
+            finally:
+                self.ms += (time.perf_counter() - t0) * 1e3
+
+        runner.encode_step, device.submit = encode_step, submit  # instance attributes shadow the methods
+
+
+async def build_engine(timings: dict | None = None, context_tokens: int = KV_TOKENS) -> Any:
+    """(Re)build the runner and the AsyncEngine for the loaded package on a live device (after a loss too)."""
+    from .api import LLM  # noqa: PLC0415
     from .chat_template import render  # noqa: PLC0415, F401  (fail early if the runtime lacks it)
+    from .engine.engine import AsyncEngine  # noqa: PLC0415
     from .engine.gpu_model import GPUModel  # noqa: PLC0415
     from .tokenizer import Tokenizer  # noqa: PLC0415
 
     pkg = _state["package"]
     if pkg is None:
         raise WebinferError("no model is loaded")
+    old = _state.get("engine")
+    _state["engine"] = _state["llm"] = None
+    if old is not None:
+        await old.close()  # its step loop ends; streams still open get EngineStepError
     dev = await get_device()
     t0 = time.perf_counter()
     ctx = min(context_tokens, pkg.config.max_position_embeddings)
     with _Timed(dev, ("write_buffer", "create_pipeline", "create_buffer")) as tm:
         runner = await GPUModel.load(dev, pkg, num_blocks=blocks_for(pkg.config, ctx, 16), block_size=16,
-                                     max_batch_tokens=64, max_seqs=1, max_model_len=ctx)
+                                     max_batch_tokens=MAX_BATCH_TOKENS, max_seqs=MAX_SEQS, max_model_len=ctx)
+    t_enc = time.perf_counter()
     await dev.wait_idle()  # uploads done and pipelines usable: an honest end of "GPU upload"
     t1 = time.perf_counter()
     if _state.get("tokenizer") is None:
         _state["tokenizer"] = Tokenizer.from_json(pkg.tokenizer_json())
-    _state["engine"] = runner
+    _state["host"] = _HostTime(runner, dev)
+    engine = AsyncEngine(runner, _state["tokenizer"], eos_ids=pkg.config.eos_token_ids,
+                         chat_template=pkg.chat_template, special_tokens=pkg.special_tokens,
+                         model_name=pkg.name or "webinfer", max_num_batched_tokens=runner.max_tokens,
+                         max_num_seqs=MAX_SEQS, enable_prefix_caching=True)
+    _state["runner"], _state["engine"], _state["llm"] = runner, engine, LLM(engine)
     if timings is not None:
         timings.update({"engine_build_ms": (t1 - t0) * 1e3, "gpu_upload_ms": tm.ms["write_buffer"],
                         "pipeline_create_ms": tm.ms["create_pipeline"], "buffer_create_ms": tm.ms["create_buffer"],
+                        "load_calls_ms": (t_enc - t0) * 1e3, "gpu_drain_ms": (t1 - t_enc) * 1e3,
                         "tokenizer_ms": (time.perf_counter() - t1) * 1e3})
-    return runner
+    return engine
 
 
-def prompt_ids(req: dict) -> list[int]:
-    """Token ids of a request: `prompt_ids` as given, or the messages through the package's chat template."""
-    if req.get("prompt_ids"):
-        return [int(i) for i in req["prompt_ids"]]
-    from .chat_template import render  # noqa: PLC0415
+async def ensure_engine():
+    """The live engine; after a device loss the first caller rebuilds it and concurrent callers wait for that."""
+    import asyncio  # noqa: PLC0415
 
-    pkg, tok = _state["package"], _state["tokenizer"]
-    messages = req.get("messages") or []
-    st = pkg.special_tokens
-    if pkg.chat_template:
-        text = render(pkg.chat_template, messages, add_generation_prompt=True,
-                      bos_token=st.get("bos_token") or "", eos_token=st.get("eos_token") or "")
-    else:
-        text = "\n".join(str(m.get("content", "")) for m in messages)
-    return list(tok.encode(text, add_special_tokens=False))
+    lock = _state.get("build_lock")
+    if lock is None:
+        lock = _state["build_lock"] = asyncio.Lock()
+    async with lock:
+        dev = _state["device"]
+        if _state.get("llm") is None or dev is None or dev.lost:
+            await build_engine()
+    return _state["llm"]
+
+
+def _request_args(req: dict) -> dict:
+    """OpenAI sampling fields of a request dict, as keyword arguments for LLM's create()."""
+    keys = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "ignore_eos")
+    args = {k: req[k] for k in keys if req.get(k) is not None}
+    if "max_tokens" not in args and req.get("max_completion_tokens") is not None:
+        args["max_tokens"] = req["max_completion_tokens"]
+    return args
+
+
+def _as_chat_chunk(c: dict, first: bool) -> dict:
+    """A text_completion chunk (prompt given as ids) reshaped as a chat.completion.chunk."""
+    ch = dict(c["choices"][0])
+    text = ch.pop("text", "")
+    ch["delta"] = {"role": "assistant", "content": text} if first else {"content": text}
+    return {**c, "id": "chat" + c["id"], "object": "chat.completion.chunk", "choices": [ch]}
 
 
 async def chat(request_json: str, emit: Callable[[str], None], should_stop: Callable[[], bool]) -> dict:
-    """Stream an OpenAI-shaped chat completion: emit(chunk_json) per token; returns timing stats.
+    """Stream one OpenAI-shaped chat completion through the shared engine: emit(chunk_json) per chunk.
 
-    One sequence at a time (the worker serves one page); greedy unless temperature > 0. Every chunk also carries
-    the sampled `token_ids` (an extension, as vLLM does) so tests can compare ids with the native engine."""
-    from .engine.batch import SeqChunk, StepBatch  # noqa: PLC0415
-
+    Any number of chat() calls may run at once; each is one engine request, stepped together with the others.
+    `prompt_ids` (an extension) replaces the chat template. should_stop() is polled after every chunk: when it
+    turns true the request is aborted (its KV blocks freed) and a last chunk with finish_reason "abort" is sent.
+    Returns this request's stats; host_ms_per_step is the engine-wide Python time per step while it ran."""
     req = json.loads(request_json)
-    t_start = time.perf_counter()
-    if _state["engine"] is None or _state["device"] is None or _state["device"].lost:
-        await build_engine()  # first message after a device loss: rebuild
-    runner, tok, pkg = _state["engine"], _state["tokenizer"], _state["package"]
-    ids = prompt_ids(req)
-    max_tokens = int(req.get("max_tokens") or req.get("max_completion_tokens") or 256)
-    if len(ids) + max_tokens > runner.max_model_len:
-        max_tokens = max(1, runner.max_model_len - len(ids))
-    if len(ids) >= runner.max_model_len:
-        from .errors import ContextOverflowError  # noqa: PLC0415
-
-        raise ContextOverflowError(len(ids), runner.max_model_len)
-    temp, top_p = float(req.get("temperature") or 0.0), float(req.get("top_p") or 1.0)
-    top_k, seed = int(req.get("top_k") or 0), int(req.get("seed") or 0)
-    eos = set(pkg.config.eos_token_ids)
-    table = list(range(1, runner.num_blocks))
-    out: list[int] = []
-    cid = f"chatcmpl-{int(t_start * 1e6):x}"
-    created, model = int(time.time()), pkg.name
-    dec = tok.decode_stream(skip_special_tokens=True)
-
-    def chunk(delta: dict, finish=None, token_ids=None, usage=None):
-        c = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-             "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
-        if token_ids is not None:
-            c["choices"][0]["token_ids"] = token_ids
-        if usage is not None:
-            c["usage"] = usage
-        emit(json.dumps(c))
-
-    def step(tokens, start, sample=True):
-        return StepBatch([SeqChunk(0, list(tokens), start, table, sample, temp, top_p, top_k, seed, len(out))])
-
-    chunk({"role": "assistant", "content": ""})
-    host_s = 0.0
-    t_first = None
-    enc_t, sub_t = _Timed(runner, ("encode_step",)), _Timed(_state["device"], ("submit",))
+    llm = await ensure_engine()
+    engine, host = _state["engine"], _state["host"]
+    host_ms0, steps0 = host.ms, host.steps
+    args = _request_args(req)
+    if req.get("prompt_ids"):
+        stream = await llm.completions.create(prompt=[int(i) for i in req["prompt_ids"]], stream=True, **args)
+        reshape = True
+    else:
+        stream = await llm.chat.completions.create(messages=req.get("messages"), stream=True, **args)
+        reshape = False
+    ids: list[int] = []
+    last, first, stopped = None, True, False
     try:
-        pos = 0
-        while pos < len(ids):
-            part = ids[pos: pos + runner.max_tokens]
-            res = await runner.execute(step(part, pos, pos + len(part) == len(ids)))
-            pos += len(part)
-        t_first = time.perf_counter()
-        enc_t.__enter__()
-        sub_t.__enter__()
-        finish = "length"
-        tokn = res[0]
-        while True:
-            out.append(tokn)
-            if tokn in eos:
-                finish = "stop"
+        async for c in stream:
+            if reshape:
+                c = _as_chat_chunk(c, first)
+            first = False
+            ids += c["choices"][0].get("token_ids") or []
+            last = c
+            emit(json.dumps(c))
+            if c["choices"][0]["finish_reason"] is None and should_stop():
+                stopped = True
                 break
-            chunk({"content": dec.add(tokn)}, token_ids=[tokn])
-            if len(out) >= max_tokens:
-                break
-            if should_stop():
-                finish = "stop"
-                break
-            h0 = time.perf_counter()
-            batch = step([tokn], len(ids) + len(out) - 1)
-            res = await runner.execute(batch)
-            host_s += time.perf_counter() - h0
-            tokn = res[0]
-        tail = dec.finish()
-        usage = {"prompt_tokens": len(ids), "completion_tokens": len(out),
-                 "total_tokens": len(ids) + len(out)}
-        chunk({"content": tail} if tail else {}, finish=finish, usage=usage)
-    except DeviceLostError:
-        _state["engine"] = None
+    except Exception as e:
+        if _state["device"] is not None and _state["device"].lost:
+            raise DeviceLostError(f"the GPU device was lost during generation ({e}); send the request again") from e
         raise
     finally:
-        if t_first is not None:
-            enc_t.__exit__()
-            sub_t.__exit__()
-    t_end = time.perf_counter()
-    n_dec = max(0, len(out) - 1)
-    host_ms = (enc_t.ms["encode_step"] + sub_t.ms["submit"]) / n_dec if n_dec else 0.0
-    return {"ttft_ms": (t_first - t_start) * 1e3, "completion_tokens": len(out), "prompt_tokens": len(ids),
-            "decode_tok_s": n_dec / (t_end - t_first) if n_dec and t_end > t_first else 0.0,
-            "step_ms": host_s * 1e3 / n_dec if n_dec else 0.0, "host_ms_per_token": host_ms, "token_ids": out}
+        await stream.aclose()  # aborts the engine request if it is still running
+    if stopped:
+        emit(json.dumps({**last, "choices": [{**last["choices"][0], "delta": {}, "token_ids": [],
+                                              "finish_reason": "abort"}]}))
+    usage = (last or {}).get("usage") or {}
+    tpot = usage.get("time_per_output_token_s")
+    steps = host.steps - steps0
+    return {"id": (last or {}).get("id"), "token_ids": ids, "completion_tokens": len(ids),
+            "prompt_tokens": usage.get("prompt_tokens"), "stopped": stopped,
+            "ttft_ms": usage["ttft_s"] * 1e3 if usage.get("ttft_s") is not None else None,
+            "decode_tok_s": 1.0 / tpot if tpot else 0.0,
+            "host_ms_per_step": (host.ms - host_ms0) / steps if steps else 0.0,
+            "engine_steps": steps, "engine": engine.stats()}
