@@ -7,7 +7,7 @@
 //
 // SUBGROUPS (+SG_SIZE): the 8 activation vectors of a chunk are loaded once per subgroup and broadcast
 // (subgroup sizes 4 and >= 8 handled; without SUBGROUPS every lane loads them itself).
-// Defines: DTYPE (q4 | q4a | q8), BIAS (y = Wx + bias), ACCUMULATE (y += Wx: residual epilogue of o and down),
+// Defines: ROWS8 (8 rows per invocation instead of 4; always on with SWIGLU), DTYPE (q4 | q4a | q8), BIAS (y = Wx + bias), ACCUMULATE (y += Wx: residual epilogue of o and down),
 // SWIGLU (the weight rows are gate/up interleaved in blocks of 4: rows 8j..8j+3 gate, 8j+4..8j+7 up;
 // y[t, 4j + r] = silu(gate) * up), BIAS_SLOT (binding of the bias: 6, or 7 with q4a).
 // The row count T of a dispatch is read from the per-step buffer `step[params.count_index]`, so one bind group
@@ -127,20 +127,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>
     if (t >= step[params.count_index]) {
         return;
     }
-#ifdef SWIGLU
-    // rows of the fused weight: block j of 8 = 4 gate rows then 4 up rows
-    let out0 = gid.x * 4u;
-#ifndef SUBGROUPS
-    if (out0 >= params.n / 2u) {
-        return;
-    }
-#endif
-    let n0 = min(gid.x * 8u, params.n - 1u);
-    let last = params.n - 1u;
-    let r0 = n0; let r1 = min(n0 + 1u, last); let r2 = min(n0 + 2u, last); let r3 = min(n0 + 3u, last);
-    let r4 = min(n0 + 4u, last); let r5 = min(n0 + 5u, last); let r6 = min(n0 + 6u, last); let r7 = min(n0 + 7u, last);
+#ifdef ROWS8
+    // 8 rows per invocation (SWIGLU: block j of 8 = 4 gate rows then 4 up rows of the fused weight)
+    let n0 = gid.x * 8u;
 #else
     let n0 = gid.x * 4u;
+#endif
 #ifndef SUBGROUPS
     if (n0 >= params.n) {
         return;  // with subgroups, every lane must reach the broadcasts: rows are clamped instead
@@ -148,12 +140,14 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>
 #endif
     let last = params.n - 1u;
     // rows past N re-read the last row (in bounds) and are not stored
-    let r0 = n0; let r1 = min(n0 + 1u, last); let r2 = min(n0 + 2u, last); let r3 = min(n0 + 3u, last);
+    let r0 = min(n0, last); let r1 = min(n0 + 1u, last); let r2 = min(n0 + 2u, last); let r3 = min(n0 + 3u, last);
+#ifdef ROWS8
+    let r4 = min(n0 + 4u, last); let r5 = min(n0 + 5u, last); let r6 = min(n0 + 6u, last); let r7 = min(n0 + 7u, last);
 #endif
     let xrow = t * params.x_stride4;
     var acc = vec4<f32>(0.0);
-#ifdef SWIGLU
-    var acc_up = vec4<f32>(0.0);
+#ifdef ROWS8
+    var acc_up = vec4<f32>(0.0);  // rows n0+4 .. n0+7 (the up rows under SWIGLU)
 #endif
     let full = params.k / 32u;
     for (var c = 0u; c < full; c++) {
@@ -180,7 +174,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>
         let s4 = (xs[0] + xs[1]) + (xs[2] + xs[3]) + (xs[4] + xs[5]) + (xs[6] + xs[7]);
         let sx = (s4.x + s4.y) + (s4.z + s4.w);
         acc += vec4<f32>(chunk(r0, c, xs, sx), chunk(r1, c, xs, sx), chunk(r2, c, xs, sx), chunk(r3, c, xs, sx));
-#ifdef SWIGLU
+#ifdef ROWS8
         acc_up += vec4<f32>(chunk(r4, c, xs, sx), chunk(r5, c, xs, sx), chunk(r6, c, xs, sx), chunk(r7, c, xs, sx));
 #endif
     }
@@ -188,11 +182,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>
     for (var k = full * 32u; k < params.k; k++) {
         let xv = x[xrow + k / 4u][k % 4u];
         acc += xv * vec4<f32>(w_at(r0, k), w_at(r1, k), w_at(r2, k), w_at(r3, k));
-#ifdef SWIGLU
+#ifdef ROWS8
         acc_up += xv * vec4<f32>(w_at(r4, k), w_at(r5, k), w_at(r6, k), w_at(r7, k));
 #endif
     }
 #ifdef SWIGLU
+    let out0 = gid.x * 4u;
     let h = acc / (vec4<f32>(1.0) + exp(-acc)) * acc_up;
     let ybase = t * params.y_stride + params.n_offset + out0;
     let nout = params.n / 2u;
@@ -203,9 +198,18 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>
     }
 #else
     let ybase = t * params.y_stride + params.n_offset + n0;
-    for (var r = 0u; r < 4u; r++) {
+#ifdef ROWS8
+    let nr = 8u;
+#else
+    let nr = 4u;
+#endif
+    for (var r = 0u; r < nr; r++) {
         if (n0 + r < params.n) {
+#ifdef ROWS8
+            var v = select(acc_up[r % 4u], acc[r % 4u], r < 4u);
+#else
             var v = acc[r];
+#endif
 #ifdef BIAS
             v += bias[n0 + r];
 #endif

@@ -19,11 +19,13 @@ from webinfer.kernels.library import KernelLibrary
 from webinfer.kernels.linear import Linear, WeightPart
 from webinfer_packager.quant import quantize
 
-# (dtype, N, K, rows, kernel): SmolLM2's shapes are qkv 960x576, gate/up 3072x576, down 576x1536, head 49152x576
+# (dtype, N, K, rows, kernel; gemv8 = 8 rows per invocation): SmolLM2's shapes are qkv 960x576, gate/up 3072x576, down 576x1536, head 49152x576
 SHAPES = [("q4", 4096, 4096, 1, "gemv"), ("q4a", 4096, 4096, 1, "gemv"), ("q8", 4096, 4096, 1, "gemv"),
           ("q4a", 960, 576, 1, "gemv"), ("q4a", 3072, 576, 1, "gemv"), ("q4a", 576, 1536, 1, "gemv"),
           ("q8", 49152, 576, 1, "gemv"), ("q4a", 3072, 576, 16, "gemv"), ("q4a", 3072, 576, 16, "gemm"),
-          ("q4a", 3072, 576, 64, "gemm")]
+          ("q4a", 3072, 576, 64, "gemm"),
+          ("q4", 4096, 4096, 1, "gemv8"), ("q4a", 4096, 4096, 1, "gemv8"), ("q8", 4096, 4096, 1, "gemv8"),
+          ("q4a", 960, 576, 1, "gemv8"), ("q4a", 576, 1536, 1, "gemv8"), ("q8", 49152, 576, 1, "gemv8")]
 
 
 def timed(dev, record, reps):
@@ -59,7 +61,7 @@ def main() -> None:
         y = GpuArray.empty(dev, (t, n)).buffer
         step = GpuArray.upload(dev, np.array([t, 0, 0, 0], np.uint32), guard=False).buffer
         lin = Linear(lib, dtype, n, k, 32, [WeightPart(0, n, up["qweight"], up["scales"], up.get("mins"))], x, y, k, n,
-                     step, count_index=0, start_index=2, kernel=kernel)
+                     step, count_index=0, start_index=2, kernel=kernel[:4], rows8=kernel == "gemv8")
         ms = timed(dev, lambda c: lin.encode(c, t), args.reps)
         gbs = nbytes / ms / 1e6
         print(f"{kernel} {dtype:4s} {n:6d}x{k:<5d} T={t:2d}: {ms:7.3f} ms  {gbs:6.2f} GB/s  ratio to copy {gbs / copy_gbs:.2f}")

@@ -34,7 +34,7 @@ def step_buf(dev, *counts):
     return GpuArray.upload(dev, np.array(list(counts) + [0] * (4 - len(counts)), np.uint32)).binding
 
 
-def run_linear(dev, lib, dtype, n, k, t, gs=32, seed=0, bias=False, accumulate=False, x_stride=None):
+def run_linear(dev, lib, dtype, n, k, t, gs=32, seed=0, bias=False, accumulate=False, x_stride=None, rows8=False):
     comps, wref = make_weight(dtype, n, k, gs, seed)
     rng = np.random.default_rng(seed + 1)
     xs = x_stride or -(-k // 4) * 4
@@ -52,7 +52,7 @@ def run_linear(dev, lib, dtype, n, k, t, gs=32, seed=0, bias=False, accumulate=F
         ref = ref + bnp
         b = GpuArray.upload(dev, bnp).binding
     lin = Linear(lib, dtype, n, k, gs, [upload_parts(dev, comps, n)], GpuArray.upload(dev, x).binding, out.binding,
-                 xs, n, step_buf(dev, t), bias=b, accumulate=accumulate)
+                 xs, n, step_buf(dev, t), bias=b, accumulate=accumulate, rows8=rows8)
     run(dev, lambda c: lin.encode(c, t))
     return out, ref.astype(np.float32), k
 
@@ -61,10 +61,11 @@ def tol(k):
     return 1e-4 * np.sqrt(k) * 4, 1e-4
 
 
+@pytest.mark.parametrize("rows8", [False, True])
 @pytest.mark.parametrize("dtype", ["q4", "q4a", "q8"])
 @pytest.mark.parametrize("n,k,t", [(1, 32, 1), (37, 77, 1), (300, 576, 17), (64, 1000, 3), (5, 33, 16)])
-def test_gemv_matches_dequantized_matmul(gpu, kernels, dtype, n, k, t):
-    out, ref, k = run_linear(gpu, kernels, dtype, n, k, t)
+def test_gemv_matches_dequantized_matmul(gpu, kernels, dtype, n, k, t, rows8):
+    out, ref, k = run_linear(gpu, kernels, dtype, n, k, t, rows8=rows8)
     check_op(out, ref, *tol(k), name=f"{dtype} {n}x{k} T={t}")
 
 
@@ -75,7 +76,7 @@ def test_gemv_group_64_bias_accumulate(gpu_f32, dtype):
     lib = KernelLibrary(gpu_f32)
     out, ref, k = run_linear(gpu_f32, lib, dtype, 70, 200, 2, gs=64, bias=True)
     check_op(out, ref, *tol(k), name="bias")
-    out, ref, k = run_linear(gpu_f32, lib, dtype, 70, 200, 2, gs=64, accumulate=True)
+    out, ref, k = run_linear(gpu_f32, lib, dtype, 70, 200, 2, gs=64, accumulate=True, rows8=True)
     check_op(out, ref, *tol(k), name="accumulate")
 
 
@@ -155,8 +156,9 @@ def lib_nosg():
 
 @pytest.mark.parametrize("dtype", ["q4", "q4a", "q8"])
 def test_gemv_without_subgroups_matches(lib_nosg, dtype):
-    out, ref, k = run_linear(lib_nosg.device, lib_nosg, dtype, 301, 600, 3)
-    check_op(out, ref, *tol(k), name=f"no subgroups {dtype}")
+    for rows8 in (False, True):
+        out, ref, k = run_linear(lib_nosg.device, lib_nosg, dtype, 301, 600, 3, rows8=rows8)
+        check_op(out, ref, *tol(k), name=f"no subgroups {dtype} rows8={rows8}")
 
 
 def test_gemv_subgroup_path_is_active(gpu, kernels):

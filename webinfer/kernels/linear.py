@@ -72,7 +72,7 @@ class Linear:
     def __init__(self, lib, dtype: str, n: int, k: int, group_size: int, parts: list[WeightPart], x, y,
                  x_stride: int, y_stride: int, step, count_index: int = 0, params: ParamsFn | None = None,
                  bias=None, accumulate: bool = False, swiglu: bool = False, n_offset: int = 0, label: str = "linear",
-                 kernel: str = "gemv", start_index: int = 0):
+                 kernel: str = "gemv", start_index: int = 0, rows8: bool = False):
         if kernel not in ("gemv", "gemm"):
             raise ValueError(f"Linear: kernel must be 'gemv' or 'gemm', not {kernel!r}")
         if dtype not in ("q4", "q4a", "q8"):
@@ -94,6 +94,9 @@ class Linear:
             defines["ACCUMULATE"] = 1
         if swiglu:
             defines["SWIGLU"] = 1
+        eight = kernel == "gemv" and (swiglu or rows8)
+        if eight:
+            defines["ROWS8"] = 1
         self.pipeline = lib.pipeline(kernel, defines=defines, use_f16=False)
         params = params or standalone_params(lib.device)
         w4, s_stride = weight_strides(dtype, k, group_size)
@@ -109,7 +112,7 @@ class Linear:
             if bias is not None:
                 binds.append(bias)
             bg = lib.device.create_bind_group(self.pipeline, binds)
-            gx = -(-p.rows // ((2 if swiglu else 1) * ROWS_PER_INVOCATION * WG))
+            gx = -(-p.rows // ((2 if (swiglu or eight) else 1) * ROWS_PER_INVOCATION * WG))
             self._groups.append((bg, gx))
 
     def encode(self, cmds, rows: int) -> None:
