@@ -124,3 +124,22 @@ def test_seeded_sampling_reproducible(gpu, tiny_llama):
     c, _ = generate_native(tiny_llama, [5, 6, 7], 12, temperature=1.0, top_p=0.9, top_k=50, seed=4, runner=runner)
     assert a == b and len(a) == 12 and all(0 <= t < 300 for t in a)
     assert a != c  # 12 draws at T=1 from a 300-token random model: a different seed must change something
+
+
+def test_load_through_async_reader(gpu, tiny_llama):
+    """The browser provides tensor bytes through an awaitable reader: load must accept one (and use only it)."""
+    from webinfer.engine.gpu_model import GPUModel
+    from webinfer_packager.native import generate_native
+
+    pkg = Package.open(tiny_llama)
+    calls = []
+
+    async def read(name, component, binding):
+        calls.append((name, component, binding))
+        await asyncio.sleep(0)
+        return pkg.read_component(name, component, binding)
+
+    runner = asyncio.run(GPUModel.load(gpu, pkg, num_blocks=8, block_size=8, max_batch_tokens=16, read=read))
+    assert ("embed", "qweight", 0) in calls and ("layers.1.down", "scales", 0) in calls
+    got, _ = generate_native(tiny_llama, PROMPTS[0], 8, runner=runner)
+    assert got == _reference(tiny_llama, PROMPTS[0], 8)
