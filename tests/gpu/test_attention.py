@@ -25,7 +25,7 @@ pytestmark = pytest.mark.gpu
 ATOL, RTOL = 2e-5, 1e-4
 
 
-def _case(dev, lib, *, H, Hkv, hd, bs, seqs, chunk=128, kv_f16=False, q_pad=0, seed=0, max_seqs=None):
+def _case(dev, lib, *, H, Hkv, hd, bs, seqs, chunk=None, kv_f16=False, q_pad=0, seed=0, max_seqs=None):
     """seqs: list of (ctx_len, n_q). Returns (out GpuArray, ref [T, H*hd]).
 
     Sequence i's K/V/q values come from rng(seed + i) alone, so the same sequence in another batch holds the same
@@ -83,13 +83,15 @@ CASES = {
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_attention_f32(gpu_f32, lib32, name):
-    out, ref = _case(gpu_f32, lib32, H=6, Hkv=2, hd=16, bs=16, seqs=CASES[name], seed=len(name))
+    # chunk 128: the contexts above sit on both sides of split boundaries (128, 129, 300)
+    out, ref = _case(gpu_f32, lib32, H=6, Hkv=2, hd=16, bs=16, seqs=CASES[name], seed=len(name), chunk=128)
     check_op(out, ref, ATOL, RTOL, name)
 
 
 def test_attention_smollm2_shape_qkv_fused(gpu_f32, lib32):
-    # SmolLM2: 9 heads, 3 kv heads, head_dim 64; q read from inside a wider (fused qkv-like) row with an offset
-    out, ref = _case(gpu_f32, lib32, H=9, Hkv=3, hd=64, bs=16, seqs=[(150, 1), (20, 20)], q_pad=8)
+    # SmolLM2: 9 heads, 3 kv heads, head_dim 64; q read from inside a wider (fused qkv-like) row with an offset;
+    # default split length (256): 600 positions take 3 splits
+    out, ref = _case(gpu_f32, lib32, H=9, Hkv=3, hd=64, bs=16, seqs=[(600, 1), (150, 1), (20, 20)], q_pad=8)
     check_op(out, ref, ATOL, RTOL, "smollm2")
 
 

@@ -86,13 +86,15 @@ class AttentionBinding:
 class PagedAttention:
     """Pipelines and the split-partials scratch buffer for one model's attention shape.
 
-    chunk: decode split length (positions per workgroup); max_model_len bounds the split count, max_seqs the
+    chunk: decode split length (positions per workgroup; None: the largest of 256, 128, 64, 32 whose workgroup
+    memory fits; on lavapipe each workgroup costs ~0.1 ms whatever its length, so longer splits win there, while
+    real GPUs want enough splits to fill their cores); max_model_len bounds the split count, max_seqs the
     number of sequences per step (both size the partials buffer, allocated once here and shared by all layers).
     """
 
     def __init__(self, lib, *, n_heads: int, n_kv_heads: int, head_dim: int, block_size: int, max_model_len: int,
                  max_seqs: int, q_stride: int | None = None, q_offset: int = 0, kv_f16: bool = False,
-                 chunk: int = 128, label: str = "attn"):
+                 chunk: int | None = None, label: str = "attn"):
         if n_heads % n_kv_heads:
             raise ValueError(f"attention: n_heads {n_heads} is not a multiple of n_kv_heads {n_kv_heads}")
         if head_dim % 4 or head_dim > 4 * WG:
@@ -104,17 +106,22 @@ class PagedAttention:
             raise ValueError("attention: kv_f16 needs a device with shader-f16")
         self.lib, self.label = lib, label
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
-        self.block_size, self.chunk, self.max_seqs = block_size, chunk, max_seqs
-        self.max_splits = -(-max_model_len // chunk)
         group = n_heads // n_kv_heads
         hd4 = head_dim // 4
         # decode workgroup memory: q (group x head_dim), scores (group x chunk), reduction (group x WG), and the
         # V-sum exchange between position slices ((WG / hd4 - 1) x group x head_dim)
         slices = max(WG // hd4, 1)
-        dec_bytes = 4 * group * (head_dim + chunk + WG + 1) + 4 * max(slices - 1, 1) * group * head_dim
-        if dec_bytes > WORKGROUP_BYTES:
-            raise ValueError(f"attention decode needs {dec_bytes} bytes of workgroup memory (> {WORKGROUP_BYTES}); "
-                             f"lower chunk (now {chunk})")
+
+        def dec_bytes(c: int) -> int:
+            return 4 * group * (head_dim + c + WG + 1) + 4 * max(slices - 1, 1) * group * head_dim
+
+        if chunk is None:
+            chunk = next((c for c in (256, 128, 64, 32) if dec_bytes(c) <= WORKGROUP_BYTES), 32)
+        if dec_bytes(chunk) > WORKGROUP_BYTES:
+            raise ValueError(f"attention decode needs {dec_bytes(chunk)} bytes of workgroup memory "
+                             f"(> {WORKGROUP_BYTES}); lower chunk (now {chunk})")
+        self.block_size, self.chunk, self.max_seqs = block_size, chunk, max_seqs
+        self.max_splits = -(-max_model_len // chunk)
         # prefill: WG query rows per workgroup; K and V tiles of BK positions must fit in 16 KiB
         self.bq = WG
         self.bk = max(1, min(32, WORKGROUP_BYTES // (8 * head_dim)))
