@@ -1,0 +1,169 @@
+"""The serving benchmark (webinfer_packager.bench_serving).
+
+Two kinds of checks:
+- CPU: the measurement logic on the fake runner (tests/fake_model.py) with a step time we choose, so the expected
+  numbers are known: a step that costs the same for 1 or 16 sequences must show a ~16x concurrency ratio, a step
+  that costs per token must show ~1x; a prefix-cache hit must skip the cached tokens' cost.
+- GPU: a quick run through the real native engine on a tiny synthetic package (keys, sane values, cache hit).
+
+Run: XDG_RUNTIME_DIR=/tmp/xdg python -m pytest tests/test_bench_serving.py -q
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import numpy as np
+import pytest
+
+from tests.fake_model import FakeRunner
+from webinfer.engine.engine import AsyncEngine
+from webinfer.tokenizer import Tokenizer
+from webinfer_packager import bench_serving as bs
+from webinfer_packager.synthetic import CHATML, tiny_tokenizer_json
+
+SECTIONS = ["context", "step_scaling", "concurrency", "prefix_cache", "mixed", "engine"]
+
+
+class TimedFakeRunner(FakeRunner):
+    """The fake model with a chosen cost: step_s per step plus per_token_s per fed token."""
+
+    def __init__(self, step_s: float, per_token_s: float, **kw):
+        super().__init__(**kw)
+        self.step_s, self.per_token_s = step_s, per_token_s
+
+    async def execute(self, batch):
+        await asyncio.sleep(self.step_s + self.per_token_s * batch.num_tokens)
+        return self.execute_sync(batch)
+
+
+def fake_engine(step_s: float, per_token_s: float, max_num_batched_tokens: int = 256) -> AsyncEngine:
+    runner = TimedFakeRunner(step_s, per_token_s, num_blocks=256, block_size=16, max_model_len=1024, vocab=200)
+    tok = Tokenizer.from_json(tiny_tokenizer_json(300))
+    return AsyncEngine(runner, tok, eos_ids=[299], chat_template=CHATML,
+                       special_tokens={"bos_token": "<|im_start|>", "eos_token": "<|im_end|>"},
+                       max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=16)
+
+
+def run(engine, coro_fn):
+    async def go():
+        try:
+            return await coro_fn(engine)
+        finally:
+            await engine.close()
+
+    return asyncio.run(go())
+
+
+# ------------------------------------------------------------------------------------------------------ CPU
+
+
+def test_percentile_matches_numpy():
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 7, 100):
+        xs = rng.exponential(size=n).tolist()
+        for q in (0, 50, 90, 99, 100):
+            assert bs.percentile(xs, q) == pytest.approx(float(np.percentile(xs, q)), rel=1e-12)
+    assert bs.percentile([], 50) is None
+
+
+def test_mixed_plan_is_seeded_and_fits():
+    a = bs.mixed_plan(10, bs.MIX_FULL, 0.5, max_len=300, seed=3)
+    assert a == bs.mixed_plan(10, bs.MIX_FULL, 0.5, max_len=300, seed=3)
+    assert a != bs.mixed_plan(10, bs.MIX_FULL, 0.5, max_len=300, seed=4)
+    assert [p["kind"] for p in a].count("chat") == 6 and {p["kind"] for p in a} == {"chat", "summary", "long"}
+    assert a[0]["at_s"] == 0 and all(x["at_s"] < y["at_s"] for x, y in zip(a, a[1:]))
+    assert all(p["prompt_tokens"] + p["max_tokens"] <= 300 - 8 for p in a)  # "long" was clamped to the context
+
+
+def test_concurrency_ratio_follows_the_step_cost():
+    """Fixed cost per step: 16 sequences decode ~16x faster in aggregate. Cost per token: no gain at all."""
+    # the fake's own host overhead is a few ms a step: the per-token cost must dwarf it
+    flat = run(fake_engine(0.01, 0.0), lambda e: bs.concurrency(e, bs.Prompts(e), bs.KVWatch(e), max_tokens=6))
+    per_tok = run(fake_engine(0.0, 0.01), lambda e: bs.concurrency(e, bs.Prompts(e), bs.KVWatch(e), max_tokens=6))
+    for res in (flat, per_tok):
+        assert [r["requests"] for r in res["levels"]] == [1, 4, 16]
+        for r in res["levels"]:
+            n = r["requests"]
+            assert r["output_tokens"] == 6 * n  # ignore_eos: every request runs to max_tokens
+            assert r["prompt_tokens"] == 16 * n
+            # 16 prompts of 16 tokens fit one 256-token step: all first tokens come together, then n*(6-1) more
+            assert r["decode_tokens"] == 5 * n
+            assert r["engine_steps"] == 6
+            assert r["kv_blocks_used"] == 2 * n  # 16 prompt + 5 fed output tokens: two blocks of 16 each
+            assert r["ttft"]["p99_ms"] >= r["ttft"]["p50_ms"] > 0
+    assert flat["ratio_16_to_1"] > 8, flat
+    assert 0.5 < per_tok["ratio_16_to_1"] < 2.0, per_tok  # ~1.3 expected: the fake's overhead is per step
+
+
+def test_prefix_cache_hit_skips_cached_tokens():
+    e = fake_engine(0.001, 0.0005, max_num_batched_tokens=64)
+    res = run(e, lambda e: bs.prefix_cache(e, bs.Prompts(e), bs.KVWatch(e), system_tokens=200, reps=2))
+    for r in res["runs"]:
+        assert r["cold_cached_tokens"] == 0
+        # full blocks of the shared prefix (system turn) are reused; the partial block is recomputed
+        assert r["hit_cached_tokens"] == r["shared_prefix_tokens"] // 16 * 16 > 0
+        assert r["cold_ttft_s"] > r["hit_ttft_s"]
+    assert res["system_prompt_tokens"] >= 200 and res["speedup"] > 1.5
+
+
+def test_serving_bench_quick_on_fake_runner_is_json():
+    res = run(fake_engine(0.001, 0.0001), lambda e: bs.serving_bench(e, quick=True))
+    json.dumps(res)
+    assert all(k in res for k in SECTIONS)
+    assert "skipped" in res["step_scaling"]  # the probe needs the GPU model
+    m = res["mixed"]
+    assert m["requests"] == 4 and m["preemptions"] == 0
+    assert m["output_tokens"] == sum(k["output_tokens"] for k in m["by_kind"].values())
+    assert m["itl"]["n"] == m["output_tokens"] - m["requests"]
+
+
+# ------------------------------------------------------------------------------------------------------ GPU
+
+
+@pytest.fixture(scope="module")
+def tiny_package(tmp_path_factory):
+    from webinfer_packager.pack import pack
+    from webinfer_packager.synthetic import write_hf
+
+    tmp = tmp_path_factory.mktemp("bench_serving")
+    write_hf(tmp / "hf", arch="llama", max_position_embeddings=512)
+    return pack(tmp / "hf", tmp / "pkg", progress=False)
+
+
+@pytest.mark.gpu
+def test_quick_run_on_native_engine(tiny_package):
+    pytest.importorskip("wgpu")
+    from webinfer_packager.serve_cmd import load_engine
+
+    # a small token budget makes the cold 128-token system prompt take several steps, the cache hit one
+    engine = load_engine(tiny_package, backend="native", kv_budget_mb=4, max_num_batched_tokens=32)
+    res = run(engine, lambda e: bs.serving_bench(e, quick=True))
+    json.dumps(res)
+    ctx = res["context"]
+    assert ctx["runner"] == "GPUModel" and ctx["adapter"] and ctx["kv_blocks_total"] > 16
+
+    sc = res["step_scaling"]
+    assert [s["seqs"] for s in sc["steps"]] == [1, 4, 16]
+    assert all(s["step_ms"] > 0 and s["dispatches"] > 10 for s in sc["steps"])
+    assert sc["prefill_16_tokens_one_seq"]["step_ms"] > 0
+
+    conc = res["concurrency"]
+    for r in conc["levels"]:
+        assert r["output_tokens"] == 4 * r["requests"] and r["decode_tok_s"] > 0
+        assert r["ttft"]["p99_ms"] >= r["ttft"]["p50_ms"] > 0
+        # 8 prompt + 3 fed tokens: one block each. With a 32-token budget 16 prompts prefill over 4 steps and the
+        # first requests finish before the last start, so only up to 4 requests are sure to hold blocks together
+        assert r["kv_blocks_used"] <= r["requests"] and r["kv_blocks_used"] >= min(r["requests"], 4)
+    assert conc["ratio_16_to_1"] > 0
+
+    pc = res["prefix_cache"]
+    assert pc["cached_tokens"] > 0 and pc["cached_tokens"] == pc["system_prompt_tokens"] // 16 * 16
+    assert pc["hit_ttft_s"] < pc["cold_ttft_s"]
+
+    m = res["mixed"]
+    assert m["requests"] == 4 and m["output_tokens"] > 0 and m["output_tok_s"] > 0
+    for key in ("ttft", "tpot", "itl"):
+        assert m[key]["p99_ms"] >= m[key]["p50_ms"] > 0
+    assert m["kv_blocks_used"] > 0
