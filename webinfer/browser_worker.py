@@ -85,18 +85,23 @@ GUARD = b"\xab" * GUARD_BYTES  # NaN-free pattern (0xabababab is a finite float)
 
 
 async def selftest_gemv(spec_json: str) -> dict:
-    """Run the quantized Linear (webinfer/kernels/linear.py) on the browser device for weights and activations
-    given by the caller (base64), with a guard region after y; return all of y + guard (base64) for comparison
-    against numpy outside the browser. spec: dtype, n, k, t, group_size, kernel ("gemv"|"gemm"), x_stride,
-    qweight, scales, [mins], x (f32 rows of x_stride floats)."""
-    import base64  # noqa: PLC0415
-
+    """Run the quantized Linear (webinfer/kernels/linear.py) on the browser device for each case of
+    spec["cases"]: weights and activations given by the caller (base64), a guard region after y; returns y + guard
+    (base64) per case, to be compared against numpy outside the browser. A case: dtype, n, k, t, group_size,
+    kernel ("gemv"|"gemm"), x_stride, qweight, scales, [mins], x (f32 rows of x_stride floats)."""
     from .kernels.library import KernelLibrary  # noqa: PLC0415
-    from .kernels.linear import Linear, WeightPart  # noqa: PLC0415
 
-    spec = json.loads(spec_json)
     dev = await get_device()
     lib = KernelLibrary(dev)
+    results = [await _gemv_case(dev, lib, case) for case in json.loads(spec_json)["cases"]]
+    return {"results": results, "device": device_summary(dev)}
+
+
+async def _gemv_case(dev, lib, spec: dict) -> dict:
+    import base64  # noqa: PLC0415
+
+    from .kernels.linear import Linear, WeightPart  # noqa: PLC0415
+
     n, k, t = int(spec["n"]), int(spec["k"]), int(spec["t"])
     owned = []
 
@@ -116,10 +121,10 @@ async def selftest_gemv(spec_json: str) -> dict:
     dev.write_buffer(y, 0, b"\xcd" * y_bytes + GUARD)
     step = dev.create_buffer(16, STORAGE | COPY_DST, "step")
     owned.append(step)
-    dev.write_buffer(step, 0, array.array("I", [t, 0, 0, 0]))
+    dev.write_buffer(step, 0, array.array("I", [t, 0, 0, 0]))  # step[0] = row count, step[1] = first row (gemm)
     kernel = spec.get("kernel", "gemv")
     lin = Linear(lib, spec["dtype"], n, k, int(spec["group_size"]), [part], x, dev_binding(y, 0, y_bytes),
-                 int(spec["x_stride"]), n, dev_binding(step), kernel=kernel)
+                 int(spec["x_stride"]), n, dev_binding(step), count_index=0, start_index=1, kernel=kernel)
     cmds = dev.commands()
     lin.encode(cmds, t)
     t0 = time.perf_counter()
@@ -129,7 +134,7 @@ async def selftest_gemv(spec_json: str) -> dict:
     for b in owned:
         dev.destroy_buffer(b)
     return {"y": base64.b64encode(out).decode("ascii"), "y_bytes": y_bytes, "guard_ok": out[y_bytes:] == GUARD,
-            "ms": ms, "kernel": kernel, "device": device_summary(dev)}
+            "ms": ms, "kernel": kernel}
 
 
 async def selftest(name: str = "copy", spec_json: str = "{}") -> dict:
