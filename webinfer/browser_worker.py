@@ -281,7 +281,12 @@ async def build_engine(timings: dict | None = None, context_tokens: int = KV_TOK
         runner = await GPUModel.load(dev, pkg, num_blocks=blocks_for(pkg.config, ctx, 16), block_size=16,
                                      max_batch_tokens=MAX_BATCH_TOKENS, max_seqs=MAX_SEQS, max_model_len=ctx)
     t_enc = time.perf_counter()
-    await dev.wait_idle()  # uploads done and pipelines usable: an honest end of "GPU upload"
+    # Uploads done and pipelines compiled. In Chrome createComputePipeline returns at once and compiles in the GPU
+    # process, and later calls needing that process wait behind it: on SwiftShader this drain (or a big
+    # createBuffer) is ~8-10 s of shader compilation, not uploads (75 KB of tiny weights drain as long as 98 MB).
+    # Compiling the recorded sources first with createComputePipelineAsync took as long and did not make the
+    # later synchronous creations cache hits ("auto" layouts), so it doubled the time: not done.
+    await dev.wait_idle()
     t1 = time.perf_counter()
     if _state.get("tokenizer") is None:
         _state["tokenizer"] = Tokenizer.from_json(pkg.tokenizer_json())
@@ -291,16 +296,19 @@ async def build_engine(timings: dict | None = None, context_tokens: int = KV_TOK
                          model_name=pkg.name or "webinfer", max_num_batched_tokens=runner.max_tokens,
                          max_num_seqs=MAX_SEQS, enable_prefix_caching=True)
     _state["runner"], _state["engine"], _state["llm"] = runner, engine, LLM(engine)
-    if timings is not None:
-        timings.update({"engine_build_ms": (t1 - t0) * 1e3, "gpu_upload_ms": tm.ms["write_buffer"],
-                        "pipeline_create_ms": tm.ms["create_pipeline"], "buffer_create_ms": tm.ms["create_buffer"],
-                        "load_calls_ms": (t_enc - t0) * 1e3, "gpu_drain_ms": (t1 - t_enc) * 1e3,
-                        "tokenizer_ms": (time.perf_counter() - t1) * 1e3})
+    if timings is None:
+        timings = {}
+    _state["build_timings"] = timings
+    timings.update({"engine_build_ms": (t1 - t0) * 1e3, "gpu_upload_ms": tm.ms["write_buffer"],
+                    "pipeline_create_ms": tm.ms["create_pipeline"], "buffer_create_ms": tm.ms["create_buffer"], "load_calls_ms": (t_enc - t0) * 1e3,
+                    "gpu_drain_ms": (t1 - t_enc) * 1e3,
+                    "tokenizer_ms": (time.perf_counter() - t1) * 1e3})
     return engine
 
 
 async def ensure_engine():
-    """The live engine; after a device loss the first caller rebuilds it and concurrent callers wait for that."""
+    """(LLM, build timings if this call rebuilt it): after a device loss the first caller rebuilds the engine and
+    concurrent callers wait for that."""
     import asyncio  # noqa: PLC0415
 
     lock = _state.get("build_lock")
@@ -310,7 +318,8 @@ async def ensure_engine():
         dev = _state["device"]
         if _state.get("llm") is None or dev is None or dev.lost:
             await build_engine()
-    return _state["llm"]
+            return _state["llm"], _state["build_timings"]
+    return _state["llm"], None
 
 
 def _request_args(req: dict) -> dict:
@@ -338,7 +347,7 @@ async def chat(request_json: str, emit: Callable[[str], None], should_stop: Call
     turns true the request is aborted (its KV blocks freed) and a last chunk with finish_reason "abort" is sent.
     Returns this request's stats; host_ms_per_step is the engine-wide Python time per step while it ran."""
     req = json.loads(request_json)
-    llm = await ensure_engine()
+    llm, rebuilt = await ensure_engine()
     engine, host = _state["engine"], _state["host"]
     host_ms0, steps0 = host.ms, host.steps
     args = _request_args(req)
@@ -378,4 +387,4 @@ async def chat(request_json: str, emit: Callable[[str], None], should_stop: Call
             "ttft_ms": usage["ttft_s"] * 1e3 if usage.get("ttft_s") is not None else None,
             "decode_tok_s": 1.0 / tpot if tpot else 0.0,
             "host_ms_per_step": (host.ms - host_ms0) / steps if steps else 0.0,
-            "engine_steps": steps, "engine": engine.stats()}
+            "engine_steps": steps, "engine": engine.stats(), "rebuild_timings": rebuilt}

@@ -29,8 +29,9 @@ GENERATE = """async ([url, ids, n, lose]) => {
     if (lose) {  // device lost: the next message must rebuild the engine and answer the same
         await engine._loseDeviceForTest();
         afterLoss = [];
-        for await (const c of engine.chat.completions.create({prompt_ids: ids, max_tokens: n, temperature: 0, ignore_eos: true, stream: true}))
-            afterLoss.push(...(c.choices[0].token_ids || []));
+        const it = engine.chat.completions.create({prompt_ids: ids, max_tokens: n, temperature: 0, ignore_eos: true, stream: true});
+        for await (const c of it) afterLoss.push(...(c.choices[0].token_ids || []));
+        stats.rebuild = it.stats.rebuild_timings;
     }
     engine.unload();
     return {ids: got, text, loadMs, info, stats, afterLoss};
@@ -68,6 +69,7 @@ def test_tiny_model_matches_native_and_works_offline(served, browser, tiny_packa
     r2 = page.evaluate(GENERATE, [site["models"][0]["manifest"], prompt, n, True])
     assert r2["ids"] == r["ids"], (r2, logs)
     assert r2["afterLoss"] == r["ids"], (r2, logs)
+    assert r2["stats"]["rebuild"]["engine_build_ms"] > 0, r2["stats"]  # the loss was seen and the engine rebuilt
     assert r2["info"]["timings"]["files_downloaded"] == 0 and r2["info"]["timings"]["requests"] == 0, r2["info"]
     print("tiny warm offline", json.dumps(r2["info"]["timings"]), json.dumps(r2["stats"]))
 
