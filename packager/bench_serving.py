@@ -191,6 +191,20 @@ async def _timed_kernels(runner, batch: StepBatch) -> dict:
     return out
 
 
+def step_cost_fit(seqs: list[int], step_ms: list[float]) -> dict | None:
+    """Least-squares step_ms = fixed + per_seq * seqs. Batching can only amortise `fixed` (dispatch wake-ups,
+    host work, weight-independent kernels), so aggregate decode at b sequences gains at most
+    b * (fixed + per_seq) / (fixed + b * per_seq) over one: `bound_16_to_1`."""
+    n = len(seqs)
+    if n < 2 or len(set(seqs)) < 2:
+        return None
+    mx, my = sum(seqs) / n, sum(step_ms) / n
+    b = sum((x - mx) * (y - my) for x, y in zip(seqs, step_ms)) / sum((x - mx) ** 2 for x in seqs)
+    a = my - b * mx
+    bound = 16 * (a + b) / (a + 16 * b) if b > 0 and a + 16 * b > 0 else None
+    return {"fixed_ms": round(a, 2), "per_seq_ms": round(b, 2), "bound_16_to_1": _r(bound, 2)}
+
+
 async def step_scaling(engine, sizes=(1, 2, 4, 8, 16), ctx: int = 32, reps: int = 5) -> dict:
     """Decode steps of b sequences (each at position ctx) straight through the runner, engine idle."""
     runner = engine.runner
@@ -229,6 +243,7 @@ async def step_scaling(engine, sizes=(1, 2, 4, 8, 16), ctx: int = 32, reps: int 
     pre_ms = await wall_ms(prefill)
     res = {"ctx_tokens": ctx, "reps": reps, "steps": rows,
            "speedup_max_vs_1": round(rows[-1]["tokens_per_s"] / rows[0]["tokens_per_s"], 2),
+           "fit": step_cost_fit([r["seqs"] for r in rows], [r["step_ms"] for r in rows]),
            f"prefill_{b}_tokens_one_seq": {"step_ms": round(pre_ms, 2), "ms_per_token": round(pre_ms / b, 2),
                                            "dispatches": runner.dispatch_count(prefill)}}
     if getattr(runner.device.caps, "timestamps", False):

@@ -68,6 +68,14 @@ def test_percentile_matches_numpy():
     assert bs.percentile([], 50) is None
 
 
+def test_step_cost_fit_recovers_a_line():
+    seqs = [1, 2, 4, 8, 16]
+    fit = bs.step_cost_fit(seqs, [20.0 + 5.0 * b for b in seqs])
+    assert fit["fixed_ms"] == pytest.approx(20.0) and fit["per_seq_ms"] == pytest.approx(5.0)
+    assert fit["bound_16_to_1"] == pytest.approx(16 * 25 / 100, abs=0.01)  # 16 tokens in 100 ms vs 1 in 25 ms
+    assert bs.step_cost_fit([4, 4], [1.0, 2.0]) is None
+
+
 def test_mixed_plan_is_seeded_and_fits():
     a = bs.mixed_plan(10, bs.MIX_FULL, 0.5, max_len=300, seed=3)
     assert a == bs.mixed_plan(10, bs.MIX_FULL, 0.5, max_len=300, seed=3)
@@ -147,7 +155,7 @@ def test_quick_run_on_native_engine(tiny_package):
     sc = res["step_scaling"]
     assert [s["seqs"] for s in sc["steps"]] == [1, 4, 16]
     assert all(s["step_ms"] > 0 and s["dispatches"] > 10 for s in sc["steps"])
-    assert sc["prefill_16_tokens_one_seq"]["step_ms"] > 0
+    assert sc["prefill_16_tokens_one_seq"]["step_ms"] > 0 and "per_seq_ms" in sc["fit"]
 
     conc = res["concurrency"]
     for r in conc["levels"]:
