@@ -5,7 +5,8 @@ a dispatch whose grid depends on the row count. The kernel reads the row count i
 (`step[count_index]`), so the same bind group serves every step.
 
 Two kernels: gemv.wgsl (decode: each invocation streams 4 weight rows for one activation row) and gemm.wgsl
-(prefill: each invocation unpacks 4 weight rows once per k chunk and applies them to 4 activation rows).
+(prefill: each invocation loads 4 weight rows' words once per k chunk and applies them to TT activation rows
+that the whole workgroup shares, their chunks loaded once per subgroup and broadcast).
 Batch invariance rule: in both, every output y[t, n] is a sequential sum over 32-element k chunks in a fixed
 order, whatever T is and whichever other rows share the dispatch. The two kernels may differ in the last bits,
 so the model picks per sequence, from the sequence's own chunk: one-token chunks (decode) -> gemv over rows
@@ -24,7 +25,7 @@ from ..gpu.device import COPY_DST, UNIFORM, BufferBinding
 
 ROWS_PER_INVOCATION = 4
 WG = 64
-GEMM_TOKENS = 4  # gemm.wgsl: activation rows per invocation (and per workgroup along y)
+GEMM_TOKENS = 8  # gemm.wgsl default: activation rows per invocation (TT; all lanes of a workgroup share them)
 _PARAMS = "<12I"  # Params in gemv.wgsl (48 bytes)
 
 ParamsFn = Callable[[bytes], BufferBinding]
@@ -72,7 +73,7 @@ class Linear:
     def __init__(self, lib, dtype: str, n: int, k: int, group_size: int, parts: list[WeightPart], x, y,
                  x_stride: int, y_stride: int, step, count_index: int = 0, params: ParamsFn | None = None,
                  bias=None, accumulate: bool = False, swiglu: bool = False, n_offset: int = 0, label: str = "linear",
-                 kernel: str = "gemv", start_index: int = 0, rows8: bool = False):
+                 kernel: str = "gemv", start_index: int = 0, rows8: bool = False, gemm_tokens: int = GEMM_TOKENS):
         if kernel not in ("gemv", "gemm"):
             raise ValueError(f"Linear: kernel must be 'gemv' or 'gemm', not {kernel!r}")
         if dtype not in ("q4", "q4a", "q8"):
@@ -97,6 +98,11 @@ class Linear:
         eight = kernel == "gemv" and (swiglu or rows8)
         if eight:
             defines["ROWS8"] = 1
+        if kernel == "gemm":
+            if gemm_tokens not in (4, 8):
+                raise ValueError(f"Linear: gemm_tokens must be 4 or 8, not {gemm_tokens}")
+            defines["TT"] = gemm_tokens
+        self.tokens_per_group = gemm_tokens if kernel == "gemm" else 1
         self.pipeline = lib.pipeline(kernel, defines=defines, use_f16=False)
         params = params or standalone_params(lib.device)
         w4, s_stride = weight_strides(dtype, k, group_size)
@@ -119,7 +125,7 @@ class Linear:
         """Record the dispatches for `rows` activation rows (at least step[count_index]; extra rows exit early)."""
         if rows <= 0:
             return
-        gy = -(-rows // GEMM_TOKENS) if self.kernel == "gemm" else rows
+        gy = -(-rows // self.tokens_per_group)
         for bg, gx in self._groups:
             cmds.dispatch(self.pipeline, bg, gx, gy, 1, self.label)
 
