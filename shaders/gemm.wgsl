@@ -100,10 +100,26 @@ fn dot32(a: vec4<u32>, xs: W8) -> f32 {
 }
 #endif
 
-// chunk c of rows r (4 rows): words, scales, offsets; loaded once per chunk, used for every activation row
-fn load_block(r: vec4<u32>, c: u32) -> Block {
+// the f16 scale (or min) words holding groups g and g ^ 1 of rows r: loaded once per two groups
+fn words(of_mins: bool, r: vec4<u32>, g: u32) -> vec4<u32> {
+    let o = g / 2u;
+    let st = params.s_stride;
+#if DTYPE == q4a
+    if (of_mins) {
+        return vec4<u32>(mins[r.x * st + o], mins[r.y * st + o], mins[r.z * st + o], mins[r.w * st + o]);
+    }
+#endif
+    return vec4<u32>(scales[r.x * st + o], scales[r.y * st + o], scales[r.z * st + o], scales[r.w * st + o]);
+}
+
+fn halves(wd: vec4<u32>, g: u32) -> vec4<f32> {
+    return vec4<f32>(half_at(wd.x, g), half_at(wd.y, g), half_at(wd.z, g), half_at(wd.w, g));
+}
+
+// chunk c of rows r (4 rows): the weight words, and group g's scales and offsets from the cached words sw / mw;
+// loaded once per chunk, used for every activation row
+fn load_block(r: vec4<u32>, c: u32, g: u32, sw: vec4<u32>, mw: vec4<u32>) -> Block {
     var bl: Block;
-    let g = c * 32u / params.gs;
 #if DTYPE == q8
     let o = 2u * c;
     bl.a = w[r.x * params.w_stride4 + o]; bl.a2 = w[r.x * params.w_stride4 + o + 1u];
@@ -116,9 +132,9 @@ fn load_block(r: vec4<u32>, c: u32) -> Block {
     bl.c = w[r.z * params.w_stride4 + c];
     bl.d = w[r.w * params.w_stride4 + c];
 #endif
-    bl.s = vec4<f32>(scale_of(r.x, g), scale_of(r.y, g), scale_of(r.z, g), scale_of(r.w, g));
+    bl.s = halves(sw, g);
 #if DTYPE == q4a
-    bl.m = vec4<f32>(min_of(r.x, g), min_of(r.y, g), min_of(r.z, g), min_of(r.w, g));
+    bl.m = halves(mw, g);
 #else
     bl.m = vec4<f32>(0.0);
 #endif
@@ -251,11 +267,31 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #endif
     var a = Acc();
     let full = params.k / 32u;
+    // scale/min words of the current pair of groups (one u32 holds two f16: reloaded every other group)
+    var pair = 0xffffffffu;
+    var sw = vec4<u32>(0u); var mw = vec4<u32>(0u);
+#ifdef SWIGLU
+    var swu = vec4<u32>(0u); var mwu = vec4<u32>(0u);
+#endif
     for (var c = 0u; c < full; c++) {
         let o = 8u * c;
-        let bl = load_block(rows, c);
+        let g = c * 32u / params.gs;
+        if (g / 2u != pair) {  // uniform branch
+            pair = g / 2u;
+            sw = words(false, rows, g);
+#if DTYPE == q4a
+            mw = words(true, rows, g);
+#endif
 #ifdef SWIGLU
-        let bu = load_block(rows_up, c);
+            swu = words(false, rows_up, g);
+#if DTYPE == q4a
+            mwu = words(true, rows_up, g);
+#endif
+#endif
+        }
+        let bl = load_block(rows, c, g, sw, mw);
+#ifdef SWIGLU
+        let bu = load_block(rows_up, c, g, swu, mwu);
         var xs = load_x(xb0 + o, lane); a.t0 += apply(bl, xs); up.t0 += apply(bu, xs);
         xs = load_x(xb1 + o, lane); a.t1 += apply(bl, xs); up.t1 += apply(bu, xs);
         xs = load_x(xb2 + o, lane); a.t2 += apply(bl, xs); up.t2 += apply(bu, xs);
