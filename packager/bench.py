@@ -275,7 +275,8 @@ def bench_hf(package, decode_len: int) -> dict:
             "torch_threads": torch.get_num_threads()}
 
 
-def run_bench(package_path, *, quick: bool = False, skip_hf: bool = False, device=None) -> dict:
+def run_bench(package_path, *, quick: bool = False, skip_hf: bool = False, skip_serving: bool = False,
+              device=None) -> dict:
     from webinfer.gpu.native import request_device_sync
     from webinfer.kernels.library import KernelLibrary
     from webinfer.package import Package
@@ -306,6 +307,12 @@ def run_bench(package_path, *, quick: bool = False, skip_hf: bool = False, devic
             res["hf_transformers"] = {"decode_tok_s": None, "reason": f"{type(e).__name__}: {e}"}
     hf = res["hf_transformers"].get("decode_tok_s")
     res["hf_transformers"]["ratio"] = round(res["decode_tok_s"] / hf, 3) if hf and res.get("decode_tok_s") else None
+    if skip_serving:
+        res["serving"] = {"reason": "skipped (--skip-serving)"}
+    else:  # issue 4's numbers: concurrency scaling, prefix-cache TTFT, a mixed workload (same device, same run)
+        from webinfer_packager.bench_serving import run_serving_bench
+
+        res["serving"] = run_serving_bench(pkg, quick=quick, device=dev)
     return res
 
 
@@ -339,7 +346,8 @@ def format_table(r: dict) -> str:
 def cli_main(args) -> int:
     from webinfer_packager.paths import resolve_package
 
-    res = run_bench(resolve_package(args.package), quick=args.quick, skip_hf=args.skip_hf)
+    res = run_bench(resolve_package(args.package), quick=args.quick, skip_hf=args.skip_hf,
+                    skip_serving=args.skip_serving)
     text = json.dumps(res, indent=2, sort_keys=False)
     if args.output:
         Path(args.output).write_text(text + "\n", encoding="utf-8")

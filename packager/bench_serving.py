@@ -418,11 +418,11 @@ async def serving_bench(engine, *, quick: bool = False) -> dict:
     return res
 
 
-def run_serving_bench(package_path, quick: bool = False, kv_budget_mb: float = 256.0) -> dict:
-    """Build the native engine for package_path and run serving_bench on it."""
+def run_serving_bench(package_path, quick: bool = False, kv_budget_mb: float = 256.0, device=None) -> dict:
+    """Build the native engine for package_path (on `device`, e.g. one with timestamps) and run serving_bench."""
     from webinfer_packager.serve_cmd import load_engine
 
-    engine = load_engine(package_path, backend="native", kv_budget_mb=kv_budget_mb)
+    engine = load_engine(package_path, backend="native", kv_budget_mb=kv_budget_mb, device=device)
 
     async def go():
         try:

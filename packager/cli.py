@@ -75,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", help="also write the JSON here")
     p.add_argument("--quick", action="store_true", help="fewer repetitions and shorter prompts")
     p.add_argument("--skip-hf", action="store_true", help="skip the HF transformers comparison")
+    p.add_argument("--skip-serving", action="store_true", help="skip the concurrency / prefix-cache / mixed-load part")
     p.set_defaults(handler="webinfer_packager.bench:cli_main")
 
     p = sub.add_parser("serve", help="OpenAI-compatible API and the chat site")

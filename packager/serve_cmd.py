@@ -13,12 +13,12 @@ import sys
 from webinfer.errors import GPUError, WebinferError
 
 
-def load_engine(package_path, backend: str = "auto", kv_budget_mb: float = 128.0, **engine_kw):
+def load_engine(package_path, backend: str = "auto", kv_budget_mb: float = 128.0, device=None, **engine_kw):
     from webinfer.engine.engine import AsyncEngine
     from webinfer.package import Package
     from webinfer.tokenizer import Tokenizer
 
-    pkg = Package.open(package_path)
+    pkg = package_path if isinstance(package_path, Package) else Package.open(package_path)
     runner = None
     if backend in ("auto", "native"):
         try:
@@ -30,7 +30,7 @@ def load_engine(package_path, backend: str = "auto", kv_budget_mb: float = 128.0
                   file=sys.stderr)
         else:
             try:
-                runner = load_runner(package_path, kv_budget_mb=kv_budget_mb)
+                runner = load_runner(package_path, kv_budget_mb=kv_budget_mb, device=device)
             except GPUError as e:  # no adapter here: still serve, slowly, rather than not at all
                 if backend == "native":
                     raise
