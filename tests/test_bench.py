@@ -57,9 +57,12 @@ def test_bench_quick_json(tiny_package, tmp_path, capsys):
     assert res["attention"]["decode"]["queries"] == 4 and res["attention"]["prefill"]["queries"] == 32
     assert res["sampling"]["vocab"] == 300 and res["sampling"]["greedy_ms"] > 0 and res["sampling"]["top_k_top_p_ms"] > 0
     assert res["hf_transformers"]["decode_tok_s"] is None and "skip" in res["hf_transformers"]["reason"]
+    sv = res["serving"]  # issue 4's part, measured on the same device in the same run
+    assert set(sv) >= {"concurrency", "prefix_cache", "mixed"}
+    assert sv["prefix_cache"]["cached_tokens"] > 0
 
 
 def test_bench_table(tiny_package, capsys):
-    assert main(["bench", str(tiny_package), "--quick", "--skip-hf"]) == 0
+    assert main(["bench", str(tiny_package), "--quick", "--skip-hf", "--skip-serving"]) == 0
     text = capsys.readouterr().out
     assert "copy" in text and "gemv q4" in text and "decode step" in text
