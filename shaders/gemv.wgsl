@@ -9,7 +9,11 @@
 // (subgroup sizes 4 and >= 8 handled; without SUBGROUPS every lane loads them itself).
 // Defines: ROWS8 (8 rows per invocation instead of 4; always on with SWIGLU), DTYPE (q4 | q4a | q8), BIAS (y = Wx + bias), ACCUMULATE (y += Wx: residual epilogue of o and down),
 // SWIGLU (the weight rows are gate/up interleaved in blocks of 4: rows 8j..8j+3 gate, 8j+4..8j+7 up;
-// y[t, 4j + r] = silu(gate) * up), BIAS_SLOT (binding of the bias: 6, or 7 with q4a).
+// y[t, 4j + r] = silu(gate) * up), BIAS_SLOT (binding of the bias: 6, or 7 with q4a, +1 with NORM),
+// NORM (+NORM_SLOT): x is the un-normalised residual and y = W (rmsnorm(x) * wn): the RMSNorm is folded in, saving
+// its dispatch. Each subgroup recomputes its row's inverse RMS (each lane sums 1/8 of the row, the partial sums
+// are combined in lane order: fixed per row), multiplies x by wn before the dot, and scales the sums by inv at the
+// end: y = inv * sum(W (x wn)). The wn binding must hold ceil(K/4)*4 floats (vec4 loads).
 // The row count T of a dispatch is read from the per-step buffer `step[params.count_index]`, so one bind group
 // and one set of parameters serve every step; only the grid changes.
 #define WG 64
@@ -26,7 +30,9 @@ struct Params {
     y_stride: u32,     // f32 per output row
     n_offset: u32,     // column of y where this binding's rows start
     count_index: u32,  // which step[] entry holds the number of activation rows
-    _p0: u32, _p1: u32, _p2: u32,
+    _p0: u32,
+    eps: f32,          // NORM: RMSNorm epsilon
+    _p2: u32,
 }
 
 @group(0) @binding(0) var<storage, read> w: array<vec4<u32>>;
@@ -40,6 +46,9 @@ struct Params {
 #endif
 #ifdef BIAS
 @group(0) @binding(BIAS_SLOT) var<storage, read> bias: array<f32>;
+#endif
+#ifdef NORM
+@group(0) @binding(NORM_SLOT) var<storage, read> wn: array<vec4<f32>>;
 #endif
 
 fn half_at(buf_word: u32, g: u32) -> f32 {
@@ -117,6 +126,47 @@ fn chunk(row: u32, c: u32, xs: array<vec4<f32>, 8>, sx: f32) -> f32 {
 #endif
 }
 
+#ifdef NORM
+// 1 / sqrt(mean(x^2) + eps) of the activation row at vec4 index xrow; every lane of the subgroup gets the same value
+fn inv_rms(xrow: u32, lane: u32) -> f32 {
+    let k4 = params.k / 4u;
+    var ss = 0.0;
+#ifdef SUBGROUPS
+#if SG_SIZE == 4
+    for (var v = lane % 4u; v < k4; v += 4u) {
+        ss += dot(x[xrow + v], x[xrow + v]);
+    }
+    ss = ((subgroupBroadcast(ss, 0u) + subgroupBroadcast(ss, 1u)) + subgroupBroadcast(ss, 2u)) + subgroupBroadcast(ss, 3u);
+#else
+    for (var v = lane % 8u; v < k4; v += 8u) {
+        ss += dot(x[xrow + v], x[xrow + v]);
+    }
+    ss = ((((((subgroupBroadcast(ss, 0u) + subgroupBroadcast(ss, 1u)) + subgroupBroadcast(ss, 2u))
+         + subgroupBroadcast(ss, 3u)) + subgroupBroadcast(ss, 4u)) + subgroupBroadcast(ss, 5u))
+         + subgroupBroadcast(ss, 6u)) + subgroupBroadcast(ss, 7u);
+#endif
+#else
+    for (var v = 0u; v < k4; v++) {
+        ss += dot(x[xrow + v], x[xrow + v]);
+    }
+#endif
+    for (var k = k4 * 4u; k < params.k; k++) {
+        let xv = x[xrow + k / 4u][k % 4u];
+        ss += xv * xv;
+    }
+    return inverseSqrt(ss / f32(params.k) + params.eps);
+}
+#endif
+
+// activation vector v of row xrow (times the norm weight under NORM)
+fn xv4(xrow: u32, v: u32) -> vec4<f32> {
+#ifdef NORM
+    return x[xrow + v] * wn[v];
+#else
+    return x[xrow + v];
+#endif
+}
+
 @compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>
 #ifdef SUBGROUPS
@@ -145,31 +195,38 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>
     let r4 = min(n0 + 4u, last); let r5 = min(n0 + 5u, last); let r6 = min(n0 + 6u, last); let r7 = min(n0 + 7u, last);
 #endif
     let xrow = t * params.x_stride4;
+#ifdef NORM
+#ifdef SUBGROUPS
+    let inv = inv_rms(xrow, lane);
+#else
+    let inv = inv_rms(xrow, 0u);
+#endif
+#endif
     var acc = vec4<f32>(0.0);
 #ifdef ROWS8
     var acc_up = vec4<f32>(0.0);  // rows n0+4 .. n0+7 (the up rows under SWIGLU)
 #endif
     let full = params.k / 32u;
     for (var c = 0u; c < full; c++) {
-        let xb = xrow + 8u * c;
+        let xb = 8u * c;  // vec4 index of the chunk within the row
 #ifdef SUBGROUPS
         // all lanes share the same activation row: each lane loads 8 / SG_SIZE vectors (or one, when the subgroup
         // has 8 or more lanes) and the subgroup broadcasts them, instead of every lane loading all 8
 #if SG_SIZE == 4
-        let xa = x[xb + lane % 4u];
-        let xc = x[xb + 4u + lane % 4u];
+        let xa = xv4(xrow, xb + lane % 4u);
+        let xc = xv4(xrow, xb + 4u + lane % 4u);
         let xs = array<vec4<f32>, 8>(subgroupBroadcast(xa, 0u), subgroupBroadcast(xa, 1u), subgroupBroadcast(xa, 2u),
                                      subgroupBroadcast(xa, 3u), subgroupBroadcast(xc, 0u), subgroupBroadcast(xc, 1u),
                                      subgroupBroadcast(xc, 2u), subgroupBroadcast(xc, 3u));
 #else
-        let xa = x[xb + lane % 8u];
+        let xa = xv4(xrow, xb + lane % 8u);
         let xs = array<vec4<f32>, 8>(subgroupBroadcast(xa, 0u), subgroupBroadcast(xa, 1u), subgroupBroadcast(xa, 2u),
                                      subgroupBroadcast(xa, 3u), subgroupBroadcast(xa, 4u), subgroupBroadcast(xa, 5u),
                                      subgroupBroadcast(xa, 6u), subgroupBroadcast(xa, 7u));
 #endif
 #else
-        let xs = array<vec4<f32>, 8>(x[xb], x[xb + 1u], x[xb + 2u], x[xb + 3u],
-                                     x[xb + 4u], x[xb + 5u], x[xb + 6u], x[xb + 7u]);
+        let xs = array<vec4<f32>, 8>(xv4(xrow, xb), xv4(xrow, xb + 1u), xv4(xrow, xb + 2u), xv4(xrow, xb + 3u),
+                                     xv4(xrow, xb + 4u), xv4(xrow, xb + 5u), xv4(xrow, xb + 6u), xv4(xrow, xb + 7u));
 #endif
         let s4 = (xs[0] + xs[1]) + (xs[2] + xs[3]) + (xs[4] + xs[5]) + (xs[6] + xs[7]);
         let sx = (s4.x + s4.y) + (s4.z + s4.w);
@@ -180,12 +237,18 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>
     }
     // tail: the last partial chunk, element by element, only k < K
     for (var k = full * 32u; k < params.k; k++) {
-        let xv = x[xrow + k / 4u][k % 4u];
+        let xv = xv4(xrow, k / 4u)[k % 4u];
         acc += xv * vec4<f32>(w_at(r0, k), w_at(r1, k), w_at(r2, k), w_at(r3, k));
 #ifdef ROWS8
         acc_up += xv * vec4<f32>(w_at(r4, k), w_at(r5, k), w_at(r6, k), w_at(r7, k));
 #endif
     }
+#ifdef NORM
+    acc *= inv;
+#ifdef ROWS8
+    acc_up *= inv;
+#endif
+#endif
 #ifdef SWIGLU
     let out0 = gid.x * 4u;
     let h = acc / (vec4<f32>(1.0) + exp(-acc)) * acc_up;

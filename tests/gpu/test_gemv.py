@@ -165,3 +165,57 @@ def test_gemv_subgroup_path_is_active(gpu, kernels):
     if not gpu.caps.subgroups:
         pytest.skip("device has no subgroups")
     assert "subgroupBroadcast" in kernels.source("gemv", {"DTYPE": "q4"}, use_f16=False)
+
+
+def run_norm_linear(dev, lib, dtype, n, k, t, swiglu=False, bias=False, seed=0, eps=1e-5):
+    """Linear(norm=...) on raw rows x against numpy: W @ (x / sqrt(mean(x^2) + eps) * wn) (+ bias / swiglu)."""
+    comps, wref = make_weight(dtype, n, k, 32, seed)
+    rng = np.random.default_rng(seed + 1)
+    xs = -(-k // 4) * 4
+    x = np.full((t, xs), np.nan, np.float32)
+    x[:, :k] = rng.standard_normal((t, k)) * 3 + 0.5  # not unit RMS: the norm must really be applied
+    wn = np.zeros(xs, np.float32)
+    wn[:k] = rng.uniform(0.5, 1.5, k)
+    x64 = x[:, :k].astype(np.float64)
+    xn = x64 / np.sqrt((x64 ** 2).mean(axis=1, keepdims=True) + eps) * wn[:k]
+    n_out = n // 2 if swiglu else n
+    if swiglu:
+        f = n // 2
+        comps = {c: np.frombuffer(interleave_gate_up(split_rows(v[:f].tobytes(), f), split_rows(v[f:].tobytes(), f)),
+                                  np.uint8) for c, v in comps.items()}
+        g, u = xn @ wref[:f].T.astype(np.float64), xn @ wref[f:].T.astype(np.float64)
+        ref = g / (1 + np.exp(-g)) * u
+    else:
+        ref = xn @ wref.T.astype(np.float64)
+    b = None
+    if bias:
+        bnp = rng.standard_normal(n).astype(np.float32)
+        ref = ref + bnp
+        b = GpuArray.upload(dev, bnp).binding
+    out = GpuArray.empty(dev, (t, n_out))
+    lin = Linear(lib, dtype, n, k, 32, [upload_parts(dev, comps, n)], GpuArray.upload(dev, x).binding, out.binding,
+                 xs, n_out, step_buf(dev, t), norm=(GpuArray.upload(dev, wn).binding, eps), swiglu=swiglu, bias=b)
+    run(dev, lambda c: lin.encode(c, t))
+    return out, ref.astype(np.float32), k
+
+
+@pytest.mark.parametrize("dtype", ["q4", "q4a", "q8"])
+@pytest.mark.parametrize("n,k,t", [(37, 77, 1), (300, 576, 17), (8, 33, 2)])
+def test_gemv_folded_rmsnorm(gpu, kernels, dtype, n, k, t):
+    out, ref, k = run_norm_linear(gpu, kernels, dtype, n, k, t, seed=n + k)
+    check_op(out, ref, *tol(k), name=f"norm {dtype} {n}x{k} T={t}")
+
+
+def test_gemv_folded_rmsnorm_epilogues_and_fallback(gpu_f32, lib_nosg):
+    from webinfer.kernels.library import KernelLibrary
+
+    for lib in (KernelLibrary(gpu_f32), lib_nosg):
+        out, ref, k = run_norm_linear(lib.device, lib, "q4a", 48, 200, 3, swiglu=True, seed=4)
+        check_op(out, ref, 1e-3, 1e-4, name="norm + swiglu")
+        out, ref, k = run_norm_linear(lib.device, lib, "q4a", 45, 130, 2, bias=True, seed=5)
+        check_op(out, ref, *tol(k), name="norm + bias (q4a: mins, norm and bias bindings)")
+
+
+def test_gemv_folded_rmsnorm_rejected_on_gemm(kernels):
+    with pytest.raises(ValueError, match="gemv kernel only"):
+        Linear(kernels, "q4", 4, 32, 32, [], None, None, 32, 4, None, kernel="gemm", norm=(None, 1e-5))

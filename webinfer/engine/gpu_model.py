@@ -8,18 +8,20 @@ sampled token ids.
 
 One step, T tokens of any mix of prefill chunks and decode tokens (rows of every activation buffer = tokens):
     embed(ids) -> r                                          r: the residual stream [T, D]
-    per layer:  xn = rmsnorm(r) * attn_norm
+    per layer:  xn = rmsnorm(r) * attn_norm                  prefill rows only: decode rows fold it into the GEMV
                 qkv = Wqkv xn (+ bias)                       q, k, v fused into one weight: one dispatch
                 rope(q, k) in place; k, v -> cache slots     (shaders/rope.wgsl)
                 a = attention(q, cache)                      (webinfer/kernels/attention.py)
                 r += Wo a                                    (accumulate epilogue: no separate add)
-                xn = rmsnorm(r) * ffn_norm
+                xn = rmsnorm(r) * ffn_norm                   prefill rows only, as above
                 m = silu(Wg xn) * (Wu xn)                    gate/up interleaved, swiglu epilogue: one dispatch
                 r += Wd m
     xs = rmsnorm(r[last row of each sampled chunk]) * norm    (row gather)
     logits = Wout xs; next ids = sample(logits)
-Dispatches per decode step: 1 + 9 per layer (attention = decode + reduce) + 3; a step with prefill chunks adds a
-GEMM dispatch per matrix and the prefill attention kernel. Unfused q/k/v or gate/up add one dispatch per matrix.
+Decode rows (GEMV) read r itself and recompute the RMSNorm inside the kernel (gemv.wgsl NORM: cheap at these
+widths), so a decode step has no norm dispatches: 1 + 7 per layer (attention = decode + reduce) + 3. A step with
+prefill chunks adds the two norms, a GEMM dispatch per matrix and the prefill attention kernel. Unfused q/k/v or
+gate/up add one dispatch per matrix.
 
 Batch invariance: every kernel reduces a row in an order that depends only on that row (see linear.py and
 attention.py), so a sequence's tokens come out the same alone or batched with others.
@@ -89,15 +91,24 @@ def _round4(n: int) -> int:
     return -(-n // 4) * 4
 
 
+def _pad16(data: bytes) -> bytes:
+    """A vector's bytes padded to whole vec4s (kernels that fold the norm load its weight as vec4<f32>)."""
+    return data + b"\0" * (-len(data) % 16)
+
+
 class DualLinear:
     """One weight, two bind groups: GEMV over the decode rows [0, Td), GEMM over the prefill rows [Td, T).
 
     Rows are ordered by the model so that one-token chunks come first; which kernel a row gets then depends only
-    on its own sequence's chunk length (the batch invariance rule of linear.py)."""
+    on its own sequence's chunk length (the batch invariance rule of linear.py).
+    norm=(weight, eps) with norm_x: the GEMV reads the raw residual norm_x and applies the RMSNorm itself; the GEMM
+    reads x, which the model fills with the normalised rows (only needed when there are prefill rows)."""
 
-    def __init__(self, lib, *args, **kw):
-        self.gemv = Linear(lib, *args, count_index=STEP_DECODE, kernel="gemv", **kw)
-        self.gemm = Linear(lib, *args, count_index=STEP_PREFILL, start_index=STEP_DECODE, kernel="gemm", **kw)
+    def __init__(self, lib, dtype, n, k, gs, parts, x, y, x_stride, y_stride, step, *, norm=None, norm_x=None, **kw):
+        self.gemv = Linear(lib, dtype, n, k, gs, parts, norm_x if norm is not None else x, y, x_stride, y_stride, step,
+                           count_index=STEP_DECODE, kernel="gemv", norm=norm, **kw)
+        self.gemm = Linear(lib, dtype, n, k, gs, parts, x, y, x_stride, y_stride, step, count_index=STEP_PREFILL,
+                           start_index=STEP_DECODE, kernel="gemm", **kw)
 
     def encode(self, cmds, n_decode: int, n_prefill: int) -> None:
         self.gemv.encode(cmds, n_decode)
@@ -194,9 +205,10 @@ class GPUModel:
         self.layers: list[_Layer] = []
         for i in range(L):
             pre = f"layers.{i}."
-            attn_norm = RMSNorm(lib, d, eps, self.r_buf, await self._upload(await get(pre + "attn_norm", "data"), "n"),
-                                self.xn_buf, self.d_stride, self.d_stride, step, STEP_TOKENS, p, label=f"{pre}attn_norm")
-            qkv = await self._qkv(get, pre, fuse)
+            wn_attn = await self._upload(_pad16(await get(pre + "attn_norm", "data")), f"{pre}attn_norm")
+            attn_norm = RMSNorm(lib, d, eps, self.r_buf, wn_attn, self.xn_buf, self.d_stride, self.d_stride, step,
+                                STEP_TOKENS, p, label=f"{pre}attn_norm")
+            qkv = await self._qkv(get, pre, fuse, (wn_attn, eps))
             rope = Rope(lib, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, self.qkv_buf,
                         self.qkv_stride, self.k_cache[i], self.v_cache[i], self.pos_buf, self.slot_buf,
                         self.inv_freq_buf, step, STEP_TOKENS, p, label=f"{pre}rope", kv_f16=kv_f16)
@@ -204,9 +216,10 @@ class GPUModel:
                                        self.seq_info_buf, self.attn_buf)
             o = await self._linear(get, pre + "o", self.attn_buf, _round4(qd), self.r_buf, self.d_stride,
                                    accumulate=True)
-            ffn_norm = RMSNorm(lib, d, eps, self.r_buf, await self._upload(await get(pre + "ffn_norm", "data"), "n"),
-                               self.xn_buf, self.d_stride, self.d_stride, step, STEP_TOKENS, p, label=f"{pre}ffn_norm")
-            mlp_in = await self._gate_up(get, pre, fuse)
+            wn_ffn = await self._upload(_pad16(await get(pre + "ffn_norm", "data")), f"{pre}ffn_norm")
+            ffn_norm = RMSNorm(lib, d, eps, self.r_buf, wn_ffn, self.xn_buf, self.d_stride, self.d_stride, step,
+                               STEP_TOKENS, p, label=f"{pre}ffn_norm")
+            mlp_in = await self._gate_up(get, pre, fuse, (wn_ffn, eps))
             down = await self._linear(get, pre + "down", self.act_buf, self.f_stride, self.r_buf, self.d_stride,
                                       accumulate=True)
             self.layers.append(_Layer(attn_norm, qkv, rope, attn, o, ffn_norm, mlp_in, down))
@@ -237,11 +250,16 @@ class GPUModel:
             parts.append(WeightPart(b.rows[0], b.rows[1] - b.rows[0], comps["qweight"], comps["scales"], comps.get("mins")))
         return parts
 
-    async def _linear(self, get, name, x, x_stride, y, y_stride, *, accumulate=False, n_offset=0, bias=None):
+    async def _linear(self, get, name, x, x_stride, y, y_stride, *, accumulate=False, n_offset=0, bias=None,
+                      norm=None):
         t = self.package.tensors[name]
         return DualLinear(self.lib, t.dtype, t.rows, t.k, t.group_size, await self._parts(get, name), x, y, x_stride,
                           y_stride, self.step_buf, params=self.arena, bias=bias, accumulate=accumulate,
-                          n_offset=n_offset, label=name)
+                          n_offset=n_offset, label=name, **self._norm_kw(norm))
+
+    def _norm_kw(self, norm) -> dict:
+        """DualLinear arguments folding an RMSNorm of the residual into the GEMV (decode rows)."""
+        return {} if norm is None else {"norm": norm, "norm_x": self.r_buf}
 
     def _fusable(self, names: list[str], fuse: bool) -> bool:
         ts = [self.package.tensors[n] for n in names]
@@ -249,7 +267,7 @@ class GPUModel:
         return (fuse and all(len(t.bindings) == 1 for t in ts) and len({(t.dtype, t.group_size, t.k) for t in ts}) == 1
                 and sum(t.rows * t.row_bytes("qweight") for t in ts) <= limit)
 
-    async def _qkv(self, get, pre: str, fuse: bool) -> list[DualLinear]:
+    async def _qkv(self, get, pre: str, fuse: bool, norm) -> list[DualLinear]:
         cfg = self.cfg
         names = [pre + "q", pre + "k", pre + "v"]
         biases = [None, None, None]
@@ -265,16 +283,16 @@ class GPUModel:
             part = WeightPart(0, n, comps["qweight"], comps["scales"], comps.get("mins"))
             return [DualLinear(self.lib, t.dtype, n, t.k, t.group_size, [part], self.xn_buf, self.qkv_buf,
                                self.d_stride, self.qkv_stride, self.step_buf, params=self.arena, bias=bias,
-                               label=f"{pre}qkv")]
+                               label=f"{pre}qkv", **self._norm_kw(norm))]
         out, off = [], 0
         for n, b in zip(names, biases):
             bias = await self._upload(b, n + ".bias") if b is not None else None
             out.append(await self._linear(get, n, self.xn_buf, self.d_stride, self.qkv_buf, self.qkv_stride,
-                                          n_offset=off, bias=bias))
+                                          n_offset=off, bias=bias, norm=norm))
             off += self.package.tensors[n].rows
         return out
 
-    async def _gate_up(self, get, pre: str, fuse: bool) -> list[Any]:
+    async def _gate_up(self, get, pre: str, fuse: bool, norm) -> list[Any]:
         f = self.cfg.intermediate_size
         names = [pre + "gate", pre + "up"]
         if self._fusable(names, fuse) and f % 4 == 0:
@@ -286,13 +304,14 @@ class GPUModel:
             part = WeightPart(0, 2 * f, comps["qweight"], comps["scales"], comps.get("mins"))
             return [DualLinear(self.lib, t.dtype, 2 * f, t.k, t.group_size, [part], self.xn_buf, self.act_buf,
                                self.d_stride, self.f_stride, self.step_buf, params=self.arena, swiglu=True,
-                               label=f"{pre}gate_up_swiglu")]
+                               label=f"{pre}gate_up_swiglu", **self._norm_kw(norm))]
         if self.gu_buf is None:
             self.gu_buf = self.device.create_buffer(4 * self.max_tokens * 2 * self.f_stride, STORAGE | COPY_DST,
                                                     label="gate_up")
-        gate = await self._linear(get, names[0], self.xn_buf, self.d_stride, self.gu_buf, 2 * self.f_stride)
+        gate = await self._linear(get, names[0], self.xn_buf, self.d_stride, self.gu_buf, 2 * self.f_stride,
+                                  norm=norm)
         up = await self._linear(get, names[1], self.xn_buf, self.d_stride, self.gu_buf, 2 * self.f_stride,
-                                n_offset=self.f_stride)
+                                n_offset=self.f_stride, norm=norm)
         act = SwiGLU(self.lib, self.f_stride, self.gu_buf, self.act_buf, 2 * self.f_stride, self.f_stride,
                      self.step_buf, STEP_TOKENS, self.arena, label=f"{pre}swiglu")
         return [gate, up, act]
@@ -361,13 +380,15 @@ class GPUModel:
         cmds = dev.commands(timed=timed)
         self.embed.encode(cmds, T)
         for ly in self.layers:
-            ly.attn_norm.encode(cmds, T)
+            if n_pre:  # the GEMM reads normalised rows; decode rows' GEMV normalises r itself
+                ly.attn_norm.encode(cmds, T)
             for lin in ly.qkv:
                 lin.encode(cmds, n_dec, n_pre)
             ly.rope.encode(cmds, T)
             self.attention.encode(cmds, ly.attn, shape)
             ly.o.encode(cmds, n_dec, n_pre)
-            ly.ffn_norm.encode(cmds, T)
+            if n_pre:
+                ly.ffn_norm.encode(cmds, T)
             for k in ly.mlp_in:
                 if isinstance(k, DualLinear):
                     k.encode(cmds, n_dec, n_pre)

@@ -26,7 +26,7 @@ from ..gpu.device import COPY_DST, UNIFORM, BufferBinding
 ROWS_PER_INVOCATION = 4
 WG = 64
 GEMM_TOKENS = 8  # gemm.wgsl default: activation rows per invocation (TT; all lanes of a workgroup share them)
-_PARAMS = "<12I"  # Params in gemv.wgsl (48 bytes)
+_PARAMS = "<10IfI"  # Params in gemv.wgsl / gemm.wgsl (48 bytes; field 10 = gemv's RMSNorm eps)
 
 ParamsFn = Callable[[bytes], BufferBinding]
 
@@ -68,12 +68,16 @@ class Linear:
     x and y are bindings of row-major f32 matrices with row strides x_stride / y_stride (floats; x_stride must be a
     multiple of 4). swiglu=True: W holds gate and up rows interleaved in blocks of 4 (see `interleave_gate_up`),
     and y receives silu(gate) * up (N/2 columns).
+    norm=(weight binding, eps) (gemv only): x is the un-normalised residual and the RMSNorm with that weight is
+    folded into the kernel (y = W rmsnorm(x) * w): no separate norm dispatch. The weight binding must hold K
+    floats rounded up to a multiple of 4.
     """
 
     def __init__(self, lib, dtype: str, n: int, k: int, group_size: int, parts: list[WeightPart], x, y,
                  x_stride: int, y_stride: int, step, count_index: int = 0, params: ParamsFn | None = None,
                  bias=None, accumulate: bool = False, swiglu: bool = False, n_offset: int = 0, label: str = "linear",
-                 kernel: str = "gemv", start_index: int = 0, rows8: bool = False, gemm_tokens: int = GEMM_TOKENS):
+                 kernel: str = "gemv", start_index: int = 0, rows8: bool = False, gemm_tokens: int = GEMM_TOKENS,
+                 norm: tuple[Any, float] | None = None):
         if kernel not in ("gemv", "gemm"):
             raise ValueError(f"Linear: kernel must be 'gemv' or 'gemm', not {kernel!r}")
         if dtype not in ("q4", "q4a", "q8"):
@@ -87,10 +91,17 @@ class Linear:
         if bias is not None and len(parts) != 1:
             raise ValueError("Linear: a bias is supported on single-binding weights only")
         self.n, self.k, self.label, self.swiglu, self.kernel = n, k, label, swiglu, kernel
+        if norm is not None and kernel != "gemv":
+            raise ValueError("Linear: a folded RMSNorm (norm=...) is implemented in the gemv kernel only")
         defines: dict[str, object] = {"DTYPE": dtype, "WG": WG}
+        slot = 7 if dtype == "q4a" else 6  # first binding after the fixed ones (and mins)
+        if norm is not None:
+            defines["NORM"] = 1
+            defines["NORM_SLOT"] = slot
+            slot += 1
         if bias is not None:
             defines["BIAS"] = 1
-            defines["BIAS_SLOT"] = 7 if dtype == "q4a" else 6
+            defines["BIAS_SLOT"] = slot
         if accumulate:
             defines["ACCUMULATE"] = 1
         if swiglu:
@@ -110,11 +121,14 @@ class Linear:
         for p in parts:
             if (p.mins is None) != (dtype != "q4a"):
                 raise ValueError(f"Linear {label}: q4a weights need mins, other dtypes none")
+            eps = float(norm[1]) if norm is not None else 0.0
             u = params(struct.pack(_PARAMS, p.rows, k, group_size, w4, s_stride, x_stride // 4, y_stride,
-                                   n_offset + p.row0, count_index, start_index, 0, 0))
+                                   n_offset + p.row0, count_index, start_index, eps, 0))
             binds = [p.qweight, p.scales, x, y, u, step]
             if dtype == "q4a":
                 binds.append(p.mins)
+            if norm is not None:
+                binds.append(norm[0])
             if bias is not None:
                 binds.append(bias)
             bg = lib.device.create_bind_group(self.pipeline, binds)
