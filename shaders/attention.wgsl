@@ -3,7 +3,7 @@
 // One file, three kernels chosen by KERNEL (each variant declares only the bindings it uses, numbered from 0,
 // because an automatic layout drops unused bindings):
 //   KERNEL == 0  decode:  sequences with exactly one query token. Flash-decoding: the KV range [0, ctx) is cut
-//                into CHUNK-long splits, one workgroup per (split, kv head, sequence) writes a partial
+//                into SPLIT-long splits, one invocation per (split, kv head, sequence) writes a partial
 //                (max, sum, unnormalised acc) for the GROUP query heads that share the kv head.
 //   KERNEL == 1  reduce:  merges a decode sequence's partials in split order -> out.
 //   KERNEL == 2  prefill: sequences with two or more query tokens (chunked prefill; earlier KV read from the
@@ -23,6 +23,7 @@
 // Softmax is f32 with scale 1/sqrt(HEAD_DIM) folded into q.
 
 #define WG 64
+#define RWG 16
 const GROUP: u32 = N_HEADS / N_KV_HEADS;  // query heads per kv head
 const HD4: u32 = HEAD_DIM / 4;
 // a masked score; kept finite so that "max - max" never makes NaN
@@ -35,6 +36,17 @@ alias kv_vec = vec4<f32>;
 #endif
 
 // decode ------------------------------------------------------------------------------------------------------
+// Flash-decoding with a split of SPLIT positions per group of NC lanes: lane c of a split owns dims
+// [16c, 16c + 16) of the head (four vec4, a mat4x4) for HB query heads of one kv head (GQA: each K and V vector
+// is loaded once for all of them; a GROUP above 4 takes ceil(GROUP / 4) head blocks). Every lane walks the
+// split's positions once, in order, with an online softmax; the partial dot products of a score are summed over
+// the NC lanes (subgroup xor butterfly, or workgroup memory without subgroups), so all NC lanes hold the same
+// softmax state. The split writes one partial record per head; the reduce kernel merges them.
+// Why this shape (measured on llvmpipe, Mesa 22.3): every storage or workgroup-memory load costs about the same per
+// active lane whatever its width or whether the address is uniform, so the loads per position are the budget:
+// here 2 x HEAD_DIM/4 vec4 loads per position and kv head, the minimum (the previous layout issued ~5x more:
+// q and the scores lived in workgroup memory). And private arrays indexed by a loop counter are spilled (naga's
+// loops are not unrolled there), ~3x slower than the fixed registers of the named per-head state used below.
 #if KERNEL == 0
 @group(0) @binding(0) var<storage, read> q: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> k_cache: array<kv_vec>;
@@ -43,103 +55,186 @@ alias kv_vec = vec4<f32>;
 @group(0) @binding(4) var<storage, read> seqs: array<vec4<u32>>;
 @group(0) @binding(5) var<storage, read_write> partials: array<vec4<f32>>;
 
-var<workgroup> q_s: array<vec4<f32>, GROUP * HD4>;
-var<workgroup> sc: array<f32, GROUP * CHUNK>;
-var<workgroup> red: array<f32, GROUP * WG>;
-var<workgroup> stat: array<f32, GROUP>;
-// the weighted V sum splits the positions over SLICES groups of HD4 invocations (HD4 <= WG)
-const SLICES: u32 = max(WG / HD4, 1u);
-var<workgroup> vex: array<vec4<f32>, max(SLICES - 1u, 1u) * GROUP * HD4>;
+const NC: u32 = LANES;  // lanes per split: a power of two >= HEAD_DIM / 16 (wrapper)
+const SPLITS_PER_WG: u32 = DWG / NC;
+const N_HB: u32 = (GROUP + HB - 1u) / HB;  // head blocks per kv head
+const REC: u32 = HD4 + 1u;  // partial record: vec4(max, sum, 0, 0), then HD4 vectors of the unnormalised output
 
-@compute @workgroup_size(WG)
+#ifndef SG_DECODE
+var<workgroup> part: array<vec4<f32>, DWG>;
+#endif
+
+// the four vectors [4c, 4c + 4) of row `base` (HD4 vectors per row); zeros past the head (HEAD_DIM % 16 != 0)
+fn load_k(base: u32, c: u32) -> mat4x4<f32> {
+#ifdef PAD
+    var r = mat4x4<f32>();
+    for (var t = 0u; t < 4u; t++) {
+        let j = c * 4u + t;
+        r[t] = select(vec4<f32>(0.0), vec4<f32>(k_cache[base + min(j, HD4 - 1u)]), j < HD4);
+    }
+    return r;
+#else
+    let o = base + c * 4u;
+    return mat4x4<f32>(vec4<f32>(k_cache[o]), vec4<f32>(k_cache[o + 1u]), vec4<f32>(k_cache[o + 2u]),
+                       vec4<f32>(k_cache[o + 3u]));
+#endif
+}
+
+fn load_v(base: u32, c: u32) -> mat4x4<f32> {
+#ifdef PAD
+    var r = mat4x4<f32>();
+    for (var t = 0u; t < 4u; t++) {
+        let j = c * 4u + t;
+        r[t] = select(vec4<f32>(0.0), vec4<f32>(v_cache[base + min(j, HD4 - 1u)]), j < HD4);
+    }
+    return r;
+#else
+    let o = base + c * 4u;
+    return mat4x4<f32>(vec4<f32>(v_cache[o]), vec4<f32>(v_cache[o + 1u]), vec4<f32>(v_cache[o + 2u]),
+                       vec4<f32>(v_cache[o + 3u]));
+#endif
+}
+
+// one query head's share of a split: its scaled q dims, output accumulator, running max and sum
+struct Head {
+    q: mat4x4<f32>,
+    acc: mat4x4<f32>,
+    m: f32,
+    l: f32,
+}
+
+fn head_new(qbase: u32, c: u32, scale: f32) -> Head {
+    var r = mat4x4<f32>();
+    for (var t = 0u; t < 4u; t++) {
+        let j = c * 4u + t;
+        r[t] = select(vec4<f32>(0.0), q[qbase + min(j, HD4 - 1u)] * scale, j < HD4);
+    }
+    return Head(r, mat4x4<f32>(), NEG, 0.0);
+}
+
+fn head_dot(h: Head, k: mat4x4<f32>) -> f32 {
+    let t = h.q[0] * k[0] + h.q[1] * k[1] + h.q[2] * k[2] + h.q[3] * k[3];
+    return t.x + t.y + t.z + t.w;
+}
+
+// online softmax step: rescale when the max grows (factor 1 otherwise; 0 at the first key)
+fn head_add(h: ptr<function, Head>, s: f32, v: mat4x4<f32>) {
+    let mn = max((*h).m, s);
+    let alpha = exp((*h).m - mn);
+    let p = exp(s - mn);
+    (*h).l = (*h).l * alpha + p;
+    (*h).m = mn;
+    (*h).acc = (*h).acc * alpha + v * p;
+}
+
+fn head_write(h: Head, rec: u32, c: u32) {
+    if (c == 0u) {
+        partials[rec] = vec4<f32>(h.m, h.l, 0.0, 0.0);
+    }
+    for (var t = 0u; t < 4u; t++) {
+        let j = c * 4u + t;
+        if (j < HD4) {
+            partials[rec + 1u + j] = h.acc[t];
+        }
+    }
+}
+
+// sum of v over the NC lanes of this lane's split; every one of them gets the bit-identical result
+fn lane_sum(v: vec4<f32>, lid: u32) -> vec4<f32> {
+#if LANES == 1
+    return v;
+#else
+#ifdef SG_DECODE
+    var s = v;
+    for (var x = 1u; x < NC; x <<= 1u) {
+        s += subgroupShuffleXor(s, x);
+    }
+    return s;
+#else
+    part[lid] = v;
+    workgroupBarrier();
+    let first = lid - lid % NC;
+    var s = vec4<f32>(0.0);
+    for (var x = 0u; x < NC; x++) {
+        s += part[first + x];
+    }
+    workgroupBarrier();
+    return s;
+#endif
+#endif
+}
+
+@compute @workgroup_size(DWG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let split = wid.x;
-    let kvh = wid.y;
+    let kvh = wid.y / N_HB;
+    let hb = wid.y % N_HB;
     let sq = seqs[wid.z];
     let ctx = sq.x;
-    let start = split * CHUNK;
-    if (sq.w != 1u || start >= ctx) {
-        return;  // not a decode sequence, or past its last split: uniform per workgroup
+    if (sq.w != 1u || wid.x * SPLITS_PER_WG * SPLIT >= ctx) {
+        return;  // uniform per workgroup: not a decode sequence, or none of its splits here
     }
-    let n = min(ctx - start, CHUNK);
+    let split = wid.x * SPLITS_PER_WG + lid / NC;
+    let c = lid % NC;
+    let start = split * SPLIT;
+    // live steps of this lane; lanes past the last split (n = 0) and steps past the end still run, masked, so
+    // that the lane sums stay in uniform control flow
+    let n = select(0u, min(ctx - start, SPLIT), start < ctx);
     let scale = inverseSqrt(f32(HEAD_DIM));
-    for (var i = lid; i < GROUP * HD4; i += WG) {
-        let g = i / HD4;
-        q_s[i] = q[(sq.z * Q_STRIDE + Q_OFFSET) / 4u + (kvh * GROUP + g) * HD4 + i % HD4] * scale;
-    }
-    workgroupBarrier();
-    // scores: one key per invocation at a time; each K vector is loaded once for the GROUP query heads
-    var mloc: array<f32, GROUP>;
-    for (var g = 0u; g < GROUP; g++) { mloc[g] = NEG; }
-    for (var i = lid; i < n; i += WG) {
-        let pos = start + i;
+    // head slot j of this block is query head kvh * GROUP + hb * HB + j (clamped; slots past GROUP not written)
+    let g0 = hb * HB;
+    let qrow = (sq.z * Q_STRIDE + Q_OFFSET) / 4u + kvh * GROUP * HD4;
+    var h0 = head_new(qrow + min(g0, GROUP - 1u) * HD4, c, scale);
+#ifdef H1
+    var h1 = head_new(qrow + min(g0 + 1u, GROUP - 1u) * HD4, c, scale);
+#endif
+#ifdef H2
+    var h2 = head_new(qrow + min(g0 + 2u, GROUP - 1u) * HD4, c, scale);
+#endif
+#ifdef H3
+    var h3 = head_new(qrow + min(g0 + 3u, GROUP - 1u) * HD4, c, scale);
+#endif
+    for (var i = 0u; i < SPLIT; i++) {
+        let pos = min(start + i, ctx - 1u);  // masked steps re-read a valid position
         let blk = block_tables[sq.y + pos / BLOCK_SIZE];
         let base = ((blk * BLOCK_SIZE + pos % BLOCK_SIZE) * N_KV_HEADS + kvh) * HD4;
-        var acc: array<vec4<f32>, GROUP>;
-        for (var g = 0u; g < GROUP; g++) { acc[g] = vec4<f32>(0.0); }
-        for (var d = 0u; d < HD4; d++) {
-            let kv = vec4<f32>(k_cache[base + d]);
-            for (var g = 0u; g < GROUP; g++) { acc[g] += q_s[g * HD4 + d] * kv; }
-        }
-        for (var g = 0u; g < GROUP; g++) {
-            let s = acc[g].x + acc[g].y + acc[g].z + acc[g].w;
-            sc[g * CHUNK + i] = s;
-            mloc[g] = max(mloc[g], s);
-        }
+        let k = load_k(base, c);
+        let v = load_v(base, c);
+        var s = vec4<f32>(head_dot(h0, k), 0.0, 0.0, 0.0);
+#ifdef H1
+        s.y = head_dot(h1, k);
+#endif
+#ifdef H2
+        s.z = head_dot(h2, k);
+#endif
+#ifdef H3
+        s.w = head_dot(h3, k);
+#endif
+        s = select(vec4<f32>(NEG), lane_sum(s, lid), i < n);
+        head_add(&h0, s.x, v);
+#ifdef H1
+        head_add(&h1, s.y, v);
+#endif
+#ifdef H2
+        head_add(&h2, s.z, v);
+#endif
+#ifdef H3
+        head_add(&h3, s.w, v);
+#endif
     }
-    for (var g = 0u; g < GROUP; g++) { red[g * WG + lid] = mloc[g]; }
-    workgroupBarrier();
-    if (lid < GROUP) {
-        var m = NEG;
-        for (var j = 0u; j < WG; j++) { m = max(m, red[lid * WG + j]); }
-        stat[lid] = m;
+    if (n == 0u) {
+        return;
     }
-    workgroupBarrier();
-    var lloc: array<f32, GROUP>;
-    for (var g = 0u; g < GROUP; g++) { lloc[g] = 0.0; }
-    for (var i = lid; i < n; i += WG) {
-        for (var g = 0u; g < GROUP; g++) {
-            let p = exp(sc[g * CHUNK + i] - stat[g]);
-            sc[g * CHUNK + i] = p;
-            lloc[g] += p;
-        }
-    }
-    for (var g = 0u; g < GROUP; g++) { red[g * WG + lid] = lloc[g]; }
-    workgroupBarrier();
-    // partial record of (seq, head, split): vec4(max, sum, 0, 0) then HD4 vectors of the unnormalised output
-    let rec = HD4 + 1u;
-    if (lid < GROUP) {
-        var l = 0.0;
-        for (var j = 0u; j < WG; j++) { l += red[lid * WG + j]; }
-        let h = kvh * GROUP + lid;
-        partials[((wid.z * N_HEADS + h) * MAX_SPLITS + split) * rec] = vec4<f32>(stat[lid], l, 0.0, 0.0);
-    }
-    // weighted V sum: invocation (slice, d) walks positions slice, slice + SLICES, ... for output vector d of all
-    // GROUP heads (each V vector loaded once); the SLICES partial sums are then added in slice order
-    let d = lid % HD4;
-    let slice = lid / HD4;
-    var vacc: array<vec4<f32>, GROUP>;
-    for (var g = 0u; g < GROUP; g++) { vacc[g] = vec4<f32>(0.0); }
-    if (slice < SLICES) {
-        for (var i = slice; i < n; i += SLICES) {
-            let pos = start + i;
-            let blk = block_tables[sq.y + pos / BLOCK_SIZE];
-            let vv = vec4<f32>(v_cache[((blk * BLOCK_SIZE + pos % BLOCK_SIZE) * N_KV_HEADS + kvh) * HD4 + d]);
-            for (var g = 0u; g < GROUP; g++) { vacc[g] += sc[g * CHUNK + i] * vv; }
-        }
-    }
-    if (slice > 0u && slice < SLICES) {
-        for (var g = 0u; g < GROUP; g++) { vex[((slice - 1u) * GROUP + g) * HD4 + d] = vacc[g]; }
-    }
-    workgroupBarrier();
-    if (slice == 0u) {
-        for (var g = 0u; g < GROUP; g++) {
-            var a = vacc[g];
-            for (var sl = 1u; sl < SLICES; sl++) { a += vex[((sl - 1u) * GROUP + g) * HD4 + d]; }
-            let h = kvh * GROUP + g;
-            partials[((wid.z * N_HEADS + h) * MAX_SPLITS + split) * rec + 1u + d] = a;
-        }
-    }
+    let rec0 = ((wid.z * N_HEADS + kvh * GROUP + g0) * MAX_SPLITS + split) * REC;
+    head_write(h0, rec0, c);
+#ifdef H1
+    if (g0 + 1u < GROUP) { head_write(h1, rec0 + MAX_SPLITS * REC, c); }
+#endif
+#ifdef H2
+    if (g0 + 2u < GROUP) { head_write(h2, rec0 + 2u * MAX_SPLITS * REC, c); }
+#endif
+#ifdef H3
+    if (g0 + 3u < GROUP) { head_write(h3, rec0 + 3u * MAX_SPLITS * REC, c); }
+#endif
 }
 #endif
 
@@ -149,28 +244,30 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 @group(0) @binding(1) var<storage, read> seqs: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read_write> out: array<vec4<f32>>;
 
-// one workgroup per (query head, sequence); invocation d owns output vector d; splits merged in order
-@compute @workgroup_size(WG)
+// One workgroup per (query head, sequence); invocation d owns output vector d and merges the splits in order in
+// one pass (running max; each record's (max, sum) and vector d loaded once).
+@compute @workgroup_size(RWG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let h = wid.x;
     let sq = seqs[wid.y];
     if (sq.w != 1u) {
         return;
     }
-    let n_splits = (sq.x + CHUNK - 1u) / CHUNK;
+    let n_splits = (sq.x + SPLIT - 1u) / SPLIT;
     let rec = HD4 + 1u;
     let first = (wid.y * N_HEADS + h) * MAX_SPLITS * rec;
-    var m = NEG;
-    for (var s = 0u; s < n_splits; s++) { m = max(m, partials[first + s * rec].x); }
-    var l = 0.0;
-    for (var s = 0u; s < n_splits; s++) {
-        let st = partials[first + s * rec];
-        l += st.y * exp(st.x - m);
-    }
-    for (var d = lid; d < HD4; d += WG) {
+    for (var d = lid; d < HD4; d += RWG) {
+        var m = NEG;
+        var l = 0.0;
         var acc = vec4<f32>(0.0);
         for (var s = 0u; s < n_splits; s++) {
-            acc += partials[first + s * rec + 1u + d] * exp(partials[first + s * rec].x - m);
+            let st = partials[first + s * rec];
+            let mn = max(m, st.x);
+            let a = exp(m - mn);
+            let b = exp(st.x - mn);
+            l = l * a + st.y * b;
+            acc = acc * a + partials[first + s * rec + 1u + d] * b;
+            m = mn;
         }
         out[(sq.z * N_HEADS + h) * HD4 + d] = acc / l;
     }

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.gpu
 ATOL, RTOL = 2e-5, 1e-4
 
 
-def _case(dev, lib, *, H, Hkv, hd, bs, seqs, chunk=None, kv_f16=False, q_pad=0, seed=0, max_seqs=None):
+def _case(dev, lib, *, H, Hkv, hd, bs, seqs, chunk=None, kv_f16=False, q_pad=0, seed=0, max_seqs=None, **kw):
     """seqs: list of (ctx_len, n_q). Returns (out GpuArray, ref [T, H*hd]).
 
     Sequence i's K/V/q values come from rng(seed + i) alone, so the same sequence in another batch holds the same
@@ -56,7 +56,8 @@ def _case(dev, lib, *, H, Hkv, hd, bs, seqs, chunk=None, kv_f16=False, q_pad=0, 
         row += nq
     info, tables, shape = pack_step(steps)
     attn = PagedAttention(lib, n_heads=H, n_kv_heads=Hkv, head_dim=hd, block_size=bs, max_model_len=4096,
-                          max_seqs=max_seqs or len(seqs), q_stride=q_stride, q_offset=q_pad, kv_f16=kv_f16, chunk=chunk)
+                          max_seqs=max_seqs or len(seqs), q_stride=q_stride, q_offset=q_pad, kv_f16=kv_f16, chunk=chunk,
+                          **kw)
     gq, gk, gv = GpuArray.upload(dev, q), GpuArray.upload(dev, kc), GpuArray.upload(dev, vc)
     gi = GpuArray.upload(dev, np.frombuffer(info, np.uint32))
     gt = GpuArray.upload(dev, np.frombuffer(tables, np.uint32))
@@ -83,16 +84,35 @@ CASES = {
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_attention_f32(gpu_f32, lib32, name):
-    # chunk 128: the contexts above sit on both sides of split boundaries (128, 129, 300)
+    # split 128: the contexts above sit on both sides of split boundaries (128, 129, 300)
     out, ref = _case(gpu_f32, lib32, H=6, Hkv=2, hd=16, bs=16, seqs=CASES[name], seed=len(name), chunk=128)
     check_op(out, ref, ATOL, RTOL, name)
 
 
 def test_attention_smollm2_shape_qkv_fused(gpu_f32, lib32):
     # SmolLM2: 9 heads, 3 kv heads, head_dim 64; q read from inside a wider (fused qkv-like) row with an offset;
-    # default split length (256): 600 positions take 3 splits
+    # default split length (32): 600 positions take 19 splits
     out, ref = _case(gpu_f32, lib32, H=9, Hkv=3, hd=64, bs=16, seqs=[(600, 1), (150, 1), (20, 20)], q_pad=8)
     check_op(out, ref, ATOL, RTOL, "smollm2")
+
+
+@pytest.mark.parametrize("subgroups", [True, False], ids=["shuffle", "workgroup_memory"])
+def test_attention_decode_lane_sum_paths(gpu_f32, lib32, subgroups):
+    """Both ways of summing a score over the head_dim/16 lanes of a split (subgroup xor butterfly; workgroup
+    memory, the path without subgroups) at SmolLM2's shape, contexts around the split length (32)."""
+    if subgroups and not (gpu_f32.caps.subgroups and gpu_f32.caps.subgroup_size >= 4):
+        pytest.skip("needs subgroups of >= 4 lanes")
+    out, ref = _case(gpu_f32, lib32, H=9, Hkv=3, hd=64, bs=16, seqs=[(1, 1), (31, 1), (32, 1), (33, 1), (97, 1)],
+                     subgroup_decode=subgroups, seed=5)
+    check_op(out, ref, ATOL, RTOL, f"lane sum subgroups={subgroups}")
+
+
+@pytest.mark.parametrize("H,Hkv,hd", [(14, 2, 64), (5, 1, 96), (8, 8, 32)], ids=["group7_blocks", "hd96_pad", "mha"])
+def test_attention_decode_head_blocks_and_padding(gpu_f32, lib32, H, Hkv, hd):
+    """GROUP 7 takes two head blocks of 4 (the last with a masked slot); head_dim 96 pads 6 lanes of 16 dims to 8
+    (two idle lanes, PAD loads); MHA: one head per block."""
+    out, ref = _case(gpu_f32, lib32, H=H, Hkv=Hkv, hd=hd, bs=8, seqs=[(70, 1), (5, 1), (12, 4)], seed=H)
+    check_op(out, ref, ATOL, RTOL, f"H={H} Hkv={Hkv} hd={hd}")
 
 
 def test_attention_head_dim_128_mha(gpu_f32, lib32):
@@ -132,8 +152,12 @@ def test_attention_hypothesis(gpu_f32, lib32, raw, heads, bs):
 def test_bad_shapes_are_rejected(lib32):
     with pytest.raises(ValueError, match="multiple of n_kv_heads"):
         PagedAttention(lib32, n_heads=6, n_kv_heads=4, head_dim=16, block_size=16, max_model_len=64, max_seqs=1)
-    with pytest.raises(ValueError, match="workgroup memory"):
-        PagedAttention(lib32, n_heads=64, n_kv_heads=1, head_dim=256, block_size=16, max_model_len=64, max_seqs=1)
+    with pytest.raises(ValueError, match="partials need"):
+        PagedAttention(lib32, n_heads=64, n_kv_heads=8, head_dim=128, block_size=16, max_model_len=1 << 20,
+                       max_seqs=64)
+    with pytest.raises(ValueError, match="same setting"):
+        PagedAttention(lib32, n_heads=2, n_kv_heads=1, head_dim=16, block_size=16, max_model_len=64, max_seqs=1,
+                       chunk=32, split=64)
     with pytest.raises(ValueError, match="n_q <= ctx_len"):
         pack_step([SeqStep(3, [1], 0, 4)])
     a = PagedAttention(lib32, n_heads=2, n_kv_heads=1, head_dim=16, block_size=16, max_model_len=64, max_seqs=1, chunk=32)

@@ -18,7 +18,7 @@ Bind groups are built once per layer (`bind`); a step calls `encode(cmds, bindin
 dispatches whose grid depends on the step's shape (number of sequences, longest context, longest chunk).
 
 Batch invariance: sequences with one query token always go through the decode kernel, those with more through
-the prefill kernel; decode splits a context into fixed CHUNK-long pieces. So a sequence's output depends only on
+the prefill kernel; decode splits a context into fixed SPLIT-long pieces. So a sequence's output depends only on
 its own tokens, never on how many other sequences share the step. (A token's output may differ in the last bits
 between a prefill chunk and a decode step; that is allowed.)
 
@@ -36,6 +36,9 @@ from ..gpu.device import COPY_DST, STORAGE, BufferBinding
 WG = 64
 DECODE, REDUCE, PREFILL = 0, 1, 2
 WORKGROUP_BYTES = 16384  # browser default maxComputeWorkgroupStorageSize
+DECODE_WG = 8  # decode invocations per workgroup (shaders/attention.wgsl DWG)
+PARTIALS_BUDGET = 32 << 20  # default split: the shortest whose partials buffer stays under this
+MAX_BINDING_BYTES = 128 << 20  # browser default maxStorageBufferBindingSize
 
 
 @dataclass(frozen=True)
@@ -86,15 +89,20 @@ class AttentionBinding:
 class PagedAttention:
     """Pipelines and the split-partials scratch buffer for one model's attention shape.
 
-    chunk: decode split length (positions per workgroup; None: the largest of 256, 128, 64, 32 whose workgroup
-    memory fits; on lavapipe each workgroup costs ~0.1 ms whatever its length, so longer splits win there, while
-    real GPUs want enough splits to fill their cores); max_model_len bounds the split count, max_seqs the
-    number of sequences per step (both size the partials buffer, allocated once here and shared by all layers).
+    split: decode split length, the positions one split (head_dim/16 lanes) walks (None: 32, or longer when the partials buffer
+    would pass PARTIALS_BUDGET bytes). Each split is a partial softmax record merged by the reduce kernel, so short
+    splits give parallelism (ctx 640 -> 20 invocations per kv head) at the price of a longer merge. `chunk` is the
+    old name of the same knob (kept for callers). max_model_len bounds the split count, max_seqs the number of
+    sequences per step (both size the partials buffer, allocated once here and shared by all layers).
+    decode_wg: invocations per decode workgroup (8 = one SIMD batch on llvmpipe; real GPUs may prefer 32-64).
+    subgroup_decode: None = sum the lanes of a split with subgroup shuffles where the device has subgroups of at
+    least head_dim/16 lanes, else through workgroup memory; False forces workgroup memory; True requires shuffles.
     """
 
     def __init__(self, lib, *, n_heads: int, n_kv_heads: int, head_dim: int, block_size: int, max_model_len: int,
                  max_seqs: int, q_stride: int | None = None, q_offset: int = 0, kv_f16: bool = False,
-                 chunk: int | None = None, label: str = "attn"):
+                 chunk: int | None = None, split: int | None = None, decode_wg: int = DECODE_WG,
+                 subgroup_decode: bool | None = None, label: str = "attn"):
         if n_heads % n_kv_heads:
             raise ValueError(f"attention: n_heads {n_heads} is not a multiple of n_kv_heads {n_kv_heads}")
         if head_dim % 4 or head_dim > 4 * WG:
@@ -104,36 +112,63 @@ class PagedAttention:
             raise ValueError(f"attention: q_stride {q_stride} and q_offset {q_offset} must be multiples of 4")
         if kv_f16 and not lib.device.caps.f16:
             raise ValueError("attention: kv_f16 needs a device with shader-f16")
+        if chunk is not None and split is not None and chunk != split:
+            raise ValueError(f"attention: chunk {chunk} and split {split} name the same setting; give one")
+        split = split if split is not None else chunk
         self.lib, self.label = lib, label
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         group = n_heads // n_kv_heads
-        hd4 = head_dim // 4
-        # decode workgroup memory: q (group x head_dim), scores (group x chunk), reduction (group x WG), and the
-        # V-sum exchange between position slices ((WG / hd4 - 1) x group x head_dim)
-        slices = max(WG // hd4, 1)
 
-        def dec_bytes(c: int) -> int:
-            return 4 * group * (head_dim + c + WG + 1) + 4 * max(slices - 1, 1) * group * head_dim
+        def partials_bytes(sp: int) -> int:
+            return 4 * max_seqs * n_heads * -(-max_model_len // sp) * (head_dim + 4)
 
-        if chunk is None:
-            chunk = next((c for c in (256, 128, 64, 32) if dec_bytes(c) <= WORKGROUP_BYTES), 32)
-        if dec_bytes(chunk) > WORKGROUP_BYTES:
-            raise ValueError(f"attention decode needs {dec_bytes(chunk)} bytes of workgroup memory "
-                             f"(> {WORKGROUP_BYTES}); lower chunk (now {chunk})")
-        self.block_size, self.chunk, self.max_seqs = block_size, chunk, max_seqs
-        self.max_splits = -(-max_model_len // chunk)
+        if split is None:
+            split = next((sp for sp in (32, 64, 128, 256, 512) if partials_bytes(sp) <= PARTIALS_BUDGET), 1024)
+        if split < 1:
+            raise ValueError(f"attention: split length must be >= 1, got {split}")
+        self.block_size, self.split, self.max_seqs = block_size, split, max_seqs
+        self.chunk = split  # old name
+        self.max_splits = -(-max_model_len // split)
         # prefill: WG query rows per workgroup; K and V tiles of BK positions must fit in 16 KiB
         self.bq = WG
         self.bk = max(1, min(32, WORKGROUP_BYTES // (8 * head_dim)))
         base = {"N_HEADS": n_heads, "N_KV_HEADS": n_kv_heads, "HEAD_DIM": head_dim, "BLOCK_SIZE": block_size,
-                "Q_STRIDE": q_stride, "Q_OFFSET": q_offset, "CHUNK": chunk, "MAX_SPLITS": self.max_splits,
+                "Q_STRIDE": q_stride, "Q_OFFSET": q_offset, "SPLIT": split, "MAX_SPLITS": self.max_splits,
                 "BK": self.bk}
         if kv_f16:
             base["KV_F16"] = 1
+        # decode layout (see the decode section of attention.wgsl): `lanes` lanes per split, each owning 16 dims
+        # of the head; up to 4 query heads per invocation (GROUP > 4: several head blocks, K/V read once per block)
+        lanes = 1 << max(0, -(-head_dim // 16) - 1).bit_length()
+        n_hb = -(-group // 4)
+        hb = -(-group // n_hb)
+        decode_wg = max(decode_wg, lanes)
+        if decode_wg % lanes or decode_wg > 256:
+            raise ValueError(f"attention: decode_wg {decode_wg} must be a multiple of {lanes} lanes and <= 256")
+        caps = lib.device.caps
+        sg_ok = bool(caps.subgroups) and lanes <= (caps.subgroup_size or 0)
+        if subgroup_decode is None:
+            subgroup_decode = sg_ok
+        elif subgroup_decode and not sg_ok:
+            raise ValueError(f"attention: the subgroup decode needs subgroups of >= {lanes} lanes (head_dim "
+                             f"{head_dim}); this device has {caps.subgroup_size if caps.subgroups else 'none'}")
+        self.subgroup_decode = bool(subgroup_decode)
+        self.lanes, self.n_head_blocks, self.decode_wg = lanes, n_hb, decode_wg
+        self.splits_per_wg = decode_wg // lanes
+        base.update({"LANES": lanes, "HB": hb, "DWG": decode_wg})
+        for j in range(1, hb):
+            base[f"H{j}"] = 1
+        if head_dim != 16 * lanes:
+            base["PAD"] = 1
+        if self.subgroup_decode:
+            base["SG_DECODE"] = 1
         use_f16 = True if kv_f16 else False
         self.pipelines = [lib.pipeline("attention", defines={**base, "KERNEL": k}, use_f16=use_f16)
                           for k in (DECODE, REDUCE, PREFILL)]
-        self.partials_bytes = 4 * max_seqs * n_heads * self.max_splits * (head_dim + 4)
+        self.partials_bytes = partials_bytes(split)
+        if self.partials_bytes > MAX_BINDING_BYTES:
+            raise ValueError(f"attention: the decode partials need {self.partials_bytes} bytes (> {MAX_BINDING_BYTES} "
+                             f"per binding); lower max_seqs ({max_seqs}) or max_model_len ({max_model_len})")
         self.partials = lib.device.create_buffer(self.partials_bytes, STORAGE | COPY_DST, label=f"{label}.partials")
 
     def bind(self, q, k_cache, v_cache, block_tables, seq_info, out) -> AttentionBinding:
@@ -152,11 +187,13 @@ class PagedAttention:
             raise ValueError(f"attention: {step.n_seqs} sequences in a step, built for at most {self.max_seqs}")
         dec, red, pre = self.pipelines
         if step.max_ctx_decode:
-            splits = -(-step.max_ctx_decode // self.chunk)
+            splits = -(-step.max_ctx_decode // self.split)
             if splits > self.max_splits:
                 raise ValueError(f"attention: context {step.max_ctx_decode} exceeds max_model_len "
-                                 f"{self.max_splits * self.chunk}")
-            cmds.dispatch(dec, binding.decode, splits, self.n_kv_heads, step.n_seqs, f"{self.label}.decode")
+                                 f"{self.max_splits * self.split}")
+            cmds.dispatch(dec, binding.decode, -(-splits // self.splits_per_wg), self.n_kv_heads * self.n_head_blocks,
+                          step.n_seqs,
+                          f"{self.label}.decode")
             cmds.dispatch(red, binding.reduce, self.n_heads, step.n_seqs, 1, f"{self.label}.reduce")
         if step.max_q_prefill:
             cmds.dispatch(pre, binding.prefill, -(-step.max_q_prefill // self.bq), self.n_heads, step.n_seqs,
