@@ -109,21 +109,36 @@ fn w_at(row: u32, k: u32) -> f32 {
 #endif
 }
 
-// contribution of one full 32-element chunk c of `row`, given the chunk's activations and their sum
-fn chunk(row: u32, c: u32, xs: array<vec4<f32>, 8>, sx: f32) -> f32 {
-    let g = c * 32u / params.gs;
-    let s = scale_of(row, g);
+// contribution of one full 32-element chunk c of `row`, given the chunk's activations and their sum, and the
+// row's scale s and offset m (q4a min) of the chunk's group
+fn chunk(row: u32, c: u32, xs: array<vec4<f32>, 8>, sx: f32, s: f32, m: f32) -> f32 {
 #if DTYPE == q8
     let base = row * params.w_stride4 + 2u * c;
     return s * dot32(w[base], w[base + 1u], xs);
 #else
     let q = dot32(w[row * params.w_stride4 + c], xs);
 #if DTYPE == q4a
-    return s * q + min_of(row, g) * sx;
+    return s * q + m * sx;
 #else
     return s * (q - 8.0 * sx);  // (q - 8) * s summed: the -8 offset folded into one product per chunk
 #endif
 #endif
+}
+
+// the u32 words holding the f16 scales (or q4a mins) of groups g and g ^ 1 of rows r: one load per two groups
+fn words(of_mins: bool, r: vec4<u32>, g: u32) -> vec4<u32> {
+    let o = g / 2u;
+    let st = params.s_stride;
+#if DTYPE == q4a
+    if (of_mins) {
+        return vec4<u32>(mins[r.x * st + o], mins[r.y * st + o], mins[r.z * st + o], mins[r.w * st + o]);
+    }
+#endif
+    return vec4<u32>(scales[r.x * st + o], scales[r.y * st + o], scales[r.z * st + o], scales[r.w * st + o]);
+}
+
+fn halves(wd: vec4<u32>, g: u32) -> vec4<f32> {
+    return vec4<f32>(half_at(wd.x, g), half_at(wd.y, g), half_at(wd.z, g), half_at(wd.w, g));
 }
 
 #ifdef NORM
@@ -207,7 +222,29 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>
     var acc_up = vec4<f32>(0.0);  // rows n0+4 .. n0+7 (the up rows under SWIGLU)
 #endif
     let full = params.k / 32u;
+    // scale/min words of the current pair of groups, reloaded every other group (a u32 holds two f16)
+    var pair = 0xffffffffu;
+    var sw = vec4<u32>(0u); var mw = vec4<u32>(0u);
+#ifdef ROWS8
+    var sw8 = vec4<u32>(0u); var mw8 = vec4<u32>(0u);
+#endif
     for (var c = 0u; c < full; c++) {
+        let g = c * 32u / params.gs;
+        if (g / 2u != pair) {  // uniform branch
+            pair = g / 2u;
+            sw = words(false, vec4<u32>(r0, r1, r2, r3), g);
+#if DTYPE == q4a
+            mw = words(true, vec4<u32>(r0, r1, r2, r3), g);
+#endif
+#ifdef ROWS8
+            sw8 = words(false, vec4<u32>(r4, r5, r6, r7), g);
+#if DTYPE == q4a
+            mw8 = words(true, vec4<u32>(r4, r5, r6, r7), g);
+#endif
+#endif
+        }
+        let s = halves(sw, g);
+        let m = halves(mw, g);
         let xb = 8u * c;  // vec4 index of the chunk within the row
 #ifdef SUBGROUPS
         // all lanes share the same activation row: each lane loads 8 / SG_SIZE vectors (or one, when the subgroup
@@ -230,9 +267,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>
 #endif
         let s4 = (xs[0] + xs[1]) + (xs[2] + xs[3]) + (xs[4] + xs[5]) + (xs[6] + xs[7]);
         let sx = (s4.x + s4.y) + (s4.z + s4.w);
-        acc += vec4<f32>(chunk(r0, c, xs, sx), chunk(r1, c, xs, sx), chunk(r2, c, xs, sx), chunk(r3, c, xs, sx));
+        acc += vec4<f32>(chunk(r0, c, xs, sx, s.x, m.x), chunk(r1, c, xs, sx, s.y, m.y),
+                         chunk(r2, c, xs, sx, s.z, m.z), chunk(r3, c, xs, sx, s.w, m.w));
 #ifdef ROWS8
-        acc_up += vec4<f32>(chunk(r4, c, xs, sx), chunk(r5, c, xs, sx), chunk(r6, c, xs, sx), chunk(r7, c, xs, sx));
+        let s8 = halves(sw8, g);
+        let m8 = halves(mw8, g);
+        acc_up += vec4<f32>(chunk(r4, c, xs, sx, s8.x, m8.x), chunk(r5, c, xs, sx, s8.y, m8.y),
+                            chunk(r6, c, xs, sx, s8.z, m8.z), chunk(r7, c, xs, sx, s8.w, m8.w));
 #endif
     }
     // tail: the last partial chunk, element by element, only k < K

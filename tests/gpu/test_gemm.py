@@ -10,13 +10,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.gpu.check_op import GpuArray, check_op, run
-from tests.gpu.test_gemv import make_weight, upload_parts
+from tests.gpu.test_gemv import lib_nosg, make_weight, upload_parts  # noqa: F401 (lib_nosg: fixture)
 from webinfer.kernels.linear import Linear, interleave_gate_up, split_rows
 
 pytestmark = pytest.mark.gpu
 
 
-def run_gemm(dev, lib, dtype, n, k, t, start=0, gs=32, seed=0, bias=False, accumulate=False, swiglu=False):
+def run_gemm(dev, lib, dtype, n, k, t, start=0, gs=32, seed=0, bias=False, accumulate=False, swiglu=False, tt=8):
     comps, wref = make_weight(dtype, n, k, gs, seed)
     if swiglu:
         f = n // 2
@@ -44,7 +44,7 @@ def run_gemm(dev, lib, dtype, n, k, t, start=0, gs=32, seed=0, bias=False, accum
     step = GpuArray.upload(dev, np.array([0, 0, start, t], np.uint32)).binding
     lin = Linear(lib, dtype, n, k, gs, [upload_parts(dev, comps, n)], GpuArray.upload(dev, x).binding, out.binding,
                  xs, n_out, step, count_index=3, start_index=2, bias=b, accumulate=accumulate, swiglu=swiglu,
-                 kernel="gemm")
+                 kernel="gemm", gemm_tokens=tt)
     run(dev, lambda c: lin.encode(c, t))
     return out, want, k
 
@@ -69,6 +69,15 @@ def test_gemm_epilogues(gpu_f32):
         check_op(out, want, *tol(k), name=str(kw))
 
 
+@pytest.mark.parametrize("dtype", ["q4", "q4a", "q8"])
+def test_gemm_4_rows_per_tile_and_without_subgroups(gpu, kernels, lib_nosg, dtype):
+    # TT=4 tiles; and the fallback where every lane loads its activation vectors itself (SwiftShader-free browsers)
+    out, want, k = run_gemm(gpu, kernels, dtype, 72, 100, 11, 1, tt=4, swiglu=dtype == "q4a")
+    check_op(out, want, *tol(k), name=f"{dtype} TT=4")
+    out, want, k = run_gemm(lib_nosg.device, lib_nosg, dtype, 70, 100, 11, 1, accumulate=True)
+    check_op(out, want, *tol(k), name=f"{dtype} no subgroups")
+
+
 def test_gemm_batch_invariance_bitwise(gpu, kernels):
     comps, _ = make_weight("q4", 100, 576, 32, 5)
     x = np.random.default_rng(6).standard_normal((40, 576)).astype(np.float32)
@@ -82,7 +91,7 @@ def test_gemm_batch_invariance_bitwise(gpu, kernels):
         run(gpu, lambda c: lin.encode(c, len(xx)))
         return out.read()
 
-    # rows 20..24 alone (tile positions 0..3 and 0) vs inside 40 rows (other tiles, other positions)
+    # rows 21..25 alone (tile positions 0..4) vs inside 40 rows (other tiles, other positions)
     assert np.array_equal(go(x[21:26]).view(np.uint32), go(x)[21:26].view(np.uint32))
 
 

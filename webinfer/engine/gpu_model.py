@@ -125,17 +125,20 @@ class GPUModel:
     @classmethod
     async def load(cls, device: Device, package, *, num_blocks: int, block_size: int = 16,
                    max_batch_tokens: int = 256, max_seqs: int = 16, max_model_len: int | None = None,
-                   read: ComponentReader | None = None, fuse: bool = True, kv_f16: bool = False) -> "GPUModel":
+                   read: ComponentReader | None = None, fuse: bool = True, kv_f16: bool = False,
+                   fold_norm: bool = True) -> "GPUModel":
         """Upload `package` (webinfer.package.Package) and build the graph.
 
         read(tensor_name, component, binding) -> bytes or an awaitable of bytes (the browser fetches
         asynchronously); default: package.read_component. num_blocks includes the null block 0.
         fuse=False keeps q/k/v and gate/up as separate dispatches (for tests of the unfused path).
         kv_f16=True stores the KV cache in f16 (half the memory; needs shader-f16); all math stays f32.
+        fold_norm=False keeps the attn/ffn RMSNorm as separate dispatches for decode rows too (A/B measurements).
         """
         self = cls()
         cfg = package.config
         self.cfg, self.device, self.package = cfg, device, package
+        self.fold_norm = fold_norm
         self.lib = KernelLibrary(device)
         self.block_size, self.num_blocks = block_size, num_blocks
         self.max_model_len = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
@@ -259,7 +262,7 @@ class GPUModel:
 
     def _norm_kw(self, norm) -> dict:
         """DualLinear arguments folding an RMSNorm of the residual into the GEMV (decode rows)."""
-        return {} if norm is None else {"norm": norm, "norm_x": self.r_buf}
+        return {} if norm is None or not self.fold_norm else {"norm": norm, "norm_x": self.r_buf}
 
     def _fusable(self, names: list[str], fuse: bool) -> bool:
         ts = [self.package.tensors[n] for n in names]
@@ -380,14 +383,15 @@ class GPUModel:
         cmds = dev.commands(timed=timed)
         self.embed.encode(cmds, T)
         for ly in self.layers:
-            if n_pre:  # the GEMM reads normalised rows; decode rows' GEMV normalises r itself
+            norms = n_pre or not self.fold_norm  # the GEMM reads normalised rows; a folding GEMV normalises r itself
+            if norms:
                 ly.attn_norm.encode(cmds, T)
             for lin in ly.qkv:
                 lin.encode(cmds, n_dec, n_pre)
             ly.rope.encode(cmds, T)
             self.attention.encode(cmds, ly.attn, shape)
             ly.o.encode(cmds, n_dec, n_pre)
-            if n_pre:
+            if norms:
                 ly.ffn_norm.encode(cmds, T)
             for k in ly.mlp_in:
                 if isinstance(k, DualLinear):
