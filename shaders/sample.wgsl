@@ -12,11 +12,23 @@
 //   This is exactly webinfer_packager.reference.Sampler's distribution, in f32.
 // Thresholds are found by a 16-way search instead of sorting: over the 32 bits of an order-preserving u32 key of
 // the logit (the k-th largest value; the value where the top-p mass is reached), then over the id bits (which of
-// the tied tokens are kept; where the CDF crosses r), 4 bits per pass: each pass reads the row once and
+// the tied tokens are kept; where the CDF crosses r), 4 bits per pass: each pass reads the elements once and
 // evaluates 16 candidate thresholds at once (4 vec4 accumulators). Every pass ends in a fixed-order workgroup
 // reduction, so a row's answer never depends on the other rows (batch invariance) and is deterministic.
+//
+// With top-k or top-p those ~30 passes do not run over the vocabulary but over a short candidate list: one pass
+// builds a histogram of the logits in buckets of 1/BSCALE nat below the max (after temperature), which bounds
+// where the top-k / top-p thresholds can lie (bucket counts are exact; bucket masses are bounded by the bucket
+// edges); every token in a bucket at or above the cut-off bucket is copied, in id order, to this row's slice
+// of the candidate buffer (a count pass, a prefix sum, a write pass). The kept set is a subset of the candidates,
+// and the passes only compare keys and ids and sum kept masses, so the answer is the one the full search gives.
+// Measured on lavapipe (vocab 49152): full-vocabulary passes cost the same per element whatever they compute
+// (every load is a per-lane loop there), so cutting their number from ~30 to 4 is what matters.
 
-#define WG 256
+#define WG 64
+// NB histogram buckets of 1/BSCALE nat; the last one collects everything further than (NB - 1) / BSCALE nats
+#define NB 256
+#define BSCALE 8.0
 
 struct RowParams {
     logit_row: u32,
@@ -32,6 +44,8 @@ struct RowParams {
 @group(0) @binding(0) var<storage, read> logits: array<f32>;
 @group(0) @binding(1) var<storage, read> params: array<RowParams>;
 @group(0) @binding(2) var<storage, read_write> out_ids: array<u32>;
+// candidates of row r at [r * VOCAB, r * VOCAB + n): (id, logit bits), ids ascending
+@group(0) @binding(3) var<storage, read_write> cand: array<vec2<u32>>;
 
 var<workgroup> red_f: array<f32, WG>;
 var<workgroup> red_u: array<u32, WG>;
@@ -39,8 +53,26 @@ var<workgroup> red_i: array<u32, WG>;
 var<workgroup> res_f: f32;
 var<workgroup> res_u: u32;
 var<workgroup> res_i: u32;
-var<workgroup> red4: array<vec4<f32>, WG>;
-var<workgroup> res4: vec4<f32>;
+var<workgroup> red4: array<vec4<f32>, 4 * WG>;
+var<workgroup> res4: array<vec4<f32>, 4>;
+var<workgroup> hist: array<atomic<u32>, NB>;
+var<workgroup> hmass: array<atomic<u32>, NB>;
+var<workgroup> lane_n: array<u32, WG>;
+
+// the elements the passes walk: the whole row, or its candidate list
+var<private> compact: bool = false;
+var<private> n_elems: u32 = VOCAB;
+var<private> lbase: u32 = 0u;
+var<private> cbase: u32 = 0u;
+// the whole row's mass (top-p without top-k: the candidates hold only the top-p prefix and a bit more)
+var<private> vocab_mass: f32 = 0.0;
+
+fn elem(j: u32) -> vec2<u32> {
+    if (compact) {
+        return cand[cbase + j];
+    }
+    return vec2<u32>(j, bitcast<u32>(logits[lbase + j]));
+}
 
 // Order-preserving map f32 -> u32: a < b  <=>  okey(a) < okey(b) (for non-NaN values).
 fn okey(x: f32) -> u32 {
@@ -116,18 +148,32 @@ fn kept(key: u32, i: u32) -> bool {
     return (key > t1 || (key == t1 && i <= c1)) && (key > t2 || (key == t2 && i <= c2));
 }
 
-fn sum4(v: vec4<f32>, lid: u32) -> vec4<f32> {
-    red4[lid] = v;
+// the 16 totals of a pass, summed over the workgroup in a fixed order (one tree for all four vectors)
+fn sum16(a0: vec4<f32>, a1: vec4<f32>, a2: vec4<f32>, a3: vec4<f32>, lid: u32) -> Totals {
+    red4[lid] = a0;
+    red4[WG + lid] = a1;
+    red4[2u * WG + lid] = a2;
+    red4[3u * WG + lid] = a3;
     workgroupBarrier();
     for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (lid < s) { red4[lid] += red4[lid + s]; }
+        if (lid < s) {
+            red4[lid] += red4[lid + s];
+            red4[WG + lid] += red4[WG + lid + s];
+            red4[2u * WG + lid] += red4[2u * WG + lid + s];
+            red4[3u * WG + lid] += red4[3u * WG + lid + s];
+        }
         workgroupBarrier();
     }
-    if (lid == 0u) { res4 = red4[0]; }
-    return workgroupUniformLoad(&res4);
+    if (lid < 4u) { res4[lid] = red4[lid * WG]; }
+    workgroupBarrier();
+    let t = Totals(res4[0], res4[1], res4[2], res4[3]);
+    workgroupBarrier();
+    return t;
 }
 
 // the 16 candidate digits of a pass, as offsets b = 0..15 in 4 vectors
+struct Totals { a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, d: vec4<f32> }
+
 const B0 = vec4<u32>(0u, 1u, 2u, 3u);
 const B1 = vec4<u32>(4u, 5u, 6u, 7u);
 const B2 = vec4<u32>(8u, 9u, 10u, 11u);
@@ -138,11 +184,9 @@ const BY_ID_TIES = 1u;     // weight [key == tie] (kept), compares id < c      (
 const BY_KEY_MASS = 2u;    // weight e if kept, compares key >= c              (top-p value)
 const BY_ID_MASS = 3u;     // weight e if kept, compares id < c                (inverse CDF)
 
-struct Totals { a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, d: vec4<f32> }
-
 // One pass over the row: for the 16 candidates c_b = prefix | (b << shift), the total weight of the elements
 // that satisfy the mode's comparison. `tie` is the key whose ties BY_ID_TIES counts; ties_kept: only kept ones.
-fn pass16(mode: u32, base: u32, lid: u32, prefix: u32, shift: u32, mx: f32, inv_t: f32, tie: u32,
+fn pass16(mode: u32, lid: u32, prefix: u32, shift: u32, mx: f32, inv_t: f32, tie: u32,
           ties_kept: bool) -> Totals {
     let sh = vec4<u32>(shift);
     let c0 = vec4<u32>(prefix) | (B0 << sh);
@@ -154,8 +198,10 @@ fn pass16(mode: u32, base: u32, lid: u32, prefix: u32, shift: u32, mx: f32, inv_
     var a2 = vec4<f32>(0.0);
     var a3 = vec4<f32>(0.0);
     let zero = vec4<f32>(0.0);
-    for (var i = lid; i < VOCAB; i += WG) {
-        let l = logits[base + i];
+    for (var j = lid; j < n_elems; j += WG) {
+        let e = elem(j);
+        let i = e.x;
+        let l = bitcast<f32>(e.y);
         let k = okey(l);
         var w = 1.0;
         var x = vec4<u32>(k);
@@ -178,7 +224,7 @@ fn pass16(mode: u32, base: u32, lid: u32, prefix: u32, shift: u32, mx: f32, inv_
             a3 += select(zero, wv, x < c3);
         }
     }
-    return Totals(sum4(a0, lid), sum4(a1, lid), sum4(a2, lid), sum4(a3, lid));
+    return sum16(a0, a1, a2, a3, lid);
 }
 
 const GE = 0u;  // candidate satisfies total >= goal
@@ -209,6 +255,89 @@ fn affine(t: Totals, add: f32, mul: f32) -> Totals {
     return Totals(add + mul * t.a, add + mul * t.b, add + mul * t.c, add + mul * t.d);
 }
 
+// histogram bucket of a logit: (max - l) / temperature in 1/BSCALE nat steps; non-decreasing as l falls
+fn bucket(l: f32, mx: f32, inv_t: f32) -> u32 {
+    return u32(clamp((mx - l) * inv_t * BSCALE, 0.0, f32(NB - 1u)));
+}
+
+// Copy every token whose bucket is at or above the cut-off to the candidate list and make the passes walk it.
+// The cut-off bucket: with top-k, the first whose cumulative count reaches top_k (the k-th largest logit lies in
+// it, so every token top-k keeps is at or above it); with top-p alone, the first whose cumulative mass reaches
+// top_p times the total mass, counting each token's mass rounded down to MASS_SHIFT fraction bits (a lower bound,
+// so the top-p prefix lies at or above that bucket; the 1e-5 margin covers f32 summation order).
+fn compact_candidates(lid: u32, mx: f32, inv_t: f32, top_k: u32, use_k: bool, top_p: f32) {
+    for (var b = lid; b < NB; b += WG) {
+        atomicStore(&hist[b], 0u);
+        atomicStore(&hmass[b], 0u);
+    }
+    workgroupBarrier();
+    let scale = f32(1u << MASS_SHIFT);
+    var m = 0.0;
+    for (var i = lid; i < VOCAB; i += WG) {
+        let l = logits[lbase + i];
+        let b = bucket(l, mx, inv_t);
+        if (b < NB - 1u) {  // the last bucket is the rest: never counted
+            atomicAdd(&hist[b], 1u);
+            if (!use_k) {
+                let e = exp((l - mx) * inv_t);
+                m += e;
+                atomicAdd(&hmass[b], u32(e * scale));
+            }
+        } else if (!use_k) {
+            m += exp((l - mx) * inv_t);
+        }
+    }
+    vocab_mass = sum_f(m, lid);
+    let goal = top_p * vocab_mass * (1.0 + 1e-5) * scale;
+    if (lid == 0u) {
+        var cut = NB - 1u;
+        var cnt = 0u;
+        var lo = 0u;
+        for (var b = 0u; b < NB - 1u; b++) {
+            cnt += atomicLoad(&hist[b]);
+            lo += atomicLoad(&hmass[b]);
+            if ((use_k && cnt >= top_k) || (!use_k && f32(lo) >= goal)) {
+                cut = b;
+                break;
+            }
+        }
+        res_u = cut;
+    }
+    let cut = workgroupUniformLoad(&res_u);
+    // deterministic order: lane j copies its contiguous id range to offset (candidates of lanes < j)
+    let span = (VOCAB + WG - 1u) / WG;
+    let r0 = min(lid * span, VOCAB);
+    let r1 = min(r0 + span, VOCAB);
+    var c = 0u;
+    for (var i = r0; i < r1; i++) {
+        if (bucket(logits[lbase + i], mx, inv_t) <= cut) { c++; }
+    }
+    lane_n[lid] = c;
+    workgroupBarrier();
+    if (lid == 0u) {
+        var total = 0u;
+        for (var j = 0u; j < WG; j++) {
+            let n = lane_n[j];
+            lane_n[j] = total;
+            total += n;
+        }
+        res_u = total;
+    }
+    let total = workgroupUniformLoad(&res_u);
+    var o = cbase + lane_n[lid];
+    for (var i = r0; i < r1; i++) {
+        let l = logits[lbase + i];
+        if (bucket(l, mx, inv_t) <= cut) {
+            cand[o] = vec2<u32>(i, bitcast<u32>(l));
+            o++;
+        }
+    }
+    storageBarrier();
+    workgroupBarrier();
+    compact = true;
+    n_elems = total;
+}
+
 // top shift of the 4-bit digits of an id (ids have ID_BITS bits)
 const ID_TOP: u32 = (u32(ID_BITS) + 3u) / 4u * 4u - 4u;
 
@@ -216,12 +345,13 @@ const ID_TOP: u32 = (u32(ID_BITS) + 3u) / 4u * 4u - 4u;
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let row = wid.x;
     let p = params[row];
-    let base = p.logit_row * VOCAB;
+    lbase = p.logit_row * VOCAB;
+    cbase = row * VOCAB;
 
     var bk = 0u;
     var bi = 0xffffffffu;
     for (var i = lid; i < VOCAB; i += WG) {
-        let k = okey(logits[base + i]);
+        let k = okey(logits[lbase + i]);
         if (k > bk || bi == 0xffffffffu) { bk = k; bi = i; }  // ids ascend within an invocation: first wins ties
     }
     let am = argmax(bk, bi, lid);
@@ -229,60 +359,70 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         if (lid == 0u) { out_ids[row] = am; }
         return;
     }
-    let mx = logits[base + am];
+    let mx = logits[lbase + am];
     let inv_t = 1.0 / p.temperature;
+    let use_k = p.top_k > 0u && p.top_k < VOCAB;
+    if (use_k || p.top_p < 1.0) {
+        compact_candidates(lid, mx, inv_t, p.top_k, use_k, p.top_p);
+    }
 
-    if (p.top_k > 0u && p.top_k < VOCAB) {
+    if (use_k) {
         // largest key t with count(key >= t) >= top_k: the k-th largest logit
         let kf = f32(p.top_k);
         var t = 0u;
         for (var sh = 28i; sh >= 0i; sh -= 4i) {
-            t |= digit(pass16(BY_KEY_COUNT, base, lid, t, u32(sh), mx, inv_t, 0u, false), kf, GE) << u32(sh);
+            t |= digit(pass16(BY_KEY_COUNT, lid, t, u32(sh), mx, inv_t, 0u, false), kf, GE) << u32(sh);
         }
         // how many tokens equal to t are needed after those above it
-        let above = pass16(BY_KEY_COUNT, base, lid, t + 1u, 0u, mx, inv_t, 0u, false).a.x;
+        let above = pass16(BY_KEY_COUNT, lid, t + 1u, 0u, mx, inv_t, 0u, false).a.x;
         let need = kf - select(above, 0.0, t == 0xffffffffu);
         // the id of the need-th token equal to t: largest x with count(key == t, id < x) < need
         var x = 0u;
         for (var sh = i32(ID_TOP); sh >= 0i; sh -= 4i) {
-            x |= digit(pass16(BY_ID_TIES, base, lid, x, u32(sh), mx, inv_t, t, false), need, LT) << u32(sh);
+            x |= digit(pass16(BY_ID_TIES, lid, x, u32(sh), mx, inv_t, t, false), need, LT) << u32(sh);
         }
         t1 = t;
         c1 = x;
     }
 
-    var m = 0.0;
-    for (var i = lid; i < VOCAB; i += WG) {
-        let l = logits[base + i];
-        if (kept(okey(l), i)) { m += exp((l - mx) * inv_t); }
+    // mass of the tokens top-k keeps (all of them without top-k: then the histogram pass has summed it)
+    var mass = vocab_mass;
+    if (use_k || !compact) {
+        var m = 0.0;
+        for (var j = lid; j < n_elems; j += WG) {
+            let e = elem(j);
+            let l = bitcast<f32>(e.y);
+            if (kept(okey(l), e.x)) { m += exp((l - mx) * inv_t); }
+        }
+        mass = sum_f(m, lid);
     }
-    var mass = sum_f(m, lid);
 
     if (p.top_p < 1.0) {
         let goal = p.top_p * mass;
         // largest key t with mass(kept, key >= t) >= goal
         var t = 0u;
         for (var sh = 28i; sh >= 0i; sh -= 4i) {
-            t |= digit(pass16(BY_KEY_MASS, base, lid, t, u32(sh), mx, inv_t, 0u, false), goal, GE) << u32(sh);
+            t |= digit(pass16(BY_KEY_MASS, lid, t, u32(sh), mx, inv_t, 0u, false), goal, GE) << u32(sh);
         }
         var mass_gt = 0.0;
         if (t != 0xffffffffu) {
-            mass_gt = pass16(BY_KEY_MASS, base, lid, t + 1u, 0u, mx, inv_t, 0u, false).a.x;
+            mass_gt = pass16(BY_KEY_MASS, lid, t + 1u, 0u, mx, inv_t, 0u, false).a.x;
         }
         let e_t = exp((fkey(t) - mx) * inv_t);
         // ties at t, lowest ids first, until the mass reaches the goal: largest x with
         // mass_gt + e_t * count(kept, key == t, id < x) < goal
         var x = 0u;
         for (var sh = i32(ID_TOP); sh >= 0i; sh -= 4i) {
-            let n = pass16(BY_ID_TIES, base, lid, x, u32(sh), mx, inv_t, t, true);
+            let n = pass16(BY_ID_TIES, lid, x, u32(sh), mx, inv_t, t, true);
             x |= digit(affine(n, mass_gt, e_t), goal, LT) << u32(sh);
         }
         t2 = t;
         c2 = x;
-        m = 0.0;
-        for (var i = lid; i < VOCAB; i += WG) {
-            let l = logits[base + i];
-            if (kept(okey(l), i)) { m += exp((l - mx) * inv_t); }
+        var m = 0.0;
+        for (var j = lid; j < n_elems; j += WG) {
+            let e = elem(j);
+            let l = bitcast<f32>(e.y);
+            if (kept(okey(l), e.x)) { m += exp((l - mx) * inv_t); }
         }
         mass = sum_f(m, lid);
     }
@@ -291,12 +431,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let r = uniform01(p.seed, p.index) * mass;
     var x = 0u;
     for (var sh = i32(ID_TOP); sh >= 0i; sh -= 4i) {
-        x |= digit(pass16(BY_ID_MASS, base, lid, x, u32(sh), mx, inv_t, 0u, false), r, LE) << u32(sh);
+        x |= digit(pass16(BY_ID_MASS, lid, x, u32(sh), mx, inv_t, 0u, false), r, LE) << u32(sh);
     }
     // rounding can leave x past the last kept id (r within an ulp of the total): take the last kept id then
     var last = 0u;
-    for (var i = lid; i < VOCAB; i += WG) {
-        if (kept(okey(logits[base + i]), i)) { last = max(last, i); }
+    for (var j = lid; j < n_elems; j += WG) {
+        let e = elem(j);
+        if (kept(okey(bitcast<f32>(e.y)), e.x)) { last = max(last, e.x); }
     }
     let last_kept = max_u(last, lid);
     if (lid == 0u) { out_ids[row] = min(x, last_kept); }

@@ -8,7 +8,9 @@ The draw is a pure function of (logits, parameters, seed, index): a request that
 token, and a row's result never depends on the other rows in the dispatch.
 
 Built once at load (`GpuSampler(lib, vocab)`, `bind(...)`); per step the host writes `pack_rows(...)` into the
-params buffer and records `encode(cmds, binding, n_rows)`. Pure Python (it runs in Pyodide).
+params buffer and records `encode(cmds, binding, n_rows)`. With top-k / top-p the kernel copies each row's
+candidate tokens to a scratch buffer (8 bytes x vocab per row) that `bind` allocates for as many rows as out_ids
+holds. Pure Python (it runs in Pyodide).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from ..gpu.device import COPY_DST, COPY_SRC, STORAGE
+from ..gpu.device import COPY_DST, COPY_SRC, STORAGE, BufferBinding
 
 ROW_BYTES = 32  # RowParams in sample.wgsl
 _ROW = "<4I2f2I"
@@ -55,19 +57,41 @@ def uniform(seed: int, index: int) -> float:
     return (_pcg((_pcg(seed & _MASK) + index) & _MASK) >> 8) / 16777216.0
 
 
+@dataclass(frozen=True)
+class SamplerBinding:
+    """What `bind` returns: the bind group and how many rows it can sample (out_ids slots, candidate space)."""
+
+    group: Any
+    rows: int
+    candidates: Any  # the scratch buffer
+
+
+def _bound_bytes(b) -> int:
+    if isinstance(b, BufferBinding):
+        return b.size if b.size is not None else int(b.buffer.size) - b.offset
+    return int(b.size)
+
+
 class GpuSampler:
     def __init__(self, lib, vocab: int, label: str = "sample"):
         self.lib, self.vocab, self.label = lib, vocab, label
-        self.pipeline = lib.pipeline("sample", defines={"VOCAB": f"{vocab}u", "ID_BITS": f"{vocab.bit_length()}i"},
-                                     use_f16=False)
+        # MASS_SHIFT: fraction bits of the fixed-point bucket masses (vocab tokens of mass <= 1 fit in a u32)
+        self.pipeline = lib.pipeline("sample", defines={"VOCAB": f"{vocab}u", "ID_BITS": f"{vocab.bit_length()}i",
+                                                        "MASS_SHIFT": f"{32 - vocab.bit_length()}u"}, use_f16=False)
 
-    def bind(self, logits, params, out_ids) -> Any:
-        """logits: f32 [rows, vocab]; params: ROW_BYTES per row; out_ids: u32 per row (buffers or BufferBindings)."""
-        return self.lib.device.create_bind_group(self.pipeline, [logits, params, out_ids])
+    def bind(self, logits, params, out_ids) -> SamplerBinding:
+        """logits: f32 [rows, vocab]; params: ROW_BYTES per row; out_ids: u32 per row (buffers or BufferBindings).
+        Allocates the candidate scratch (vocab x 8 bytes per out_ids slot)."""
+        rows = max(_bound_bytes(out_ids) // 4, 1)
+        dev = self.lib.device
+        cand = dev.create_buffer(rows * self.vocab * 8, STORAGE, label=f"{self.label}.candidates")
+        return SamplerBinding(dev.create_bind_group(self.pipeline, [logits, params, out_ids, cand]), rows, cand)
 
-    def encode(self, cmds, binding, n_rows: int) -> None:
+    def encode(self, cmds, binding: SamplerBinding, n_rows: int) -> None:
+        if n_rows > binding.rows:
+            raise ValueError(f"sampling: {n_rows} rows, but out_ids holds {binding.rows}")
         if n_rows > 0:
-            cmds.dispatch(self.pipeline, binding, n_rows, 1, 1, self.label)
+            cmds.dispatch(self.pipeline, binding.group, n_rows, 1, 1, self.label)
 
 
 def buffers(device, max_rows: int) -> tuple[Any, Any]:
