@@ -95,10 +95,12 @@ def test_pack_memory_is_bounded(tmp_path):
     """A ~0.4 GB f16 model packs in a fresh process whose peak RSS stays well below the model size."""
     src = synthetic.write_large_synthetic_hf(tmp_path / "big", gigabytes=0.4, hidden=1024, ffn=2816, vocab=32000)
     size = (src / "model.safetensors").stat().st_size
+    # peak RSS minus the RSS after imports: python + numpy + gguf + safetensors alone take 100-200 MB
     code = ("import resource,sys; from webinfer_packager.pack import pack; "
+            "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss; "
             f"pack({str(src)!r}, {str(tmp_path / 'out')!r}, progress=False); "
-            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+            "print(base, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    peak = int(r.stdout.split()[-1]) * 1024
-    assert size > 350e6 and peak < 0.6 * size, (peak, size)
+    base, peak = (int(v) * 1024 for v in r.stdout.split()[-2:])
+    assert size > 350e6 and peak - base < 0.5 * size, (base, peak, size)
     assert verify_package(tmp_path / "out") == []
