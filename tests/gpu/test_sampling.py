@@ -106,6 +106,50 @@ def test_sampling_full_vocab_49152(gpu_f32, lib):
         assert g == want or not sure, f"{r}: got {g}, want {want}"
 
 
+def _check_rows(dev, lib, logits, rows, max_unsure=0):
+    got = _sample(dev, lib, logits, rows).read()
+    unsure = 0
+    for r, g in zip(rows, got):
+        want, sure = _expected(logits[r.logit_row].astype(np.float64), r)
+        unsure += not sure
+        assert g == want or not sure, f"{r}: got {g}, want {want}"
+    assert unsure <= max_unsure
+
+
+def test_candidate_cutoff_edges_vocab_49152(gpu_f32, lib):
+    """The histogram cut-off (shaders/sample.wgsl compact_candidates) at its edges, exact ids vs the reference:
+    row 0 peaked (nucleus of a few tokens), row 1 flat (top-p 0.99: thousands of candidates), row 2 a huge range
+    with -inf and most tokens in the last (catch-all) bucket, row 3 ties of the k-th value spread over ids,
+    row 4 every token tied."""
+    rng = np.random.default_rng(21)
+    V = 49152
+    lg = np.empty((5, V), np.float32)
+    lg[0] = rng.standard_normal(V) * 6
+    lg[1] = rng.standard_normal(V) * 0.5
+    lg[2] = rng.standard_normal(V) * 40
+    lg[2, rng.integers(0, V, 500)] = -np.inf
+    lg[3] = np.round(rng.standard_normal(V) * 2, 1)  # coarse values: many exact ties everywhere
+    lg[4] = 0.25
+    rows = []
+    for i, (t, k, p) in enumerate([(1.0, 0, 0.9), (1.0, 0, 0.99), (0.7, 0, 0.999), (1.0, 0, 0.5), (1.0, 0, 0.3),
+                                   (1.0, 30000, 1.0), (1.5, 3000, 0.97), (2.0, 40, 0.9), (1.0, 777, 1.0),
+                                   (1.0, 100, 0.6)]):
+        for row in range(5):
+            rows.append(SampleRow(row, t, k, p, seed=100 + i, index=row))
+    # flat and all-tied rows put CDF steps ~1/V apart, so some draws land within 1e-5 of one (unverifiable)
+    _check_rows(gpu_f32, lib, lg, rows, max_unsure=len(rows) // 4)
+
+
+def test_more_rows_than_out_ids_is_rejected(gpu_f32, lib):
+    s = GpuSampler(lib, 257)
+    gl = GpuArray.upload(gpu_f32, np.zeros((2, 257), np.float32))
+    gp = GpuArray.upload(gpu_f32, np.frombuffer(pack_rows([SampleRow(0)] * 2), np.uint8))
+    out = GpuArray.empty(gpu_f32, (1,), np.uint32)
+    b = s.bind(gl.binding, gp.binding, out.binding)
+    with pytest.raises(ValueError, match="out_ids holds 1"):
+        s.encode(gpu_f32.commands(), b, 2)
+
+
 def test_seeded_determinism_and_batch_invariance(gpu_f32, lib):
     rng = np.random.default_rng(1)
     logits = rng.standard_normal((3, 777)).astype(np.float32)
