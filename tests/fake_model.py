@@ -30,6 +30,7 @@ class FakeRunner:
     def __init__(self, num_blocks: int = 64, block_size: int = 4, max_model_len: int = 256, vocab: int = 50,
                  delay_s: float = 0.0):
         self.num_blocks, self.block_size, self.max_model_len, self.vocab = num_blocks, block_size, max_model_len, vocab
+        self.vocab_size = vocab
         self.delay_s = delay_s
         self.slots: dict[tuple[int, int], tuple[int, int]] = {}  # (block, slot) -> (token, position)
         self.steps = 0

@@ -82,3 +82,15 @@ def test_bad_messages_and_overflow_fail_before_streaming():
         assert (e.value.n_prompt, e.value.n_ctx) == (20, 15)
         assert not llm.engine.scheduler.has_work()
     asyncio.run(main())
+
+
+def test_token_id_prompts_are_checked_against_the_runner_vocabulary():
+    async def main():
+        llm = make_llm()
+        vocab = llm.engine.runner.vocab_size
+        with pytest.raises(InvalidRequestError) as e:
+            await llm.completions.create(prompt=[1, vocab], max_tokens=2)
+        assert e.value.param == "prompt" and str(vocab) in str(e.value)
+        ok = await llm.completions.create(prompt=[1, vocab - 1], max_tokens=2)
+        assert ok["usage"]["prompt_tokens"] == 2
+    asyncio.run(main())

@@ -113,7 +113,7 @@ class LLM:
 
     def text_prompt_ids(self, prompt) -> list[int]:
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            vocab = getattr(self.engine.runner, "vocab_size", None) or getattr(self.engine.runner, "vocab", None)
+            vocab = self.engine.runner.vocab_size
             if vocab and any(not 0 <= t < vocab for t in prompt):
                 raise InvalidRequestError("prompt", f"token ids must be in [0, {vocab})")
             return list(prompt)

@@ -44,6 +44,7 @@ class ModelRunner(Protocol):
     block_size: int
     num_blocks: int       # including the null block 0
     max_model_len: int
+    vocab_size: int       # token ids must lie in [0, vocab_size)
 
     async def execute(self, batch: StepBatch) -> list[int]:
         """One sampled token id per chunk with sample=True, in chunk order."""

@@ -142,6 +142,7 @@ class GPUModel:
         self.lib = KernelLibrary(device)
         self.block_size, self.num_blocks = block_size, num_blocks
         self.max_model_len = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
+        self.vocab_size = cfg.vocab_size
         self.max_tokens, self.max_seqs = max_batch_tokens, max_seqs
         if num_blocks < 2:
             raise ValueError(f"num_blocks={num_blocks}: need the null block plus at least one")
