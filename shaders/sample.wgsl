@@ -338,6 +338,45 @@ fn compact_candidates(lid: u32, mx: f32, inv_t: f32, top_k: u32, use_k: bool, to
     n_elems = total;
 }
 
+// Temperature alone (every token kept): the inverse CDF in id order without the 16-way passes. Each lane sums
+// its contiguous id range; lane 0 finds the range where the running total passes r = u * mass and walks it,
+// re-adding that range's terms in the order the lane summed them, so the crossing found there is consistent
+// with the range totals. Two passes over the row (after the max) instead of six.
+fn sample_plain(row: u32, lid: u32, mx: f32, inv_t: f32, u: f32) {
+    let span = (VOCAB + WG - 1u) / WG;
+    let r0 = min(lid * span, VOCAB);
+    let r1 = min(r0 + span, VOCAB);
+    var m = 0.0;
+    for (var i = r0; i < r1; i++) { m += exp((logits[lbase + i] - mx) * inv_t); }
+    red_f[lid] = m;
+    workgroupBarrier();
+    if (lid == 0u) {
+        var total = 0.0;
+        for (var j = 0u; j < WG; j++) { total += red_f[j]; }
+        let r = u * total;
+        var before = 0.0;
+        var j = 0u;
+        for (; j < WG; j++) {
+            if (before + red_f[j] > r) { break; }
+            before += red_f[j];
+        }
+        var id = VOCAB - 1u;  // r within rounding of the total: the last id, as the search path does
+        if (j < WG) {
+            let a0 = min(j * span, VOCAB);
+            let a1 = min(a0 + span, VOCAB);
+            var part = 0.0;
+            for (var i = a0; i < a1; i++) {
+                part += exp((logits[lbase + i] - mx) * inv_t);
+                if (before + part > r) {
+                    id = i;
+                    break;
+                }
+            }
+        }
+        out_ids[row] = id;
+    }
+}
+
 // top shift of the 4-bit digits of an id (ids have ID_BITS bits)
 const ID_TOP: u32 = (u32(ID_BITS) + 3u) / 4u * 4u - 4u;
 
@@ -362,9 +401,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let mx = logits[lbase + am];
     let inv_t = 1.0 / p.temperature;
     let use_k = p.top_k > 0u && p.top_k < VOCAB;
-    if (use_k || p.top_p < 1.0) {
-        compact_candidates(lid, mx, inv_t, p.top_k, use_k, p.top_p);
+    if (!use_k && p.top_p >= 1.0) {
+        sample_plain(row, lid, mx, inv_t, uniform01(p.seed, p.index));
+        return;
     }
+    compact_candidates(lid, mx, inv_t, p.top_k, use_k, p.top_p);
 
     if (use_k) {
         // largest key t with count(key >= t) >= top_k: the k-th largest logit

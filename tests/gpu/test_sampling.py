@@ -120,7 +120,7 @@ def test_candidate_cutoff_edges_vocab_49152(gpu_f32, lib):
     """The histogram cut-off (shaders/sample.wgsl compact_candidates) at its edges, exact ids vs the reference:
     row 0 peaked (nucleus of a few tokens), row 1 flat (top-p 0.99: thousands of candidates), row 2 a huge range
     with -inf and most tokens in the last (catch-all) bucket, row 3 ties of the k-th value spread over ids,
-    row 4 every token tied."""
+    row 4 every token tied. The last two configurations (temperature alone) take the range-sum path."""
     rng = np.random.default_rng(21)
     V = 49152
     lg = np.empty((5, V), np.float32)
@@ -133,7 +133,7 @@ def test_candidate_cutoff_edges_vocab_49152(gpu_f32, lib):
     rows = []
     for i, (t, k, p) in enumerate([(1.0, 0, 0.9), (1.0, 0, 0.99), (0.7, 0, 0.999), (1.0, 0, 0.5), (1.0, 0, 0.3),
                                    (1.0, 30000, 1.0), (1.5, 3000, 0.97), (2.0, 40, 0.9), (1.0, 777, 1.0),
-                                   (1.0, 100, 0.6)]):
+                                   (1.0, 100, 0.6), (1.0, 0, 1.0), (0.5, 0, 1.0)]):
         for row in range(5):
             rows.append(SampleRow(row, t, k, p, seed=100 + i, index=row))
     # flat and all-tied rows put CDF steps ~1/V apart, so some draws land within 1e-5 of one (unverifiable)
