@@ -1,22 +1,33 @@
-// Quantized matrix x activations: y[t, n] = sum_k W[n, k] * x[t, k] for the weight dtypes of
-// docs/package-format.md (q4, q4a, q8), used for decode (1-16 rows) and, row by row, for prefill.
+// Quantized matrix x decode rows: y[t, n] = sum_k W[n, k] * x[t, k] for the weight dtypes of
+// docs/package-format.md (q4, q4a, q8). Used for the decode rows of a step (one token per sequence, 1-16 rows)
+// and for the LM head's sampled rows.
 //
-// Layout: one invocation computes 4 consecutive output rows n for ONE activation row t (grid y = t), so the
-// reduction order of y[t, n] is the same sequential walk over k whatever T is: a sequence's output never depends
-// on what else is in the batch (the scheduler relies on it). The 4 rows share each vec4 of x they load.
+// Layout: one invocation owns 4 consecutive weight rows (8 with ROWS8) and a TILE of up to TILE activation rows
+// (workgroup_id.y selects the tile; every lane of a workgroup shares it). Per 32-wide k chunk, the invocation
+// loads and unpacks its weight words ONCE and applies them to every activation row of the tile: on llvmpipe the
+// cost is the number of per-lane storage loads and the unpacking, so the weights' share of it is paid once per
+// tile instead of once per sequence (the decode step used to cost ~linear in the number of sequences).
 //
-// SUBGROUPS (+SG_SIZE): the 8 activation vectors of a chunk are loaded once per subgroup and broadcast
+// Batch invariance, bit for bit: every activation row has its own accumulators and is computed by the same code
+// in the same order whatever the tile holds: y[t, n] = sum over chunks c in order of chunk(n, c, x[t]) (formula
+// below), then the tail k by k, then the epilogue. The tile only shares the loaded/unpacked weights and scales;
+// tile slots past the row count are skipped by a uniform branch (no work, nothing stored), so one row alone costs
+// about what the old one-row-per-invocation kernel cost. TILE=1 is that old layout (A/B benchmarks).
+//
+// SUBGROUPS (+SG_SIZE): the 8 activation vectors of a row's chunk are loaded once per subgroup and broadcast
 // (subgroup sizes 4 and >= 8 handled; without SUBGROUPS every lane loads them itself).
-// Defines: ROWS8 (8 rows per invocation instead of 4; always on with SWIGLU), DTYPE (q4 | q4a | q8), BIAS (y = Wx + bias), ACCUMULATE (y += Wx: residual epilogue of o and down),
-// SWIGLU (the weight rows are gate/up interleaved in blocks of 4: rows 8j..8j+3 gate, 8j+4..8j+7 up;
+// Defines: TILE (1, 4 or 8 activation rows per invocation), ROWS8 (8 weight rows per invocation instead of 4;
+// always on with SWIGLU), DTYPE (q4 | q4a | q8), BIAS (y = Wx + bias), ACCUMULATE (y += Wx: residual epilogue of
+// o and down), SWIGLU (the weight rows are gate/up interleaved in blocks of 4: rows 8j..8j+3 gate, 8j+4..8j+7 up;
 // y[t, 4j + r] = silu(gate) * up), BIAS_SLOT (binding of the bias: 6, or 7 with q4a, +1 with NORM),
 // NORM (+NORM_SLOT): x is the un-normalised residual and y = W (rmsnorm(x) * wn): the RMSNorm is folded in, saving
-// its dispatch. Each subgroup recomputes its row's inverse RMS (each lane sums 1/8 of the row, the partial sums
+// its dispatch. Each subgroup recomputes its rows' inverse RMS (each lane sums 1/8 of the row, the partial sums
 // are combined in lane order: fixed per row), multiplies x by wn before the dot, and scales the sums by inv at the
 // end: y = inv * sum(W (x wn)). The wn binding must hold ceil(K/4)*4 floats (vec4 loads).
 // The row count T of a dispatch is read from the per-step buffer `step[params.count_index]`, so one bind group
-// and one set of parameters serve every step; only the grid changes.
+// and one set of parameters serve every step; only the grid changes (grid y = ceil(T / TILE)).
 #define WG 64
+#define TILE 8
 #define DTYPE q4
 #define BIAS_SLOT 6
 
@@ -51,6 +62,16 @@ struct Params {
 @group(0) @binding(NORM_SLOT) var<storage, read> wn: array<vec4<f32>>;
 #endif
 
+alias W8 = array<vec4<f32>, 8>;
+
+// the unpacked weights of one chunk of 4 rows (32 values each, as floats: integers, exact) and their
+// scales / offsets (q4a mins) of the chunk's group
+struct Block {
+    a: W8, b: W8, c: W8, d: W8,
+    s: vec4<f32>,
+    m: vec4<f32>,
+}
+
 fn half_at(buf_word: u32, g: u32) -> f32 {
     return unpack2x16float(buf_word)[g & 1u];
 }
@@ -71,10 +92,12 @@ fn i8x4(u: u32) -> vec4<f32> {
     let v = bitcast<vec4<i32>>(vec4<u32>(u << 24u, u << 16u, u << 8u, u)) >> vec4<u32>(24u);
     return vec4<f32>(v);
 }
-// dot of 32 int8 weights (2 vec4<u32>) with 32 activations
-fn dot32(a: vec4<u32>, b: vec4<u32>, xs: array<vec4<f32>, 8>) -> f32 {
-    return dot(i8x4(a.x), xs[0]) + dot(i8x4(a.y), xs[1]) + dot(i8x4(a.z), xs[2]) + dot(i8x4(a.w), xs[3])
-         + dot(i8x4(b.x), xs[4]) + dot(i8x4(b.y), xs[5]) + dot(i8x4(b.z), xs[6]) + dot(i8x4(b.w), xs[7]);
+// the 32 int8 weights of chunk c of a row (2 vec4<u32>)
+fn unpack_row(row: u32, c: u32) -> W8 {
+    let base = row * params.w_stride4 + 2u * c;
+    let a = w[base];
+    let b = w[base + 1u];
+    return W8(i8x4(a.x), i8x4(a.y), i8x4(a.z), i8x4(a.w), i8x4(b.x), i8x4(b.y), i8x4(b.z), i8x4(b.w));
 }
 #else
 // the 8 nibbles of a word as unsigned values (low nibble = element 0)
@@ -84,12 +107,18 @@ fn lo4(u: u32) -> vec4<f32> {
 fn hi4(u: u32) -> vec4<f32> {
     return vec4<f32>(vec4<u32>(u >> 16u, u >> 20u, u >> 24u, u >> 28u) & vec4<u32>(15u));
 }
-// dot of 32 unsigned nibbles (one vec4<u32>) with 32 activations
-fn dot32(a: vec4<u32>, xs: array<vec4<f32>, 8>) -> f32 {
-    return dot(lo4(a.x), xs[0]) + dot(hi4(a.x), xs[1]) + dot(lo4(a.y), xs[2]) + dot(hi4(a.y), xs[3])
-         + dot(lo4(a.z), xs[4]) + dot(hi4(a.z), xs[5]) + dot(lo4(a.w), xs[6]) + dot(hi4(a.w), xs[7]);
+// the 32 unsigned nibbles of chunk c of a row (one vec4<u32>)
+fn unpack_row(row: u32, c: u32) -> W8 {
+    let a = w[row * params.w_stride4 + c];
+    return W8(lo4(a.x), hi4(a.x), lo4(a.y), hi4(a.y), lo4(a.z), hi4(a.z), lo4(a.w), hi4(a.w));
 }
 #endif
+
+// dot of 32 unpacked weights with 32 activations, always in this association
+fn dot32(q: W8, xs: W8) -> f32 {
+    return dot(q[0], xs[0]) + dot(q[1], xs[1]) + dot(q[2], xs[2]) + dot(q[3], xs[3])
+         + dot(q[4], xs[4]) + dot(q[5], xs[5]) + dot(q[6], xs[6]) + dot(q[7], xs[7]);
+}
 
 // one weight element (tail chunk only): the dequantized value of W[row, k]
 fn w_at(row: u32, k: u32) -> f32 {
@@ -109,22 +138,6 @@ fn w_at(row: u32, k: u32) -> f32 {
 #endif
 }
 
-// contribution of one full 32-element chunk c of `row`, given the chunk's activations and their sum, and the
-// row's scale s and offset m (q4a min) of the chunk's group
-fn chunk(row: u32, c: u32, xs: array<vec4<f32>, 8>, sx: f32, s: f32, m: f32) -> f32 {
-#if DTYPE == q8
-    let base = row * params.w_stride4 + 2u * c;
-    return s * dot32(w[base], w[base + 1u], xs);
-#else
-    let q = dot32(w[row * params.w_stride4 + c], xs);
-#if DTYPE == q4a
-    return s * q + m * sx;
-#else
-    return s * (q - 8.0 * sx);  // (q - 8) * s summed: the -8 offset folded into one product per chunk
-#endif
-#endif
-}
-
 // the u32 words holding the f16 scales (or q4a mins) of groups g and g ^ 1 of rows r: one load per two groups
 fn words(of_mins: bool, r: vec4<u32>, g: u32) -> vec4<u32> {
     let o = g / 2u;
@@ -139,6 +152,27 @@ fn words(of_mins: bool, r: vec4<u32>, g: u32) -> vec4<u32> {
 
 fn halves(wd: vec4<u32>, g: u32) -> vec4<f32> {
     return vec4<f32>(half_at(wd.x, g), half_at(wd.y, g), half_at(wd.z, g), half_at(wd.w, g));
+}
+
+// the 4 rows' contributions of one chunk for one activation row: per row
+// q4: s * (dot(q, x) - 8 * sum(x)) (the -8 offset folded into one product per chunk), q4a: s * dot(q, x) + m * sum(x),
+// q8: s * dot(q, x)
+fn apply(bl: Block, xs: W8, sx: f32) -> vec4<f32> {
+    let d = vec4<f32>(dot32(bl.a, xs), dot32(bl.b, xs), dot32(bl.c, xs), dot32(bl.d, xs));
+#if DTYPE == q4a
+    return bl.s * d + bl.m * sx;
+#else
+#if DTYPE == q8
+    return bl.s * d;
+#else
+    return bl.s * (d - 8.0 * sx);
+#endif
+#endif
+}
+
+fn sum32(xs: W8) -> f32 {
+    let s4 = (xs[0] + xs[1]) + (xs[2] + xs[3]) + (xs[4] + xs[5]) + (xs[6] + xs[7]);
+    return (s4.x + s4.y) + (s4.z + s4.w);
 }
 
 #ifdef NORM
@@ -173,25 +207,168 @@ fn inv_rms(xrow: u32, lane: u32) -> f32 {
 }
 #endif
 
-// activation vector v of row xrow (times the norm weight under NORM)
-fn xv4(xrow: u32, v: u32) -> vec4<f32> {
+// The norm weight's vectors of chunk xb that this lane multiplies into x (loaded once per chunk, shared by the
+// tile's rows): with subgroups the lane's own one or two vectors, without all 8.
+struct NormChunk {
+    a: vec4<f32>, c: vec4<f32>,
+    all: W8,
+}
+
+fn norm_chunk(xb: u32, lane: u32) -> NormChunk {
+    var nc: NormChunk;
 #ifdef NORM
-    return x[xrow + v] * wn[v];
+#ifdef SUBGROUPS
+#if SG_SIZE == 4
+    nc.a = wn[xb + lane % 4u];
+    nc.c = wn[xb + 4u + lane % 4u];
 #else
-    return x[xrow + v];
+    nc.a = wn[xb + lane % 8u];
+#endif
+#else
+    nc.all = W8(wn[xb], wn[xb + 1u], wn[xb + 2u], wn[xb + 3u], wn[xb + 4u], wn[xb + 5u], wn[xb + 6u], wn[xb + 7u]);
+#endif
+#endif
+    return nc;
+}
+
+// the 8 activation vectors of one row's chunk (vec4 index xrow + xb), times the norm weight under NORM; all
+// lanes read the same row
+fn load_x(xrow: u32, xb: u32, nc: NormChunk, lane: u32) -> W8 {
+#ifdef SUBGROUPS
+#if SG_SIZE == 4
+    var xa = x[xrow + xb + lane % 4u];
+    var xc = x[xrow + xb + 4u + lane % 4u];
+#ifdef NORM
+    xa *= nc.a;
+    xc *= nc.c;
+#endif
+    return W8(subgroupBroadcast(xa, 0u), subgroupBroadcast(xa, 1u), subgroupBroadcast(xa, 2u),
+              subgroupBroadcast(xa, 3u), subgroupBroadcast(xc, 0u), subgroupBroadcast(xc, 1u),
+              subgroupBroadcast(xc, 2u), subgroupBroadcast(xc, 3u));
+#else
+    var xa = x[xrow + xb + lane % 8u];
+#ifdef NORM
+    xa *= nc.a;
+#endif
+    return W8(subgroupBroadcast(xa, 0u), subgroupBroadcast(xa, 1u), subgroupBroadcast(xa, 2u),
+              subgroupBroadcast(xa, 3u), subgroupBroadcast(xa, 4u), subgroupBroadcast(xa, 5u),
+              subgroupBroadcast(xa, 6u), subgroupBroadcast(xa, 7u));
+#endif
+#else
+    let b = xrow + xb;
+#ifdef NORM
+    return W8(x[b] * nc.all[0], x[b + 1u] * nc.all[1], x[b + 2u] * nc.all[2], x[b + 3u] * nc.all[3],
+              x[b + 4u] * nc.all[4], x[b + 5u] * nc.all[5], x[b + 6u] * nc.all[6], x[b + 7u] * nc.all[7]);
+#else
+    return W8(x[b], x[b + 1u], x[b + 2u], x[b + 3u], x[b + 4u], x[b + 5u], x[b + 6u], x[b + 7u]);
+#endif
+#endif
+}
+
+// one activation row's accumulators: lo = weight rows n0..n0+3, up = n0+4..n0+7 (ROWS8; the up rows under SWIGLU)
+struct Acc {
+    lo: vec4<f32>,
+    up: vec4<f32>,
+}
+
+// one chunk for one activation row: its x loaded (and broadcast), both weight blocks applied
+fn chunk_row(acc: Acc, xrow: u32, xb: u32, nc: NormChunk, lane: u32, bl: Block, bu: Block) -> Acc {
+    let xs = load_x(xrow, xb, nc, lane);
+    let sx = sum32(xs);
+    var r = acc;
+    r.lo += apply(bl, xs, sx);
+#ifdef ROWS8
+    r.up += apply(bu, xs, sx);
+#endif
+    return r;
+}
+
+// the partial last chunk of one activation row, element by element (only k < K)
+fn tail_row(acc: Acc, xrow: u32, rl: vec4<u32>, ru: vec4<u32>) -> Acc {
+    var r = acc;
+    for (var k = (params.k / 32u) * 32u; k < params.k; k++) {
+#ifdef NORM
+        let xv = x[xrow + k / 4u][k % 4u] * wn[k / 4u][k % 4u];
+#else
+        let xv = x[xrow + k / 4u][k % 4u];
+#endif
+        r.lo += xv * vec4<f32>(w_at(rl.x, k), w_at(rl.y, k), w_at(rl.z, k), w_at(rl.w, k));
+#ifdef ROWS8
+        r.up += xv * vec4<f32>(w_at(ru.x, k), w_at(ru.y, k), w_at(ru.z, k), w_at(ru.w, k));
+#endif
+    }
+    return r;
+}
+
+// the epilogue of activation row t (inv: its inverse RMS under NORM)
+fn store(t: u32, acc: Acc, inv: f32, gx: u32) {
+    var lo = acc.lo;
+    var up = acc.up;
+#ifdef NORM
+    lo *= inv;
+    up *= inv;
+#endif
+#ifdef SWIGLU
+    let out0 = gx * 4u;
+    let h = lo / (vec4<f32>(1.0) + exp(-lo)) * up;
+    let ybase = t * params.y_stride + params.n_offset + out0;
+    let nout = params.n / 2u;
+    for (var r = 0u; r < 4u; r++) {
+        if (out0 + r < nout) {
+            y[ybase + r] = h[r];
+        }
+    }
+#else
+#ifdef ROWS8
+    let n0 = gx * 8u;
+    let nr = 8u;
+#else
+    let n0 = gx * 4u;
+    let nr = 4u;
+#endif
+    let ybase = t * params.y_stride + params.n_offset + n0;
+    for (var r = 0u; r < nr; r++) {
+        if (n0 + r < params.n) {
+            var v = select(up[r % 4u], lo[r % 4u], r < 4u);
+#ifdef BIAS
+            v += bias[n0 + r];
+#endif
+#ifdef ACCUMULATE
+            v += y[ybase + r];
+#endif
+            y[ybase + r] = v;
+        }
+    }
+#endif
+}
+
+fn load_block(r: vec4<u32>, c: u32, s: vec4<f32>, m: vec4<f32>) -> Block {
+    return Block(unpack_row(r.x, c), unpack_row(r.y, c), unpack_row(r.z, c), unpack_row(r.w, c), s, m);
+}
+
+fn inv_of(xrow: u32, lane: u32) -> f32 {
+#ifdef NORM
+    return inv_rms(xrow, lane);
+#else
+    return 1.0;
 #endif
 }
 
 @compute @workgroup_size(WG)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>
 #ifdef SUBGROUPS
         , @builtin(subgroup_invocation_id) lane: u32
 #endif
         ) {
-    let t = gid.y;
-    if (t >= step[params.count_index]) {
-        return;
+#ifndef SUBGROUPS
+    let lane = 0u;
+#endif
+    let count = step[params.count_index];
+    let t0 = wid.y * TILE;  // the tile's first activation row: the same for every lane of the workgroup
+    if (t0 >= count) {
+        return;  // uniform
     }
+    let nt = min(count - t0, TILE);  // active rows of this tile: slots >= nt are skipped (uniform branches)
 #ifdef ROWS8
     // 8 rows per invocation (SWIGLU: block j of 8 = 4 gate rows then 4 up rows of the fused weight)
     let n0 = gid.x * 8u;
@@ -205,123 +382,91 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>
 #endif
     let last = params.n - 1u;
     // rows past N re-read the last row (in bounds) and are not stored
-    let r0 = min(n0, last); let r1 = min(n0 + 1u, last); let r2 = min(n0 + 2u, last); let r3 = min(n0 + 3u, last);
-#ifdef ROWS8
-    let r4 = min(n0 + 4u, last); let r5 = min(n0 + 5u, last); let r6 = min(n0 + 6u, last); let r7 = min(n0 + 7u, last);
+    let rl = min(vec4<u32>(n0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(last));
+    let ru = min(vec4<u32>(n0) + vec4<u32>(4u, 5u, 6u, 7u), vec4<u32>(last));
+    let xs4 = params.x_stride4;
+    let x0 = t0 * xs4;
+    let x1 = (t0 + 1u) * xs4;
+    let x2 = (t0 + 2u) * xs4;
+    let x3 = (t0 + 3u) * xs4;
+    let x4 = (t0 + 4u) * xs4;
+    let x5 = (t0 + 5u) * xs4;
+    let x6 = (t0 + 6u) * xs4;
+    let x7 = (t0 + 7u) * xs4;
+    // per-row inverse RMS (NORM): each slot's own, computed only for active slots
+    var i0 = inv_of(x0, lane);
+    var i1 = 0.0; var i2 = 0.0; var i3 = 0.0; var i4 = 0.0; var i5 = 0.0; var i6 = 0.0; var i7 = 0.0;
+#if TILE != 1
+    if (nt > 1u) { i1 = inv_of(x1, lane); }
+    if (nt > 2u) { i2 = inv_of(x2, lane); }
+    if (nt > 3u) { i3 = inv_of(x3, lane); }
+#if TILE == 8
+    if (nt > 4u) { i4 = inv_of(x4, lane); }
+    if (nt > 5u) { i5 = inv_of(x5, lane); }
+    if (nt > 6u) { i6 = inv_of(x6, lane); }
+    if (nt > 7u) { i7 = inv_of(x7, lane); }
 #endif
-    let xrow = t * params.x_stride4;
-#ifdef NORM
-#ifdef SUBGROUPS
-    let inv = inv_rms(xrow, lane);
-#else
-    let inv = inv_rms(xrow, 0u);
 #endif
-#endif
-    var acc = vec4<f32>(0.0);
-#ifdef ROWS8
-    var acc_up = vec4<f32>(0.0);  // rows n0+4 .. n0+7 (the up rows under SWIGLU)
-#endif
+    var a0 = Acc(); var a1 = Acc(); var a2 = Acc(); var a3 = Acc();
+    var a4 = Acc(); var a5 = Acc(); var a6 = Acc(); var a7 = Acc();
     let full = params.k / 32u;
     // scale/min words of the current pair of groups, reloaded every other group (a u32 holds two f16)
     var pair = 0xffffffffu;
     var sw = vec4<u32>(0u); var mw = vec4<u32>(0u);
-#ifdef ROWS8
     var sw8 = vec4<u32>(0u); var mw8 = vec4<u32>(0u);
-#endif
     for (var c = 0u; c < full; c++) {
         let g = c * 32u / params.gs;
         if (g / 2u != pair) {  // uniform branch
             pair = g / 2u;
-            sw = words(false, vec4<u32>(r0, r1, r2, r3), g);
+            sw = words(false, rl, g);
 #if DTYPE == q4a
-            mw = words(true, vec4<u32>(r0, r1, r2, r3), g);
+            mw = words(true, rl, g);
 #endif
 #ifdef ROWS8
-            sw8 = words(false, vec4<u32>(r4, r5, r6, r7), g);
+            sw8 = words(false, ru, g);
 #if DTYPE == q4a
-            mw8 = words(true, vec4<u32>(r4, r5, r6, r7), g);
+            mw8 = words(true, ru, g);
 #endif
 #endif
         }
-        let s = halves(sw, g);
-        let m = halves(mw, g);
-        let xb = 8u * c;  // vec4 index of the chunk within the row
-#ifdef SUBGROUPS
-        // all lanes share the same activation row: each lane loads 8 / SG_SIZE vectors (or one, when the subgroup
-        // has 8 or more lanes) and the subgroup broadcasts them, instead of every lane loading all 8
-#if SG_SIZE == 4
-        let xa = xv4(xrow, xb + lane % 4u);
-        let xc = xv4(xrow, xb + 4u + lane % 4u);
-        let xs = array<vec4<f32>, 8>(subgroupBroadcast(xa, 0u), subgroupBroadcast(xa, 1u), subgroupBroadcast(xa, 2u),
-                                     subgroupBroadcast(xa, 3u), subgroupBroadcast(xc, 0u), subgroupBroadcast(xc, 1u),
-                                     subgroupBroadcast(xc, 2u), subgroupBroadcast(xc, 3u));
-#else
-        let xa = xv4(xrow, xb + lane % 8u);
-        let xs = array<vec4<f32>, 8>(subgroupBroadcast(xa, 0u), subgroupBroadcast(xa, 1u), subgroupBroadcast(xa, 2u),
-                                     subgroupBroadcast(xa, 3u), subgroupBroadcast(xa, 4u), subgroupBroadcast(xa, 5u),
-                                     subgroupBroadcast(xa, 6u), subgroupBroadcast(xa, 7u));
-#endif
-#else
-        let xs = array<vec4<f32>, 8>(xv4(xrow, xb), xv4(xrow, xb + 1u), xv4(xrow, xb + 2u), xv4(xrow, xb + 3u),
-                                     xv4(xrow, xb + 4u), xv4(xrow, xb + 5u), xv4(xrow, xb + 6u), xv4(xrow, xb + 7u));
-#endif
-        let s4 = (xs[0] + xs[1]) + (xs[2] + xs[3]) + (xs[4] + xs[5]) + (xs[6] + xs[7]);
-        let sx = (s4.x + s4.y) + (s4.z + s4.w);
-        acc += vec4<f32>(chunk(r0, c, xs, sx, s.x, m.x), chunk(r1, c, xs, sx, s.y, m.y),
-                         chunk(r2, c, xs, sx, s.z, m.z), chunk(r3, c, xs, sx, s.w, m.w));
+        // this chunk's weights, loaded and unpacked once for the whole tile
+        let bl = load_block(rl, c, halves(sw, g), halves(mw, g));
 #ifdef ROWS8
-        let s8 = halves(sw8, g);
-        let m8 = halves(mw8, g);
-        acc_up += vec4<f32>(chunk(r4, c, xs, sx, s8.x, m8.x), chunk(r5, c, xs, sx, s8.y, m8.y),
-                            chunk(r6, c, xs, sx, s8.z, m8.z), chunk(r7, c, xs, sx, s8.w, m8.w));
+        let bu = load_block(ru, c, halves(sw8, g), halves(mw8, g));
+#else
+        let bu = bl;  // unused
+#endif
+        let xb = 8u * c;  // vec4 index of the chunk within a row
+        let nc = norm_chunk(xb, lane);
+        a0 = chunk_row(a0, x0, xb, nc, lane, bl, bu);
+#if TILE != 1
+        if (nt > 1u) { a1 = chunk_row(a1, x1, xb, nc, lane, bl, bu); }
+        if (nt > 2u) { a2 = chunk_row(a2, x2, xb, nc, lane, bl, bu); }
+        if (nt > 3u) { a3 = chunk_row(a3, x3, xb, nc, lane, bl, bu); }
+#if TILE == 8
+        if (nt > 4u) { a4 = chunk_row(a4, x4, xb, nc, lane, bl, bu); }
+        if (nt > 5u) { a5 = chunk_row(a5, x5, xb, nc, lane, bl, bu); }
+        if (nt > 6u) { a6 = chunk_row(a6, x6, xb, nc, lane, bl, bu); }
+        if (nt > 7u) { a7 = chunk_row(a7, x7, xb, nc, lane, bl, bu); }
+#endif
 #endif
     }
-    // tail: the last partial chunk, element by element, only k < K
-    for (var k = full * 32u; k < params.k; k++) {
-        let xv = xv4(xrow, k / 4u)[k % 4u];
-        acc += xv * vec4<f32>(w_at(r0, k), w_at(r1, k), w_at(r2, k), w_at(r3, k));
-#ifdef ROWS8
-        acc_up += xv * vec4<f32>(w_at(r4, k), w_at(r5, k), w_at(r6, k), w_at(r7, k));
-#endif
+    if (full * 32u < params.k) {
+        a0 = tail_row(a0, x0, rl, ru);
+        if (nt > 1u) { a1 = tail_row(a1, x1, rl, ru); }
+        if (nt > 2u) { a2 = tail_row(a2, x2, rl, ru); }
+        if (nt > 3u) { a3 = tail_row(a3, x3, rl, ru); }
+        if (nt > 4u) { a4 = tail_row(a4, x4, rl, ru); }
+        if (nt > 5u) { a5 = tail_row(a5, x5, rl, ru); }
+        if (nt > 6u) { a6 = tail_row(a6, x6, rl, ru); }
+        if (nt > 7u) { a7 = tail_row(a7, x7, rl, ru); }
     }
-#ifdef NORM
-    acc *= inv;
-#ifdef ROWS8
-    acc_up *= inv;
-#endif
-#endif
-#ifdef SWIGLU
-    let out0 = gid.x * 4u;
-    let h = acc / (vec4<f32>(1.0) + exp(-acc)) * acc_up;
-    let ybase = t * params.y_stride + params.n_offset + out0;
-    let nout = params.n / 2u;
-    for (var r = 0u; r < 4u; r++) {
-        if (out0 + r < nout) {
-            y[ybase + r] = h[r];
-        }
-    }
-#else
-    let ybase = t * params.y_stride + params.n_offset + n0;
-#ifdef ROWS8
-    let nr = 8u;
-#else
-    let nr = 4u;
-#endif
-    for (var r = 0u; r < nr; r++) {
-        if (n0 + r < params.n) {
-#ifdef ROWS8
-            var v = select(acc_up[r % 4u], acc[r % 4u], r < 4u);
-#else
-            var v = acc[r];
-#endif
-#ifdef BIAS
-            v += bias[n0 + r];
-#endif
-#ifdef ACCUMULATE
-            v += y[ybase + r];
-#endif
-            y[ybase + r] = v;
-        }
-    }
-#endif
+    store(t0, a0, i0, gid.x);
+    if (nt > 1u) { store(t0 + 1u, a1, i1, gid.x); }
+    if (nt > 2u) { store(t0 + 2u, a2, i2, gid.x); }
+    if (nt > 3u) { store(t0 + 3u, a3, i3, gid.x); }
+    if (nt > 4u) { store(t0 + 4u, a4, i4, gid.x); }
+    if (nt > 5u) { store(t0 + 5u, a5, i5, gid.x); }
+    if (nt > 6u) { store(t0 + 6u, a6, i6, gid.x); }
+    if (nt > 7u) { store(t0 + 7u, a7, i7, gid.x); }
 }

@@ -219,3 +219,77 @@ def test_gemv_folded_rmsnorm_epilogues_and_fallback(gpu_f32, lib_nosg):
 def test_gemv_folded_rmsnorm_rejected_on_gemm(kernels):
     with pytest.raises(ValueError, match="gemv kernel only"):
         Linear(kernels, "q4", 4, 32, 32, [], None, None, 32, 4, None, kernel="gemm", norm=(None, 1e-5))
+
+
+def _bits(a):
+    return np.ascontiguousarray(a).view(np.uint32)
+
+
+@pytest.mark.parametrize("dtype,n,k,swiglu", [("q4a", 96, 576, True), ("q4", 70, 200, False), ("q8", 45, 77, False)])
+def test_gemv_decode_tile_row_alone_vs_among_15_bitwise(gpu, kernels, dtype, n, k, swiglu):
+    """Decode tiles share the unpacked weights only: a row alone (tile 1 variant) and the same row in slot 7 or 12
+    of a 16-row step (tile 8 variant, two tiles), or among 17 rows, give identical bits; with the folded RMSNorm,
+    the swiglu or the bias epilogue, and K not a multiple of 32 (the element-wise tail)."""
+    comps, _ = make_weight(dtype, n, k, 32, 11)
+    if swiglu:
+        f = n // 2
+        comps = {c: np.frombuffer(interleave_gate_up(split_rows(v[:f].tobytes(), f), split_rows(v[f:].tobytes(), f)),
+                                  np.uint8) for c, v in comps.items()}
+    rng = np.random.default_rng(12)
+    xs = -(-k // 4) * 4
+    x = np.full((17, xs), np.nan, np.float32)
+    x[:, :k] = rng.standard_normal((17, k)) * 2
+    wn = np.zeros(xs, np.float32)
+    wn[:k] = rng.uniform(0.5, 1.5, k)
+    w = upload_parts(gpu, comps, n)
+    wn_b = GpuArray.upload(gpu, wn).binding
+    bias = None if swiglu else GpuArray.upload(gpu, rng.standard_normal(n).astype(np.float32)).binding
+    n_out = n // 2 if swiglu else n
+
+    def go(rows, tile="auto"):
+        out = GpuArray.empty(gpu, (len(rows), n_out))
+        lin = Linear(kernels, dtype, n, k, 32, [w], GpuArray.upload(gpu, x[rows]).binding, out.binding, xs, n_out,
+                     step_buf(gpu, len(rows)), norm=(wn_b, 1e-5), swiglu=swiglu, bias=bias, tile=tile)
+        run(gpu, lambda c: lin.encode(c, len(rows)))
+        return out.read()
+
+    for r in (7, 12):
+        alone = go([r])
+        assert not np.isnan(alone).any()
+        assert np.array_equal(_bits(alone[0]), _bits(go(list(range(16)))[r])), f"row {r} among 16"
+        assert np.array_equal(_bits(alone[0]), _bits(go(list(range(17)))[r])), f"row {r} among 17"
+        assert np.array_equal(_bits(alone[0]), _bits(go([r, 0, 1, 2], tile=4)[0])), f"row {r} in a tile of 4"
+        assert np.array_equal(_bits(alone[0]), _bits(go([r], tile=8)[0])), f"row {r} alone in a tile of 8"
+
+
+@pytest.mark.parametrize("tile", [1, 4, 8])
+@pytest.mark.parametrize("dtype", ["q4", "q4a", "q8"])
+def test_gemv_every_tile_matches_dequantized_matmul(gpu_f32, dtype, tile):
+    # each variant on its own (auto would pick tile 8 for 17 rows only): 17 rows = partial last tile, odd N and K
+    from webinfer.kernels.library import KernelLibrary
+
+    lib = KernelLibrary(gpu_f32)
+    n, k, t = 131, 99, 17
+    comps, wref = make_weight(dtype, n, k, 32, 13)
+    x = np.full((t, 100), np.nan, np.float32)
+    x[:, :k] = np.random.default_rng(14).standard_normal((t, k))
+    out = GpuArray.empty(gpu_f32, (t, n))
+    lin = Linear(lib, dtype, n, k, 32, [upload_parts(gpu_f32, comps, n)], GpuArray.upload(gpu_f32, x).binding,
+                 out.binding, 100, n, step_buf(gpu_f32, t), tile=tile)
+    run(gpu_f32, lambda c: lin.encode(c, t))
+    check_op(out, (x[:, :k].astype(np.float64) @ wref.T).astype(np.float32), *tol(k), name=f"tile {tile}")
+
+
+def test_gemv_tile_choice_by_row_count(gpu, kernels):
+    comps, _ = make_weight("q4", 8, 32, 32, 15)
+    lin = Linear(kernels, "q4", 8, 32, 32, [upload_parts(gpu, comps, 8)], GpuArray.empty(gpu, (16, 32)).binding,
+                 GpuArray.empty(gpu, (16, 8)).binding, 32, 8, step_buf(gpu, 16))
+    picked = {}
+    for rows in (1, 2, 4, 5, 8, 9, 16):
+        class Rec:
+            def dispatch(self, pipeline, bg, x, y, z, label):
+                picked[rows] = (pipeline, y)
+        lin.encode(Rec(), rows)
+    tiles = {p: tt for p, tt, _ in lin._variants}
+    assert {r: (tiles[p], gy) for r, (p, gy) in picked.items()} == {
+        1: (1, 1), 2: (4, 1), 4: (4, 1), 5: (8, 1), 8: (8, 1), 9: (8, 2), 16: (8, 2)}

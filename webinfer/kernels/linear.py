@@ -4,9 +4,11 @@ Built once at model load (pipeline, uniform parameters, bind groups); `encode(cm
 a dispatch whose grid depends on the row count. The kernel reads the row count itself from the per-step buffer
 (`step[count_index]`), so the same bind group serves every step.
 
-Two kernels: gemv.wgsl (decode: each invocation streams 4 weight rows for one activation row) and gemm.wgsl
-(prefill: each invocation loads 4 weight rows' words once per k chunk and applies them to TT activation rows
-that the whole workgroup shares, their chunks loaded once per subgroup and broadcast).
+Two kernels: gemv.wgsl (decode: each invocation loads and unpacks 4 weight rows' words once per k chunk and
+applies them to a tile of up to 8 activation rows; slots past the row count are skipped, so one row
+costs what it did alone) and gemm.wgsl (prefill: each invocation loads 4 weight rows' words once per k chunk and
+applies them to TT activation rows that the whole workgroup shares, their chunks loaded once per subgroup and
+broadcast).
 Batch invariance rule: in both, every output y[t, n] is a sequential sum over 32-element k chunks in a fixed
 order, whatever T is and whichever other rows share the dispatch. The two kernels may differ in the last bits,
 so the model picks per sequence, from the sequence's own chunk: one-token chunks (decode) -> gemv over rows
@@ -25,6 +27,9 @@ from ..gpu.device import COPY_DST, UNIFORM, BufferBinding
 
 ROWS_PER_INVOCATION = 4
 WG = 64
+AUTO_TILES = (1, 4, 8)  # gemv.wgsl TILE variants: activation rows per invocation
+# tile="auto": one gemv variant per tile, the dispatch picks the smallest that holds the rows (lavapipe: a tile
+# of 8 costs ~2x a tile of 1 for a single row, the skipped slots still cost registers; 16 rows: 2-3x faster)
 GEMM_TOKENS = 8  # gemm.wgsl default: activation rows per invocation (TT; all lanes of a workgroup share them)
 _PARAMS = "<10IfI"  # Params in gemv.wgsl / gemm.wgsl (48 bytes; field 10 = gemv's RMSNorm eps)
 
@@ -71,13 +76,15 @@ class Linear:
     norm=(weight binding, eps) (gemv only): x is the un-normalised residual and the RMSNorm with that weight is
     folded into the kernel (y = W rmsnorm(x) * w): no separate norm dispatch. The weight binding must hold K
     floats rounded up to a multiple of 4.
+    tile (gemv only): activation rows sharing each loaded weight chunk: 1, 4, 8, or "auto" (the three variants,
+    picked per dispatch by the row count). A row's result does not depend on the tile or on the other rows in it.
     """
 
     def __init__(self, lib, dtype: str, n: int, k: int, group_size: int, parts: list[WeightPart], x, y,
                  x_stride: int, y_stride: int, step, count_index: int = 0, params: ParamsFn | None = None,
                  bias=None, accumulate: bool = False, swiglu: bool = False, n_offset: int = 0, label: str = "linear",
                  kernel: str = "gemv", start_index: int = 0, rows8: bool = False, gemm_tokens: int = GEMM_TOKENS,
-                 norm: tuple[Any, float] | None = None):
+                 norm: tuple[Any, float] | None = None, tile: int | str = "auto"):
         if kernel not in ("gemv", "gemm"):
             raise ValueError(f"Linear: kernel must be 'gemv' or 'gemm', not {kernel!r}")
         if dtype not in ("q4", "q4a", "q8"):
@@ -106,6 +113,9 @@ class Linear:
             defines["ACCUMULATE"] = 1
         if swiglu:
             defines["SWIGLU"] = 1
+        if kernel == "gemv":
+            if tile not in (1, 4, 8, "auto"):
+                raise ValueError(f"Linear: the decode tile must be 1, 4, 8 or 'auto', not {tile!r}")
         eight = kernel == "gemv" and (swiglu or rows8)
         if eight:
             defines["ROWS8"] = 1
@@ -113,35 +123,52 @@ class Linear:
             if gemm_tokens not in (4, 8):
                 raise ValueError(f"Linear: gemm_tokens must be 4 or 8, not {gemm_tokens}")
             defines["TT"] = gemm_tokens
-        self.tokens_per_group = gemm_tokens if kernel == "gemm" else 1
-        self.pipeline = lib.pipeline(kernel, defines=defines, use_f16=False)
+        self.dtype = dtype
         params = params or standalone_params(lib.device)
         w4, s_stride = weight_strides(dtype, k, group_size)
-        self._groups: list[tuple[Any, int]] = []
+        # one (pipeline, tokens per workgroup row, [(bind group, grid x)]) per variant, all built here at load
+        self._variants: list[tuple[Any, int, list[tuple[Any, int]]]] = []
+        tiles = [gemm_tokens] if kernel == "gemm" else (list(AUTO_TILES) if tile == "auto" else [tile])
+        u_of_part: list[Any] = []
         for p in parts:
             if (p.mins is None) != (dtype != "q4a"):
                 raise ValueError(f"Linear {label}: q4a weights need mins, other dtypes none")
             eps = float(norm[1]) if norm is not None else 0.0
-            u = params(struct.pack(_PARAMS, p.rows, k, group_size, w4, s_stride, x_stride // 4, y_stride,
-                                   n_offset + p.row0, count_index, start_index, eps, 0))
-            binds = [p.qweight, p.scales, x, y, u, step]
-            if dtype == "q4a":
-                binds.append(p.mins)
-            if norm is not None:
-                binds.append(norm[0])
-            if bias is not None:
-                binds.append(bias)
-            bg = lib.device.create_bind_group(self.pipeline, binds)
-            gx = -(-p.rows // ((2 if (swiglu or eight) else 1) * ROWS_PER_INVOCATION * WG))
-            self._groups.append((bg, gx))
+            u_of_part.append(params(struct.pack(_PARAMS, p.rows, k, group_size, w4, s_stride, x_stride // 4, y_stride,
+                                                n_offset + p.row0, count_index, start_index, eps, 0)))
+        for tt in tiles:
+            if kernel == "gemv":
+                defines["TILE"] = tt
+            pipeline = lib.pipeline(kernel, defines=dict(defines), use_f16=False)
+            groups = []
+            for p, u in zip(parts, u_of_part):
+                binds = [p.qweight, p.scales, x, y, u, step]
+                if dtype == "q4a":
+                    binds.append(p.mins)
+                if norm is not None:
+                    binds.append(norm[0])
+                if bias is not None:
+                    binds.append(bias)
+                bg = lib.device.create_bind_group(pipeline, binds)
+                gx = -(-p.rows // ((2 if (swiglu or eight) else 1) * ROWS_PER_INVOCATION * WG))
+                groups.append((bg, gx))
+            self._variants.append((pipeline, tt, groups))
+        self.pipeline = self._variants[-1][0]
 
     def encode(self, cmds, rows: int) -> None:
-        """Record the dispatches for `rows` activation rows (at least step[count_index]; extra rows exit early)."""
+        """Record the dispatches for `rows` activation rows (at least step[count_index]; extra rows exit early).
+        With several decode tiles, the smallest tile that holds `rows` in one workgroup row is used (the largest
+        beyond that): a row's result is the same bits in every variant (per-row code and order are identical)."""
         if rows <= 0:
             return
-        gy = -(-rows // self.tokens_per_group)
-        for bg, gx in self._groups:
-            cmds.dispatch(self.pipeline, bg, gx, gy, 1, self.label)
+        pipeline, tt, groups = self._variants[-1]
+        for v in self._variants:
+            if rows <= v[1]:
+                pipeline, tt, groups = v
+                break
+        gy = -(-rows // tt)
+        for bg, gx in groups:
+            cmds.dispatch(pipeline, bg, gx, gy, 1, self.label)
 
 
 def interleave_gate_up(gate_rows: list[bytes], up_rows: list[bytes]) -> bytes:
