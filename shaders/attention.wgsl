@@ -3,7 +3,7 @@
 // One file, three kernels chosen by KERNEL (each variant declares only the bindings it uses, numbered from 0,
 // because an automatic layout drops unused bindings):
 //   KERNEL == 0  decode:  sequences with exactly one query token. Flash-decoding: the KV range [0, ctx) is cut
-//                into SPLIT-long splits, one invocation per (split, kv head, sequence) writes a partial
+//                into SPLIT-long splits; HEAD_DIM/16 lanes per (split, kv head, sequence) write a partial
 //                (max, sum, unnormalised acc) for the GROUP query heads that share the kv head.
 //   KERNEL == 1  reduce:  merges a decode sequence's partials in split order -> out.
 //   KERNEL == 2  prefill: sequences with two or more query tokens (chunked prefill; earlier KV read from the
@@ -49,8 +49,15 @@ alias kv_vec = vec4<f32>;
 // loops are not unrolled there), ~3x slower than the fixed registers of the named per-head state used below.
 #if KERNEL == 0
 @group(0) @binding(0) var<storage, read> q: array<vec4<f32>>;
+#ifdef KV_F16
+// f16 K/V read as vec4<u32> (8 halves per load): half the load instructions of vec4<f16>, and loads are what this
+// kernel spends its time on (see above)
+@group(0) @binding(1) var<storage, read> k_cache: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read> v_cache: array<vec4<u32>>;
+#else
 @group(0) @binding(1) var<storage, read> k_cache: array<kv_vec>;
 @group(0) @binding(2) var<storage, read> v_cache: array<kv_vec>;
+#endif
 @group(0) @binding(3) var<storage, read> block_tables: array<u32>;
 @group(0) @binding(4) var<storage, read> seqs: array<vec4<u32>>;
 @group(0) @binding(5) var<storage, read_write> partials: array<vec4<f32>>;
@@ -64,19 +71,48 @@ const REC: u32 = HD4 + 1u;  // partial record: vec4(max, sum, 0, 0), then HD4 ve
 var<workgroup> part: array<vec4<f32>, DWG>;
 #endif
 
+fn halves(w: vec2<u32>) -> vec4<f32> {
+    return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
+}
+
+// vector i (4 dims) of the K or V cache as f32
+fn k_vec(i: u32) -> vec4<f32> {
+#ifdef KV_F16
+    let w = k_cache[i / 2u];
+    return halves(select(w.xy, w.zw, i % 2u == 1u));
+#else
+    return vec4<f32>(k_cache[i]);
+#endif
+}
+
+fn v_vec(i: u32) -> vec4<f32> {
+#ifdef KV_F16
+    let w = v_cache[i / 2u];
+    return halves(select(w.xy, w.zw, i % 2u == 1u));
+#else
+    return vec4<f32>(v_cache[i]);
+#endif
+}
+
 // the four vectors [4c, 4c + 4) of row `base` (HD4 vectors per row); zeros past the head (HEAD_DIM % 16 != 0)
 fn load_k(base: u32, c: u32) -> mat4x4<f32> {
 #ifdef PAD
     var r = mat4x4<f32>();
     for (var t = 0u; t < 4u; t++) {
         let j = c * 4u + t;
-        r[t] = select(vec4<f32>(0.0), vec4<f32>(k_cache[base + min(j, HD4 - 1u)]), j < HD4);
+        r[t] = select(vec4<f32>(0.0), k_vec(base + min(j, HD4 - 1u)), j < HD4);
     }
     return r;
 #else
+#ifdef KV_F16
+    let o = (base + c * 4u) / 2u;  // even: rows are HD4 = 4 * LANES vectors long
+    let a = k_cache[o];
+    let b = k_cache[o + 1u];
+    return mat4x4<f32>(halves(a.xy), halves(a.zw), halves(b.xy), halves(b.zw));
+#else
     let o = base + c * 4u;
-    return mat4x4<f32>(vec4<f32>(k_cache[o]), vec4<f32>(k_cache[o + 1u]), vec4<f32>(k_cache[o + 2u]),
-                       vec4<f32>(k_cache[o + 3u]));
+    return mat4x4<f32>(k_vec(o), k_vec(o + 1u), k_vec(o + 2u), k_vec(o + 3u));
+#endif
 #endif
 }
 
@@ -85,13 +121,19 @@ fn load_v(base: u32, c: u32) -> mat4x4<f32> {
     var r = mat4x4<f32>();
     for (var t = 0u; t < 4u; t++) {
         let j = c * 4u + t;
-        r[t] = select(vec4<f32>(0.0), vec4<f32>(v_cache[base + min(j, HD4 - 1u)]), j < HD4);
+        r[t] = select(vec4<f32>(0.0), v_vec(base + min(j, HD4 - 1u)), j < HD4);
     }
     return r;
 #else
+#ifdef KV_F16
+    let o = (base + c * 4u) / 2u;
+    let a = v_cache[o];
+    let b = v_cache[o + 1u];
+    return mat4x4<f32>(halves(a.xy), halves(a.zw), halves(b.xy), halves(b.zw));
+#else
     let o = base + c * 4u;
-    return mat4x4<f32>(vec4<f32>(v_cache[o]), vec4<f32>(v_cache[o + 1u]), vec4<f32>(v_cache[o + 2u]),
-                       vec4<f32>(v_cache[o + 3u]));
+    return mat4x4<f32>(v_vec(o), v_vec(o + 1u), v_vec(o + 2u), v_vec(o + 3u));
+#endif
 #endif
 }
 
