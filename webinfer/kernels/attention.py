@@ -89,11 +89,11 @@ class AttentionBinding:
 class PagedAttention:
     """Pipelines and the split-partials scratch buffer for one model's attention shape.
 
-    split: decode split length, the positions one split (head_dim/16 lanes) walks (None: 32, or longer when the partials buffer
-    would pass PARTIALS_BUDGET bytes). Each split is a partial softmax record merged by the reduce kernel, so short
-    splits give parallelism (ctx 640 -> 20 invocations per kv head) at the price of a longer merge. `chunk` is the
-    old name of the same knob (kept for callers). max_model_len bounds the split count, max_seqs the number of
-    sequences per step (both size the partials buffer, allocated once here and shared by all layers).
+    split: decode split length: the positions one split (head_dim/16 lanes) walks. None: 32, or longer when the
+    partials buffer would pass PARTIALS_BUDGET bytes. Each split is a partial softmax record merged by the reduce
+    kernel, so short splits give parallelism (ctx 640 -> 20 splits per kv head) at the price of a longer merge.
+    `chunk` is the old name of the same knob (kept for callers). max_model_len bounds the split count, max_seqs
+    the number of sequences per step (both size the partials buffer, allocated once here, shared by all layers).
     decode_wg: invocations per decode workgroup (8 = one SIMD batch on llvmpipe; real GPUs may prefer 32-64).
     subgroup_decode: None = sum the lanes of a split with subgroup shuffles where the device has subgroups of at
     least head_dim/16 lanes, else through workgroup memory; False forces workgroup memory; True requires shuffles.
