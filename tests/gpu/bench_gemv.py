@@ -1,6 +1,9 @@
 """GEMV bandwidth on the native device, beside the copy kernel in the same run (timestamp queries).
 
-Run: XDG_RUNTIME_DIR=/tmp/xdg python -m tests.gpu.bench_gemv [--reps 5]
+Run: XDG_RUNTIME_DIR=/tmp/xdg python -m tests.gpu.bench_gemv [--reps 5] [--decode]
+     XDG_RUNTIME_DIR=/tmp/xdg python -m tests.gpu.bench_gemv --model PKG [--reps 7]: decode step A/B on a package,
+     decode tiles (auto) against the same model restricted to tile 1 (one activation row per invocation, the old
+     layout), alternating, at 1/4/16 sequences: median GPU ms per step, per-label split, and the copy kernel.
 (WEBINFER_DISABLE_SUBGROUPS=1 for the path without subgroupBroadcast)
 Effective bytes = weight + scale (+ min) bytes; ratio = GEMV GB/s / copy GB/s (copy counts read + write bytes).
 """
@@ -42,11 +45,61 @@ def timed(dev, record, reps):
     return statistics.median(ms[1:])
 
 
+def _gemv_linears(model):
+    for ly in model.layers:
+        for d in ly.qkv + [ly.o] + ly.mlp_in + [ly.down]:
+            if hasattr(d, "gemv"):
+                yield d.gemv
+    yield model.lm_head
+
+
+def model_ab(path: str, reps: int) -> None:
+    from collections import defaultdict
+
+    from webinfer.engine.batch import SeqChunk, StepBatch
+    from webinfer_packager.native import load_runner
+
+    dev = request_device_sync(limits="browser", timestamps=True)
+    new = load_runner(path, device=dev, num_blocks=16 * 4 + 1, block_size=16, max_seqs=16)
+    old = load_runner(path, device=dev, num_blocks=16 * 4 + 1, block_size=16, max_seqs=16)
+    for lin in _gemv_linears(old):
+        lin._variants = [v for v in lin._variants if v[1] == 1]  # tile 1 only: the old one-row layout
+    prompt = [1, 504, 3458, 2114, 253, 1029, 30, 314]  # 8 tokens; decode at position 8
+
+    def batch(n):
+        return StepBatch([SeqChunk(i, [prompt[-1]], len(prompt), [1 + 4 * i, 2 + 4 * i], True) for i in range(n)])
+
+    for m in (new, old):  # fill the KV of 16 sequences once (prefill), so decode attends over 8 positions
+        asyncio.run(m.execute(StepBatch([SeqChunk(i, prompt, 0, [1 + 4 * i, 2 + 4 * i], True) for i in range(16)])))
+    print(f"{dev.info.name}; decode step GPU ms, medians of {reps} alternating A/B runs")
+    for n in (1, 4, 16):
+        res = {"tiles": defaultdict(list), "tile1": defaultdict(list)}
+        for r in range(reps + 1):
+            for name, m in (("tiles", new), ("tile1", old)) if r % 2 else (("tile1", old), ("tiles", new)):
+                cmds, _ = m.encode_step(batch(n), timed=True)
+                dev.submit(cmds)
+                per = defaultdict(float)
+                for label, ms in asyncio.run(dev.read_timings(cmds)):
+                    key = label.split(".")[-1] if label.startswith("layers.") else label
+                    per[key] += ms
+                asyncio.run(m.sampler.read(n))
+                if r:  # the first round compiles
+                    res[name]["total"].append(sum(per.values()))
+                    for key, ms in per.items():
+                        res[name][key].append(ms)
+        med = {a: {k: statistics.median(v) for k, v in d.items()} for a, d in res.items()}
+        top = sorted(med["tile1"], key=lambda k: -med["tile1"][k])[:7]
+        print(f"{n:2d} seqs: " + "  ".join(f"{k} {med['tile1'][k]:.1f}->{med['tiles'][k]:.1f}" for k in top))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--decode", action="store_true", help="only the decode shapes at 1/4/16 rows, tiles 1/4/8")
+    ap.add_argument("--model", help="a package folder: decode step A/B (tiles vs tile 1) instead of the shapes")
     args = ap.parse_args()
+    if args.model:
+        return model_ab(args.model, args.reps)
     dev = request_device_sync(limits="browser", timestamps=True)
     lib = KernelLibrary(dev)
     n_vec4 = (64 << 20) // 16
