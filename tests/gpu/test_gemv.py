@@ -157,8 +157,9 @@ def lib_nosg():
 @pytest.mark.parametrize("dtype", ["q4", "q4a", "q8"])
 def test_gemv_without_subgroups_matches(lib_nosg, dtype):
     for rows8 in (False, True):
-        out, ref, k = run_linear(lib_nosg.device, lib_nosg, dtype, 301, 600, 3, rows8=rows8)
-        check_op(out, ref, *tol(k), name=f"no subgroups {dtype} rows8={rows8}")
+        for t in (3, 9):  # tiles of 4, and of 8 with a partial second tile
+            out, ref, k = run_linear(lib_nosg.device, lib_nosg, dtype, 301, 600, t, rows8=rows8)
+            check_op(out, ref, *tol(k), name=f"no subgroups {dtype} rows8={rows8} T={t}")
 
 
 def test_gemv_subgroup_path_is_active(gpu, kernels):
