@@ -64,8 +64,6 @@ var<private> compact: bool = false;
 var<private> n_elems: u32 = VOCAB;
 var<private> lbase: u32 = 0u;
 var<private> cbase: u32 = 0u;
-// the whole row's mass (top-p without top-k: the candidates hold only the top-p prefix and a bit more)
-var<private> vocab_mass: f32 = 0.0;
 
 fn elem(j: u32) -> vec2<u32> {
     if (compact) {
@@ -165,10 +163,8 @@ fn sum16(a0: vec4<f32>, a1: vec4<f32>, a2: vec4<f32>, a3: vec4<f32>, lid: u32) -
         workgroupBarrier();
     }
     if (lid < 4u) { res4[lid] = red4[lid * WG]; }
-    workgroupBarrier();
-    let t = Totals(res4[0], res4[1], res4[2], res4[3]);
-    workgroupBarrier();
-    return t;
+    let t = workgroupUniformLoad(&res4);  // (uniform for Tint's analysis: the thresholds steer barriers later)
+    return Totals(t[0], t[1], t[2], t[3]);
 }
 
 // the 16 candidate digits of a pass, as offsets b = 0..15 in 4 vectors
@@ -265,7 +261,9 @@ fn bucket(l: f32, mx: f32, inv_t: f32) -> u32 {
 // it, so every token top-k keeps is at or above it); with top-p alone, the first whose cumulative mass reaches
 // top_p times the total mass, counting each token's mass rounded down to MASS_SHIFT fraction bits (a lower bound,
 // so the top-p prefix lies at or above that bucket; the 1e-5 margin covers f32 summation order).
-fn compact_candidates(lid: u32, mx: f32, inv_t: f32, top_k: u32, use_k: bool, top_p: f32) {
+// Returns the whole row's mass when top-k is off (else 0): the candidates hold only the top-p prefix and a bit
+// more. (A return value, not a private variable, so that Tint's uniformity analysis sees it is uniform.)
+fn compact_candidates(lid: u32, mx: f32, inv_t: f32, top_k: u32, use_k: bool, top_p: f32) -> f32 {
     for (var b = lid; b < NB; b += WG) {
         atomicStore(&hist[b], 0u);
         atomicStore(&hmass[b], 0u);
@@ -287,7 +285,7 @@ fn compact_candidates(lid: u32, mx: f32, inv_t: f32, top_k: u32, use_k: bool, to
             m += exp((l - mx) * inv_t);
         }
     }
-    vocab_mass = sum_f(m, lid);
+    let vocab_mass = sum_f(m, lid);
     let goal = top_p * vocab_mass * (1.0 + 1e-5) * scale;
     if (lid == 0u) {
         var cut = NB - 1u;
@@ -336,6 +334,7 @@ fn compact_candidates(lid: u32, mx: f32, inv_t: f32, top_k: u32, use_k: bool, to
     workgroupBarrier();
     compact = true;
     n_elems = total;
+    return vocab_mass;
 }
 
 // Temperature alone (every token kept): the inverse CDF in id order without the 16-way passes. Each lane sums
@@ -405,7 +404,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         sample_plain(row, lid, mx, inv_t, uniform01(p.seed, p.index));
         return;
     }
-    compact_candidates(lid, mx, inv_t, p.top_k, use_k, p.top_p);
+    let vocab_mass = compact_candidates(lid, mx, inv_t, p.top_k, use_k, p.top_p);
 
     if (use_k) {
         // largest key t with count(key >= t) >= top_k: the k-th largest logit
@@ -428,7 +427,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 
     // mass of the tokens top-k keeps (all of them without top-k: then the histogram pass has summed it)
     var mass = vocab_mass;
-    if (use_k || !compact) {
+    if (use_k) {
         var m = 0.0;
         for (var j = lid; j < n_elems; j += WG) {
             let e = elem(j);
