@@ -93,3 +93,18 @@ def generate_native(package_path, prompt_ids, max_tokens, temperature=0.0, top_p
                  "prefill_tok_s": round(len(prompt_ids) / prefill_s, 2) if prefill_s else None,
                  "decode_tok_s": round((len(stamps) - 1) / decode_s, 2) if decode_s else None,
                  "device": runner.device.info.name}
+
+
+def open_llm(package_path=None, *, backend: str = "native", kv_budget_mb: float = 128.0, **engine_kw):
+    """The OpenAI-shaped Python API (webinfer.api.LLM) over the native GPU engine for a package.
+    Call it outside a running event loop (loading is synchronous on the native side), then use it inside one:
+
+        llm = open_llm()                      # the packed default model
+        r = asyncio.run(llm.chat.completions.create(messages=[{"role": "user", "content": "Hi"}], max_tokens=32))
+    """
+    from webinfer.api import LLM
+    from webinfer_packager.paths import resolve_package
+    from webinfer_packager.serve_cmd import load_engine
+
+    path = package_path if isinstance(package_path, Package) else resolve_package(package_path)
+    return LLM(load_engine(path, backend=backend, kv_budget_mb=kv_budget_mb, **engine_kw))
