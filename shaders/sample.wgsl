@@ -16,14 +16,16 @@
 // evaluates 16 candidate thresholds at once (4 vec4 accumulators). Every pass ends in a fixed-order workgroup
 // reduction, so a row's answer never depends on the other rows (batch invariance) and is deterministic.
 //
-// With top-k or top-p those ~30 passes do not run over the vocabulary but over a short candidate list: one pass
-// builds a histogram of the logits in buckets of 1/BSCALE nat below the max (after temperature), which bounds
-// where the top-k / top-p thresholds can lie (bucket counts are exact; bucket masses are bounded by the bucket
-// edges); every token in a bucket at or above the cut-off bucket is copied, in id order, to this row's slice
-// of the candidate buffer (a count pass, a prefix sum, a write pass). The kept set is a subset of the candidates,
-// and the passes only compare keys and ids and sum kept masses, so the answer is the one the full search gives.
+// Those ~30 passes do not run over the vocabulary but over a short candidate list: one pass builds a histogram
+// of the logits in buckets of 1/BSCALE nat below the max (after temperature), which bounds where the top-k /
+// top-p thresholds can lie (bucket counts are exact; bucket masses are summed in fixed point rounded down, a
+// lower bound); every token in a bucket at or above the cut-off bucket is copied, in id order, to this row's
+// slice of the candidate buffer (a count pass, a prefix sum, a write pass). The kept set is a subset of the
+// candidates, and the passes only compare keys and ids and sum kept masses, so the answer is the one the full
+// search gives. Temperature alone keeps every token: there one pass of per-lane range sums finds r (sample_plain).
 // Measured on lavapipe (vocab 49152): full-vocabulary passes cost the same per element whatever they compute
-// (every load is a per-lane loop there), so cutting their number from ~30 to 4 is what matters.
+// (every load is a per-lane loop there), so cutting their number from ~30 to 4 (2 without top-k/top-p) is what
+// matters.
 
 #define WG 64
 // NB histogram buckets of 1/BSCALE nat; the last one collects everything further than (NB - 1) / BSCALE nats
@@ -59,17 +61,13 @@ var<workgroup> hist: array<atomic<u32>, NB>;
 var<workgroup> hmass: array<atomic<u32>, NB>;
 var<workgroup> lane_n: array<u32, WG>;
 
-// the elements the passes walk: the whole row, or its candidate list
-var<private> compact: bool = false;
-var<private> n_elems: u32 = VOCAB;
-var<private> lbase: u32 = 0u;
-var<private> cbase: u32 = 0u;
+var<private> lbase: u32 = 0u;  // this row's logits
+var<private> cbase: u32 = 0u;  // this row's candidate slice
+var<private> n_elems: u32 = 0u;  // candidates in it
 
+// candidate j of this row: (id, logit bits)
 fn elem(j: u32) -> vec2<u32> {
-    if (compact) {
-        return cand[cbase + j];
-    }
-    return vec2<u32>(j, bitcast<u32>(logits[lbase + j]));
+    return cand[cbase + j];
 }
 
 // Order-preserving map f32 -> u32: a < b  <=>  okey(a) < okey(b) (for non-NaN values).
@@ -332,7 +330,6 @@ fn compact_candidates(lid: u32, mx: f32, inv_t: f32, top_k: u32, use_k: bool, to
     }
     storageBarrier();
     workgroupBarrier();
-    compact = true;
     n_elems = total;
     return vocab_mass;
 }
