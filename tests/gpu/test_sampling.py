@@ -148,6 +148,9 @@ def test_more_rows_than_out_ids_is_rejected(gpu_f32, lib):
     b = s.bind(gl.binding, gp.binding, out.binding)
     with pytest.raises(ValueError, match="out_ids holds 1"):
         s.encode(gpu_f32.commands(), b, 2)
+    big = GpuArray.empty(gpu_f32, (70000,), np.uint32)  # 70000 rows x 257 x 8 bytes > 128 MiB of candidates
+    with pytest.raises(ValueError, match="candidate space"):
+        s.bind(gl.binding, gp.binding, big.binding)
 
 
 def test_seeded_determinism_and_batch_invariance(gpu_f32, lib):
