@@ -27,7 +27,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from webinfer.errors import FormatError, IntegrityError, WebinferError
+from webinfer.errors import IntegrityError, WebinferError
 
 REPO = Path(__file__).resolve().parent.parent
 WEB = REPO / "web"
@@ -119,42 +119,27 @@ def pyodide_dir() -> Path:
 
 def copy_package(src: Path, dst: Path) -> dict:
     """Copy manifest.json and every file it lists, checking size and sha256 on the way. Returns the model entry."""
-    mpath = src / "manifest.json"
-    try:
-        raw = mpath.read_bytes()
-    except FileNotFoundError:
-        raise FormatError(mpath, "(file)", "does not exist", "a webinfer package folder with manifest.json") from None
-    try:
-        manifest = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise FormatError(mpath, "(json)", f"is not valid JSON: {e}") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != "webinfer-package":
-        raise FormatError(mpath, "format", f"is {manifest.get('format') if isinstance(manifest, dict) else None!r}",
-                          "'webinfer-package'")
-    files = manifest.get("files")
-    if not isinstance(files, list):
-        raise FormatError(mpath, "files", f"is {files!r}", "a list")
+    from webinfer.package import Package  # noqa: PLC0415
+
+    pkg = Package.open(src)  # validates the manifest (format, version, files, tensors) with typed errors
+    raw = (src / "manifest.json").read_bytes()
+    manifest = pkg.manifest
     dst.mkdir(parents=True)
     total = 0
-    for i, e in enumerate(files):
-        name = e.get("name") if isinstance(e, dict) else None
-        if not isinstance(name, str) or "/" in name or name.startswith("."):
-            raise FormatError(mpath, f"files[{i}].name", f"is {name!r}", "<sha256>.bin or <sha256>.json")
+    for name, e in pkg.files.items():
         data = (src / name).read_bytes()
-        if len(data) != e.get("bytes") or _sha256(data) != e.get("sha256"):
-            raise IntegrityError(src / name, f"{e.get('bytes')} bytes, sha256 {e.get('sha256')}",
+        if len(data) != e["bytes"] or _sha256(data) != e["sha256"]:
+            raise IntegrityError(src / name, f"{e['bytes']} bytes, sha256 {e['sha256']}",
                                  f"{len(data)} bytes, sha256 {_sha256(data)}")
         (dst / name).write_bytes(data)
         total += len(data)
     (dst / "manifest.json").write_bytes(raw)
-    name = manifest.get("name") or src.name
-    cfg = manifest.get("config") or {}
-    return {"name": name, "manifest": f"models/{dst.name}/manifest.json", "sha256": _sha256(raw), "bytes": total,
-            "params": (manifest.get("totals") or {}).get("params"),
-            "quantization": manifest.get("quantization"), "architecture": cfg.get("architecture"),
+    cfg = pkg.config
+    return {"name": manifest.get("name") or src.name, "manifest": f"models/{dst.name}/manifest.json",
+            "sha256": _sha256(raw), "bytes": total, "params": (manifest.get("totals") or {}).get("params"),
+            "quantization": manifest.get("quantization"), "architecture": cfg.architecture,
             # f32 K and V per token over all layers: the page's memory estimate before any download
-            "kv_bytes_per_token": 2 * 4 * int(cfg.get("num_hidden_layers") or 0) * int(cfg.get("num_key_value_heads") or 0)
-            * int(cfg.get("head_dim") or 0)}
+            "kv_bytes_per_token": 2 * 4 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim}
 
 
 def _folder_name(name: str, taken: set[str]) -> str:
