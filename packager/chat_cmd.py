@@ -287,4 +287,3 @@ def cli_main(args) -> int:
         return await Chat(package, tok, engine, params).run()
 
     return asyncio.run(main())
-    return asyncio.run(chat.run())

@@ -7,7 +7,6 @@ Run: python -m pytest tests/test_verify.py -q
 from __future__ import annotations
 
 import json
-import resource
 import subprocess
 import sys
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from .conftest import ARTIFACTS, SiteServer, attach_console
+from .conftest import attach_console
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
