@@ -7,8 +7,9 @@
 //                (max, sum, unnormalised acc) for the GROUP query heads that share the kv head.
 //   KERNEL == 1  reduce:  merges a decode sequence's partials in split order -> out.
 //   KERNEL == 2  prefill: sequences with two or more query tokens (chunked prefill; earlier KV read from the
-//                cache). One workgroup per (WG-query tile, query head, sequence), one query per invocation; K/V
-//                tiles of BK positions in workgroup memory; online softmax.
+//                cache). The decode lane layout with 4 consecutive queries per lane group instead of a split:
+//                each group walks positions 0 .. its workgroup's last query with an online softmax, causal mask
+//                per query, for the GROUP query heads of one kv head (head blocks of HB as in decode).
 // Which kernel serves a sequence depends only on its own query count, and the split count only on its own
 // context length, so a sequence's output never depends on the rest of the batch (batch invariance).
 //
@@ -22,7 +23,6 @@
 //   out    f32 [T, N_HEADS * HEAD_DIM]
 // Softmax is f32 with scale 1/sqrt(HEAD_DIM) folded into q.
 
-#define WG 64
 #define RWG 16
 const GROUP: u32 = N_HEADS / N_KV_HEADS;  // query heads per kv head
 const HD4: u32 = HEAD_DIM / 4;
@@ -47,7 +47,8 @@ alias kv_vec = vec4<f32>;
 // here 2 x HEAD_DIM/4 vec4 loads per position and kv head, the minimum (the previous layout issued ~5x more:
 // q and the scores lived in workgroup memory). And private arrays indexed by a loop counter are spilled (naga's
 // loops are not unrolled there), ~3x slower than the fixed registers of the named per-head state used below.
-#if KERNEL == 0
+// The K/V loads, the per-head state and the lane sum below serve the decode and the prefill kernels alike.
+#if KERNEL != 1
 @group(0) @binding(0) var<storage, read> q: array<vec4<f32>>;
 #ifdef KV_F16
 // f16 K/V read as vec4<u32> (8 halves per load): half the load instructions of vec4<f16>, and loads are what this
@@ -60,7 +61,11 @@ alias kv_vec = vec4<f32>;
 #endif
 @group(0) @binding(3) var<storage, read> block_tables: array<u32>;
 @group(0) @binding(4) var<storage, read> seqs: array<vec4<u32>>;
+#if KERNEL == 0
 @group(0) @binding(5) var<storage, read_write> partials: array<vec4<f32>>;
+#else
+@group(0) @binding(5) var<storage, read_write> out: array<vec4<f32>>;
+#endif
 
 const NC: u32 = LANES;  // lanes per split: a power of two >= HEAD_DIM / 16 (wrapper)
 const SPLITS_PER_WG: u32 = DWG / NC;
@@ -169,18 +174,6 @@ fn head_add(h: ptr<function, Head>, s: f32, v: mat4x4<f32>) {
     (*h).acc = (*h).acc * alpha + v * p;
 }
 
-fn head_write(h: Head, rec: u32, c: u32) {
-    if (c == 0u) {
-        partials[rec] = vec4<f32>(h.m, h.l, 0.0, 0.0);
-    }
-    for (var t = 0u; t < 4u; t++) {
-        let j = c * 4u + t;
-        if (j < HD4) {
-            partials[rec + 1u + j] = h.acc[t];
-        }
-    }
-}
-
 // sum of v over the NC lanes of this lane's split; every one of them gets the bit-identical result
 fn lane_sum(v: vec4<f32>, lid: u32) -> vec4<f32> {
 #if LANES == 1
@@ -204,6 +197,21 @@ fn lane_sum(v: vec4<f32>, lid: u32) -> vec4<f32> {
     return s;
 #endif
 #endif
+}
+
+#endif
+
+#if KERNEL == 0
+fn head_write(h: Head, rec: u32, c: u32) {
+    if (c == 0u) {
+        partials[rec] = vec4<f32>(h.m, h.l, 0.0, 0.0);
+    }
+    for (var t = 0u; t < 4u; t++) {
+        let j = c * 4u + t;
+        if (j < HD4) {
+            partials[rec + 1u + j] = h.acc[t];
+        }
+    }
 }
 
 @compute @workgroup_size(DWG)
@@ -317,85 +325,152 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #endif
 
 // prefill -----------------------------------------------------------------------------------------------------
-// One invocation per query row (WG rows per workgroup) keeps its scaled query and its output in registers; K/V
-// tiles of BK positions are staged in workgroup memory and every invocation reads the same element at the same
-// time (uniform addresses). Measured on lavapipe: 1.7x faster than 16x16 score tiles shared by 4 invocations/row.
+// The decode layout, with queries in place of splits: a group of NC lanes owns 4 consecutive query tokens of
+// the sequence (one per component of a vec4 score) for the HB query heads of one head block, lane c holding
+// dims [16c, 16c + 16) of every one of them (a Quad per head: 4 query mat4x4, 4 output mat4x4, a vec4 of
+// running maxima and one of sums). The lanes walk the KV positions once, in order, from 0 to the last query of
+// their workgroup; every K and V vector they load serves 4 * HB (query, head) pairs, and one lane sum (a vec4)
+// per head finishes the 4 scores of a position. Causal mask per query: a position past a query's own adds
+// exactly nothing to it (p = 0, factor exp(0) = 1), so the walk may run to the workgroup's last position.
+// Why: on lavapipe loads are the cost (see the decode section); the previous layout (one query per invocation,
+// K/V tiles in workgroup memory, q/acc in loop-indexed private arrays) issued ~10x more loads per pair.
+// A query's result depends on its sequence alone: the tiling follows its own query count, the order is fixed.
 #if KERNEL == 2
-@group(0) @binding(0) var<storage, read> q: array<vec4<f32>>;
-@group(0) @binding(1) var<storage, read> k_cache: array<kv_vec>;
-@group(0) @binding(2) var<storage, read> v_cache: array<kv_vec>;
-@group(0) @binding(3) var<storage, read> block_tables: array<u32>;
-@group(0) @binding(4) var<storage, read> seqs: array<vec4<u32>>;
-@group(0) @binding(5) var<storage, read_write> out: array<vec4<f32>>;
+const QPW: u32 = SPLITS_PER_WG * 4u;  // queries per workgroup
 
-var<workgroup> k_s: array<vec4<f32>, BK * HD4>;
-var<workgroup> v_s: array<vec4<f32>, BK * HD4>;
+struct Quad {
+    q0: mat4x4<f32>,
+    q1: mat4x4<f32>,
+    q2: mat4x4<f32>,
+    q3: mat4x4<f32>,
+    a0: mat4x4<f32>,
+    a1: mat4x4<f32>,
+    a2: mat4x4<f32>,
+    a3: mat4x4<f32>,
+    m: vec4<f32>,
+    l: vec4<f32>,
+}
 
-@compute @workgroup_size(WG)
+// head h's queries of token rows row0 .. row0 + 3 (rows past last re-read the last row; they are not written)
+fn quad_new(row0: u32, last: u32, h: u32, c: u32, scale: f32) -> Quad {
+    let hq = Q_OFFSET / 4u + h * HD4;
+    let q0 = head_new(min(row0, last) * (Q_STRIDE / 4u) + hq, c, scale).q;
+    let q1 = head_new(min(row0 + 1u, last) * (Q_STRIDE / 4u) + hq, c, scale).q;
+    let q2 = head_new(min(row0 + 2u, last) * (Q_STRIDE / 4u) + hq, c, scale).q;
+    let q3 = head_new(min(row0 + 3u, last) * (Q_STRIDE / 4u) + hq, c, scale).q;
+    let z = mat4x4<f32>();
+    return Quad(q0, q1, q2, q3, z, z, z, z, vec4<f32>(NEG), vec4<f32>(0.0));
+}
+
+fn mdot(a: mat4x4<f32>, b: mat4x4<f32>) -> f32 {
+    let t = a[0] * b[0] + a[1] * b[1] + a[2] * b[2] + a[3] * b[3];
+    return t.x + t.y + t.z + t.w;
+}
+
+// this lane's part of the 4 scores of key k
+fn quad_dot(s: Quad, k: mat4x4<f32>) -> vec4<f32> {
+    return vec4<f32>(mdot(s.q0, k), mdot(s.q1, k), mdot(s.q2, k), mdot(s.q3, k));
+}
+
+// online softmax step for the 4 queries; `live` masks the queries this position is causal for
+fn quad_add(s: ptr<function, Quad>, sc: vec4<f32>, live: vec4<bool>, v: mat4x4<f32>) {
+    let mn = max((*s).m, select(vec4<f32>(NEG), sc, live));
+    let alpha = exp((*s).m - mn);
+    let p = select(vec4<f32>(0.0), exp(sc - mn), live);
+    (*s).l = (*s).l * alpha + p;
+    (*s).m = mn;
+    (*s).a0 = (*s).a0 * alpha.x + v * p.x;
+    (*s).a1 = (*s).a1 * alpha.y + v * p.y;
+    (*s).a2 = (*s).a2 * alpha.z + v * p.z;
+    (*s).a3 = (*s).a3 * alpha.w + v * p.w;
+}
+
+fn write_row(a: mat4x4<f32>, l: f32, o: u32, c: u32) {
+    for (var t = 0u; t < 4u; t++) {
+        let j = c * 4u + t;
+        if (j < HD4) {
+            out[o + j] = a[t] / l;
+        }
+    }
+}
+
+// rows row0 + j < row0 + n of head h
+fn quad_write(s: Quad, row0: u32, n: u32, h: u32, c: u32) {
+    let o = (row0 * N_HEADS + h) * HD4;
+    let rs = N_HEADS * HD4;
+    if (n > 0u) { write_row(s.a0, s.l.x, o, c); }
+    if (n > 1u) { write_row(s.a1, s.l.y, o + rs, c); }
+    if (n > 2u) { write_row(s.a2, s.l.z, o + 2u * rs, c); }
+    if (n > 3u) { write_row(s.a3, s.l.w, o + 3u * rs, c); }
+}
+
+@compute @workgroup_size(DWG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let h = wid.y;
-    let kvh = h / GROUP;
+    let kvh = wid.y / N_HB;
+    let hb = wid.y % N_HB;
     let sq = seqs[wid.z];
     let ctx = sq.x;
     let nq = sq.w;
-    let q0 = wid.x * WG;
-    if (nq <= 1u || q0 >= nq) {
-        return;
+    let wq0 = wid.x * QPW;  // first query (index within the sequence's chunk) of this workgroup
+    if (nq <= 1u || wq0 >= nq) {
+        return;  // uniform per workgroup: not a prefill sequence, or no queries here
     }
     let start_pos = ctx - nq;
+    // uniform end of the walk: one past the workgroup's last query position
+    let kv_end = start_pos + min(wq0 + QPW, nq);
+    let c = lid % NC;
+    let qi = wq0 + (lid / NC) * 4u;  // this lane group's first query
+    let qpos = vec4<u32>(start_pos + qi) + vec4<u32>(0u, 1u, 2u, 3u);
+    let row0 = sq.z + qi;
+    let last = sq.z + nq - 1u;
     let scale = inverseSqrt(f32(HEAD_DIM));
-    let valid = q0 + lid < nq;
-    let qpos = start_pos + q0 + lid;
-    var qr: array<vec4<f32>, HD4>;
-    var acc: array<vec4<f32>, HD4>;
-    let qbase = ((sq.z + q0 + lid) * Q_STRIDE + Q_OFFSET) / 4u + h * HD4;
-    for (var d = 0u; d < HD4; d++) {
-        qr[d] = select(vec4<f32>(0.0), q[qbase + d] * scale, valid);
-        acc[d] = vec4<f32>(0.0);
-    }
-    let kv_end = start_pos + min(q0 + WG, nq);
-    var m = NEG;
-    var l = 0.0;
-    for (var kt = 0u; kt < kv_end; kt += BK) {
-        workgroupBarrier();
-        for (var i = lid; i < BK * HD4; i += WG) {
-            let pos = kt + i / HD4;
-            var kv = vec4<f32>(0.0);
-            var vv = vec4<f32>(0.0);
-            if (pos < kv_end) {
-                let blk = block_tables[sq.y + pos / BLOCK_SIZE];
-                let base = ((blk * BLOCK_SIZE + pos % BLOCK_SIZE) * N_KV_HEADS + kvh) * HD4;
-                kv = vec4<f32>(k_cache[base + i % HD4]);
-                vv = vec4<f32>(v_cache[base + i % HD4]);
-            }
-            k_s[i] = kv;
-            v_s[i] = vv;
-        }
-        workgroupBarrier();
-        var s: array<f32, BK>;
-        var mt = m;
-        for (var c = 0u; c < BK; c++) {
-            var a = vec4<f32>(0.0);
-            for (var d = 0u; d < HD4; d++) { a += qr[d] * k_s[c * HD4 + d]; }
-            s[c] = select(NEG, a.x + a.y + a.z + a.w, kt + c <= qpos);
-            mt = max(mt, s[c]);
-        }
-        let alpha = exp(m - mt);
-        l *= alpha;
-        for (var d = 0u; d < HD4; d++) { acc[d] *= alpha; }
-        for (var c = 0u; c < BK; c++) {
-            if (s[c] > 0.5 * NEG) {
-                let p = exp(s[c] - mt);
-                l += p;
-                for (var d = 0u; d < HD4; d++) { acc[d] += p * v_s[c * HD4 + d]; }
-            }
-        }
-        m = mt;
-    }
-    if (valid) {
-        for (var d = 0u; d < HD4; d++) {
-            out[((sq.z + q0 + lid) * N_HEADS + h) * HD4 + d] = acc[d] / l;
+    let g0 = hb * HB;
+    let h0 = kvh * GROUP + g0;  // head slot j: query head h0 + j (clamped; slots past GROUP not written)
+    var s0 = quad_new(row0, last, min(h0, kvh * GROUP + GROUP - 1u), c, scale);
+#ifdef H1
+    var s1 = quad_new(row0, last, min(h0 + 1u, kvh * GROUP + GROUP - 1u), c, scale);
+#endif
+#ifdef H2
+    var s2 = quad_new(row0, last, min(h0 + 2u, kvh * GROUP + GROUP - 1u), c, scale);
+#endif
+#ifdef H3
+    var s3 = quad_new(row0, last, min(h0 + 3u, kvh * GROUP + GROUP - 1u), c, scale);
+#endif
+    let n_blocks = (kv_end + BLOCK_SIZE - 1u) / BLOCK_SIZE;
+    for (var b = 0u; b < n_blocks; b++) {
+        let blk = block_tables[sq.y + b];  // one table load per block, not per position
+        let n_slots = min(BLOCK_SIZE, kv_end - b * BLOCK_SIZE);
+        for (var slot = 0u; slot < n_slots; slot++) {
+            let pos = b * BLOCK_SIZE + slot;
+            let base = ((blk * BLOCK_SIZE + slot) * N_KV_HEADS + kvh) * HD4;
+            let k = load_k(base, c);
+            let v = load_v(base, c);
+            let live = vec4<u32>(pos) <= qpos;
+            quad_add(&s0, lane_sum(quad_dot(s0, k), lid), live, v);
+#ifdef H1
+            quad_add(&s1, lane_sum(quad_dot(s1, k), lid), live, v);
+#endif
+#ifdef H2
+            quad_add(&s2, lane_sum(quad_dot(s2, k), lid), live, v);
+#endif
+#ifdef H3
+            quad_add(&s3, lane_sum(quad_dot(s3, k), lid), live, v);
+#endif
         }
     }
+    if (qi >= nq) {
+        return;
+    }
+    let n = min(4u, nq - qi);
+    quad_write(s0, row0, n, h0, c);
+#ifdef H1
+    if (g0 + 1u < GROUP) { quad_write(s1, row0, n, h0 + 1u, c); }
+#endif
+#ifdef H2
+    if (g0 + 2u < GROUP) { quad_write(s2, row0, n, h0 + 2u, c); }
+#endif
+#ifdef H3
+    if (g0 + 3u < GROUP) { quad_write(s3, row0, n, h0 + 3u, c); }
+#endif
 }
 #endif

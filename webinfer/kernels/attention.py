@@ -129,12 +129,8 @@ class PagedAttention:
         self.block_size, self.split, self.max_seqs = block_size, split, max_seqs
         self.chunk = split  # old name
         self.max_splits = -(-max_model_len // split)
-        # prefill: WG query rows per workgroup; K and V tiles of BK positions must fit in 16 KiB
-        self.bq = WG
-        self.bk = max(1, min(32, WORKGROUP_BYTES // (8 * head_dim)))
         base = {"N_HEADS": n_heads, "N_KV_HEADS": n_kv_heads, "HEAD_DIM": head_dim, "BLOCK_SIZE": block_size,
-                "Q_STRIDE": q_stride, "Q_OFFSET": q_offset, "SPLIT": split, "MAX_SPLITS": self.max_splits,
-                "BK": self.bk}
+                "Q_STRIDE": q_stride, "Q_OFFSET": q_offset, "SPLIT": split, "MAX_SPLITS": self.max_splits}
         if kv_f16:
             base["KV_F16"] = 1
         # decode layout (see the decode section of attention.wgsl): `lanes` lanes per split, each owning 16 dims
@@ -155,6 +151,8 @@ class PagedAttention:
         self.subgroup_decode = bool(subgroup_decode)
         self.lanes, self.n_head_blocks, self.decode_wg = lanes, n_hb, decode_wg
         self.splits_per_wg = decode_wg // lanes
+        # prefill: the same workgroups of decode_wg lanes, each lane group holding 4 consecutive queries
+        self.bq = 4 * self.splits_per_wg
         base.update({"LANES": lanes, "HB": hb, "DWG": decode_wg})
         for j in range(1, hb):
             base[f"H{j}"] = 1
@@ -196,8 +194,8 @@ class PagedAttention:
                           f"{self.label}.decode")
             cmds.dispatch(red, binding.reduce, self.n_heads, step.n_seqs, 1, f"{self.label}.reduce")
         if step.max_q_prefill:
-            cmds.dispatch(pre, binding.prefill, -(-step.max_q_prefill // self.bq), self.n_heads, step.n_seqs,
-                          f"{self.label}.prefill")
+            cmds.dispatch(pre, binding.prefill, -(-step.max_q_prefill // self.bq),
+                          self.n_kv_heads * self.n_head_blocks, step.n_seqs, f"{self.label}.prefill")
 
 
 def step_buffers(device, max_seqs: int, max_blocks_total: int) -> tuple[Any, Any]:
