@@ -107,11 +107,23 @@ def test_attention_decode_lane_sum_paths(gpu_f32, lib32, subgroups):
     check_op(out, ref, ATOL, RTOL, f"lane sum subgroups={subgroups}")
 
 
+@pytest.mark.parametrize("subgroups", [True, False], ids=["shuffle", "workgroup_memory"])
+def test_attention_prefill_lane_sum_paths(gpu_f32, lib32, subgroups):
+    """Prefill at SmolLM2's shape through both lane-sum paths: 4 queries per lane group, 8 per workgroup, so
+    chunks of 2, 17 (a partial group and workgroup) and 37 (start_pos 263 > 0: earlier KV read from the paged
+    cache, walk crossing many blocks), plus a decode sequence in the same step."""
+    if subgroups and not (gpu_f32.caps.subgroups and gpu_f32.caps.subgroup_size >= 4):
+        pytest.skip("needs subgroups of >= 4 lanes")
+    out, ref = _case(gpu_f32, lib32, H=9, Hkv=3, hd=64, bs=16, seqs=[(2, 2), (17, 17), (300, 37), (45, 1)],
+                     subgroup_decode=subgroups, seed=11)
+    check_op(out, ref, ATOL, RTOL, f"prefill lane sum subgroups={subgroups}")
+
+
 @pytest.mark.parametrize("H,Hkv,hd", [(14, 2, 64), (5, 1, 96), (8, 8, 32)], ids=["group7_blocks", "hd96_pad", "mha"])
 def test_attention_decode_head_blocks_and_padding(gpu_f32, lib32, H, Hkv, hd):
     """GROUP 7 takes two head blocks of 4 (the last with a masked slot); head_dim 96 pads 6 lanes of 16 dims to 8
-    (two idle lanes, PAD loads); MHA: one head per block."""
-    out, ref = _case(gpu_f32, lib32, H=H, Hkv=Hkv, hd=hd, bs=8, seqs=[(70, 1), (5, 1), (12, 4)], seed=H)
+    (two idle lanes, PAD loads); MHA: one head per block. Decode and prefill (chunks of 4 and 13)."""
+    out, ref = _case(gpu_f32, lib32, H=H, Hkv=Hkv, hd=hd, bs=8, seqs=[(70, 1), (5, 1), (12, 4), (40, 13)], seed=H)
     check_op(out, ref, ATOL, RTOL, f"H={H} Hkv={Hkv} hd={hd}")
 
 
@@ -123,9 +135,11 @@ def test_attention_head_dim_128_mha(gpu_f32, lib32):
 def test_attention_f16_kv(gpu, kernels):
     if not gpu.caps.f16:
         pytest.skip("no shader-f16 on this adapter")
-    # decode reads f16 K/V 8 halves per vec4<u32> load (aligned rows), or one 4-half vector at a time (hd 96: PAD)
+    # decode and prefill read f16 K/V 8 halves per vec4<u32> load (aligned rows), or one 4-half vector at a time
+    # (hd 96: PAD); prefill chunks of 9 and 21 (start_pos 109 > 0)
     for hd in (32, 96):
-        out, ref = _case(gpu, kernels, H=4, Hkv=1, hd=hd, bs=16, seqs=[(90, 1), (25, 9), (7, 1)], kv_f16=True)
+        out, ref = _case(gpu, kernels, H=4, Hkv=1, hd=hd, bs=16, seqs=[(90, 1), (25, 9), (7, 1), (130, 21)],
+                         kv_f16=True)
         check_op(out, ref, ATOL, RTOL, f"f16 kv hd={hd}")
 
 
