@@ -18,7 +18,8 @@ Bind groups are built once per layer (`bind`); a step calls `encode(cmds, bindin
 dispatches whose grid depends on the step's shape (number of sequences, longest context, longest chunk).
 
 Batch invariance: sequences with one query token always go through the decode kernel, those with more through
-the prefill kernel; decode splits a context into fixed SPLIT-long pieces. So a sequence's output depends only on
+the prefill kernel; decode splits a context into fixed SPLIT-long pieces, prefill tiles a chunk's queries by its
+own query count and walks positions in order. So a sequence's output depends only on
 its own tokens, never on how many other sequences share the step. (A token's output may differ in the last bits
 between a prefill chunk and a decode step; that is allowed.)
 
@@ -35,7 +36,6 @@ from ..gpu.device import COPY_DST, STORAGE, BufferBinding
 
 WG = 64
 DECODE, REDUCE, PREFILL = 0, 1, 2
-WORKGROUP_BYTES = 16384  # browser default maxComputeWorkgroupStorageSize
 DECODE_WG = 8  # decode invocations per workgroup (shaders/attention.wgsl DWG)
 PARTIALS_BUDGET = 32 << 20  # default split: the shortest whose partials buffer stays under this
 MAX_BINDING_BYTES = 128 << 20  # browser default maxStorageBufferBindingSize
@@ -94,9 +94,12 @@ class PagedAttention:
     kernel, so short splits give parallelism (ctx 640 -> 20 splits per kv head) at the price of a longer merge.
     `chunk` is the old name of the same knob (kept for callers). max_model_len bounds the split count, max_seqs
     the number of sequences per step (both size the partials buffer, allocated once here, shared by all layers).
-    decode_wg: invocations per decode workgroup (8 = one SIMD batch on llvmpipe; real GPUs may prefer 32-64).
-    subgroup_decode: None = sum the lanes of a split with subgroup shuffles where the device has subgroups of at
-    least head_dim/16 lanes, else through workgroup memory; False forces workgroup memory; True requires shuffles.
+    decode_wg: invocations per decode and prefill workgroup (8 = one SIMD batch on llvmpipe; real GPUs may prefer
+    32-64). Prefill gives each group of head_dim/16 lanes 4 consecutive queries: 4 * decode_wg / lanes queries per
+    workgroup (8 at SmolLM2's head_dim 64).
+    subgroup_decode: None = sum the lanes of a split (decode) or of a query group (prefill) with subgroup shuffles
+    where the device has subgroups of at least head_dim/16 lanes, else through workgroup memory; False forces
+    workgroup memory; True requires shuffles.
     """
 
     def __init__(self, lib, *, n_heads: int, n_kv_heads: int, head_dim: int, block_size: int, max_model_len: int,
