@@ -404,6 +404,56 @@ fn quad_write(s: Quad, row0: u32, n: u32, h: u32, c: u32) {
     if (n > 3u) { write_row(s.a3, s.l.w, o + 3u * rs, c); }
 }
 
+// the HB score vectors of a position summed over the NC lanes of the query group: subgroup shuffles per head, or
+// without subgroups all heads through workgroup memory at once (one pair of barriers per position, not per head)
+#if LANES != 1
+#ifndef SG_DECODE
+var<workgroup> part_h: array<vec4<f32>, DWG * HB>;
+#endif
+#endif
+
+fn lane_sum_heads(d: mat4x4<f32>, lid: u32) -> mat4x4<f32> {
+#if LANES == 1
+    return d;
+#else
+#ifdef SG_DECODE
+    var r = d;
+    r[0] = lane_sum(d[0], lid);
+#ifdef H1
+    r[1] = lane_sum(d[1], lid);
+#endif
+#ifdef H2
+    r[2] = lane_sum(d[2], lid);
+#endif
+#ifdef H3
+    r[3] = lane_sum(d[3], lid);
+#endif
+    return r;
+#else
+    for (var j = 0u; j < HB; j++) {
+        part_h[lid * HB + j] = d[j];
+    }
+    workgroupBarrier();
+    let first = (lid - lid % NC) * HB;
+    var r = mat4x4<f32>();
+    for (var x = 0u; x < NC; x++) {
+        r[0] += part_h[first + x * HB];
+#ifdef H1
+        r[1] += part_h[first + x * HB + 1u];
+#endif
+#ifdef H2
+        r[2] += part_h[first + x * HB + 2u];
+#endif
+#ifdef H3
+        r[3] += part_h[first + x * HB + 3u];
+#endif
+    }
+    workgroupBarrier();
+    return r;
+#endif
+#endif
+}
+
 @compute @workgroup_size(DWG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let kvh = wid.y / N_HB;
@@ -446,15 +496,27 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             let k = load_k(base, c);
             let v = load_v(base, c);
             let live = vec4<u32>(pos) <= qpos;
-            quad_add(&s0, lane_sum(quad_dot(s0, k), lid), live, v);
+            var d = mat4x4<f32>();  // column j: this lane's part of head slot j's 4 scores
+            d[0] = quad_dot(s0, k);
 #ifdef H1
-            quad_add(&s1, lane_sum(quad_dot(s1, k), lid), live, v);
+            d[1] = quad_dot(s1, k);
 #endif
 #ifdef H2
-            quad_add(&s2, lane_sum(quad_dot(s2, k), lid), live, v);
+            d[2] = quad_dot(s2, k);
 #endif
 #ifdef H3
-            quad_add(&s3, lane_sum(quad_dot(s3, k), lid), live, v);
+            d[3] = quad_dot(s3, k);
+#endif
+            d = lane_sum_heads(d, lid);
+            quad_add(&s0, d[0], live, v);
+#ifdef H1
+            quad_add(&s1, d[1], live, v);
+#endif
+#ifdef H2
+            quad_add(&s2, d[2], live, v);
+#endif
+#ifdef H3
+            quad_add(&s3, d[3], live, v);
 #endif
         }
     }
