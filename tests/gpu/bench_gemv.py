@@ -2,11 +2,8 @@
 
 Run: XDG_RUNTIME_DIR=/tmp/xdg python -m tests.gpu.bench_gemv [--reps 5] [--decode]
      XDG_RUNTIME_DIR=/tmp/xdg python -m tests.gpu.bench_gemv --model PKG [--reps 7]: decode step A/B on a package,
-     the model with its LM head on lm_head.wgsl (x-stationary) against the default (gemv.wgsl), alternating, at
-     1/4/16 sequences: median GPU ms per step and the per-label split; checks both sample the same ids.
-     XDG_RUNTIME_DIR=/tmp/xdg python -m tests.gpu.bench_gemv --head [--head-variants]: the LM head shape
-     (49152x576, q8 and q4) at 1/4/16 rows, gemv.wgsl vs lm_head.wgsl, alternating in one process, with the copy
-     kernel; --head-variants adds lm_head layouts (rows per lane, smaller tiles).
+     decode tiles (auto) against the same model restricted to tile 1 (one activation row per invocation, the old
+     layout), alternating, at 1/4/16 sequences: median GPU ms per step, per-label split, and the copy kernel.
 (WEBINFER_DISABLE_SUBGROUPS=1 for the path without subgroupBroadcast)
 Effective bytes = weight + scale (+ min) bytes; ratio = GEMV GB/s / copy GB/s (copy counts read + write bytes).
 """
@@ -48,6 +45,14 @@ def timed(dev, record, reps):
     return statistics.median(ms[1:])
 
 
+def _gemv_linears(model):
+    for ly in model.layers:
+        for d in ly.qkv + [ly.o] + ly.mlp_in + [ly.down]:
+            if hasattr(d, "gemv"):
+                yield d.gemv
+    yield model.lm_head
+
+
 def model_ab(path: str, reps: int) -> None:
     from collections import defaultdict
 
@@ -57,7 +62,8 @@ def model_ab(path: str, reps: int) -> None:
     dev = request_device_sync(limits="browser", timestamps=True)
     new = load_runner(path, device=dev, num_blocks=16 * 4 + 1, block_size=16, max_seqs=16)
     old = load_runner(path, device=dev, num_blocks=16 * 4 + 1, block_size=16, max_seqs=16)
-    new.lm_head = new.make_lm_head("x-stationary")  # A: lm_head.wgsl, B: the default gemv.wgsl head
+    for lin in _gemv_linears(old):
+        lin._variants = [v for v in lin._variants if v[1] == 1]  # tile 1 only: the old one-row layout
     prompt = [1, 504, 3458, 2114, 253, 1029, 30, 314]  # 8 tokens; decode at position 8
 
     def batch(n):
@@ -67,90 +73,31 @@ def model_ab(path: str, reps: int) -> None:
         asyncio.run(m.execute(StepBatch([SeqChunk(i, prompt, 0, [1 + 4 * i, 2 + 4 * i], True) for i in range(16)])))
     print(f"{dev.info.name}; decode step GPU ms, medians of {reps} alternating A/B runs")
     for n in (1, 4, 16):
-        res = {"xstat": defaultdict(list), "gemv": defaultdict(list)}
-        ids = {}
+        res = {"tiles": defaultdict(list), "tile1": defaultdict(list)}
         for r in range(reps + 1):
-            for name, m in (("xstat", new), ("gemv", old)) if r % 2 else (("gemv", old), ("xstat", new)):
+            for name, m in (("tiles", new), ("tile1", old)) if r % 2 else (("tile1", old), ("tiles", new)):
                 cmds, _ = m.encode_step(batch(n), timed=True)
                 dev.submit(cmds)
                 per = defaultdict(float)
                 for label, ms in asyncio.run(dev.read_timings(cmds)):
                     key = label.split(".")[-1] if label.startswith("layers.") else label
                     per[key] += ms
-                ids[name] = asyncio.run(m.sampler.read(n))
+                asyncio.run(m.sampler.read(n))
                 if r:  # the first round compiles
                     res[name]["total"].append(sum(per.values()))
                     for key, ms in per.items():
                         res[name][key].append(ms)
         med = {a: {k: statistics.median(v) for k, v in d.items()} for a, d in res.items()}
-        top = sorted(med["gemv"], key=lambda k: -med["gemv"][k])[:7]
-        print(f"{n:2d} seqs (gemv head -> x-stationary head; sampled ids equal: {ids['gemv'] == ids['xstat']}): "
-              + "  ".join(f"{k} {med['gemv'][k]:.2f}->{med['xstat'][k]:.2f}" for k in top), flush=True)
-
-
-def copy_gbs(dev, lib, reps) -> float:
-    """GB/s (read + write) of the copy kernel over 64 MiB: the reference every ratio is taken against."""
-    n_vec4 = (64 << 20) // 16
-    src = GpuArray.upload(dev, np.zeros((n_vec4, 4), np.uint32), guard=False)
-    dst = GpuArray.empty(dev, (n_vec4, 4), np.uint32)
-    cp = lib.pipeline("copy")
-    bg = dev.create_bind_group(cp, [src.binding, dst.binding, uniform(dev, "<4I", n_vec4, 0, 0, 0)])
-    ms = timed(dev, lambda c: c.dispatch(cp, bg, 4096, n_vec4 // (4096 * 1024), 1, "copy"), reps)
-    return 2 * n_vec4 * 16 / ms / 1e6
-
-
-def head_ab(reps: int, variants: bool) -> None:
-    """LM head shape: gemv.wgsl (Linear, tile auto) vs lm_head.wgsl, alternating per rep (the box is noisy)."""
-    from webinfer.kernels.lm_head import LMHead
-
-    dev = request_device_sync(limits="browser", timestamps=True)
-    lib = KernelLibrary(dev)
-    n, k = 49152, 576
-    rng = np.random.default_rng(0)
-    for dtype in ("q8", "q4"):
-        comps = quantize(dtype, rng.standard_normal((n, k)).astype(np.float32), 32)
-        nbytes = sum(v.nbytes for v in comps.values())
-        up = {c: GpuArray.upload(dev, v, guard=False).buffer for c, v in comps.items()}
-        part = [WeightPart(0, n, up["qweight"], up["scales"], up.get("mins"))]
-        for t in (1, 4, 16):
-            x = GpuArray.upload(dev, rng.standard_normal((t, k)).astype(np.float32), guard=False).buffer
-            y = GpuArray.empty(dev, (t, n)).buffer
-            step = GpuArray.upload(dev, np.array([t, 0, 0, 0], np.uint32), guard=False).buffer
-            cands = {"gemv": Linear(lib, dtype, n, k, 32, part, x, y, k, n, step),
-                     "lm_head": LMHead(lib, dtype, n, k, 32, part, x, y, k, n, step)}
-            if variants:
-                for rpl in (16, 64):
-                    cands[f"rpl{rpl}"] = LMHead(lib, dtype, n, k, 32, part, x, y, k, n, step, rpl=rpl)
-                if t >= 2:
-                    cands["tile1"] = LMHead(lib, dtype, n, k, 32, part, x, y, k, n, step, tile=1)
-                if t >= 4:
-                    cands["tile2"] = LMHead(lib, dtype, n, k, 32, part, x, y, k, n, step, tile=2)
-            res: dict[str, list[float]] = {c: [] for c in cands}
-            names = list(cands)
-            for r in range(reps + 1):
-                for name in (names if r % 2 else names[::-1]):
-                    cmds = dev.commands(timed=True)
-                    cands[name].encode(cmds, t)
-                    dev.submit(cmds)
-                    ms = sum(v for _, v in asyncio.run(dev.read_timings(cmds)))
-                    if r:  # the first round compiles
-                        res[name].append(ms)
-            cgbs = copy_gbs(dev, lib, 3)
-            line = "  ".join(f"{c} {statistics.median(v):6.2f} ms ({nbytes / statistics.median(v) / 1e6 / cgbs:.2f})"
-                             for c, v in res.items())
-            print(f"{dtype} {n}x{k} T={t:2d} [ms (ratio to copy {cgbs:.1f} GB/s)]: {line}", flush=True)
+        top = sorted(med["tile1"], key=lambda k: -med["tile1"][k])[:7]
+        print(f"{n:2d} seqs: " + "  ".join(f"{k} {med['tile1'][k]:.1f}->{med['tiles'][k]:.1f}" for k in top))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--decode", action="store_true", help="only the decode shapes at 1/4/16 rows, tiles 1/4/8")
-    ap.add_argument("--model", help="a package folder: decode step A/B (x-stationary vs gemv LM head) instead of the shapes")
-    ap.add_argument("--head", action="store_true", help="LM head shape: gemv.wgsl vs lm_head.wgsl at 1/4/16 rows")
-    ap.add_argument("--head-variants", action="store_true", help="with --head: also lm_head layout variants")
+    ap.add_argument("--model", help="a package folder: decode step A/B (tiles vs tile 1) instead of the shapes")
     args = ap.parse_args()
-    if args.head:
-        return head_ab(args.reps, args.head_variants)
     if args.model:
         return model_ab(args.model, args.reps)
     dev = request_device_sync(limits="browser", timestamps=True)

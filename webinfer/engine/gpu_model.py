@@ -42,8 +42,6 @@ from ..kernels.attention import PagedAttention, SeqStep, pack_step, step_buffers
 from ..kernels.embed import Embed
 from ..kernels.library import KernelLibrary
 from ..kernels.linear import Linear, WeightPart, interleave_gate_up, split_rows
-from ..kernels.lm_head import LMHead
-from ..kernels.lm_head import supports as lm_head_supports
 from ..kernels.norm import RMSNorm
 from ..kernels.rope import Rope, inv_freq
 from ..kernels.swiglu import SwiGLU
@@ -238,25 +236,10 @@ class GPUModel:
         else:
             head = package.tensors["lm_head"]
             parts = await self._parts(get, "lm_head")
-        self._head = (head.dtype, head.group_size, parts)
-        self.lm_head = self.make_lm_head()
+        self.lm_head = Linear(lib, head.dtype, cfg.vocab_size, d, head.group_size, parts, self.xs_buf, self.logits_buf,
+                              self.d_stride, cfg.vocab_size, step, STEP_SAMPLED, p, label="lm_head")
         self.sampler = self._make_sampler()
         return self
-
-    def make_lm_head(self, kernel: str = "gemv"):
-        """The LM head over the loaded head weights. kernel="gemv": gemv.wgsl's Linear (the default);
-        "x-stationary": lm_head.wgsl (K <= 1024), which measured at parity with gemv.wgsl for one row on lavapipe
-        and slower for 4-16 rows (tests/gpu/bench_gemv.py --head / --model): kept for A/B, not the default.
-        Each call takes one arena slot per weight binding."""
-        dtype, gs, parts = self._head
-        d, v = self.cfg.hidden_size, self.cfg.vocab_size
-        args = (self.lib, dtype, v, d, gs, parts, self.xs_buf, self.logits_buf, self.d_stride, v, self.step_buf,
-                STEP_SAMPLED, self.arena)
-        if kernel == "x-stationary" and lm_head_supports(dtype, d):
-            return LMHead(*args, label="lm_head")
-        if kernel != "gemv":
-            raise ValueError(f"make_lm_head: kernel must be 'gemv' or 'x-stationary' (K <= 1024), not {kernel!r}")
-        return Linear(*args, label="lm_head")
 
     async def _upload(self, data: bytes, label: str):
         b = self.device.create_buffer(len(data), STORAGE | COPY_DST, label=label)
