@@ -63,36 +63,15 @@ struct Block {
     m: vec4<f32>,
 }
 
-fn half_at(word: u32, g: u32) -> f32 {
-    return unpack2x16float(word)[g & 1u];
-}
-
-fn scale_of(row: u32, g: u32) -> f32 {
-    return half_at(scales[row * params.s_stride + g / 2u], g);
-}
-
-#if DTYPE == q4a
-fn min_of(row: u32, g: u32) -> f32 {
-    return half_at(mins[row * params.s_stride + g / 2u], g);
-}
-#endif
+#include "quant_unpack.wgsl"
 
 #if DTYPE == q8
-fn i8x4(u: u32) -> vec4<f32> {
-    return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(u << 24u, u << 16u, u << 8u, u)) >> vec4<u32>(24u));
-}
 // dot of 32 int8 weights (2 vec4<u32>) with 32 activations (gemv.wgsl's association)
 fn dot32(a: vec4<u32>, b: vec4<u32>, xs: W8) -> f32 {
     return dot(i8x4(a.x), xs[0]) + dot(i8x4(a.y), xs[1]) + dot(i8x4(a.z), xs[2]) + dot(i8x4(a.w), xs[3])
          + dot(i8x4(b.x), xs[4]) + dot(i8x4(b.y), xs[5]) + dot(i8x4(b.z), xs[6]) + dot(i8x4(b.w), xs[7]);
 }
 #else
-fn lo4(u: u32) -> vec4<f32> {
-    return vec4<f32>(vec4<u32>(u, u >> 4u, u >> 8u, u >> 12u) & vec4<u32>(15u));
-}
-fn hi4(u: u32) -> vec4<f32> {
-    return vec4<f32>(vec4<u32>(u >> 16u, u >> 20u, u >> 24u, u >> 28u) & vec4<u32>(15u));
-}
 // dot of 32 unsigned nibbles (one vec4<u32>) with 32 activations (gemv.wgsl's association)
 fn dot32(a: vec4<u32>, xs: W8) -> f32 {
     return dot(lo4(a.x), xs[0]) + dot(hi4(a.x), xs[1]) + dot(lo4(a.y), xs[2]) + dot(hi4(a.y), xs[3])

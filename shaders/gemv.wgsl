@@ -72,26 +72,9 @@ struct Block {
     m: vec4<f32>,
 }
 
-fn half_at(buf_word: u32, g: u32) -> f32 {
-    return unpack2x16float(buf_word)[g & 1u];
-}
-
-fn scale_of(row: u32, g: u32) -> f32 {
-    return half_at(scales[row * params.s_stride + g / 2u], g);
-}
-
-#if DTYPE == q4a
-fn min_of(row: u32, g: u32) -> f32 {
-    return half_at(mins[row * params.s_stride + g / 2u], g);
-}
-#endif
+#include "quant_unpack.wgsl"
 
 #if DTYPE == q8
-// the 4 signed bytes of a word as floats
-fn i8x4(u: u32) -> vec4<f32> {
-    let v = bitcast<vec4<i32>>(vec4<u32>(u << 24u, u << 16u, u << 8u, u)) >> vec4<u32>(24u);
-    return vec4<f32>(v);
-}
 // the 32 int8 weights of chunk c of a row (2 vec4<u32>)
 fn unpack_row(row: u32, c: u32) -> W8 {
     let base = row * params.w_stride4 + 2u * c;
@@ -100,13 +83,6 @@ fn unpack_row(row: u32, c: u32) -> W8 {
     return W8(i8x4(a.x), i8x4(a.y), i8x4(a.z), i8x4(a.w), i8x4(b.x), i8x4(b.y), i8x4(b.z), i8x4(b.w));
 }
 #else
-// the 8 nibbles of a word as unsigned values (low nibble = element 0)
-fn lo4(u: u32) -> vec4<f32> {
-    return vec4<f32>(vec4<u32>(u, u >> 4u, u >> 8u, u >> 12u) & vec4<u32>(15u));
-}
-fn hi4(u: u32) -> vec4<f32> {
-    return vec4<f32>(vec4<u32>(u >> 16u, u >> 20u, u >> 24u, u >> 28u) & vec4<u32>(15u));
-}
 // the 32 unsigned nibbles of chunk c of a row (one vec4<u32>)
 fn unpack_row(row: u32, c: u32) -> W8 {
     let a = w[row * params.w_stride4 + c];
