@@ -263,6 +263,14 @@ class GGUFSource:
                 raise FormatError(self.path, f"{arch}.{key}", f"is {v!r}", "a number (per-layer lists unsupported)")
             return kind(v)
 
+        # Llama 3.1+ GGUFs carry their RoPE scaling as per-frequency factors; ignoring them would give wrong
+        # outputs silently, and the runtime only knows the parametric llama3 form (from config.json)
+        scaling = self._get(f"{arch}.rope.scaling.type")
+        if "rope_freqs.weight" in self.tensors or scaling not in (None, "none"):
+            raise FormatError(self.path, "rope_freqs.weight" if "rope_freqs.weight" in self.tensors
+                              else f"{arch}.rope.scaling.type", "RoPE frequency scaling in a GGUF is not supported yet",
+                              "no RoPE scaling; pack the model's Hugging Face folder instead (its config.json "
+                              "rope_scaling is supported)")
         hidden = num("embedding_length")
         heads = num("attention.head_count")
         tokens = self._get("tokenizer.ggml.tokens")

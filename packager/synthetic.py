@@ -159,8 +159,9 @@ def llamacpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def write_gguf(path: Path, *, types: dict | None = None, seed: int = 0, tied: bool = True, version: int = 3,
-               **overrides) -> Path:
-    """A tiny llama GGUF. types: {"linear": "Q4_0"|"Q4_1"|"Q8_0"|"F32"|"F16", "embed": ..., "norm": "F32"}."""
+               rope_freqs: bool = False, **overrides) -> Path:
+    """A tiny llama GGUF. types: {"linear": "Q4_0"|"Q4_1"|"Q8_0"|"F32"|"F16", "embed": ..., "norm": "F32"}.
+    rope_freqs: add Llama 3.1's per-frequency RoPE factors tensor (which the packer must refuse, not ignore)."""
     import gguf
     from gguf.quants import quantize
 
@@ -216,6 +217,9 @@ def write_gguf(path: Path, *, types: dict | None = None, seed: int = 0, tied: bo
     put("output_norm.weight", w["model.norm.weight"], "norm")
     if not tied:
         put("output.weight", w["lm_head.weight"], "embed")
+    if rope_freqs:
+        hd = cfg["hidden_size"] // cfg["num_attention_heads"]
+        wr.add_tensor("rope_freqs.weight", np.linspace(1.0, 8.0, hd // 2, dtype=np.float32))
     wr.write_header_to_file()
     wr.write_kv_data_to_file()
     wr.write_tensors_to_file()

@@ -201,3 +201,14 @@ def test_unsupported_gguf_quant_type(tmp_path):
         pack(p, tmp_path / "out", progress=False)
     assert e.value.field == "tensor blk.0.ffn_up.weight.type" and "IQ4_NL" in e.value.problem
     assert sorted(x.name for x in tmp_path.iterdir()) == ["m.gguf"]
+
+
+def test_gguf_rope_frequency_factors_are_refused_not_ignored(tmp_path):
+    """Llama 3.1 GGUFs scale RoPE through a rope_freqs tensor; packing it without that scaling would be silently wrong."""
+    p = synthetic.write_gguf(tmp_path / "m.gguf", rope_freqs=True)
+    with pytest.raises(FormatError) as e:
+        pack(p, tmp_path / "out", progress=False)
+    assert e.value.field == "rope_freqs.weight" and "Hugging Face folder" in str(e.value)
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["m.gguf"]
+    # the same model without the factors packs
+    pack(synthetic.write_gguf(tmp_path / "ok.gguf"), tmp_path / "out", progress=False)
