@@ -38,7 +38,9 @@ class RequestOutput:
     num_output_tokens: int         # total so far
     num_cached_tokens: int         # prompt tokens found in the prefix cache
     ttft_s: float | None           # arrival -> first token
-    token_times_s: list[float] = field(default_factory=list)  # gaps between consecutive output tokens so far
+    # gaps between consecutive output tokens so far: the request's one live list, shared by all its outputs (a copy
+    # per token would make a long generation quadratic)
+    token_times_s: list[float] = field(default_factory=list)
 
 
 class _Stream:
@@ -178,7 +180,7 @@ class AsyncEngine:
             r = st.req
             st.queue.put_nowait(RequestOutput(
                 r.request_id, [o.new_token], delta, reason, len(r.prompt_ids), len(r.output_ids),
-                max(r.num_cached_tokens, 0), st.t_first - st.t0, list(st.gaps)))
+                max(r.num_cached_tokens, 0), st.t_first - st.t0, st.gaps))
 
     def stats(self) -> dict:
         s = self.scheduler.stats()
