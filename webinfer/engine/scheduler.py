@@ -36,10 +36,15 @@ class Request:
     status: str = WAITING
     finish_reason: str | None = None
     num_preemptions: int = 0
+    # prompt + output, kept up to date by add_output(): the scheduler reads it every step, so it is not rebuilt
+    all_token_ids: list[int] = field(default_factory=list, repr=False)
 
-    @property
-    def all_token_ids(self) -> list[int]:
-        return self.prompt_ids + self.output_ids
+    def __post_init__(self) -> None:
+        self.all_token_ids = self.prompt_ids + self.output_ids
+
+    def add_output(self, tok: int) -> None:
+        self.output_ids.append(tok)
+        self.all_token_ids.append(tok)
 
     @property
     def num_tokens(self) -> int:
@@ -182,7 +187,7 @@ class Scheduler:
             req.num_computed_tokens += n
             reason = None
             if tok is not None:
-                req.output_ids.append(tok)
+                req.add_output(tok)
                 reason = token_stop_reason(tok, len(req.output_ids), req.num_tokens, req.params, self.eos_ids, self.max_len)
             self.kv.cache_computed(req.request_id, req.all_token_ids, req.num_computed_tokens)
             if reason is not None:
