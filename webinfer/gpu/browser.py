@@ -148,13 +148,6 @@ class BrowserDevice(Device):
             view.release()
             px.destroy()
 
-    def wgsl_enables(self, f16: bool, subgroups: bool) -> str:
-        # Tint's subgroup uniformity analysis rejects subgroupBroadcast after an early exit on gid.y (gemv.wgsl),
-        # which is uniform per workgroup there since workgroups are (WG, 1, 1); naga (native) does not run this
-        # analysis at all, so switching the diagnostic off makes the browser accept exactly what native accepts.
-        out = super().wgsl_enables(f16, subgroups)
-        return out + ("diagnostic(off, subgroup_uniformity);\n" if subgroups else "")
-
     def create_pipeline(self, code: str, label: str = "", entry_point: str = "main"):
         module = self.device.createShaderModule(code=code, label=label)
         return self.device.createComputePipeline(
