@@ -25,6 +25,7 @@ from .device import (
     Commands,
     Device,
     align,
+    record_passes,
 )
 
 _QUERY_RESOLVE = 0x0200
@@ -185,44 +186,30 @@ class BrowserDevice(Device):
             raise DeviceLostError(f"the GPU device was lost ({self._lost_reason}); the engine will be rebuilt")
         enc = self.device.createCommandEncoder()
         qs = None
-        labels: list[str] = []
         if commands.timed and self.caps.timestamps:
             n = sum(1 for op in commands.ops if op[0] == "dispatch")
             qs = self.device.createQuerySet(type="timestamp", count=max(2 * n, 2))
-        cpass = None
-        qi = 0
-        for op in commands.ops:
-            kind = op[0]
-            if kind == "dispatch":
-                _, pipe, bg, x, y, z, label = op
-                if qs is not None:
-                    cpass = enc.beginComputePass(_obj({"timestampWrites": {
-                        "querySet": qs, "beginningOfPassWriteIndex": qi, "endOfPassWriteIndex": qi + 1}}))
-                    qi += 2
-                    labels.append(label)
-                elif cpass is None:
-                    cpass = enc.beginComputePass()
-                cpass.setPipeline(pipe)
-                cpass.setBindGroup(0, bg)
-                cpass.dispatchWorkgroups(x, y, z)
-                if qs is not None:
-                    cpass.end()
-                    cpass = None
+
+        def begin_pass(qi):
+            if qi is None:
+                return enc.beginComputePass()
+            return enc.beginComputePass(_obj({"timestampWrites": {
+                "querySet": qs, "beginningOfPassWriteIndex": qi, "endOfPassWriteIndex": qi + 1}}))
+
+        def dispatch(cpass, pipe, bg, x, y, z):
+            cpass.setPipeline(pipe)
+            cpass.setBindGroup(0, bg)
+            cpass.dispatchWorkgroups(x, y, z)
+
+        def clear(buf, off, size):
+            if size is None:
+                enc.clearBuffer(buf, off)
             else:
-                if cpass is not None:
-                    cpass.end()
-                    cpass = None
-                if kind == "copy":
-                    _, src, so, dst, do, size = op
-                    enc.copyBufferToBuffer(src, so, dst, do, size)
-                elif kind == "clear":
-                    _, buf, off, size = op
-                    if size is None:
-                        enc.clearBuffer(buf, off)
-                    else:
-                        enc.clearBuffer(buf, off, size)
-        if cpass is not None:
-            cpass.end()
+                enc.clearBuffer(buf, off, size)
+
+        labels = record_passes(commands, qs is not None, begin_pass, dispatch,
+                               lambda *a: enc.copyBufferToBuffer(*a), clear)
+        qi = 2 * len(labels)
         if qs is not None:
             rb = self.device.createBuffer(size=align(8 * qi, 256), usage=_QUERY_RESOLVE | COPY_SRC)
             enc.resolveQuerySet(qs, 0, qi, rb, 0)

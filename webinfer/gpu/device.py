@@ -149,5 +149,39 @@ class Device(ABC):
         return "\n".join(out) + ("\n" if out else "")
 
 
+def record_passes(commands: Commands, timed: bool, begin_pass, dispatch, copy, clear) -> list[str]:
+    """Walk a command list into compute passes, the one grouping rule both backends share: consecutive dispatches
+    share one pass; a copy or clear ends it; with `timed`, every dispatch gets its own pass whose timestamps go to
+    query slots 2i and 2i+1. The backend supplies the calls: begin_pass(query_index | None) -> pass (with .end()),
+    dispatch(pass, pipeline, bind_group, x, y, z), copy(src, src_offset, dst, dst_offset, size),
+    clear(buffer, offset, size). Returns the labels of the timed dispatches, in query order."""
+    labels: list[str] = []
+    cpass = None
+    for op in commands.ops:
+        kind = op[0]
+        if kind == "dispatch":
+            _, pipe, bg, x, y, z, label = op
+            if timed:
+                cpass = begin_pass(2 * len(labels))
+                labels.append(label)
+            elif cpass is None:
+                cpass = begin_pass(None)
+            dispatch(cpass, pipe, bg, x, y, z)
+            if timed:
+                cpass.end()
+                cpass = None
+        else:
+            if cpass is not None:
+                cpass.end()
+                cpass = None
+            if kind == "copy":
+                copy(*op[1:])
+            elif kind == "clear":
+                clear(*op[1:])
+    if cpass is not None:
+        cpass.end()
+    return labels
+
+
 def align(n: int, a: int = 256) -> int:
     return (n + a - 1) // a * a

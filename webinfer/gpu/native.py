@@ -22,6 +22,7 @@ from .device import (
     Commands,
     Device,
     align,
+    record_passes,
 )
 
 _QUERY_RESOLVE = 0x0200
@@ -166,39 +167,21 @@ class NativeDevice(Device):
         if commands.timed and self.caps.timestamps:
             n = sum(1 for op in commands.ops if op[0] == "dispatch")
             qs = self.device.create_query_set(type="timestamp", count=max(2 * n, 2))
-            labels = []
-        cpass = None
-        qi = 0
-        for op in commands.ops:
-            kind = op[0]
-            if kind == "dispatch":
-                _, pipe, bg, x, y, z, label = op
-                if qs is not None:
-                    cpass = enc.begin_compute_pass(
-                        timestamp_writes={"query_set": qs, "beginning_of_pass_write_index": qi, "end_of_pass_write_index": qi + 1}
-                    )
-                    qi += 2
-                    labels.append(label)
-                elif cpass is None:
-                    cpass = enc.begin_compute_pass()
-                cpass.set_pipeline(pipe)
-                cpass.set_bind_group(0, bg)
-                cpass.dispatch_workgroups(x, y, z)
-                if qs is not None:
-                    cpass.end()
-                    cpass = None
-            else:
-                if cpass is not None:
-                    cpass.end()
-                    cpass = None
-                if kind == "copy":
-                    _, src, so, dst, do, size = op
-                    enc.copy_buffer_to_buffer(src, so, dst, do, size)
-                elif kind == "clear":
-                    _, buf, off, size = op
-                    enc.clear_buffer(buf, off, size)
-        if cpass is not None:
-            cpass.end()
+
+        def begin_pass(qi):
+            if qi is None:
+                return enc.begin_compute_pass()
+            return enc.begin_compute_pass(timestamp_writes={
+                "query_set": qs, "beginning_of_pass_write_index": qi, "end_of_pass_write_index": qi + 1})
+
+        def dispatch(cpass, pipe, bg, x, y, z):
+            cpass.set_pipeline(pipe)
+            cpass.set_bind_group(0, bg)
+            cpass.dispatch_workgroups(x, y, z)
+
+        labels = record_passes(commands, qs is not None, begin_pass, dispatch, enc.copy_buffer_to_buffer,
+                               enc.clear_buffer)
+        qi = 2 * len(labels)
         if qs is not None:
             rb = self.device.create_buffer(size=align(16 * qi, 256), usage=_QUERY_RESOLVE | COPY_SRC)
             enc.resolve_query_set(qs, 0, qi, rb, 0)
