@@ -18,7 +18,7 @@ def smollm2_package(tmp_path_factory) -> Path:
     pre = os.environ.get("WEBINFER_TEST_PACKAGE")
     if pre:
         return Path(pre)
-    from webinfer_packager.pack import pack
+    from webinfer_packager.pack.build import pack
     from webinfer_packager.paths import default_gguf_path
 
     out = tmp_path_factory.mktemp("pkg") / "SmolLM2-135M-Instruct"

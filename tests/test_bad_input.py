@@ -15,10 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from webinfer.errors import FormatError, UnsupportedArchitectureError
-from webinfer_packager import synthetic
-from webinfer_packager.gguf_source import validate_gguf_header
-from webinfer_packager.hf_source import validate_safetensors_header
-from webinfer_packager.pack import pack
+from tests import synthetic
+from webinfer_packager.pack.gguf_source import validate_gguf_header
+from webinfer_packager.pack.hf_source import validate_safetensors_header
+from webinfer_packager.pack.build import pack
 
 
 def gguf_header(version=3, n_tensors=0, kvs=b"", n_kv=0, tensors=b""):

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from webinfer_packager.cli import main
+from webinfer_packager.cli.main import main
 
 pytestmark = pytest.mark.gpu
 
@@ -19,8 +19,8 @@ KEYS = ["adapter", "copy_gbps", "gemv", "kernels", "step_ms", "host_overhead_fra
 
 @pytest.fixture(scope="module")
 def tiny_package(tmp_path_factory):
-    from webinfer_packager.pack import pack
-    from webinfer_packager.synthetic import write_hf
+    from webinfer_packager.pack.build import pack
+    from tests.synthetic import write_hf
 
     tmp = tmp_path_factory.mktemp("bench")
     write_hf(tmp / "hf", arch="llama")

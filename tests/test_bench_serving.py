@@ -1,4 +1,4 @@
-"""The serving benchmark (webinfer_packager.bench_serving).
+"""The serving benchmark (webinfer_packager.bench.serving).
 
 Two kinds of checks:
 - CPU: the measurement logic on the fake runner (tests/fake_model.py) with a step time we choose, so the expected
@@ -20,8 +20,8 @@ import pytest
 from tests.fake_model import FakeRunner
 from webinfer.engine.engine import AsyncEngine
 from webinfer.tokenizer import Tokenizer
-from webinfer_packager import bench_serving as bs
-from webinfer_packager.synthetic import CHATML, tiny_tokenizer_json
+from webinfer_packager.bench import serving as bs
+from tests.synthetic import CHATML, tiny_tokenizer_json
 
 SECTIONS = ["context", "step_scaling", "concurrency", "prefix_cache", "mixed", "engine"]
 
@@ -132,8 +132,8 @@ def test_serving_bench_quick_on_fake_runner_is_json():
 
 @pytest.fixture(scope="module")
 def tiny_package(tmp_path_factory):
-    from webinfer_packager.pack import pack
-    from webinfer_packager.synthetic import write_hf
+    from webinfer_packager.pack.build import pack
+    from tests.synthetic import write_hf
 
     tmp = tmp_path_factory.mktemp("bench_serving")
     write_hf(tmp / "hf", arch="llama", max_position_embeddings=512)
@@ -143,7 +143,7 @@ def tiny_package(tmp_path_factory):
 @pytest.mark.gpu
 def test_quick_run_on_native_engine(tiny_package):
     pytest.importorskip("wgpu")
-    from webinfer_packager.serve_cmd import load_engine
+    from webinfer_packager.cli.serve import load_engine
 
     # a small token budget makes the cold 128-token system prompt take several steps, the cache hit one
     engine = load_engine(tiny_package, backend="native", kv_budget_mb=4, max_num_batched_tokens=32)

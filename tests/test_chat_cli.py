@@ -30,8 +30,8 @@ STATS = re.compile(r"\[TTFT (?P<ttft>[\d.]+) s · (?P<speed>[\d.]+|-) tok/s · (
 
 @pytest.fixture(scope="module")
 def tiny_chat_package(tmp_path_factory):
-    from webinfer_packager.pack import pack
-    from webinfer_packager.synthetic import write_hf
+    from webinfer_packager.pack.build import pack
+    from tests.synthetic import write_hf
 
     tmp = tmp_path_factory.mktemp("chat")
     write_hf(tmp / "hf", max_position_embeddings=1024)
@@ -45,7 +45,7 @@ class Program:
         env = dict(os.environ, PYTHONIOENCODING="utf-8", PYTHONUNBUFFERED="1")
         env.setdefault("XDG_RUNTIME_DIR", "/tmp/xdg")
         os.makedirs(env["XDG_RUNTIME_DIR"], mode=0o700, exist_ok=True)
-        self.p = subprocess.Popen([sys.executable, "-m", "webinfer_packager.cli", "chat", str(package), *extra],
+        self.p = subprocess.Popen([sys.executable, "-m", "webinfer_packager.cli.main", "chat", str(package), *extra],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
         self.buf = b""
         self.lock = threading.Lock()
@@ -164,7 +164,7 @@ def test_terminal(gpu, tiny_chat_package):
     env.setdefault("XDG_RUNTIME_DIR", "/tmp/xdg")
     pid, fd = pty.fork()
     if pid == 0:  # child: the chat on the pty's slave side
-        os.execve(sys.executable, [sys.executable, "-m", "webinfer_packager.cli", "chat", str(tiny_chat_package),
+        os.execve(sys.executable, [sys.executable, "-m", "webinfer_packager.cli.main", "chat", str(tiny_chat_package),
                                    "--max-tokens", "300"], env)
     before = termios.tcgetattr(fd)
     buf = bytearray()

@@ -12,8 +12,8 @@ import pytest
 
 from webinfer.engine.engine import AsyncEngine
 from webinfer.engine.stopping import SamplingParams
-from webinfer_packager.reference import ReferenceModel
-from webinfer_packager.reference_runner import ReferenceRunner, sample
+from webinfer_packager.reference.model import ReferenceModel
+from webinfer_packager.reference.runner import ReferenceRunner, sample
 
 
 class IdTokenizer:
@@ -26,8 +26,8 @@ class IdTokenizer:
 
 @pytest.fixture(scope="module")
 def tiny_package(tmp_path_factory):
-    from webinfer_packager.pack import pack
-    from webinfer_packager.synthetic import write_hf
+    from webinfer_packager.pack.build import pack
+    from tests.synthetic import write_hf
 
     d = tmp_path_factory.mktemp("tiny")
     write_hf(d / "hf", arch="llama")

@@ -10,8 +10,8 @@ import math
 
 import pytest
 
-from webinfer_packager.cli import main
-from webinfer_packager.eval_cmd import windows
+from webinfer_packager.cli.main import main
+from webinfer_packager.cli.eval import windows
 
 EVAL_TEXT = "examples/data/eval.txt"
 
@@ -35,7 +35,7 @@ def test_windows_need_overlap():
 
 @pytest.fixture(scope="module", autouse=True)
 def one_blas_thread():
-    from webinfer_packager.reference import limit_blas_threads
+    from webinfer_packager.reference.model import limit_blas_threads
 
     old = limit_blas_threads(1)
     yield

@@ -11,8 +11,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.mark.gpu
 def test_chat_api_example_runs_two_conversations(tmp_path, gpu):
-    from webinfer_packager.pack import pack
-    from webinfer_packager.synthetic import write_hf
+    from webinfer_packager.pack.build import pack
+    from tests.synthetic import write_hf
 
     write_hf(tmp_path / "hf", arch="llama")
     pkg = pack(tmp_path / "hf", tmp_path / "pkg", progress=False)

@@ -9,14 +9,14 @@ import json
 
 import pytest
 
-from webinfer_packager.cli import main
+from webinfer_packager.cli.main import main
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module", autouse=True)
 def one_blas_thread():
-    from webinfer_packager.reference import limit_blas_threads
+    from webinfer_packager.reference.model import limit_blas_threads
 
     old = limit_blas_threads(1)
     yield

@@ -31,7 +31,7 @@ def setup(smollm2_package, gpu):
 
     from webinfer.package import Package
     from webinfer_packager.native import load_runner
-    from webinfer_packager.prompting import render_chat
+    from webinfer_packager.cli.prompting import render_chat
 
     pkg = Package.open(smollm2_package)
     tok = Tokenizer.from_str(pkg.read_file(pkg.manifest["tokenizer"]["file"]).decode())
@@ -68,7 +68,7 @@ def alone(setup):
 
 
 def test_greedy_equals_reference(setup, alone):
-    from webinfer_packager.reference import ReferenceModel
+    from webinfer_packager.reference.model import ReferenceModel
 
     pkg, prompts, _ = setup
     ref = ReferenceModel.from_package(pkg, max_seq_len=512)

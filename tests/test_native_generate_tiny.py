@@ -17,8 +17,8 @@ pytestmark = pytest.mark.gpu
 
 
 def _pack(tmp_path_factory, name, **kw):
-    from webinfer_packager.pack import pack
-    from webinfer_packager.synthetic import write_hf
+    from webinfer_packager.pack.build import pack
+    from tests.synthetic import write_hf
 
     tmp = tmp_path_factory.mktemp(name)
     write_hf(tmp / "hf", **kw)
@@ -41,7 +41,7 @@ PROMPTS = [[5, 17, 200, 33, 1, 9, 250], [42], list(range(3, 40))]
 
 
 def _reference(pkg, prompt, n):
-    from webinfer_packager.reference import ReferenceModel, Sampler, generate
+    from webinfer_packager.reference.model import ReferenceModel, Sampler, generate
 
     return generate(ReferenceModel.from_package(pkg), prompt, n, Sampler(0.0))
 
@@ -64,7 +64,7 @@ def test_greedy_ids_equal_reference(gpu, request, which, fuse, kv_f16):
 
 def test_prefill_logits_match_reference(gpu, tiny_qwen):
     from webinfer_packager.native import load_runner
-    from webinfer_packager.reference import ReferenceModel
+    from webinfer_packager.reference.model import ReferenceModel
 
     runner = load_runner(tiny_qwen, device=gpu, num_blocks=8, block_size=8, max_batch_tokens=32)
     prompt = list(range(10, 31))

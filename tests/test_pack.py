@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 from webinfer.package import Package
-from webinfer_packager import quant, synthetic
-from webinfer_packager.pack import OutputExistsError, pack
+from webinfer_packager.pack import quant
+from tests import synthetic
+from webinfer_packager.pack.build import OutputExistsError, pack
 
 
 def tensor(pkg: Package, name: str) -> np.ndarray:

@@ -14,7 +14,7 @@ from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
 
-from webinfer_packager import quant
+from webinfer_packager.pack import quant
 
 
 def spec_decode(dtype, comps, n, k, gs):

@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from webinfer_packager.reference import (Config, LayerWeights, ReferenceModel, Sampler, Weights, attention, generate,
+from webinfer_packager.reference.model import (Config, LayerWeights, ReferenceModel, Sampler, Weights, attention, generate,
                                          rmsnorm, rope, rope_inv_freq, softmax, swiglu)
 
 LLAMA3_SCALING = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,

@@ -30,9 +30,9 @@ def test_packed_tiny_model_matches_transformers_on_dequantized_weights(tmp_path,
     import torch
     from transformers import AutoModelForCausalLM
     from webinfer.package import Package
-    from webinfer_packager.pack import pack
-    from webinfer_packager.reference import ReferenceModel, read_tensor
-    from webinfer_packager.synthetic import write_hf
+    from webinfer_packager.pack.build import pack
+    from webinfer_packager.reference.model import ReferenceModel, read_tensor
+    from tests.synthetic import write_hf
 
     src = write_hf(tmp_path / "hf", arch=arch, tied=tied, seed=3)
     package = Package.open(pack(src, tmp_path / "pkg", group_size=32, asymmetric=asymmetric, progress=False))

@@ -29,7 +29,7 @@ def package(smollm2_package):
 
 @pytest.fixture(scope="module")
 def ref_model(package):
-    from webinfer_packager.reference import ReferenceModel, limit_blas_threads
+    from webinfer_packager.reference.model import ReferenceModel, limit_blas_threads
 
     old = limit_blas_threads(1)  # ~10x faster decode on a busy 2-core machine (see limit_blas_threads)
     yield ReferenceModel.from_package(package, max_seq_len=256)
@@ -64,7 +64,7 @@ def greedy_with_logits(model, ids: list[int], n: int) -> tuple[list[int], np.nda
 @pytest.mark.parametrize("text,chat", PROMPTS)
 def test_greedy_ids_and_logits_match_transformers(package, ref_model, hf, text, chat):
     import torch
-    from webinfer_packager.prompting import PromptTokenizer, prompt_ids
+    from webinfer_packager.cli.prompting import PromptTokenizer, prompt_ids
 
     model, hf_tok = hf
     ids = prompt_ids(package, PromptTokenizer(package.tokenizer_json()), prompt=text, chat=chat)
@@ -91,7 +91,7 @@ def test_greedy_ids_and_logits_match_transformers(package, ref_model, hf, text, 
     assert hf_logits.argmax(axis=-1).tolist() == out
     assert diff < 1e-3
     if text == "Once upon a time":
-        from webinfer_packager.prompting import PromptTokenizer as T
+        from webinfer_packager.cli.prompting import PromptTokenizer as T
 
         assert T(package.tokenizer_json()).decode(out[:24]).startswith(
             ", the city of Nova Haven was a thriving metropolis, with towering skyscrapers and bustling streets. But as")

@@ -19,7 +19,7 @@ import uvicorn
 from tests.fake_model import FakeRunner, FakeTokenizer, generate_alone
 from webinfer.api import LLM, Limits
 from webinfer.engine.engine import AsyncEngine
-from webinfer.server import create_app
+from webinfer_packager.server.app import create_app
 
 VOCAB, EOS = 40, (0,)
 TEMPLATE = "{% for m in messages %}{{ m.role[0] }} {{ m.content }}.{% endfor %}{% if add_generation_prompt %}a {% endif %}"

@@ -25,8 +25,8 @@ MAX_TOKENS = 10
 
 def test_16_concurrent_streams_on_the_gpu_equal_alone(smollm2_package, gpu):
     from webinfer.api import LLM
-    from webinfer.server import create_app
-    from webinfer_packager.serve_cmd import load_engine
+    from webinfer_packager.server.app import create_app
+    from webinfer_packager.cli.serve import load_engine
 
     engine = load_engine(smollm2_package, backend="native", kv_budget_mb=64, device=gpu)
     rng = random.Random(7)

@@ -20,9 +20,9 @@ def test_real_model_over_http_matches_reference(smollm2_package):
     from webinfer.api import LLM
     from webinfer.chat_template import render
     from webinfer.package import Package
-    from webinfer.server import create_app
-    from webinfer_packager.reference import ReferenceModel, Sampler, generate, limit_blas_threads
-    from webinfer_packager.serve_cmd import load_engine
+    from webinfer_packager.server.app import create_app
+    from webinfer_packager.reference.model import ReferenceModel, Sampler, generate, limit_blas_threads
+    from webinfer_packager.cli.serve import load_engine
 
     limit_blas_threads(1)
     engine = load_engine(smollm2_package, backend="reference")

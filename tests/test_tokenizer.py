@@ -207,7 +207,7 @@ def test_packager_conversion_matches_transformers(smollm2_json, smollm2_gguf):
     """Our GGUF -> tokenizer.json conversion (used by `webinfer pack` and `webinfer tokenize x.gguf`) gives the ids
     of transformers' conversion plus SmolLM2's Digits step (llama.cpp's "smollm" pre-tokenizer splits every \\p{N};
     transformers' GGUF loader omits that, which changes e.g. " ½" and " ²", tokens of the vocabulary)."""
-    from webinfer_packager.tokenize_cmd import load_tokenizer
+    from webinfer_packager.cli.tokenize import load_tokenizer
 
     ours = load_tokenizer(smollm2_gguf)
     j = json.loads(smollm2_json)

@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("tokenizers")
 from tests.test_tokenizer import CORPUS, train_byte_level  # noqa: E402
 from webinfer.errors import FormatError  # noqa: E402
-from webinfer_packager.cli import main  # noqa: E402
+from webinfer_packager.cli.main import main  # noqa: E402
 
 
 def _run(capsys, monkeypatch, argv, stdin=None):
@@ -46,7 +46,7 @@ def test_bad_input_line(tmp_path, capsys, monkeypatch):
 
 
 def test_not_a_tokenizer(tmp_path):
-    from webinfer_packager.tokenize_cmd import load_tokenizer
+    from webinfer_packager.cli.tokenize import load_tokenizer
 
     bad = tmp_path / "t.json"
     bad.write_text("{not json", encoding="utf-8")
@@ -56,7 +56,7 @@ def test_not_a_tokenizer(tmp_path):
 
 @pytest.mark.model
 def test_gguf(smollm2_gguf, tmp_path, capsys, monkeypatch):
-    """The GGUF path: the vocabulary is converted at load by webinfer_packager.tokenizer_convert."""
+    """The GGUF path: the vocabulary is converted at load by webinfer_packager.pack.tokenizer_convert."""
     f = tmp_path / "in.jsonl"
     f.write_text(json.dumps("<|im_start|>user\nHello 12 world<|im_end|>") + "\n", encoding="utf-8")
     rc, out, _ = _run(capsys, monkeypatch, ["tokenize", str(smollm2_gguf), "--file", str(f)])

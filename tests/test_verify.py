@@ -14,9 +14,9 @@ import pytest
 
 from webinfer.errors import FormatError
 from webinfer.package import Package
-from webinfer_packager import synthetic
-from webinfer_packager.pack import pack
-from webinfer_packager.verify import verify_package
+from tests import synthetic
+from webinfer_packager.pack.build import pack
+from webinfer_packager.pack.verify import verify_package
 
 
 @pytest.fixture()
@@ -30,7 +30,7 @@ def _bins(pkg):
 
 def test_intact_package_verifies(pkg):
     assert verify_package(pkg) == []
-    r = subprocess.run([sys.executable, "-m", "webinfer_packager.cli", "verify", str(pkg)], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "webinfer_packager.cli.main", "verify", str(pkg)], capture_output=True, text=True)
     assert r.returncode == 0 and "ok" in r.stdout
 
 
@@ -50,7 +50,7 @@ def test_damaged_files_are_named(pkg, damage):
         f.write_bytes(b"x")
     problems = verify_package(pkg)
     assert len(problems) == 1 and f.name in problems[0]
-    r = subprocess.run([sys.executable, "-m", "webinfer_packager.cli", "verify", str(pkg)], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, "-m", "webinfer_packager.cli.main", "verify", str(pkg)], capture_output=True, text=True)
     assert r.returncode != 0 and f.name in r.stderr
 
 
@@ -95,7 +95,7 @@ def test_pack_memory_is_bounded(tmp_path):
     src = synthetic.write_large_synthetic_hf(tmp_path / "big", gigabytes=0.4, hidden=1024, ffn=2816, vocab=32000)
     size = (src / "model.safetensors").stat().st_size
     # peak RSS minus the RSS after imports: python + numpy + gguf + safetensors alone take 100-200 MB
-    code = ("import resource,sys; from webinfer_packager.pack import pack; "
+    code = ("import resource,sys; from webinfer_packager.pack.build import pack; "
             "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss; "
             f"pack({str(src)!r}, {str(tmp_path / 'out')!r}, progress=False); "
             "print(base, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")

@@ -133,8 +133,8 @@ class SiteServer:
 @pytest.fixture(scope="session")
 def tiny_package(tmp_path_factory) -> Path:
     """A tiny random-weight llama packed into a webinfer package (packager/synthetic.py + pack)."""
-    from webinfer_packager.pack import pack
-    from webinfer_packager.synthetic import write_hf
+    from webinfer_packager.pack.build import pack
+    from tests.synthetic import write_hf
 
     d = tmp_path_factory.mktemp("tinysrc")
     write_hf(d / "hf")
@@ -145,7 +145,7 @@ def tiny_package(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_site(tmp_path_factory, tiny_package) -> Path:
-    from webinfer_packager.site import build_site
+    from webinfer_packager.site.build import build_site
 
     out = tmp_path_factory.mktemp("site") / "site"
     build_site([tiny_package], out)

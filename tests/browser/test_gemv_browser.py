@@ -1,6 +1,6 @@
 """The INT4/INT8 Linear kernels (webinfer/kernels/linear.py: gemv.wgsl for decode rows, gemm.wgsl for prefill
 rows) on the browser's WebGPU device (Chromium, SwiftShader, through Pyodide), against numpy: weights quantized
-with webinfer_packager.quant, the reference is their dequantized values times x in float64. A guard region after
+with webinfer_packager.pack.quant, the reference is their dequantized values times x in float64. A guard region after
 y must come back untouched, and padding columns of x are NaN so reading past K would show.
 
 One worker runs every case (Pyodide starts once)."""
@@ -22,7 +22,7 @@ GUARD = b"\xab" * 256
 
 
 def _case(dtype, kernel, n, k, t, seed):
-    from webinfer_packager.quant import dequantize, quantize
+    from webinfer_packager.pack.quant import dequantize, quantize
 
     rng = np.random.default_rng(seed)
     gs = 32

@@ -19,8 +19,8 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 def test_page_from_webinfer_serve_generates_like_native(tiny_site, tiny_package, browser):
     from webinfer.api import LLM
-    from webinfer.server import create_app
-    from webinfer_packager.serve_cmd import load_engine
+    from webinfer_packager.server.app import create_app
+    from webinfer_packager.cli.serve import load_engine
 
     engine = load_engine(tiny_package, backend="reference")  # the API side; the page runs its own engine
     site = json.loads((tiny_site / "site.json").read_text())

@@ -13,7 +13,7 @@ from webinfer.errors import IntegrityError
 
 
 def test_runtime_wheel_is_deterministic_and_complete():
-    from webinfer_packager.site import build_runtime_wheel
+    from webinfer_packager.site.build import build_runtime_wheel
 
     name, a = build_runtime_wheel()
     _, b = build_runtime_wheel()
@@ -26,7 +26,7 @@ def test_runtime_wheel_is_deterministic_and_complete():
 
 
 def test_cli_builds_site_and_rebuild_replaces_it(tiny_package, tmp_path):
-    from webinfer_packager.cli import main
+    from webinfer_packager.cli.main import main
 
     out = tmp_path / "site"
     assert main(["site", str(tiny_package), "-o", str(out)]) == 0
@@ -44,7 +44,7 @@ def test_cli_builds_site_and_rebuild_replaces_it(tiny_package, tmp_path):
 def test_corrupt_package_fails_and_leaves_previous_site(tiny_package, tmp_path):
     import shutil
 
-    from webinfer_packager.site import build_site
+    from webinfer_packager.site.build import build_site
 
     out = tmp_path / "site"
     build_site([tiny_package], out)
@@ -61,7 +61,7 @@ def test_corrupt_package_fails_and_leaves_previous_site(tiny_package, tmp_path):
 
 
 def test_missing_setup_is_reported_with_the_fix(tiny_package, tmp_path, monkeypatch):
-    from webinfer_packager.site import SiteBuildError, build_site
+    from webinfer_packager.site.build import SiteBuildError, build_site
 
     monkeypatch.setenv("WEBINFER_BROWSER_WHEELS", str(tmp_path / "nowheels"))
     with pytest.raises(SiteBuildError, match="setup-browser.sh"):

@@ -18,7 +18,7 @@ N = 5
 
 @pytest.fixture(scope="module")
 def smol_site(tmp_path_factory, smollm2_package):
-    from webinfer_packager.site import build_site
+    from webinfer_packager.site.build import build_site
 
     out = tmp_path_factory.mktemp("smolsite") / "site"
     build_site([smollm2_package], out)
@@ -29,7 +29,7 @@ def smol_site(tmp_path_factory, smollm2_package):
 
 def _native(package):
     from webinfer_packager.native import generate_native
-    from webinfer_packager.prompting import PromptTokenizer, render_chat
+    from webinfer_packager.cli.prompting import PromptTokenizer, render_chat
     from webinfer.package import Package
 
     pkg = Package.open(package)

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from tests.gpu.check_op import GpuArray, check_op, run
 from webinfer.kernels.attention import PagedAttention, SeqStep, pack_step
 from webinfer.kernels.library import KernelLibrary
-from webinfer_packager.reference import attention as ref_attention
+from webinfer_packager.reference.model import attention as ref_attention
 
 pytestmark = pytest.mark.gpu
 

@@ -8,7 +8,7 @@ import pytest
 
 from tests.gpu.check_op import GpuArray, check_op, run
 from webinfer.kernels.embed import Embed
-from webinfer_packager.quant import dequantize, quantize
+from webinfer_packager.pack.quant import dequantize, quantize
 
 pytestmark = pytest.mark.gpu
 

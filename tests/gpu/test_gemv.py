@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from tests.gpu.check_op import GpuArray, check_op, run
 from webinfer.kernels.linear import Linear, WeightPart, interleave_gate_up, split_rows
-from webinfer_packager.quant import dequantize, quantize
+from webinfer_packager.pack.quant import dequantize, quantize
 
 pytestmark = pytest.mark.gpu
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from tests.gpu.check_op import GpuArray, check_op, run
 from webinfer.kernels.norm import RMSNorm
-from webinfer_packager.reference import rmsnorm
+from webinfer_packager.reference.model import rmsnorm
 
 pytestmark = pytest.mark.gpu
 

@@ -6,7 +6,7 @@ import pytest
 
 from tests.gpu.check_op import GpuArray, check_op, run
 from webinfer.kernels.rope import Rope, inv_freq
-from webinfer_packager.reference import rope, rope_inv_freq
+from webinfer_packager.reference.model import rope, rope_inv_freq
 
 pytestmark = pytest.mark.gpu
 

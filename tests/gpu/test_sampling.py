@@ -2,7 +2,7 @@
 
 Run: python -m pytest tests/gpu/test_sampling.py -q
 
-The oracle for a draw is `webinfer_packager.reference.Sampler.probs` (the filtered distribution, float64) and the
+The oracle for a draw is `webinfer_packager.reference.model.Sampler.probs` (the filtered distribution, float64) and the
 shader's own uniform u (mirrored in Python by `webinfer.kernels.sampling.uniform`): the expected id is the inverse
 CDF of the numpy distribution at u. f32 vs f64 can only disagree when u lands within ~1e-5 of a CDF step; such draws
 are skipped (and counted: they must be rare). A chi-square test over many seeds checks the distribution itself.
@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from tests.gpu.check_op import GpuArray, check_op, run
 from webinfer.kernels.library import KernelLibrary
 from webinfer.kernels.sampling import GpuSampler, SampleRow, pack_rows, uniform
-from webinfer_packager.reference import Sampler
+from webinfer_packager.reference.model import Sampler
 
 pytestmark = pytest.mark.gpu
 

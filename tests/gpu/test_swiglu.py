@@ -5,7 +5,7 @@ import pytest
 
 from tests.gpu.check_op import GpuArray, check_op, run
 from webinfer.kernels.swiglu import SwiGLU
-from webinfer_packager.reference import swiglu
+from webinfer_packager.reference.model import swiglu
 
 pytestmark = pytest.mark.gpu
 

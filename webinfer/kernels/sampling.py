@@ -1,6 +1,6 @@
 """Token sampling on the GPU (shaders/sample.wgsl): logits rows in, one u32 token id per row out.
 
-What it computes (exactly `webinfer_packager.reference.Sampler`'s distribution, in f32):
+What it computes (exactly `webinfer_packager.reference.model.Sampler`'s distribution, in f32):
   greedy when temperature <= 0 or top_k == 1: argmax, lowest id on ties;
   else temperature -> top-k (ties at the k-th value: lowest ids first) -> top-p (shortest prefix, in logit-descending /
   id-ascending order, whose mass reaches top_p) -> inverse CDF in id order at u * mass, u = `uniform(seed, index)`.

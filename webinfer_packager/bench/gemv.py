@@ -1,7 +1,7 @@
 """GEMV bandwidth on the native device, beside the copy kernel in the same run (timestamp queries).
 
-Run: XDG_RUNTIME_DIR=/tmp/xdg python -m tests.gpu.bench_gemv [--reps 5] [--decode]
-     XDG_RUNTIME_DIR=/tmp/xdg python -m tests.gpu.bench_gemv --model PKG [--reps 7]: decode step A/B on a package,
+Run: XDG_RUNTIME_DIR=/tmp/xdg python -m webinfer_packager.bench.gemv [--reps 5] [--decode]
+     XDG_RUNTIME_DIR=/tmp/xdg python -m webinfer_packager.bench.gemv --model PKG [--reps 7]: decode step A/B on a package,
      decode tiles (auto) against the same model restricted to tile 1 (one activation row per invocation, the old
      layout), alternating, at 1/4/16 sequences: median GPU ms per step, per-label split, and the copy kernel.
 (WEBINFER_DISABLE_SUBGROUPS=1 for the path without subgroupBroadcast)
@@ -20,7 +20,7 @@ from tests.gpu.check_op import GpuArray, uniform
 from webinfer.gpu.native import request_device_sync
 from webinfer.kernels.library import KernelLibrary
 from webinfer.kernels.linear import Linear, WeightPart
-from webinfer_packager.quant import quantize
+from webinfer_packager.pack.quant import quantize
 
 # (dtype, N, K, rows, kernel; gemv8 = 8 rows per invocation; gemv/t1, gemv/t4: decode tile of 1 or 4 activation
 # rows instead of 8): SmolLM2's shapes are qkv 960x576, gate/up 3072x576, down 576x1536, head 49152x576

@@ -32,16 +32,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", help="model name in the manifest")
     p.add_argument("--force", action="store_true", help="replace OUTPUT if it exists")
     p.add_argument("--quiet", action="store_true", help="no progress bar or table")
-    p.set_defaults(handler="webinfer_packager.pack:cli_main")
+    p.set_defaults(handler="webinfer_packager.pack.build:cli_main")
 
     p = sub.add_parser("verify", help="re-hash every file of a package and check its manifest")
     p.add_argument("package")
-    p.set_defaults(handler="webinfer_packager.verify:cli_main")
+    p.set_defaults(handler="webinfer_packager.pack.verify:cli_main")
 
     p = sub.add_parser("tokenize", help="tokenize JSON Lines texts; prints one JSON list of ids per line")
     p.add_argument("source", help="a package folder, a tokenizer.json or a GGUF file")
     p.add_argument("--file", required=True, help="JSON Lines file, one JSON string per line ('-' for stdin)")
-    p.set_defaults(handler="webinfer_packager.tokenize_cmd:cli_main")
+    p.set_defaults(handler="webinfer_packager.cli.tokenize:cli_main")
 
     p = sub.add_parser("generate", help="generate text from a prompt")
     p.add_argument("package", nargs="?", help="package folder (default: the packed default model)")
@@ -52,12 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling(p)
     p.add_argument("--backend", choices=["native", "reference"], default="native")
     p.add_argument("--json", action="store_true", help="print prompt_ids, output_ids, text and timings as JSON")
-    p.set_defaults(handler="webinfer_packager.generate_cmd:cli_main")
+    p.set_defaults(handler="webinfer_packager.cli.generate:cli_main")
 
     p = sub.add_parser("chat", help="interactive chat in the terminal (Ctrl-C stops an answer)")
     p.add_argument("package", nargs="?")
     _add_sampling(p)
-    p.set_defaults(handler="webinfer_packager.chat_cmd:cli_main", max_tokens=512)
+    p.set_defaults(handler="webinfer_packager.cli.chat:cli_main", max_tokens=512)
 
     p = sub.add_parser("eval", help="perplexity of a package on a text")
     p.add_argument("package", nargs="?")
@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stride", type=int, default=256, help="window stride (default 256)")
     p.add_argument("--max-tokens", type=int, default=4096, help="evaluate at most this many tokens")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(handler="webinfer_packager.eval_cmd:cli_main")
+    p.set_defaults(handler="webinfer_packager.cli.eval:cli_main")
 
     p = sub.add_parser("bench", help="measure kernels and generation on the GPU in use; JSON output")
     p.add_argument("package", nargs="?")
@@ -76,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="fewer repetitions and shorter prompts")
     p.add_argument("--skip-hf", action="store_true", help="skip the HF transformers comparison")
     p.add_argument("--skip-serving", action="store_true", help="skip the concurrency / prefix-cache / mixed-load part")
-    p.set_defaults(handler="webinfer_packager.bench:cli_main")
+    p.set_defaults(handler="webinfer_packager.bench.run:cli_main")
 
     p = sub.add_parser("serve", help="OpenAI-compatible API and the chat site")
     p.add_argument("package", nargs="?")
@@ -87,12 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=["auto", "native", "reference"], default="auto",
                    help="native GPU, the numpy reference (slow), or auto (native if an adapter exists)")
     p.add_argument("--kv-budget-mb", type=float, default=128.0, help="GPU memory for the KV cache (default 128)")
-    p.set_defaults(handler="webinfer_packager.serve_cmd:cli_main")
+    p.set_defaults(handler="webinfer_packager.cli.serve:cli_main")
 
     p = sub.add_parser("site", help="build the static offline chat site")
     p.add_argument("packages", nargs="*", help="package folders (default: the packed default model)")
     p.add_argument("-o", "--output", required=True)
-    p.set_defaults(handler="webinfer_packager.site:cli_main")
+    p.set_defaults(handler="webinfer_packager.site.build:cli_main")
     return ap
 
 

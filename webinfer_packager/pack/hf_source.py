@@ -117,7 +117,7 @@ class HFSource:
         self.path = Path(folder)
         self.name = self.default_name = self.path.name
         cfg_path = self.path / "config.json"
-        from webinfer_packager.tokenizer_convert import _read_json
+        from webinfer_packager.pack.tokenizer_convert import _read_json
 
         self.hf_config = _read_json(cfg_path)
         self.config = self._config(cfg_path)
@@ -171,7 +171,7 @@ class HFSource:
         eos = [eos] if isinstance(eos, int) else list(eos or [])
         gen = self.path / "generation_config.json"
         if gen.exists():
-            from webinfer_packager.tokenizer_convert import _read_json
+            from webinfer_packager.pack.tokenizer_convert import _read_json
 
             g = _read_json(gen).get("eos_token_id")
             for e in [g] if isinstance(g, int) else list(g or []):
@@ -215,6 +215,6 @@ class HFSource:
         return _HFTensor(hn, dt, shape, f, b)
 
     def tokenizer(self):
-        from webinfer_packager.tokenizer_convert import tokenizer_from_hf
+        from webinfer_packager.pack.tokenizer_convert import tokenizer_from_hf
 
         return tokenizer_from_hf(self.path)

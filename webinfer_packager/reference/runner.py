@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from webinfer.engine.batch import StepBatch
-from webinfer_packager.reference import ReferenceModel, Sampler
+from webinfer_packager.reference.model import ReferenceModel, Sampler
 
 
 def sample(logits: np.ndarray, temperature: float, top_p: float, top_k: int, seed: int, sample_index: int) -> int:

@@ -5,7 +5,7 @@ KV cache -> Sampler -> generate. Everything is float32 and explicit; nothing her
 matrix products. Supports the architectures the package format knows: llama, mistral (same math) and qwen2
 (q/k/v biases). RoPE is half-split (Hugging Face `rotate_half`), as the package format normalises it.
 
-    from webinfer_packager.reference import ReferenceModel, Sampler, generate
+    from webinfer_packager.reference.model import ReferenceModel, Sampler, generate
     model = ReferenceModel.from_package("path/to/package")
     ids = generate(model, prompt_ids, max_tokens=32, sampler=Sampler(temperature=0.0))
 
@@ -103,7 +103,7 @@ class Weights:
 
 def read_tensor(package: Any, name: str) -> np.ndarray:
     """One tensor of a package as float32 in its logical shape ([N] or [N, K]); every binding's rows, in order."""
-    from webinfer_packager.quant import dequantize
+    from webinfer_packager.pack.quant import dequantize
 
     info = package.tensors[name]
     components = {c: b"".join(package.read_component(name, c, b) for b in range(len(info.bindings)))

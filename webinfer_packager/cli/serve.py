@@ -36,8 +36,8 @@ def load_engine(package_path, backend: str = "auto", kv_budget_mb: float = 128.0
                     raise
                 print(f"webinfer serve: warning: no GPU ({e}); using the numpy reference runner", file=sys.stderr)
     if runner is None:
-        from webinfer_packager.reference import limit_blas_threads
-        from webinfer_packager.reference_runner import ReferenceRunner
+        from webinfer_packager.reference.model import limit_blas_threads
+        from webinfer_packager.reference.runner import ReferenceRunner
 
         limit_blas_threads(1)
         runner = ReferenceRunner.from_package(pkg, max_model_len=2048)
@@ -48,7 +48,7 @@ def load_engine(package_path, backend: str = "auto", kv_budget_mb: float = 128.0
 
 def cli_main(args) -> int:
     from webinfer.api import LLM
-    from webinfer.server import serve
+    from webinfer_packager.server.app import serve
     from webinfer_packager.paths import resolve_package
 
     path = resolve_package(args.package)
@@ -68,7 +68,7 @@ def default_site(package_path) -> str | None:
     from pathlib import Path
 
     from webinfer_packager.paths import webinfer_home
-    from webinfer_packager.site import SiteBuildError, build_site
+    from webinfer_packager.site.build import SiteBuildError, build_site
 
     manifest = Path(package_path) / "manifest.json"
     key = hashlib.sha256(manifest.read_bytes()).hexdigest()[:16]

@@ -21,8 +21,8 @@ import numpy as np
 
 from webinfer.errors import FormatError, WebinferError
 from webinfer.package import (FORMAT, FORMAT_VERSION, MAX_BINDING_BYTES, ModelConfig, Package, expected_tensors)
-from webinfer_packager import quant
-from webinfer_packager.shards import ShardWriter
+from webinfer_packager.pack import quant
+from webinfer_packager.pack.shards import ShardWriter
 
 CHUNK_ELEMENTS = 1 << 22  # floats converted at once (16 MiB of float32)
 GROUP_SIZES = (32, 64, 128)
@@ -35,12 +35,12 @@ class OutputExistsError(WebinferError):
 def open_source(source: Path):
     source = Path(source)
     if source.is_dir():
-        from webinfer_packager.hf_source import HFSource
+        from webinfer_packager.pack.hf_source import HFSource
 
         return HFSource(source)
     if not source.exists():
         raise FormatError(source, "(file)", "does not exist", "a GGUF file or a Hugging Face folder")
-    from webinfer_packager.gguf_source import GGUFSource
+    from webinfer_packager.pack.gguf_source import GGUFSource
 
     return GGUFSource(source)
 
@@ -221,7 +221,7 @@ def print_summary(manifest: dict, file=sys.stdout, worst: int = 8) -> None:
 
 
 def cli_main(args) -> int:
-    from webinfer_packager import paths
+    from webinfer_packager import paths  # noqa: PLC0415
 
     source = Path(args.source) if args.source else paths.default_gguf_path()
     out = Path(args.output) if args.output else paths.default_package_dir()

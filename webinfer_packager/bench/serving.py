@@ -82,7 +82,7 @@ class Prompts:
         """A chat turn as a server would build it (the package's template), or plain text without one."""
         msgs = ([{"role": "system", "content": system}] if system is not None else []) + [{"role": "user", "content": user}]
         if self.engine.chat_template:
-            from webinfer_packager.prompting import render_chat
+            from webinfer_packager.cli.prompting import render_chat
 
             return self.encode(render_chat(self.engine.chat_template, msgs, self.engine.special_tokens))
         return self.encode("\n".join(m["content"] for m in msgs) + "\n")
@@ -420,7 +420,7 @@ async def serving_bench(engine, *, quick: bool = False) -> dict:
 
 def run_serving_bench(package_path, quick: bool = False, kv_budget_mb: float = 256.0, device=None) -> dict:
     """Build the native engine for package_path (on `device`, e.g. one with timestamps) and run serving_bench."""
-    from webinfer_packager.serve_cmd import load_engine
+    from webinfer_packager.cli.serve import load_engine
 
     engine = load_engine(package_path, backend="native", kv_budget_mb=kv_budget_mb, device=device)
 
@@ -433,7 +433,7 @@ def run_serving_bench(package_path, quick: bool = False, kv_budget_mb: float = 2
     return asyncio.run(go())
 
 
-if __name__ == "__main__":  # python -m webinfer_packager.bench_serving PACKAGE [--quick]
+if __name__ == "__main__":  # python -m webinfer_packager.bench.serving PACKAGE [--quick]
     import json
     import sys
 

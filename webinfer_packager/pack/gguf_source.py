@@ -324,6 +324,6 @@ class GGUFSource:
     # -- tokenizer side
 
     def tokenizer(self) -> tuple[dict, str | None, dict]:
-        from webinfer_packager.tokenizer_convert import tokenizer_from_gguf
+        from webinfer_packager.pack.tokenizer_convert import tokenizer_from_gguf
 
         return tokenizer_from_gguf(self.fields, str(self.path))

@@ -104,7 +104,7 @@ def open_llm(package_path=None, *, backend: str = "native", kv_budget_mb: float 
     """
     from webinfer.api import LLM
     from webinfer_packager.paths import resolve_package
-    from webinfer_packager.serve_cmd import load_engine
+    from webinfer_packager.cli.serve import load_engine
 
     path = package_path if isinstance(package_path, Package) else resolve_package(package_path)
     return LLM(load_engine(path, backend=backend, kv_budget_mb=kv_budget_mb, **engine_kw))

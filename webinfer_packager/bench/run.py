@@ -310,7 +310,7 @@ def run_bench(package_path, *, quick: bool = False, skip_hf: bool = False, skip_
     if skip_serving:
         res["serving"] = {"reason": "skipped (--skip-serving)"}
     else:  # issue 4's numbers: concurrency scaling, prefix-cache TTFT, a mixed workload (same device, same run)
-        from webinfer_packager.bench_serving import run_serving_bench
+        from webinfer_packager.bench.serving import run_serving_bench
 
         res["serving"] = run_serving_bench(pkg, quick=quick, device=dev)
     return res

@@ -1,7 +1,7 @@
 """`webinfer tokenize SOURCE --file F`: one JSON string per input line in, one JSON list of ids per line out.
 
 SOURCE is a package folder, a tokenizer.json, or a GGUF file (its vocabulary is converted to tokenizer.json form by
-webinfer_packager.tokenizer_convert, so the GGUF path tests exactly what a packed model will use). No special
+webinfer_packager.pack.tokenizer_convert, so the GGUF path tests exactly what a packed model will use). No special
 tokens are added: the ids are those of the text alone.
 """
 
@@ -19,8 +19,8 @@ def _gguf_tokenizer_json(path: Path) -> dict:
     """tokenizer.json form of a GGUF's vocabulary. Reads only the metadata, so a vocab-only GGUF works too."""
     from gguf import GGUFReader
 
-    from webinfer_packager.gguf_source import validate_gguf_header
-    from webinfer_packager.tokenizer_convert import tokenizer_from_gguf
+    from webinfer_packager.pack.gguf_source import validate_gguf_header
+    from webinfer_packager.pack.tokenizer_convert import tokenizer_from_gguf
 
     validate_gguf_header(path)
     try:

@@ -1,6 +1,6 @@
 """A/B timing of the prefill attention kernel: the current one vs an older shaders/attention.wgsl, one process.
 
-    python tests/gpu/ab_attention_prefill.py [--old-rev fbe5417] [--reps 7] [--ctx 256 512 768] [--queries 256]
+    python webinfer_packager/bench/attention_prefill.py [--old-rev fbe5417] [--reps 7] [--ctx 256 512 768] [--queries 256]
 
 The old kernel is compiled from `git show OLD_REV:shaders/attention.wgsl` (default: the last revision with the
 one-query-per-invocation prefill) with the defines it expects; it has the same six bindings. Both run on the same

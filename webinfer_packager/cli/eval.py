@@ -66,7 +66,7 @@ def _load_hf(path: str):
 
 def evaluate(package, ids: list[int], window: int, stride: int, hf_model=None) -> dict:
     """Perplexity of the package's reference model over ids (and of hf_model on the same windows)."""
-    from webinfer_packager.reference import ReferenceModel
+    from webinfer_packager.reference.model import ReferenceModel
 
     model = ReferenceModel.from_package(package, max_seq_len=window)
     nll = hf_nll = 0.0
@@ -99,13 +99,13 @@ def evaluate(package, ids: list[int], window: int, stride: int, hf_model=None) -
 def cli_main(args) -> int:
     import os
 
-    from webinfer_packager.reference import limit_blas_threads
+    from webinfer_packager.reference.model import limit_blas_threads
 
     if "OPENBLAS_NUM_THREADS" not in os.environ:
         limit_blas_threads(1)  # one thread decodes ~10x faster than spinning BLAS threads on a busy small machine
     from webinfer.package import Package
     from webinfer_packager.paths import resolve_package
-    from webinfer_packager.prompting import PromptTokenizer, text_ids
+    from webinfer_packager.cli.prompting import PromptTokenizer, text_ids
 
     if args.window < 2 or not (1 <= args.stride < args.window) or args.max_tokens < 2:
         raise WebinferError(f"need --window >= 2, 1 <= --stride < --window, --max-tokens >= 2; got "

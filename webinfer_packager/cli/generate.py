@@ -22,7 +22,7 @@ def _native(package_path, ids, args, eos_ids, on_token):
 
 
 def _reference(package, ids, args, eos_ids, on_token):
-    from webinfer_packager.reference import ReferenceModel, Sampler, generate
+    from webinfer_packager.reference.model import ReferenceModel, Sampler, generate
 
     t0 = time.perf_counter()
     model = ReferenceModel.from_package(package, max_seq_len=len(ids) + args.max_tokens)
@@ -43,13 +43,13 @@ def _reference(package, ids, args, eos_ids, on_token):
 def cli_main(args) -> int:
     import os
 
-    from webinfer_packager.reference import limit_blas_threads
+    from webinfer_packager.reference.model import limit_blas_threads
 
     if "OPENBLAS_NUM_THREADS" not in os.environ:
         limit_blas_threads(1)  # one thread decodes ~10x faster than spinning BLAS threads on a busy small machine
     from webinfer.package import Package
     from webinfer_packager.paths import resolve_package
-    from webinfer_packager.prompting import PromptTokenizer, load_messages, prompt_ids
+    from webinfer_packager.cli.prompting import PromptTokenizer, load_messages, prompt_ids
 
     if args.max_tokens < 1:
         raise WebinferError(f"--max-tokens must be at least 1, got {args.max_tokens}")
