@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from webinfer.errors import FormatError, IntegrityError
+from webinfer.formats import FORMATS, row_bytes as component_row_bytes
 
 FORMAT = "webinfer-package"
 FORMAT_VERSION = 1
@@ -26,21 +27,9 @@ MANIFEST = "manifest.json"
 OFFSET_ALIGN = 256  # minStorageBufferOffsetAlignment: a shard uploaded whole can be bound at any offset we write
 MAX_BINDING_BYTES = 128 << 20  # WebGPU default maxStorageBufferBindingSize
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
-DTYPE_COMPONENTS = {"q4": ("qweight", "scales"), "q4a": ("qweight", "scales", "mins"),
-                    "q8": ("qweight", "scales"), "f32": ("data",)}
 _SHA_NAME = re.compile(r"^[0-9a-f]{64}\.(bin|json)$")
 
 Reader = Callable[[str, int, int], bytes]
-
-
-def component_row_bytes(dtype: str, component: str, k: int, group_size: int | None) -> int:
-    """Bytes per row of one component (the single source of truth for packer and reader)."""
-    if dtype == "f32":
-        return 4 * k
-    kp = -(-k // group_size) * group_size
-    if component == "qweight":
-        return kp // 2 if dtype in ("q4", "q4a") else kp
-    return 4 * (-(-(kp // group_size) // 2))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -190,7 +179,7 @@ class TensorInfo:
 
     @property
     def components(self) -> tuple[str, ...]:
-        return DTYPE_COMPONENTS[self.dtype]
+        return FORMATS[self.dtype].components
 
     def row_bytes(self, component: str) -> int:
         if self.dtype == "f32":
@@ -222,8 +211,8 @@ def _tensor_from_dict(t: Any, idx: int, files: dict[str, int], file: str) -> Ten
         raise FormatError(file, f"{field}.name", f"is {name!r}", "a string")
     field = f"tensors[{name}]"
     dtype = t.get("dtype")
-    if dtype not in DTYPE_COMPONENTS:
-        raise FormatError(file, f"{field}.dtype", f"is {dtype!r}", "one of " + ", ".join(DTYPE_COMPONENTS))
+    if dtype not in FORMATS:
+        raise FormatError(file, f"{field}.dtype", f"is {dtype!r}", "one of " + ", ".join(FORMATS))
     shape = t.get("shape")
     if not (isinstance(shape, list) and len(shape) in (1, 2)):
         raise FormatError(file, f"{field}.shape", f"is {shape!r}", "[N] or [N, K]")
@@ -241,7 +230,7 @@ def _tensor_from_dict(t: Any, idx: int, files: dict[str, int], file: str) -> Ten
     info = TensorInfo(name=name, dtype=dtype, shape=shape, group_size=gs, k_padded=kp,
                       source_type=str(t.get("source_type", "")), lossless=bool(t.get("lossless", False)),
                       error=t.get("error") or {}, bindings=())
-    comps = DTYPE_COMPONENTS[dtype]
+    comps = FORMATS[dtype].components
     raw_bindings = t.get("bindings")
     if not isinstance(raw_bindings, list) or not raw_bindings:
         raise FormatError(file, f"{field}.bindings", f"is {raw_bindings!r}", "a non-empty list")
