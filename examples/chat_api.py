@@ -10,7 +10,9 @@ cache. The same API runs inside the browser's Web Worker (webinfer/browser_worke
 import asyncio
 import sys
 
-from webinfer_packager.native import open_llm
+import webinfer
+
+QUESTIONS = ["What is the capital of France?", "Name three colors of the rainbow."]
 
 
 async def ask(llm, question: str) -> str:
@@ -23,13 +25,17 @@ async def ask(llm, question: str) -> str:
 
 
 async def main(llm):
-    questions = ["What is the capital of France?", "Name three colors of the rainbow."]
-    answers = await asyncio.gather(*(ask(llm, q) for q in questions))
-    for q, a in zip(questions, answers):
+    answers = await asyncio.gather(*(ask(llm, q) for q in QUESTIONS))
+    for q, a in zip(QUESTIONS, answers):
         print(f"> {q}\n{a}\n")
-    await llm.engine.close()
+    await llm.close()
 
 
 if __name__ == "__main__":
-    llm = open_llm(sys.argv[1] if len(sys.argv) > 1 else None)  # loads the model (synchronous, native side)
-    asyncio.run(main(llm))
+    if len(sys.argv) > 1:
+        path = sys.argv[1]
+    else:
+        from webinfer_packager.paths import resolve_package
+
+        path = resolve_package(None)  # the packed default model
+    asyncio.run(main(webinfer.open(path)))  # open() loads the model synchronously; the API runs in the loop

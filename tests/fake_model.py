@@ -95,8 +95,34 @@ class FakeTokenizer:
         assert vocab <= len(self.ALPHABET)
         self.vocab = vocab
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return [self.ALPHABET.index(ch) for ch in text if ch in self.ALPHABET[: self.vocab]]
 
     def decode(self, ids: list[int]) -> str:
         return "".join(self.ALPHABET[i] for i in ids)
+
+    def decode_stream(self, skip_special_tokens: bool = False) -> "_CharStream":
+        return _CharStream(self.ALPHABET)
+
+
+class _CharStream:
+    def __init__(self, alphabet: str):
+        self.alphabet = alphabet
+
+    def add(self, token_id: int) -> str:
+        return self.alphabet[token_id]
+
+    def finish(self) -> str:
+        return ""
+
+
+def fake_llm(runner, vocab: int, eos_ids=(), chat_template: str | None = None, name: str = "fake", limits=None,
+             add_bos: bool = False, bos_id: int | None = None, **engine_kw):
+    """The API over the fake runner and tokenizer, wired as webinfer.factory wires a real package."""
+    from webinfer.api import LLM
+    from webinfer.engine.engine import AsyncEngine
+    from webinfer.prompt import Prompter
+
+    tok = FakeTokenizer(vocab)
+    prompter = Prompter(tok, chat_template, {"add_bos_token": add_bos}, bos_id, eos_ids, vocab)
+    return LLM(AsyncEngine(runner, eos_ids=eos_ids, **engine_kw), tok, prompter, name, limits)

@@ -57,3 +57,36 @@ def gpu_f32():
         else:
             os.environ["WEBINFER_FORCE_F32"] = old
     yield dev
+
+
+def load_runner(package, *, device, num_blocks: int = 64, **kw):
+    """GPUModel.load synchronously (package: a path or a Package), for tests that drive the runner step by step."""
+    import asyncio
+
+    from webinfer.engine.gpu_model import GPUModel
+    from webinfer.package import Package
+
+    pkg = package if isinstance(package, Package) else Package.open(package)
+    return asyncio.run(GPUModel.load(device, pkg, num_blocks=num_blocks, **kw))
+
+
+def generate_ids(package, prompt_ids: list[int], max_tokens: int, *, runner, ignore_eos: bool = True, **sampling):
+    """One request through the one path (webinfer.factory.llm_for over `runner`: engine, scheduler, API), as a
+    user's completions call with token ids runs it; the produced ids (EOS included when it ends the request)."""
+    import asyncio
+
+    from webinfer.factory import EngineOptions, llm_for
+    from webinfer.package import Package
+
+    pkg = package if isinstance(package, Package) else Package.open(package)
+    llm = llm_for(pkg, runner, EngineOptions(max_seqs=1, max_batch_tokens=runner.max_tokens))
+
+    async def main():
+        try:
+            r = await llm.completions.create(prompt=list(prompt_ids), max_tokens=max_tokens, ignore_eos=ignore_eos,
+                                             temperature=sampling.pop("temperature", 0.0), **sampling)
+            return r["choices"][0]["token_ids"]
+        finally:
+            await llm.close()
+
+    return asyncio.run(main())

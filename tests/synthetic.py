@@ -121,8 +121,9 @@ def hf_config(cfg: dict, arch: str, tied: bool) -> dict:
 
 
 def write_hf(folder: Path, *, arch: str = "llama", tied: bool = True, seed: int = 0, sharded: bool = False,
-             dtype: str = "float32", **overrides) -> Path:
-    """A tiny HF folder; returns it. `sharded` splits the weights over two files with an index."""
+             dtype: str = "float32", add_bos: bool = False, **overrides) -> Path:
+    """A tiny HF folder; returns it. `sharded` splits the weights over two files with an index. add_bos: a
+    Llama-2/Gemma-style tokenizer whose config and post-processor put BOS in front of every encoded text."""
     from safetensors.numpy import save_file
 
     folder = Path(folder)
@@ -141,10 +142,21 @@ def write_hf(folder: Path, *, arch: str = "llama", tied: bool = True, seed: int 
         (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": wm}))
     else:
         save_file(weights, str(folder / "model.safetensors"))
-    (folder / "tokenizer.json").write_text(json.dumps(tiny_tokenizer_json(cfg["vocab_size"]), ensure_ascii=False))
+    tok = tiny_tokenizer_json(cfg["vocab_size"])
+    if add_bos:
+        bos = cfg["vocab_size"] - 2  # <|im_start|> (hf_config's bos_token_id)
+        tok["post_processor"] = {"type": "TemplateProcessing",
+                                 "single": [{"SpecialToken": {"id": "<|im_start|>", "type_id": 0}},
+                                            {"Sequence": {"id": "A", "type_id": 0}}],
+                                 "pair": [{"SpecialToken": {"id": "<|im_start|>", "type_id": 0}},
+                                          {"Sequence": {"id": "A", "type_id": 0}},
+                                          {"Sequence": {"id": "B", "type_id": 1}}],
+                                 "special_tokens": {"<|im_start|>": {"id": "<|im_start|>", "ids": [bos],
+                                                                     "tokens": ["<|im_start|>"]}}}
+    (folder / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False))
     (folder / "tokenizer_config.json").write_text(json.dumps({
         "bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "unk_token": "<|endoftext|>", "pad_token": None,
-        "add_bos_token": False, "add_eos_token": False, "chat_template": CHATML}))
+        "add_bos_token": add_bos, "add_eos_token": False, "chat_template": CHATML}))
     return folder
 
 

@@ -6,9 +6,7 @@ import asyncio
 
 import pytest
 
-from tests.fake_model import FakeRunner, FakeTokenizer, generate_alone
-from webinfer.api import LLM
-from webinfer.engine.engine import AsyncEngine
+from tests.fake_model import FakeRunner, FakeTokenizer, fake_llm, generate_alone
 from webinfer.errors import ContextOverflowError, InvalidRequestError
 
 VOCAB, EOS = 40, (0,)
@@ -16,9 +14,7 @@ TEMPLATE = "{% for m in messages %}{{ m.role[0] }} {{ m.content }}.{% endfor %}{
 
 
 def make_llm(num_blocks=40, max_len=128):
-    runner = FakeRunner(num_blocks, 4, max_len, vocab=VOCAB)
-    engine = AsyncEngine(runner, FakeTokenizer(VOCAB), eos_ids=EOS, chat_template=TEMPLATE, model_name="fake")
-    return LLM(engine)
+    return fake_llm(FakeRunner(num_blocks, 4, max_len, vocab=VOCAB), VOCAB, EOS, TEMPLATE)
 
 
 def test_chat_plain_and_stream_agree_with_the_model_alone():

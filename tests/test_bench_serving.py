@@ -18,7 +18,9 @@ import numpy as np
 import pytest
 
 from tests.fake_model import FakeRunner
+from webinfer.api import LLM
 from webinfer.engine.engine import AsyncEngine
+from webinfer.prompt import Prompter
 from webinfer.tokenizer import Tokenizer
 from webinfer_packager.bench import serving as bs
 from tests.synthetic import CHATML, tiny_tokenizer_json
@@ -38,20 +40,20 @@ class TimedFakeRunner(FakeRunner):
         return self.execute_sync(batch)
 
 
-def fake_engine(step_s: float, per_token_s: float, max_num_batched_tokens: int = 256) -> AsyncEngine:
+def fake_llm(step_s: float, per_token_s: float, max_num_batched_tokens: int = 256) -> LLM:
     runner = TimedFakeRunner(step_s, per_token_s, num_blocks=256, block_size=16, max_model_len=1024, vocab=200)
     tok = Tokenizer.from_json(tiny_tokenizer_json(300))
-    return AsyncEngine(runner, tok, eos_ids=[299], chat_template=CHATML,
-                       special_tokens={"bos_token": "<|im_start|>", "eos_token": "<|im_end|>"},
-                       max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=16)
+    prompter = Prompter(tok, CHATML, {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>"}, None, [299], 300)
+    engine = AsyncEngine(runner, eos_ids=[299], max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=16)
+    return LLM(engine, tok, prompter, "fake")
 
 
-def run(engine, coro_fn):
+def run(llm, coro_fn):
     async def go():
         try:
-            return await coro_fn(engine)
+            return await coro_fn(llm)
         finally:
-            await engine.close()
+            await llm.close()
 
     return asyncio.run(go())
 
@@ -88,8 +90,8 @@ def test_mixed_plan_is_seeded_and_fits():
 def test_concurrency_ratio_follows_the_step_cost():
     """Fixed cost per step: 16 sequences decode ~16x faster in aggregate. Cost per token: no gain at all."""
     # the fake's own host overhead is a few ms a step: the per-token cost must dwarf it
-    flat = run(fake_engine(0.01, 0.0), lambda e: bs.concurrency(e, bs.Prompts(e), bs.KVWatch(e), max_tokens=6))
-    per_tok = run(fake_engine(0.0, 0.01), lambda e: bs.concurrency(e, bs.Prompts(e), bs.KVWatch(e), max_tokens=6))
+    flat = run(fake_llm(0.01, 0.0), lambda m: bs.concurrency(m.engine, bs.Prompts(m), bs.KVWatch(m.engine), max_tokens=6))
+    per_tok = run(fake_llm(0.0, 0.01), lambda m: bs.concurrency(m.engine, bs.Prompts(m), bs.KVWatch(m.engine), max_tokens=6))
     for res in (flat, per_tok):
         assert [r["requests"] for r in res["levels"]] == [1, 4, 16]
         for r in res["levels"]:
@@ -106,8 +108,8 @@ def test_concurrency_ratio_follows_the_step_cost():
 
 
 def test_prefix_cache_hit_skips_cached_tokens():
-    e = fake_engine(0.001, 0.0005, max_num_batched_tokens=64)
-    res = run(e, lambda e: bs.prefix_cache(e, bs.Prompts(e), bs.KVWatch(e), system_tokens=200, reps=2))
+    llm = fake_llm(0.001, 0.0005, max_num_batched_tokens=64)
+    res = run(llm, lambda m: bs.prefix_cache(m.engine, bs.Prompts(m), bs.KVWatch(m.engine), system_tokens=200, reps=2))
     for r in res["runs"]:
         assert r["cold_cached_tokens"] == 0
         # full blocks of the shared prefix (system turn) are reused; the partial block is recomputed
@@ -117,7 +119,7 @@ def test_prefix_cache_hit_skips_cached_tokens():
 
 
 def test_serving_bench_quick_on_fake_runner_is_json():
-    res = run(fake_engine(0.001, 0.0001), lambda e: bs.serving_bench(e, quick=True))
+    res = run(fake_llm(0.001, 0.0001), lambda m: bs.serving_bench(m, quick=True))
     json.dumps(res)
     assert all(k in res for k in SECTIONS)
     assert "skipped" in res["step_scaling"]  # the probe needs the GPU model
@@ -143,11 +145,12 @@ def tiny_package(tmp_path_factory):
 @pytest.mark.gpu
 def test_quick_run_on_native_engine(tiny_package):
     pytest.importorskip("wgpu")
-    from webinfer_packager.cli.serve import load_engine
+    from webinfer.factory import EngineOptions
+    from webinfer_packager.cli.backend import open_llm
 
     # a small token budget makes the cold 128-token system prompt take several steps, the cache hit one
-    engine = load_engine(tiny_package, backend="native", kv_budget_mb=4, max_num_batched_tokens=32)
-    res = run(engine, lambda e: bs.serving_bench(e, quick=True))
+    llm = open_llm(tiny_package, "native", options=EngineOptions(context_tokens=1024, max_batch_tokens=32))
+    res = run(llm, lambda m: bs.serving_bench(m, quick=True))
     json.dumps(res)
     ctx = res["context"]
     assert ctx["runner"] == "GPUModel" and ctx["adapter"] and ctx["kv_blocks_total"] > 16

@@ -10,7 +10,7 @@ import pytest
 
 from tests.fake_model import FakeRunner, FakeTokenizer, generate_alone
 from webinfer.engine.engine import AsyncEngine, EngineStepError
-from webinfer.engine.stopping import RedecodeDecoder, SamplingParams, TextStream
+from webinfer.engine.stopping import SamplingParams, TextStream
 from webinfer.errors import ContextOverflowError
 
 VOCAB, EOS = 40, (0,)
@@ -18,12 +18,16 @@ VOCAB, EOS = 40, (0,)
 
 def make(num_blocks=40, block_size=4, max_len=128, **kw):
     runner = FakeRunner(num_blocks, block_size, max_len, vocab=VOCAB)
-    return runner, AsyncEngine(runner, FakeTokenizer(VOCAB), eos_ids=EOS, **kw)
+    return runner, AsyncEngine(runner, eos_ids=EOS, **kw)
+
+
+def text_stream(params):
+    return TextStream(FakeTokenizer(VOCAB).decode_stream(), params.stop, frozenset() if params.ignore_eos else EOS)
 
 
 async def collect(engine, prompt, params):
     ids, text, last = [], "", None
-    async for out in engine.generate(prompt, params):
+    async for out in engine.generate(prompt, params, text_stream(params)):
         ids += out.token_ids
         text += out.text
         last = out
@@ -42,7 +46,9 @@ def test_concurrent_requests_equal_alone_and_free_everything():
             want, reason = generate_alone(p, sp.max_tokens, VOCAB, EOS, temperature=sp.temperature, seed=sp.seed)
             assert ids == want and last.finish_reason == reason
             assert text == FakeTokenizer(VOCAB).decode([t for t in ids if t not in EOS])
-            assert last.num_output_tokens == len(ids) and last.ttft_s >= 0 and len(last.token_times_s) == len(ids) - 1
+            assert last.num_output_tokens == len(ids) and last.ttft_s >= 0 and last.decode_s >= 0
+            if len(ids) > 1:  # each output carries its own timing values
+                assert last.time_per_output_token_s == pytest.approx(last.decode_s / (len(ids) - 1))
         s = engine.stats()
         assert s["blocks_used"] == 0 and s["running"] == 0 and s["waiting"] == 0
         assert s["preemptions"] > 0  # 13 blocks of 4 for 10 requests: the pool was tight
@@ -90,16 +96,22 @@ def test_stop_string_is_trimmed_and_never_streamed():
     asyncio.run(main())
 
 
+class _Chars:
+    """id -> chr(id), one character per id (the streaming decoder's contract: add(id) -> delta, finish())."""
+
+    def add(self, i):
+        return chr(i)
+
+    def finish(self):
+        return ""
+
+
 def test_text_stream_holds_back_partial_stop_strings():
-    ts = TextStream(RedecodeDecoder(lambda ids: "".join(chr(i) for i in ids)), ["END"])
+    ts = TextStream(_Chars(), ["END"])
     deltas = [ts.push([ord(c)])[0] for c in "abcEN"]
     assert "".join(deltas) == "abc"  # "EN" may still become "END"
     assert ts.push([ord("X")]) == ("ENX", False)
     assert ts.push([ord(c) for c in "yEND"])[0] == "y" and ts.stopped
-    # U+FFFD of a split UTF-8 character is held until complete
-    raw = "é".encode()
-    dec = RedecodeDecoder(lambda ids: bytes(ids).decode("utf-8", errors="replace"))
-    assert dec.add(raw[0]) == "" and dec.add(raw[1]) == "é"
 
 
 def test_overflow_and_failing_runner():

@@ -57,7 +57,7 @@ def test_paged_reference_runner_matches_unpaged_model(tiny_package):
     params = [SamplingParams(max_tokens=6, temperature=[0.0, 0.9][i % 2], seed=i, ignore_eos=True) for i in range(5)]
 
     async def main():
-        engine = AsyncEngine(runner, IdTokenizer(), eos_ids=(), max_num_batched_tokens=10, max_num_seqs=4)
+        engine = AsyncEngine(runner, eos_ids=(), max_num_batched_tokens=10, max_num_seqs=4)
 
         async def one(p, sp):
             return sum([o.token_ids async for o in engine.generate(p, sp)], [])

@@ -33,16 +33,6 @@ def test_windows_need_overlap():
         windows(20, 4, 4)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_blas_thread():
-    from webinfer_packager.reference.model import limit_blas_threads
-
-    old = limit_blas_threads(1)
-    yield
-    if old:
-        limit_blas_threads(old)
-
-
 def run_eval(capsys, *argv) -> dict:
     assert main(["eval", *argv, "--json"]) == 0
     return json.loads(capsys.readouterr().out)

@@ -14,16 +14,6 @@ from webinfer_packager.cli.main import main
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_blas_thread():
-    from webinfer_packager.reference.model import limit_blas_threads
-
-    old = limit_blas_threads(1)
-    yield
-    if old:
-        limit_blas_threads(old)
-
-
 def run_json(capsys, *argv) -> dict:
     assert main(["generate", *argv, "--backend", "reference", "--json"]) == 0
     return json.loads(capsys.readouterr().out)
@@ -37,7 +27,7 @@ def test_plain_prompt_greedy(smollm2_package, capsys):
     # prompt ids from the independent `tokenizers` library on the package's own tokenizer.json
     hf_tok = Tokenizer.from_str(json.dumps(Package.open(smollm2_package).tokenizer_json()))
     assert r["prompt_ids"] == hf_tok.encode("Once upon a time", add_special_tokens=False).ids
-    assert len(r["output_ids"]) == 24 and r["stopped"] == "max_tokens"
+    assert len(r["output_ids"]) == 24 and r["finish_reason"] == "length"
     assert r["text"] == hf_tok.decode(r["output_ids"])
     assert r["text"].startswith(", the city of Nova Haven was a thriving metropolis, with towering skyscrapers and "
                                 "bustling streets. But as")
@@ -48,7 +38,7 @@ def test_messages_file_stops_at_eos(smollm2_package, capsys, tmp_path):
     msgs = tmp_path / "m.json"
     msgs.write_text(json.dumps([{"role": "user", "content": "What is the capital of France?"}]))
     r = run_json(capsys, str(smollm2_package), "--messages", str(msgs), "--max-tokens", "40")
-    assert r["stopped"] == "eos" and r["output_ids"][-1] == 2 and len(r["output_ids"]) < 40
+    assert r["finish_reason"] == "stop" and r["output_ids"][-1] == 2 and len(r["output_ids"]) < 40
     assert "Paris" in r["text"] and "<|im_end|>" not in r["text"]
     # --chat --prompt builds the same prompt as a one-message --messages file
     r2 = run_json(capsys, str(smollm2_package), "--chat", "--prompt", "What is the capital of France?", "--max-tokens", "1")

@@ -30,15 +30,15 @@ def setup(smollm2_package, gpu):
     from tokenizers import Tokenizer
 
     from webinfer.package import Package
-    from webinfer_packager.native import load_runner
-    from webinfer_packager.cli.prompting import render_chat
+    from tests.gpu_fixtures import load_runner
+    from webinfer.chat_template import render
 
     pkg = Package.open(smollm2_package)
     tok = Tokenizer.from_str(pkg.read_file(pkg.manifest["tokenizer"]["file"]).decode())
     prompts = []
     for t in TEXTS:
         if t is None:
-            t = render_chat(pkg.chat_template, CHAT, pkg.special_tokens)
+            t = render(pkg.chat_template, CHAT, add_generation_prompt=True)
             assert "<|im_start|>" in t
         prompts.append(tok.encode(t, add_special_tokens=False).ids)
     runner = load_runner(pkg, device=gpu, num_blocks=64, block_size=16, max_batch_tokens=128, max_seqs=8,
@@ -61,10 +61,10 @@ def _generate_together(runner, prompts, n):
 
 @pytest.fixture(scope="module")
 def alone(setup):
-    from webinfer_packager.native import generate_native
+    from tests.gpu_fixtures import generate_ids
 
     pkg, prompts, runner = setup
-    return [generate_native(pkg, p, N_TOKENS, runner=runner)[0] for p in prompts]
+    return [generate_ids(pkg, p, N_TOKENS, runner=runner) for p in prompts]
 
 
 def test_greedy_equals_reference(setup, alone):

@@ -49,7 +49,7 @@ def _reference(pkg, prompt, n):
 @pytest.mark.parametrize("which,fuse,kv_f16", [("tiny_llama", True, False), ("tiny_llama", False, False),
                                                ("tiny_qwen", True, False), ("tiny_llama", True, True)])
 def test_greedy_ids_equal_reference(gpu, request, which, fuse, kv_f16):
-    from webinfer_packager.native import generate_native, load_runner
+    from tests.gpu_fixtures import generate_ids, load_runner
 
     if kv_f16 and not gpu.caps.f16:
         pytest.skip("no shader-f16")
@@ -58,12 +58,12 @@ def test_greedy_ids_equal_reference(gpu, request, which, fuse, kv_f16):
     # which could flip a near-tie in principle; with these weights and prompts the greedy ids still match exactly
     runner = load_runner(pkg, device=gpu, num_blocks=12, block_size=8, max_batch_tokens=16, fuse=fuse, kv_f16=kv_f16)
     for prompt in PROMPTS:
-        got, _ = generate_native(pkg, prompt, 16, runner=runner)
+        got = generate_ids(pkg, prompt, 16, runner=runner)
         assert got == _reference(pkg, prompt, 16), f"{which} fuse={fuse} prompt={prompt[:5]}"
 
 
 def test_prefill_logits_match_reference(gpu, tiny_qwen):
-    from webinfer_packager.native import load_runner
+    from tests.gpu_fixtures import load_runner
     from webinfer_packager.reference.model import ReferenceModel
 
     runner = load_runner(tiny_qwen, device=gpu, num_blocks=8, block_size=8, max_batch_tokens=32)
@@ -76,7 +76,7 @@ def test_prefill_logits_match_reference(gpu, tiny_qwen):
 
 def test_batch_invariance_bitwise(gpu, tiny_llama):
     """The same sequences alone and together in one step (mixed prefill + decode) give bit-identical logits."""
-    from webinfer_packager.native import load_runner
+    from tests.gpu_fixtures import load_runner
 
     runner = load_runner(tiny_llama, device=gpu, num_blocks=32, block_size=4, max_batch_tokens=64)
     seqs = {0: list(range(5, 18)), 1: [7, 8, 9], 2: list(range(100, 130))}
@@ -101,7 +101,7 @@ def test_batch_invariance_bitwise(gpu, tiny_llama):
 
 def test_bad_inputs_raise(gpu, tiny_llama):
     from webinfer.errors import ContextOverflowError
-    from webinfer_packager.native import load_runner
+    from tests.gpu_fixtures import load_runner
 
     runner = load_runner(tiny_llama, device=gpu, num_blocks=4, block_size=4, max_batch_tokens=8, max_model_len=16)
     with pytest.raises(ValueError, match="does not cover"):
@@ -116,12 +116,12 @@ def test_bad_inputs_raise(gpu, tiny_llama):
 
 def test_seeded_sampling_reproducible(gpu, tiny_llama):
     """temperature > 0 goes through the GPU sampler: same seed -> same ids, and the ids are valid tokens."""
-    from webinfer_packager.native import generate_native, load_runner
+    from tests.gpu_fixtures import generate_ids, load_runner
 
     runner = load_runner(tiny_llama, device=gpu, num_blocks=8, block_size=8, max_batch_tokens=16)
-    a, _ = generate_native(tiny_llama, [5, 6, 7], 12, temperature=1.0, top_p=0.9, top_k=50, seed=3, runner=runner)
-    b, _ = generate_native(tiny_llama, [5, 6, 7], 12, temperature=1.0, top_p=0.9, top_k=50, seed=3, runner=runner)
-    c, _ = generate_native(tiny_llama, [5, 6, 7], 12, temperature=1.0, top_p=0.9, top_k=50, seed=4, runner=runner)
+    a = generate_ids(tiny_llama, [5, 6, 7], 12, temperature=1.0, top_p=0.9, top_k=50, seed=3, runner=runner)
+    b = generate_ids(tiny_llama, [5, 6, 7], 12, temperature=1.0, top_p=0.9, top_k=50, seed=3, runner=runner)
+    c = generate_ids(tiny_llama, [5, 6, 7], 12, temperature=1.0, top_p=0.9, top_k=50, seed=4, runner=runner)
     assert a == b and len(a) == 12 and all(0 <= t < 300 for t in a)
     assert a != c  # 12 draws at T=1 from a 300-token random model: a different seed must change something
 
@@ -129,7 +129,7 @@ def test_seeded_sampling_reproducible(gpu, tiny_llama):
 def test_load_through_async_reader(gpu, tiny_llama):
     """The browser provides tensor bytes through an awaitable reader: load must accept one (and use only it)."""
     from webinfer.engine.gpu_model import GPUModel
-    from webinfer_packager.native import generate_native
+    from tests.gpu_fixtures import generate_ids
 
     pkg = Package.open(tiny_llama)
     calls = []
@@ -141,5 +141,5 @@ def test_load_through_async_reader(gpu, tiny_llama):
 
     runner = asyncio.run(GPUModel.load(gpu, pkg, num_blocks=8, block_size=8, max_batch_tokens=16, read=read))
     assert ("embed", "qweight", 0) in calls and ("layers.1.down", "scales", 0) in calls
-    got, _ = generate_native(tiny_llama, PROMPTS[0], 8, runner=runner)
+    got = generate_ids(tiny_llama, PROMPTS[0], 8, runner=runner)
     assert got == _reference(tiny_llama, PROMPTS[0], 8)

@@ -64,10 +64,12 @@ def greedy_with_logits(model, ids: list[int], n: int) -> tuple[list[int], np.nda
 @pytest.mark.parametrize("text,chat", PROMPTS)
 def test_greedy_ids_and_logits_match_transformers(package, ref_model, hf, text, chat):
     import torch
-    from webinfer_packager.cli.prompting import PromptTokenizer, prompt_ids
+    from webinfer.prompt import Prompter
+    from webinfer.tokenizer import Tokenizer
 
     model, hf_tok = hf
-    ids = prompt_ids(package, PromptTokenizer(package.tokenizer_json()), prompt=text, chat=chat)
+    prompter = Prompter.for_package(package, Tokenizer.from_json(package.tokenizer_json()))
+    ids = prompter.chat_ids([{"role": "user", "content": text}]) if chat else prompter.text_ids(text)
     # our prompt building agrees with transformers' tokenizer and apply_chat_template
     if chat:
         want_ids = hf_tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
@@ -91,7 +93,7 @@ def test_greedy_ids_and_logits_match_transformers(package, ref_model, hf, text, 
     assert hf_logits.argmax(axis=-1).tolist() == out
     assert diff < 1e-3
     if text == "Once upon a time":
-        from webinfer_packager.cli.prompting import PromptTokenizer as T
+        from webinfer.tokenizer import Tokenizer
 
-        assert T(package.tokenizer_json()).decode(out[:24]).startswith(
+        assert Tokenizer.from_json(package.tokenizer_json()).decode(out[:24]).startswith(
             ", the city of Nova Haven was a thriving metropolis, with towering skyscrapers and bustling streets. But as")

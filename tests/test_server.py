@@ -16,9 +16,8 @@ import httpx
 import pytest
 import uvicorn
 
-from tests.fake_model import FakeRunner, FakeTokenizer, generate_alone
-from webinfer.api import LLM, Limits
-from webinfer.engine.engine import AsyncEngine
+from tests.fake_model import FakeRunner, FakeTokenizer, fake_llm, generate_alone
+from webinfer.api import Limits
 from webinfer_packager.server.app import create_app
 
 VOCAB, EOS = 40, (0,)
@@ -70,11 +69,11 @@ def site(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(site):
     runner = FakeRunner(num_blocks=48, block_size=4, max_model_len=96, vocab=VOCAB, delay_s=0.002)
-    engine = AsyncEngine(runner, FakeTokenizer(VOCAB), eos_ids=EOS, chat_template=TEMPLATE, model_name="fake",
-                         max_num_batched_tokens=32, max_num_seqs=16)
-    app = create_app(LLM(engine, Limits(max_tokens=64, max_messages=4)), site=site, max_body_bytes=4096)
+    llm = fake_llm(runner, VOCAB, EOS, TEMPLATE, limits=Limits(max_tokens=64, max_messages=4),
+                   max_num_batched_tokens=32, max_num_seqs=16)
+    app = create_app(llm, site=site, max_body_bytes=4096)
     with ServerThread(app) as url:
-        yield url, engine
+        yield url, llm.engine
 
 
 def metrics(url) -> dict:

@@ -24,11 +24,12 @@ MAX_TOKENS = 10
 
 
 def test_16_concurrent_streams_on_the_gpu_equal_alone(smollm2_package, gpu):
-    from webinfer.api import LLM
+    from webinfer.factory import EngineOptions
+    from webinfer_packager.cli.backend import open_llm
     from webinfer_packager.server.app import create_app
-    from webinfer_packager.cli.serve import load_engine
 
-    engine = load_engine(smollm2_package, backend="native", kv_budget_mb=64, device=gpu)
+    llm = open_llm(smollm2_package, "native", device=gpu, options=EngineOptions(context_tokens=2048))
+    engine = llm.engine
     rng = random.Random(7)
     jobs = [(p, rng.choice([0.0, 0.0, 0.9]), i, rng.randrange(1, 4) if rng.random() < 0.35 else None)
             for i, p in enumerate(PROMPTS)]
@@ -50,7 +51,7 @@ def test_16_concurrent_streams_on_the_gpu_equal_alone(smollm2_package, gpu):
                         break  # closes the connection mid-stream
         return ids, done
 
-    with ServerThread(create_app(LLM(engine))) as url:
+    with ServerThread(create_app(llm)) as url:
         async def alone():
             async with httpx.AsyncClient(timeout=300) as c:
                 return [await one(c, url, p, t, s, None) for p, t, s, _ in jobs]

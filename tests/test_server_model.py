@@ -17,15 +17,15 @@ pytestmark = [pytest.mark.model, pytest.mark.slow]
 def test_real_model_over_http_matches_reference(smollm2_package):
     from tokenizers import Tokenizer as HFTokenizer
 
-    from webinfer.api import LLM
     from webinfer.chat_template import render
     from webinfer.package import Package
     from webinfer_packager.server.app import create_app
     from webinfer_packager.reference.model import ReferenceModel, Sampler, generate, limit_blas_threads
-    from webinfer_packager.cli.serve import load_engine
+    from webinfer_packager.cli.backend import open_llm
 
     limit_blas_threads(1)
-    engine = load_engine(smollm2_package, backend="reference")
+    llm = open_llm(smollm2_package, "reference")
+    engine = llm.engine
     pkg = Package.open(smollm2_package)
     hf = HFTokenizer.from_str(json.dumps(pkg.tokenizer_json()))
     plain = ReferenceModel.from_package(pkg)
@@ -35,7 +35,7 @@ def test_real_model_over_http_matches_reference(smollm2_package):
     want_chat = generate(plain, chat_ids, 5, Sampler(0.0), pkg.config.eos_token_ids)
     want_story = generate(plain, hf.encode("Once upon a time").ids, 6, Sampler(0.0), pkg.config.eos_token_ids)
 
-    with ServerThread(create_app(LLM(engine))) as url:
+    with ServerThread(create_app(llm)) as url:
         async def main():
             async with httpx.AsyncClient(timeout=120) as c:
                 story = c.post(url + "/v1/completions", json={"prompt": "Once upon a time", "max_tokens": 6,

@@ -62,7 +62,7 @@ async function loadModel() {
     $("progress").hidden = true;
     const where = ui.engine.info.device?.adapter || "GPU";
     status(`${opt.textContent} ready on ${where} in ${((performance.now() - t0) / 1000).toFixed(1)} s` +
-           (ui.engine.info.engine ? "" : " (engine not available in this build)") +
+
            (t.warning ? `. ${t.warning}` : ""));
     document.body.dataset.loaded = "1";
   } catch (e) {

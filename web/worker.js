@@ -17,12 +17,17 @@ const timings = {};
 function post(msg) { self.postMessage(msg); }
 
 function errorReply(id, e) {
-  // Python exceptions arrive as PythonError whose message is the whole traceback: keep the last line.
-  let name = e && e.name || "Error";
-  let message = String(e && e.message || e);
-  const m = /(\w+(?:Error|Exception)): ([^\n]*)\n?$/.exec(message.trim() + "\n");
-  if (e && e.constructor && e.constructor.name === "PythonError" && m) { name = m[1]; message = m[2]; }
-  post({ id, type: "error", name, message, details: e && e.details || null });
+  post({ id, type: "error", name: e && e.name || "Error", message: String(e && e.message || e), details: e && e.details || null });
+}
+
+// The Python entry points (webinfer/browser_worker.py) return {ok, value} or {ok: false, error: {name, message}}.
+function unwrap(pyResult) {
+  const r = pyResult.toJs({ dict_converter: Object.fromEntries });
+  pyResult.destroy();
+  if (r.ok) return r.value;
+  const e = new Error(r.error.message);
+  e.name = r.error.name;
+  throw e;
 }
 
 async function init(msg) {
@@ -49,9 +54,7 @@ async function load(msg) {
   });
   const t1 = performance.now();
   const map = new Map(Object.entries(files));
-  const info = await worker.load(manifestText, map, msg.manifestUrl);
-  const value = info.toJs({ dict_converter: Object.fromEntries });
-  info.destroy();
+  const value = unwrap(await worker.load(manifestText, map, msg.manifestUrl));
   value.timings = { ...timings, ...stats, files_ms: t1 - t0, python_load_ms: performance.now() - t1, ...value.timings };
   return value;
 }
@@ -60,20 +63,14 @@ async function chat(msg) {
   const emit = (s) => post({ id: msg.id, type: "chunk", chunk: JSON.parse(s) });
   const shouldStop = () => stops.has(msg.id);
   try {
-    const res = await worker.chat(JSON.stringify(msg.request), emit, shouldStop);
-    const value = res.toJs({ dict_converter: Object.fromEntries });
-    res.destroy();
-    return value;
+    return unwrap(await worker.chat(JSON.stringify(msg.request), emit, shouldStop));
   } finally {
     stops.delete(msg.id);
   }
 }
 
 async function selftest(msg) {
-  const res = await worker.selftest(msg.name || "copy", JSON.stringify(msg.spec || {}));
-  const value = res.toJs({ dict_converter: Object.fromEntries });
-  res.destroy();
-  return value;
+  return unwrap(await worker.selftest(msg.name || "copy", JSON.stringify(msg.spec || {})));
 }
 
 async function loseDevice() {

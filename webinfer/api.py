@@ -1,14 +1,19 @@
-"""OpenAI-shaped Python API over an AsyncEngine (runs in Pyodide as well as CPython).
+"""OpenAI-shaped Python API over an AsyncEngine (runs in Pyodide as well as CPython). Get one from webinfer.load().
 
-    llm = LLM(engine)
     r = await llm.chat.completions.create(messages=[{"role": "user", "content": "Hi"}], max_tokens=32)
     r["choices"][0]["message"]["content"]
     async for chunk in await llm.chat.completions.create(messages=..., stream=True):
         chunk["choices"][0]["delta"].get("content", "")
 
-Results are plain dicts shaped like OpenAI's, plus `usage.ttft_s`, `usage.time_per_output_token_s` and the
-produced ids in `choices[i]["token_ids"]` (an extension). Every parameter is checked before anything runs:
-a bad one raises InvalidRequestError naming it, a prompt that cannot fit raises ContextOverflowError.
+Requests are the request bodies of OpenAI's /v1/chat/completions and /v1/completions, as keyword arguments; the
+HTTP server and the page's worker pass the decoded JSON body as it is, so one mapping (`parse_request`) turns
+request fields into a prompt and SamplingParams for every front end. Every field of OpenAI's reference is either
+honoured or, when it asks for something not implemented, refused with InvalidRequestError naming it; an unknown
+field is refused too. Nothing runs before the whole request is checked.
+
+Results are plain dicts shaped like OpenAI's, plus extensions: `usage.ttft_s`, `usage.time_per_output_token_s`,
+the produced ids in `choices[i]["token_ids"]` and the prompt's ids in `prompt_token_ids` (non-streaming result, and
+the first chunk of a stream).
 """
 
 from __future__ import annotations
@@ -16,10 +21,10 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 from webinfer.engine.engine import AsyncEngine, RequestOutput
-from webinfer.engine.stopping import SamplingParams
+from webinfer.engine.stopping import SamplingParams, TextStream
 from webinfer.errors import InvalidRequestError
 
 
@@ -34,6 +39,25 @@ class Limits:
     max_stop_chars: int = 64
     temperature: tuple[float, float] = (0.0, 2.0)
     max_top_k: int = 1000
+    max_speculative_tokens: int = 16
+
+
+# OpenAI request fields that ask for something not implemented: accepted only with their neutral values.
+_NEUTRAL: dict[str, tuple] = {
+    "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "logit_bias": ({},), "logprobs": (False,),
+    "top_logprobs": (0,), "n": (1,), "best_of": (1,), "echo": (False,), "suffix": ("",),
+    "response_format": ({"type": "text"},), "tools": ([],), "tool_choice": ("none", "auto"),
+    "functions": ([],), "function_call": ("none", "auto"), "audio": (), "modalities": (["text"],),
+    "prediction": (), "reasoning_effort": (), "verbosity": (), "web_search_options": (), "store": (False,),
+    "service_tier": ("auto", "default"),
+}
+# Fields that change nothing about the output: identifiers and metadata (accepted with any value of their type).
+_INERT = {"model": str, "user": str, "safety_identifier": str, "prompt_cache_key": str, "metadata": dict,
+          "parallel_tool_calls": bool}
+_SAMPLING = ("max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop",
+             "stop_token_ids", "ignore_eos", "stream", "stream_options", "speculative_tokens")
+CHAT_FIELDS = frozenset(("messages",) + _SAMPLING) | set(_NEUTRAL) | set(_INERT)
+COMPLETION_FIELDS = frozenset(("prompt",) + _SAMPLING) | set(_NEUTRAL) | set(_INERT)
 
 
 def _num(name: str, v, lo, hi, integer=False):
@@ -43,27 +67,6 @@ def _num(name: str, v, lo, hi, integer=False):
     if not lo <= v <= hi:
         raise InvalidRequestError(name, f"must be between {lo} and {hi}, got {v}")
     return v
-
-
-def sampling_params(limits: Limits, max_tokens=None, temperature=None, top_p=None, top_k=None, seed=None,
-                    stop=None, ignore_eos=False) -> SamplingParams:
-    mt = 64 if max_tokens is None else _num("max_tokens", max_tokens, 1, limits.max_tokens, integer=True)
-    t = 1.0 if temperature is None else _num("temperature", temperature, *limits.temperature)
-    p = 1.0 if top_p is None else _num("top_p", top_p, 0.0, 1.0)
-    if p == 0:
-        raise InvalidRequestError("top_p", "must be greater than 0")
-    k = 0 if top_k is None else _num("top_k", top_k, 0, limits.max_top_k, integer=True)
-    s = 0 if seed is None else _num("seed", seed, 0, 2**63 - 1, integer=True)
-    if stop is None:
-        stop = []
-    if isinstance(stop, str):
-        stop = [stop]
-    if not isinstance(stop, list) or not all(isinstance(x, str) for x in stop):
-        raise InvalidRequestError("stop", "must be a string or a list of strings")
-    if len(stop) > limits.max_stop or any(len(x) > limits.max_stop_chars for x in stop):
-        raise InvalidRequestError("stop", f"at most {limits.max_stop} strings of at most {limits.max_stop_chars} characters")
-    return SamplingParams(max_tokens=mt, temperature=float(t), top_p=float(p), top_k=k, seed=s, stop=stop,
-                          ignore_eos=bool(ignore_eos))
 
 
 def check_messages(messages, limits: Limits) -> list[dict]:
@@ -85,88 +88,155 @@ def check_messages(messages, limits: Limits) -> list[dict]:
     return [{"role": m["role"], "content": m["content"]} for m in messages]
 
 
-def _usage(last: RequestOutput | None, n_prompt: int) -> dict:
+@dataclass
+class ParsedRequest:
+    kind: str                      # "chat" | "completion"
+    prompt: Any                    # checked messages, or the completions prompt (text or ids)
+    params: SamplingParams
+    stream: bool
+    include_usage: bool            # stream_options.include_usage: a last chunk with usage and no choices
+
+
+def parse_request(kind: str, req: dict, limits: Limits, speculative_tokens: int = 0) -> ParsedRequest:
+    """The one mapping from an OpenAI request body to what the engine runs (HTTP, Python and the page use it)."""
+    allowed = CHAT_FIELDS if kind == "chat" else COMPLETION_FIELDS
+    for k, v in req.items():
+        if k not in allowed:
+            raise InvalidRequestError(k, "is not a field of this endpoint")
+        if k in _NEUTRAL and v is not None and v not in _NEUTRAL[k]:
+            raise InvalidRequestError(k, f"is not supported by this server yet (got {v!r})")
+        if k in _INERT and v is not None and not isinstance(v, _INERT[k]):
+            raise InvalidRequestError(k, f"must be a {_INERT[k].__name__}")
+    g = req.get
+    stream = g("stream") or False
+    if not isinstance(stream, bool):
+        raise InvalidRequestError("stream", "must be true or false")
+    opts = g("stream_options")
+    if opts is not None and not (isinstance(opts, dict) and set(opts) <= {"include_usage"}
+                                 and isinstance(opts.get("include_usage", False), bool)):
+        raise InvalidRequestError("stream_options", "must be {\"include_usage\": bool}")
+    if opts and not stream:
+        raise InvalidRequestError("stream_options", "is only allowed with stream: true")
+    mt = g("max_tokens") if g("max_tokens") is not None else g("max_completion_tokens")
+    name = "max_tokens" if g("max_tokens") is not None else "max_completion_tokens"
+    mt = 64 if mt is None else _num(name, mt, 1, limits.max_tokens, integer=True)
+    t = 1.0 if g("temperature") is None else _num("temperature", g("temperature"), *limits.temperature)
+    p = 1.0 if g("top_p") is None else _num("top_p", g("top_p"), 0.0, 1.0)
+    if p == 0:
+        raise InvalidRequestError("top_p", "must be greater than 0")
+    k = 0 if g("top_k") is None else _num("top_k", g("top_k"), 0, limits.max_top_k, integer=True)
+    s = 0 if g("seed") is None else _num("seed", g("seed"), 0, 2**63 - 1, integer=True)
+    stop = g("stop")
+    stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, list) or not all(isinstance(x, str) for x in stop):
+        raise InvalidRequestError("stop", "must be a string or a list of strings")
+    if len(stop) > limits.max_stop or any(len(x) > limits.max_stop_chars for x in stop):
+        raise InvalidRequestError("stop", f"at most {limits.max_stop} strings of at most {limits.max_stop_chars} characters")
+    stop_ids = g("stop_token_ids") or []
+    if not (isinstance(stop_ids, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in stop_ids)):
+        raise InvalidRequestError("stop_token_ids", "must be a list of token ids")
+    ignore_eos = g("ignore_eos") or False
+    if not isinstance(ignore_eos, bool):
+        raise InvalidRequestError("ignore_eos", "must be true or false")
+    spec = speculative_tokens if g("speculative_tokens") is None else _num(
+        "speculative_tokens", g("speculative_tokens"), 0, limits.max_speculative_tokens, integer=True)
+    params = SamplingParams(max_tokens=mt, temperature=float(t), top_p=float(p), top_k=k, seed=s, stop=stop,
+                            stop_token_ids=list(stop_ids), ignore_eos=ignore_eos, speculative_tokens=spec)
+    if kind == "chat":
+        prompt = check_messages(g("messages"), limits)
+    else:
+        prompt = g("prompt")
+        if isinstance(prompt, str) and len(prompt) > limits.max_prompt_chars:
+            raise InvalidRequestError("prompt", f"at most {limits.max_prompt_chars} characters, got {len(prompt)}")
+    return ParsedRequest(kind, prompt, params, stream, bool(opts and opts.get("include_usage")))
+
+
+def usage(last: RequestOutput | None, n_prompt: int) -> dict:
     n_out = last.num_output_tokens if last else 0
-    gaps = last.token_times_s if last else []
-    return {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out,
-            "prompt_tokens_details": {"cached_tokens": last.num_cached_tokens if last else 0},
-            "ttft_s": last.ttft_s if last else None,
-            "time_per_output_token_s": (sum(gaps) / len(gaps)) if gaps else None}
+    u = {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out,
+         "prompt_tokens_details": {"cached_tokens": last.num_cached_tokens if last else 0},
+         "ttft_s": last.ttft_s if last else None,
+         "time_per_output_token_s": last.time_per_output_token_s if last else None}
+    if last is not None and last.num_proposed:
+        u["speculative"] = {"proposed_tokens": last.num_proposed, "accepted_tokens": last.num_accepted}
+    return u
 
 
 class LLM:
-    def __init__(self, engine: AsyncEngine, limits: Limits | None = None):
-        self.engine, self.limits = engine, limits or Limits()
+    """engine: token ids in and out; tokenizer + prompter: text and chat messages <-> ids."""
+
+    def __init__(self, engine: AsyncEngine, tokenizer, prompter, model_name: str = "webinfer",
+                 limits: Limits | None = None, speculative_tokens: int = 0):
+        """speculative_tokens: the default of the `speculative_tokens` request extension (proposals verified per
+        step; needs an engine with a proposer)."""
+        self.engine, self.tokenizer, self.prompter = engine, tokenizer, prompter
+        self.model_name, self.limits = model_name, limits or Limits()
+        self.speculative_tokens = speculative_tokens
         self.chat = _Chat(self)
         self.completions = _Completions(self)
 
-    def chat_prompt_ids(self, messages: list[dict]) -> list[int]:
-        from webinfer.chat_template import render
+    @property
+    def max_model_len(self) -> int:
+        return self.engine.max_model_len
 
-        e = self.engine
-        if not e.chat_template:
-            raise InvalidRequestError("messages", "this model has no chat template: use completions with a prompt")
-        sp = e.special_tokens
-        text = render(e.chat_template, messages, add_generation_prompt=True, bos_token=sp.get("bos_token") or "",
-                      eos_token=sp.get("eos_token") or "")
-        return list(e.tokenizer.encode(text))
+    async def close(self) -> None:
+        await self.engine.close()
 
-    def text_prompt_ids(self, prompt) -> list[int]:
-        if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            vocab = self.engine.runner.vocab_size
-            if vocab and any(not 0 <= t < vocab for t in prompt):
-                raise InvalidRequestError("prompt", f"token ids must be in [0, {vocab})")
-            return list(prompt)
-        if not isinstance(prompt, str) or not prompt:
-            raise InvalidRequestError("prompt", "must be a non-empty string or a list of token ids")
-        if len(prompt) > self.limits.max_prompt_chars:
-            raise InvalidRequestError("prompt", f"at most {self.limits.max_prompt_chars} characters, got {len(prompt)}")
-        return list(self.engine.tokenizer.encode(prompt))
+    def prompt_ids(self, r: ParsedRequest) -> list[int]:
+        return self.prompter.chat_ids(r.prompt) if r.kind == "chat" else self.prompter.prompt_ids(r.prompt)
 
-    async def _run(self, kind: str, prompt_ids: list[int], params: SamplingParams, stream: bool):
-        self.engine.scheduler.check_prompt(len(prompt_ids))  # ContextOverflowError before any output
+    def text_stream(self, params: SamplingParams) -> TextStream:
+        skip = frozenset() if params.ignore_eos else self.engine.eos_ids
+        return TextStream(self.tokenizer.decode_stream(skip_special_tokens=True), params.stop, skip)
+
+    async def create(self, kind: str, request: dict):
+        r = parse_request(kind, request, self.limits, self.speculative_tokens)
+        if r.params.speculative_tokens and self.engine.proposer is None:
+            raise InvalidRequestError("speculative_tokens", "this engine has no speculative proposer (start it with "
+                                                            "speculative decoding on, e.g. --speculative prompt-lookup)")
+        ids = self.prompt_ids(r)
+        self.engine.scheduler.check_prompt(len(ids))  # ContextOverflowError before any output
         rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
-        created = int(time.time())
-        gen = self.engine.generate(prompt_ids, params)
-        if stream:
-            return self._stream(kind, rid, created, gen, len(prompt_ids))
-        text, ids, last = [], [], None
+        gen = self.engine.generate(ids, r.params, self.text_stream(r.params))
+        head = {"id": rid, "created": int(time.time()), "model": self.model_name}
+        if r.stream:
+            return self._stream(r, head, gen, ids)
+        text, out_ids, last = [], [], None
         try:
             async for out in gen:
                 text.append(out.text)
-                ids += out.token_ids
+                out_ids += out.token_ids
                 last = out
         finally:
             await gen.aclose()
-        choice = {"index": 0, "finish_reason": last.finish_reason if last else "abort", "token_ids": ids}
+        choice = {"index": 0, "finish_reason": last.finish_reason if last else "abort", "token_ids": out_ids}
         if kind == "chat":
             choice["message"] = {"role": "assistant", "content": "".join(text)}
         else:
             choice["text"] = "".join(text)
-        return {"id": rid, "object": "chat.completion" if kind == "chat" else "text_completion", "created": created,
-                "model": self.engine.model_name, "choices": [choice], "usage": _usage(last, len(prompt_ids))}
+        return {**head, "object": "chat.completion" if kind == "chat" else "text_completion", "choices": [choice],
+                "usage": usage(last, len(ids)), "prompt_token_ids": ids}
 
-    async def _stream(self, kind, rid, created, gen, n_prompt) -> AsyncIterator[dict]:
-        obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
-
-        def chunk(out: RequestOutput | None, first: bool) -> dict:
-            c = {"index": 0, "finish_reason": out.finish_reason if out else None,
-                 "token_ids": out.token_ids if out else []}
-            text = out.text if out else ""
-            if kind == "chat":
-                c["delta"] = ({"role": "assistant", "content": text} if first else {"content": text})
-            else:
-                c["text"] = text
-            d = {"id": rid, "object": obj, "created": created, "model": self.engine.model_name, "choices": [c]}
-            if out is not None and out.finish_reason is not None:
-                d["usage"] = _usage(out, n_prompt)
-            return d
-
+    async def _stream(self, r: ParsedRequest, head: dict, gen, prompt_ids: list[int]) -> AsyncIterator[dict]:
+        chat = r.kind == "chat"
+        obj = "chat.completion.chunk" if chat else "text_completion"
         try:
             first = True
             async for out in gen:
-                yield chunk(out, first)
+                c = {"index": 0, "finish_reason": out.finish_reason, "token_ids": out.token_ids}
+                if chat:
+                    c["delta"] = {"role": "assistant", "content": out.text} if first else {"content": out.text}
+                else:
+                    c["text"] = out.text
+                d = {**head, "object": obj, "choices": [c]}
+                if first:
+                    d["prompt_token_ids"] = prompt_ids
+                if out.finish_reason is not None:
+                    d["usage"] = usage(out, len(prompt_ids))
                 first = False
+                yield d
+                if out.finish_reason is not None and r.include_usage:
+                    yield {**head, "object": obj, "choices": [], "usage": usage(out, len(prompt_ids))}
         finally:
             await gen.aclose()  # the consumer left: abort now, not at garbage collection
 
@@ -175,12 +245,8 @@ class _ChatCompletions:
     def __init__(self, llm: LLM):
         self.llm = llm
 
-    async def create(self, messages, stream: bool = False, max_tokens=None, temperature=None, top_p=None, top_k=None,
-                     seed=None, stop=None, model=None, ignore_eos: bool = False, **_ignored):
-        lim = self.llm.limits
-        msgs = check_messages(messages, lim)
-        params = sampling_params(lim, max_tokens, temperature, top_p, top_k, seed, stop, ignore_eos)
-        return await self.llm._run("chat", self.llm.chat_prompt_ids(msgs), params, bool(stream))
+    async def create(self, **request):
+        return await self.llm.create("chat", request)
 
 
 class _Chat:
@@ -192,7 +258,5 @@ class _Completions:
     def __init__(self, llm: LLM):
         self.llm = llm
 
-    async def create(self, prompt, stream: bool = False, max_tokens=None, temperature=None, top_p=None, top_k=None,
-                     seed=None, stop=None, model=None, ignore_eos: bool = False, **_ignored):
-        params = sampling_params(self.llm.limits, max_tokens, temperature, top_p, top_k, seed, stop, ignore_eos)
-        return await self.llm._run("completion", self.llm.text_prompt_ids(prompt), params, bool(stream))
+    async def create(self, **request):
+        return await self.llm.create("completion", request)

@@ -384,13 +384,6 @@ class Package:
 
     # -- access
 
-    def file_path(self, name: str) -> str:
-        if self.root is None:
-            raise ValueError("this package was not opened from a local folder")
-        if name != MANIFEST and name not in self.files:
-            raise KeyError(f"{name} is not a file of this package")
-        return os.path.join(self.root, name)
-
     def read_file(self, name: str) -> bytes:
         return self._reader(name, 0, self.files[name]["bytes"])
 

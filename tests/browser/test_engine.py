@@ -41,12 +41,20 @@ GENERATE = """async ([url, ids, n, lose]) => {
 def _native_ids(package, prompt, n):
     from concurrent.futures import ThreadPoolExecutor
 
-    from webinfer_packager.native import generate_native
-
     # its own thread: Playwright's sync API keeps an asyncio loop running in this one
     with ThreadPoolExecutor(1) as ex:
-        ids, _ = ex.submit(generate_native, package, prompt, n).result()
-    return ids
+        return ex.submit(_native_run, package, prompt, n).result()
+
+
+def _native_run(package, prompt, n):
+    """The same request through the native engine: webinfer.open -> LLM, as the page's worker builds it."""
+    import asyncio
+
+    import webinfer.factory as factory
+
+    llm = factory.open(package)
+    r = asyncio.run(llm.completions.create(prompt=prompt, max_tokens=n, temperature=0, ignore_eos=True))
+    return r["choices"][0]["token_ids"]
 
 
 def test_tiny_model_matches_native_and_works_offline(served, browser, tiny_package):
@@ -57,7 +65,7 @@ def test_tiny_model_matches_native_and_works_offline(served, browser, tiny_packa
     attach_console(page, logs)
     page.goto(served.url + "index.html")
     r = page.evaluate(GENERATE, [site["models"][0]["manifest"], prompt, n, False])
-    assert r["info"]["engine"], (r["info"], logs)
+    assert r["info"]["name"], (r["info"], logs)
     want = _native_ids(tiny_package, prompt, n)
     assert r["ids"] == want and len(want) == n, (r["ids"], want)  # ignore_eos: exactly n ids, EOS or not
     print("tiny cold", json.dumps(r["info"]["timings"]), json.dumps(r["stats"]))

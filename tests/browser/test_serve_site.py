@@ -18,14 +18,13 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 
 def test_page_from_webinfer_serve_generates_like_native(tiny_site, tiny_package, browser):
-    from webinfer.api import LLM
     from webinfer_packager.server.app import create_app
-    from webinfer_packager.cli.serve import load_engine
+    from webinfer_packager.cli.backend import open_llm
 
-    engine = load_engine(tiny_package, backend="reference")  # the API side; the page runs its own engine
+    llm = open_llm(tiny_package, "reference")  # the API side; the page runs its own engine
     site = json.loads((tiny_site / "site.json").read_text())
     prompt, n = [298, 5, 17, 42, 101], 6
-    with ServerThread(create_app(LLM(engine), site=tiny_site)) as url:
+    with ServerThread(create_app(llm, site=tiny_site)) as url:
         r = httpx.get(url + "/pyodide/314.0.7/pyodide.asm.wasm")
         assert r.status_code == 200 and r.headers["content-type"] == "application/wasm"
         api = httpx.post(url + "/v1/completions", json={"prompt": prompt, "max_tokens": 2, "temperature": 0})

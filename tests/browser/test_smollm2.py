@@ -28,15 +28,14 @@ def smol_site(tmp_path_factory, smollm2_package):
 
 
 def _native(package):
-    from webinfer_packager.native import generate_native
-    from webinfer_packager.cli.prompting import PromptTokenizer, render_chat
-    from webinfer.package import Package
+    """The same chat request through the native engine (webinfer.open -> LLM), as the page's worker builds it."""
+    import asyncio
 
-    pkg = Package.open(package)
-    text = render_chat(pkg.chat_template, MESSAGES, pkg.special_tokens)
-    ids = PromptTokenizer(pkg.tokenizer_json()).encode(text)
-    out, timings = generate_native(package, ids, N)
-    return ids, out, timings
+    import webinfer.factory as factory
+
+    llm = factory.open(package)
+    r = asyncio.run(llm.chat.completions.create(messages=MESSAGES, max_tokens=N, temperature=0))
+    return r["prompt_token_ids"], r["choices"][0]["token_ids"], r["usage"]
 
 
 def test_smollm2_greedy_ids_equal_native(smol_site, browser, smollm2_package):

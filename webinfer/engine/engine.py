@@ -1,9 +1,13 @@
 """The async engine: one background asyncio task steps the scheduler and awaits the runner, while any number of
 `generate()` calls stream their own outputs. Pure Python + asyncio, so it runs in Pyodide too.
 
-    engine = AsyncEngine(runner, tokenizer, eos_ids=[2])
+    engine = AsyncEngine(runner, eos_ids=[2])
     async for out in engine.generate(prompt_ids, SamplingParams(max_tokens=32)):
-        print(out.text, end="")
+        print(out.token_ids)
+
+The engine speaks token ids. A caller that wants text passes a TextStream (stopping.py) with the request: the
+engine pushes each new id through it right after the step, so a stop string ends the request before the next
+step is scheduled, and the outputs carry the text deltas.
 
 Requests join and leave at step boundaries. A consumer that stops iterating (or whose task is cancelled) aborts
 its request: its blocks are freed before the next step.
@@ -15,12 +19,12 @@ import asyncio
 import itertools
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import AsyncIterator
 
 from webinfer.engine.batch import ModelRunner
 from webinfer.engine.scheduler import Request, Scheduler
-from webinfer.engine.stopping import FINISH_ABORT, FINISH_STOP, SamplingParams, TextStream, incremental_decoder
+from webinfer.engine.stopping import FINISH_ABORT, FINISH_STOP, SamplingParams, TextStream
 from webinfer.errors import WebinferError
 
 
@@ -32,37 +36,40 @@ class EngineStepError(WebinferError):
 class RequestOutput:
     request_id: int
     token_ids: list[int]           # ids produced since the previous output (EOS included when it ends the request)
-    text: str                      # text delta (stop strings and EOS never appear)
+    text: str                      # text delta ("" without a TextStream; stop strings and EOS never appear)
     finish_reason: str | None      # None while running, then "stop" | "length" | "abort"
     num_prompt_tokens: int
     num_output_tokens: int         # total so far
     num_cached_tokens: int         # prompt tokens found in the prefix cache
     ttft_s: float | None           # arrival -> first token
-    # gaps between consecutive output tokens so far: the request's one live list, shared by all its outputs (a copy
-    # per token would make a long generation quadratic)
-    token_times_s: list[float] = field(default_factory=list)
+    decode_s: float = 0.0          # first token -> this output's token (TPOT = decode_s / (num_output_tokens - 1))
+    num_proposed: int = 0          # speculative proposals verified so far
+    num_accepted: int = 0          # ... and accepted
+
+    @property
+    def time_per_output_token_s(self) -> float | None:
+        return self.decode_s / (self.num_output_tokens - 1) if self.num_output_tokens > 1 else None
 
 
 class _Stream:
-    def __init__(self, req: Request, text: TextStream, t0: float):
+    def __init__(self, req: Request, text: TextStream | None, t0: float):
         self.req, self.text, self.t0 = req, text, t0
         self.queue: asyncio.Queue = asyncio.Queue()
         self.t_first: float | None = None
-        self.t_last: float | None = None
-        self.gaps: list[float] = []
         self.done = False
 
 
 class AsyncEngine:
-    def __init__(self, runner: ModelRunner, tokenizer, eos_ids=(), chat_template: str | None = None,
-                 special_tokens: dict | None = None, model_name: str = "webinfer", max_num_batched_tokens: int = 256,
-                 max_num_seqs: int = 16, enable_prefix_caching: bool = True, clock=time.perf_counter):
-        self.runner, self.tokenizer = runner, tokenizer
+    def __init__(self, runner: ModelRunner, eos_ids=(), max_num_batched_tokens: int = 256, max_num_seqs: int = 16,
+                 enable_prefix_caching: bool = True, clock=time.perf_counter, proposer=None):
+        """proposer: speculative decoding's proposer (speculative.PromptLookup) for requests whose
+        params.speculative_tokens > 0; their proposals use the runner's rows the running requests leave free."""
+        self.runner = runner
         self.eos_ids = frozenset(eos_ids)
-        self.chat_template, self.special_tokens = chat_template, dict(special_tokens or {})
-        self.model_name = model_name
+        self.proposer = proposer
         self.scheduler = Scheduler(runner.num_blocks, runner.block_size, runner.max_model_len, self.eos_ids,
-                                   max_num_batched_tokens, max_num_seqs, enable_prefix_caching)
+                                   max_num_batched_tokens, max_num_seqs, enable_prefix_caching,
+                                   max_num_chunks=getattr(runner, "max_seqs", None))
         self.clock = clock
         self._ids = itertools.count(1)
         self._streams: dict[int, _Stream] = {}
@@ -79,13 +86,13 @@ class AsyncEngine:
 
     # ---- requests
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams | None = None) -> AsyncIterator[RequestOutput]:
-        """Stream outputs of one request. Raises ContextOverflowError at once if the prompt can never fit."""
+    async def generate(self, prompt_ids: list[int], params: SamplingParams | None = None,
+                       text: TextStream | None = None) -> AsyncIterator[RequestOutput]:
+        """Stream outputs of one request. Raises ContextOverflowError at once if the prompt can never fit.
+        text: turns the ids into text deltas and ends the request at a stop string."""
         params = params or SamplingParams()
         req = Request(next(self._ids), list(prompt_ids), params)
         self.scheduler.add_request(req)
-        text = TextStream(incremental_decoder(self.tokenizer), params.stop,
-                          frozenset() if params.ignore_eos else self.eos_ids)
         st = _Stream(req, text, self.clock())
         self._streams[req.request_id] = st
         self._start()
@@ -107,6 +114,8 @@ class AsyncEngine:
             st.done = True
             self.requests_aborted += 1
         self.scheduler.finish_request(request_id, FINISH_ABORT)
+        if self.proposer is not None:
+            self.proposer.forget(request_id)
 
     # ---- the loop
 
@@ -134,6 +143,8 @@ class AsyncEngine:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            if self.proposer is not None:
+                self._propose()
             batch = self.scheduler.schedule()
             if not batch.chunks:
                 await asyncio.sleep(0)
@@ -158,29 +169,44 @@ class AsyncEngine:
                 self._recent.popleft()
             await asyncio.sleep(0)  # let consumers and new arrivals in between steps
 
+    def _propose(self) -> None:
+        """Give each decoding request that asked for it this step's speculative proposals."""
+        for req in self.scheduler.running:
+            k = req.params.speculative_tokens
+            if k and req.num_tokens - req.num_computed_tokens == 1:
+                req.proposal = self.proposer.propose(req, k)
+
     def _emit(self, outs, now: float) -> None:
         for o in outs:
             st = self._streams.get(o.request.request_id)
-            if st is None or o.new_token is None:
+            if st is None or not o.new_tokens:
                 continue
-            self.tokens_generated += 1
             if st.t_first is None:
                 st.t_first = now
-            else:
-                st.gaps.append(now - st.t_last)
-            st.t_last = now
             reason = o.finish_reason
-            delta, stopped = st.text.push([o.new_token], final=reason is not None)
-            if stopped and reason is None:
-                reason = FINISH_STOP
-                self.scheduler.finish_request(st.req.request_id, FINISH_STOP)
+            toks, delta, dropped = o.new_tokens, "", 0
+            if st.text is not None:
+                # one token at a time, so that a stop string ends the output at the token that completed it,
+                # also when one step produced several tokens (accepted proposals)
+                for j, t in enumerate(toks):
+                    d, stopped = st.text.push([t], final=reason is not None and j == len(toks) - 1)
+                    delta += d
+                    if stopped:
+                        dropped, toks = len(toks) - j - 1, toks[:j + 1]
+                        if reason is None or dropped:
+                            reason = FINISH_STOP
+                            self.scheduler.finish_request(st.req.request_id, FINISH_STOP)
+                        break
+            self.tokens_generated += len(toks)
             if reason is not None:
                 st.done = True
                 del self._streams[st.req.request_id]
+                if self.proposer is not None:
+                    self.proposer.forget(st.req.request_id)
             r = st.req
             st.queue.put_nowait(RequestOutput(
-                r.request_id, [o.new_token], delta, reason, len(r.prompt_ids), len(r.output_ids),
-                max(r.num_cached_tokens, 0), st.t_first - st.t0, st.gaps))
+                r.request_id, toks, delta, reason, len(r.prompt_ids), len(r.output_ids) - dropped,
+                max(r.num_cached_tokens, 0), st.t_first - st.t0, now - st.t_first, r.num_proposed, r.num_accepted))
 
     def stats(self) -> dict:
         s = self.scheduler.stats()

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import inspect
 import struct
+import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
@@ -138,6 +139,7 @@ class GPUModel:
         self = cls()
         cfg = package.config
         self.cfg, self.device, self.package = cfg, device, package
+        self.host_ms, self.steps = 0.0, 0  # running totals (execute)
         self.fold_norm = fold_norm
         self.lib = KernelLibrary(device)
         self.block_size, self.num_blocks = block_size, num_blocks
@@ -407,8 +409,11 @@ class GPUModel:
         return cmds, sampled
 
     async def execute(self, batch: StepBatch) -> list[int]:
+        t0 = time.perf_counter()
         cmds, sampled = self.encode_step(batch)
         self.device.submit(cmds)
+        self.host_ms += (time.perf_counter() - t0) * 1e3  # Python encode + submit: the host's share of a step
+        self.steps += 1
         if not sampled:
             return []
         return await self.sampler.read(len(sampled))

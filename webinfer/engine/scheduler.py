@@ -10,6 +10,15 @@ budget (`max_num_batched_tokens`) and `max_num_seqs` allow. When the pool runs d
 running request is preempted: its blocks are freed and it goes back to the front of the queue with
 num_computed_tokens = 0; it later recomputes prompt + generated tokens (often from the prefix cache) and
 continues exactly where it was, because sampling depends only on (history, seed, sample_index).
+
+Speculative decoding rides on the same invariant. A decoding request may carry proposed next tokens
+(`Request.proposal`, set before schedule() by a proposer such as prompt lookup). The step then feeds the last
+token and k proposals as k + 1 one-token chunks (decode rows: the GEMV path, so each row's bits equal an
+unspeculated step's) and samples after each. update() accepts the sampled tokens while each equals the proposal it
+verifies, plus the first one that does not (the model's own token): exactly the tokens the request would have
+produced one step at a time, greedy or sampled, because a draw depends only on (history, seed, sample_index).
+num_computed_tokens advances past the accepted tokens only; the KV slots of rejected proposals lie beyond it and
+are overwritten when those positions are computed again.
 """
 
 from __future__ import annotations
@@ -36,6 +45,9 @@ class Request:
     status: str = WAITING
     finish_reason: str | None = None
     num_preemptions: int = 0
+    proposal: list[int] = field(default_factory=list)   # speculative next tokens for the coming step only
+    num_proposed: int = 0         # proposals verified so far
+    num_accepted: int = 0         # ... and accepted
     # prompt + output, kept up to date by add_output(): the scheduler reads it every step, so it is not rebuilt
     all_token_ids: list[int] = field(default_factory=list, repr=False)
 
@@ -53,15 +65,19 @@ class Request:
 
 @dataclass
 class StepOutput:
-    """What one step did to one request: new_token is None for a prefill chunk that did not sample."""
+    """What one step did to one request: the tokens it produced ([] for a prefill chunk that did not sample; more
+    than one when proposals were accepted)."""
     request: Request
-    new_token: int | None
+    new_tokens: list[int]
     finish_reason: str | None
 
 
 class Scheduler:
     def __init__(self, num_blocks: int, block_size: int, max_model_len: int, eos_ids=(),
-                 max_num_batched_tokens: int = 256, max_num_seqs: int = 16, enable_prefix_caching: bool = True):
+                 max_num_batched_tokens: int = 256, max_num_seqs: int = 16, enable_prefix_caching: bool = True,
+                 max_num_chunks: int | None = None):
+        """max_num_chunks: chunks one step may hold (the runner's rows of sequences; default max_num_seqs):
+        proposals only use what the running requests leave of it."""
         if max_num_batched_tokens < 1 or max_num_seqs < 1:
             raise ValueError("max_num_batched_tokens and max_num_seqs must be >= 1")
         self.kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching)
@@ -71,10 +87,11 @@ class Scheduler:
         self.eos_ids = frozenset(eos_ids)
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
+        self.max_num_chunks = max(max_num_chunks or max_num_seqs, max_num_seqs)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []   # in admission order; preemption takes from the end
         self.requests: dict[int, Request] = {}
-        self._scheduled: list[tuple[Request, int]] = []
+        self._scheduled: list[tuple[Request, int, int]] = []  # (request, tokens computed, proposals verified)
         self.num_preemptions = 0
 
     # ---- requests in and out
@@ -123,35 +140,53 @@ class Scheduler:
         self.waiting.appendleft(victim)
         return victim
 
-    def _chunk(self, req: Request, n: int) -> SeqChunk:
+    def _chunks(self, req: Request, n: int, k: int) -> list[SeqChunk]:
+        """The request's chunk for this step, or (k proposals) its k + 1 one-token verification chunks."""
         start = req.num_computed_tokens
         p = req.params
-        return SeqChunk(
-            seq_id=req.request_id, token_ids=req.all_token_ids[start:start + n], start_pos=start,
-            block_table=list(self.kv.block_table(req.request_id)), sample=start + n == req.num_tokens,
-            temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, seed=p.seed, sample_index=len(req.output_ids))
+        table = list(self.kv.block_table(req.request_id))
+        if k == 0:
+            return [SeqChunk(seq_id=req.request_id, token_ids=req.all_token_ids[start:start + n], start_pos=start,
+                             block_table=table, sample=start + n == req.num_tokens, temperature=p.temperature,
+                             top_p=p.top_p, top_k=p.top_k, seed=p.seed, sample_index=len(req.output_ids))]
+        fed = [req.all_token_ids[start]] + req.proposal[:k]
+        return [SeqChunk(seq_id=req.request_id, token_ids=[t], start_pos=start + j, block_table=table, sample=True,
+                         temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, seed=p.seed,
+                         sample_index=len(req.output_ids) + j) for j, t in enumerate(fed)]
+
+    def _num_proposals(self, req: Request, budget: int, room: int) -> int:
+        """How many of req's proposals this step verifies: they fit the token budget, the chunk room, max_tokens
+        (each accepted proposal is an output token, and one more comes after it) and the context."""
+        if not req.proposal or req.num_tokens - req.num_computed_tokens != 1:
+            return 0
+        return max(0, min(len(req.proposal), budget - 1, room, req.params.max_tokens - len(req.output_ids) - 1,
+                          self.max_len - req.num_tokens - 1))
 
     def schedule(self) -> StepBatch:
         assert not self._scheduled, "update() must follow every schedule()"
         budget = self.max_num_batched_tokens
-        scheduled: list[tuple[Request, int]] = []
+        scheduled: list[tuple[Request, int, int]] = []
         preemptions_before = self.num_preemptions
+        chunks = 0
 
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             n = min(req.num_tokens - req.num_computed_tokens, budget)
-            while not self.kv.allocate(req.request_id, req.num_computed_tokens + n):
+            # chunk room for proposals: what is left once every running request has its one chunk
+            k = self._num_proposals(req, budget, self.max_num_chunks - chunks - (len(self.running) - i))
+            while not self.kv.allocate(req.request_id, req.num_computed_tokens + n + k):
                 if self._preempt_last() is req:
                     break
             if req.status != RUNNING:  # it preempted itself: everything after it is gone too
                 break
-            scheduled.append((req, n))
-            budget -= n
+            scheduled.append((req, n, k))
+            budget -= n + k
+            chunks += 1 + k
             i += 1
 
         # after a preemption the pool is tight: admitting someone now would only preempt again next step
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs \
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and chunks < self.max_num_chunks \
                 and (self.num_preemptions == preemptions_before or not scheduled):
             req = self.waiting[0]
             prefix = self.kv.find_prefix(req.request_id, req.all_token_ids)
@@ -166,11 +201,15 @@ class Scheduler:
             req.num_computed_tokens = computed
             req.status = RUNNING
             self.running.append(req)
-            scheduled.append((req, n))
+            scheduled.append((req, n, 0))
             budget -= n
+            chunks += 1
 
         self._scheduled = scheduled
-        return StepBatch([self._chunk(r, n) for r, n in scheduled])
+        batch = StepBatch([c for r, n, k in scheduled for c in self._chunks(r, n, k)])
+        for r in self.running:
+            r.proposal = []  # proposals are for one step; the proposer makes new ones from the new tokens
+        return batch
 
     def update(self, batch: StepBatch, sampled: list[int]) -> list[StepOutput]:
         """Apply the runner's sampled ids (one per chunk with sample=True) to the requests of the last schedule()."""
@@ -178,28 +217,36 @@ class Scheduler:
         n_sample = sum(1 for c in batch.chunks if c.sample)
         if len(sampled) != n_sample:
             raise ValueError(f"the runner returned {len(sampled)} token ids for {n_sample} sampling chunks")
-        it = iter(sampled)
+        chunks, ids = iter(batch.chunks), iter(sampled)
         outs = []
-        for (req, n), chunk in zip(scheduled, batch.chunks):
-            tok = next(it) if chunk.sample else None
+        for req, n, k in scheduled:
+            fed = [next(chunks) for _ in range(k + 1)]
+            got = [next(ids) for c in fed if c.sample]
             if req.status != RUNNING:  # aborted while the step ran
                 continue
-            req.num_computed_tokens += n
+            new: list[int] = []
             reason = None
-            if tok is not None:
+            for j, tok in enumerate(got):
+                new.append(tok)
                 req.add_output(tok)
                 reason = token_stop_reason(tok, len(req.output_ids), req.num_tokens, req.params, self.eos_ids, self.max_len)
+                if reason is not None or j == k or tok != fed[j + 1].token_ids[0]:
+                    break
+            req.num_proposed += k
+            req.num_accepted += len(new) - 1 if k else 0
+            # computed: the fed tokens whose KV is now valid (the last one fed, and every accepted proposal)
+            req.num_computed_tokens += n if k == 0 else len(new)
             self.kv.cache_computed(req.request_id, req.all_token_ids, req.num_computed_tokens)
             if reason is not None:
                 self.finish_request(req.request_id, reason)
-            outs.append(StepOutput(req, tok, reason))
+            outs.append(StepOutput(req, new, reason))
         return outs
 
     def step_failed(self) -> list[int]:
         """The runner raised during the last scheduled step: its KV is unknown, so its requests are finished
         (abort) and their blocks freed. Returns their ids."""
         scheduled, self._scheduled = self._scheduled, []
-        ids = [r.request_id for r, _ in scheduled]
+        ids = [r.request_id for r, _, _ in scheduled]
         for rid in ids:
             self.finish_request(rid, FINISH_ABORT)
         return ids

@@ -23,6 +23,7 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)  # extra ids that end the request like EOS
     ignore_eos: bool = False
+    speculative_tokens: int = 0  # at most this many proposed tokens verified per step (0: no speculation)
 
     def __post_init__(self):
         if isinstance(self.stop, str):

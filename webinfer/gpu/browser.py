@@ -13,6 +13,8 @@ the compiler's message (used to warm the pipeline cache and to time pipeline cre
 
 from __future__ import annotations
 
+import time
+
 from ..errors import DeviceLostError, GPUError, NoAdapterError
 from .device import (
     BROWSER_DEFAULT_LIMITS,
@@ -107,6 +109,8 @@ class BrowserDevice(Device):
         self._lost_reason: str | None = None
         self._destroyed = False
         self._timing: dict[int, tuple] = {}
+        # host time spent in the calls that dominate an engine build (reported by the page's load timings)
+        self.time_ms = {"create_buffer": 0.0, "write_buffer": 0.0, "create_pipeline": 0.0}
 
         def on_error(event):
             self._errors.append(str(event.error.message))
@@ -133,9 +137,17 @@ class BrowserDevice(Device):
 
     # ----------------------------------------------------------------- resources
     def create_buffer(self, size: int, usage: int, label: str = ""):
-        return self.device.createBuffer(size=align(max(size, 4), 4), usage=usage, label=label)
+        t0 = time.perf_counter()
+        buf = self.device.createBuffer(size=align(max(size, 4), 4), usage=usage, label=label)
+        self.time_ms["create_buffer"] += (time.perf_counter() - t0) * 1e3
+        return buf
 
     def write_buffer(self, buffer, offset: int, data) -> None:
+        t0 = time.perf_counter()
+        self._write_buffer(buffer, offset, data)
+        self.time_ms["write_buffer"] += (time.perf_counter() - t0) * 1e3
+
+    def _write_buffer(self, buffer, offset: int, data) -> None:
         mv = memoryview(data).cast("B")
         if len(mv) % 4:  # writeBuffer sizes must be multiples of 4
             mv = memoryview(bytes(mv) + b"\0" * (4 - len(mv) % 4))
@@ -150,9 +162,12 @@ class BrowserDevice(Device):
             px.destroy()
 
     def create_pipeline(self, code: str, label: str = "", entry_point: str = "main"):
+        t0 = time.perf_counter()
         module = self.device.createShaderModule(code=code, label=label)
-        return self.device.createComputePipeline(
+        pipe = self.device.createComputePipeline(
             _obj({"layout": "auto", "label": label, "compute": {"module": module, "entryPoint": entry_point}}))
+        self.time_ms["create_pipeline"] += (time.perf_counter() - t0) * 1e3
+        return pipe
 
     async def create_pipeline_async(self, code: str, label: str = "", entry_point: str = "main"):
         module = self.device.createShaderModule(code=code, label=label)

@@ -57,7 +57,11 @@ def model_ab(path: str, reps: int) -> None:
     from collections import defaultdict
 
     from webinfer.engine.batch import SeqChunk, StepBatch
-    from webinfer_packager.native import load_runner
+    from webinfer.engine.gpu_model import GPUModel
+    from webinfer.package import Package
+
+    def load_runner(path, device, **kw):
+        return asyncio.run(GPUModel.load(device, Package.open(path), **kw))
 
     dev = request_device_sync(limits="browser", timestamps=True)
     new = load_runner(path, device=dev, num_blocks=16 * 4 + 1, block_size=16, max_seqs=16)

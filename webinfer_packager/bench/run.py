@@ -179,20 +179,19 @@ def model_shapes(cfg) -> list[tuple[str, int, int]]:
 def bench_model(dev, package, prompt_len: int, decode_len: int, reps: int) -> dict:
     """Timed decode step, step wall time, dispatch count, prefill and decode speed of the GPU model."""
     from webinfer.engine.batch import SeqChunk, StepBatch
-    from webinfer_packager.native import generate_async, load_runner
+    from webinfer.factory import EngineOptions, load
 
     cfg = package.config
     total = prompt_len + decode_len + 16
-    runner = load_runner(package, device=dev, max_model_len=total, num_blocks=2 + -(-total // 16),
-                         max_batch_tokens=min(256, prompt_len))
+    llm = asyncio.run(load(package, device=dev, options=EngineOptions(
+        context_tokens=total, max_seqs=1, max_batch_tokens=min(256, prompt_len))))
+    runner = llm.engine.runner
     rng = np.random.default_rng(0)
     prompt = [int(t) for t in rng.integers(0, cfg.vocab_size, size=prompt_len)]
-    # generation: prefill (in chunks of max_batch_tokens) + greedy decode, no EOS
-    stamps: list[float] = []
-    t0 = time.perf_counter()
-    out = asyncio.run(generate_async(runner, prompt, decode_len, stamps=stamps))
-    ttft = stamps[0] - t0
-    decode_s = stamps[-1] - stamps[0]
+    # generation through the API, as a user runs it: prefill (in chunks of max_batch_tokens) + greedy decode, no EOS
+    r = asyncio.run(llm.completions.create(prompt=prompt, max_tokens=decode_len, temperature=0, ignore_eos=True))
+    out, u = r["choices"][0]["token_ids"], r["usage"]
+    ttft, tpot = u["ttft_s"], u["time_per_output_token_s"]
     # one decode step at the end of that context, repeated (same position: it rewrites the same KV slot)
     table = list(range(1, -(-total // 16) + 1))
     batch = StepBatch([SeqChunk(0, [out[-1]], prompt_len + len(out) - 1, table, True)])
@@ -216,7 +215,7 @@ def bench_model(dev, package, prompt_len: int, decode_len: int, reps: int) -> di
         "dispatches_per_token": runner.dispatch_count(batch),
         "ttft_s": round(ttft, 4),
         "prefill_tok_s": round(prompt_len / ttft, 2),
-        "decode_tok_s": round((len(stamps) - 1) / decode_s, 2) if decode_s > 0 else None,
+        "decode_tok_s": round(1.0 / tpot, 2) if tpot else None,
         "prompt_tokens": prompt_len,
         "decode_tokens": len(out),
     }

@@ -15,7 +15,7 @@ Sections of the result (every one carries its own context: requests, tokens, KV 
                    TTFT, TPOT and ITL at p50/p99 and total throughput.
 
 Times are wall-clock on the host (`time.perf_counter`), taken where a consumer of generate() receives a token,
-except TTFT and inter-token gaps, which the engine itself stamps (RequestOutput.ttft_s / token_times_s).
+except TTFT, which the engine itself stamps (RequestOutput.ttft_s); inter-token gaps are the consumer's stamps.
 Outputs use ignore_eos so every request produces exactly max_tokens tokens: lengths, not the model's whims,
 decide the work. Prompts are slices of a fixed English text, each behind a distinct tag so no two requests
 share a prefix block unless a section wants them to.
@@ -58,15 +58,14 @@ QUESTIONS = [
 
 # ----------------------------------------------------------------------------------------------------- prompts
 class Prompts:
-    """Token ids of exact or approximate lengths, built with the engine's own tokenizer and chat template."""
+    """Token ids of exact or approximate lengths, built with the model's own tokenizer and prompt builder."""
 
-    def __init__(self, engine):
-        self.engine = engine
-        self.tok = engine.tokenizer
-        self.corpus = list(self.tok.encode(CORPUS))
+    def __init__(self, llm):
+        self.tok, self.prompter = llm.tokenizer, llm.prompter
+        self.corpus = self.encode(CORPUS)
 
     def encode(self, text: str) -> list[int]:
-        return list(self.tok.encode(text))
+        return list(self.tok.encode(text, add_special_tokens=False))
 
     def filler(self, n: int, offset: int = 0) -> list[int]:
         """n ids of the corpus starting at `offset` (wrapping around)."""
@@ -81,10 +80,8 @@ class Prompts:
     def chat(self, user: str, system: str | None = None) -> list[int]:
         """A chat turn as a server would build it (the package's template), or plain text without one."""
         msgs = ([{"role": "system", "content": system}] if system is not None else []) + [{"role": "user", "content": user}]
-        if self.engine.chat_template:
-            from webinfer_packager.cli.prompting import render_chat
-
-            return self.encode(render_chat(self.engine.chat_template, msgs, self.engine.special_tokens))
+        if self.prompter.chat_template:
+            return self.prompter.chat_ids(msgs)
         return self.encode("\n".join(m["content"] for m in msgs) + "\n")
 
     def text(self, n: int, offset: int = 0) -> str:
@@ -101,7 +98,7 @@ class Trace:
     t_submit: float
     stamps: list[float] = field(default_factory=list)  # receive time of each output token
     ttft_s: float | None = None
-    gaps: list[float] = field(default_factory=list)    # the engine's gaps between consecutive tokens
+    gaps: list[float] = field(default_factory=list)    # gaps between consecutive received tokens
     cached_tokens: int = 0
     finish_reason: str | None = None
 
@@ -134,9 +131,10 @@ async def run_request(engine, ids: list[int], params: SamplingParams, kv: KVWatc
     async for out in engine.generate(ids, params):
         now = time.perf_counter()
         tr.stamps.extend([now] * len(out.token_ids))
-        tr.ttft_s, tr.gaps = out.ttft_s, out.token_times_s
+        tr.ttft_s = out.ttft_s
         tr.cached_tokens, tr.finish_reason = out.num_cached_tokens, out.finish_reason
         kv.sample()
+    tr.gaps = [b - a for a, b in zip(tr.stamps, tr.stamps[1:])]
     return tr
 
 
@@ -388,23 +386,24 @@ async def mixed(engine, prompts: Prompts, kv: KVWatch, n: int = 16, mean_gap_s: 
 
 
 # ------------------------------------------------------------------------------------------------------ entry
-def context(engine) -> dict:
+def context(engine, model_name: str) -> dict:
     runner, sch = engine.runner, engine.scheduler
     dev = getattr(runner, "device", None)
     info = getattr(dev, "info", None)
-    return {"model": engine.model_name, "runner": type(runner).__name__,
+    return {"model": model_name, "runner": type(runner).__name__,
             "adapter": getattr(info, "name", None), "backend": getattr(info, "backend", None),
             "kv_blocks_total": sch.kv.pool.num_usable, "block_size": sch.kv.block_size,
             "max_num_seqs": sch.max_num_seqs, "max_num_batched_tokens": sch.max_num_batched_tokens,
             "max_model_len": engine.max_model_len}
 
 
-async def serving_bench(engine, *, quick: bool = False) -> dict:
-    """All four sections on `engine` (an AsyncEngine); JSON-able. quick: small sizes (under ~60 s on lavapipe)."""
+async def serving_bench(llm, *, quick: bool = False) -> dict:
+    """All four sections on `llm`'s engine (webinfer.api.LLM); JSON-able. quick: small sizes (under ~60 s on lavapipe)."""
     t_start = time.perf_counter()
-    prompts = Prompts(engine)
+    engine = llm.engine
+    prompts = Prompts(llm)
     kv = KVWatch(engine)
-    res = {"context": context(engine), "quick": quick}
+    res = {"context": context(engine, llm.model_name), "quick": quick}
     z = SIZES[quick]
     res["step_scaling"] = await step_scaling(engine, sizes=z["scaling_sizes"], reps=z["scaling_reps"])
     # warm-up through the engine (the probe skips it when the runner is not the GPU model)
@@ -420,15 +419,19 @@ async def serving_bench(engine, *, quick: bool = False) -> dict:
 
 def run_serving_bench(package_path, quick: bool = False, kv_budget_mb: float = 256.0, device=None) -> dict:
     """Build the native engine for package_path (on `device`, e.g. one with timestamps) and run serving_bench."""
-    from webinfer_packager.cli.serve import load_engine
+    from webinfer.factory import EngineOptions
+    from webinfer.package import Package
+    from webinfer_packager.cli.backend import context_for_budget, open_llm
 
-    engine = load_engine(package_path, backend="native", kv_budget_mb=kv_budget_mb, device=device)
+    pkg = Package.open(package_path)
+    llm = open_llm(pkg, "native", device=device,
+                   options=EngineOptions(context_tokens=context_for_budget(pkg, kv_budget_mb)))
 
     async def go():
         try:
-            return await serving_bench(engine, quick=quick)
+            return await serving_bench(llm, quick=quick)
         finally:
-            await engine.close()
+            await llm.close()
 
     return asyncio.run(go())
 

@@ -1,10 +1,11 @@
-"""`webinfer chat`: an interactive chat in the terminal, on the native GPU engine.
+"""`webinfer chat`: an interactive chat in the terminal: a front end over LLM.chat.completions (webinfer/api.py),
+the same path as the HTTP API and the page.
 
-    webinfer chat [PACKAGE] [--max-tokens 512] [--temperature 0.7 --top-p 0.9 --seed 1]
+    webinfer chat [PACKAGE] [--max-tokens 512] [--temperature 0.7 --top-p 0.9 --seed 1] [--backend native|reference]
 
-Each turn the whole conversation is rendered with the model's chat template and tokenized again; the engine's
-prefix cache finds the blocks of the earlier turns, so only the new text is prefilled (the stats line says how
-many prompt tokens came from the cache). The answer streams as it is generated.
+Each turn sends the whole conversation; the engine's prefix cache finds the blocks of the earlier turns, so only
+the new text is prefilled (the stats line says how many prompt tokens came from the cache). The answer streams as
+it is generated.
 
 Keys: Ctrl-C during an answer stops that answer (the partial answer stays in the conversation); Ctrl-C or Ctrl-D
 at the prompt quits. Commands: /reset (new conversation), /exit.
@@ -24,7 +25,7 @@ import threading
 from dataclasses import dataclass
 
 from webinfer.engine.engine import EngineStepError
-from webinfer.errors import ContextOverflowError, WebinferError
+from webinfer.errors import ContextOverflowError, InvalidRequestError, WebinferError
 
 PROMPT = "> "
 HELP = "commands: /reset (new conversation), /exit; Ctrl-C stops an answer, Ctrl-C or Ctrl-D at the prompt quits"
@@ -118,9 +119,9 @@ class Answer:
 
 
 class Chat:
-    def __init__(self, package, tokenizer, engine, params, out=sys.stdout):
-        """engine: webinfer.engine.engine.AsyncEngine over the package's runner and tokenizer."""
-        self.package, self.tok, self.engine, self.params, self.out = package, tokenizer, engine, params, out
+    def __init__(self, llm, sampling: dict, out=sys.stdout):
+        """llm: webinfer.api.LLM; sampling: the request fields of every turn (max_tokens, temperature, ...)."""
+        self.llm, self.sampling, self.out = llm, dict(sampling), out
         self.messages: list[dict] = []
         self._task: asyncio.Task | None = None  # the answer being streamed
         self.interrupted = False
@@ -131,28 +132,24 @@ class Chat:
         self.out.write(f"{self.dim}{text}{self.plain}\n")
         self.out.flush()
 
-    def prompt_ids(self) -> list[int]:
-        from webinfer.chat_template import render
-
-        st = self.package.special_tokens
-        text = render(self.package.chat_template, self.messages, add_generation_prompt=True,
-                      bos_token=st.get("bos_token") or "", eos_token=st.get("eos_token") or "")
-        return self.tok.encode(text)  # the template writes every special token itself
-
     async def answer(self) -> Answer:
-        """Stream one answer to the conversation so far. Ctrl-C cancels the consuming task; the engine's generate()
+        """Stream one answer to the conversation so far. Ctrl-C cancels the consuming task; closing the stream
         then aborts the request (its KV blocks stay in the prefix cache for the next turn)."""
-        ids = self.prompt_ids()
         parts: list[str] = []
         last: list = [None]
 
         async def consume():
-            async for out in self.engine.generate(ids, self.params):
-                last[0] = out
-                if out.text:
-                    parts.append(out.text)
-                    self.out.write(out.text)
-                    self.out.flush()
+            stream = await self.llm.chat.completions.create(messages=self.messages, stream=True, **self.sampling)
+            try:
+                async for c in stream:
+                    last[0] = c
+                    piece = c["choices"][0]["delta"].get("content", "")
+                    if piece:
+                        parts.append(piece)
+                        self.out.write(piece)
+                        self.out.flush()
+            finally:
+                await stream.aclose()
 
         self.interrupted = False
         self._task = asyncio.ensure_future(consume())
@@ -164,13 +161,15 @@ class Chat:
         finally:
             self._task = None
         self.out.write("\n")
-        o = last[0]
-        if o is None:  # interrupted before the first token
-            return Answer("", 0, "abort", len(ids), 0, None, None)
-        gaps = o.token_times_s
-        return Answer("".join(parts), o.num_output_tokens, "abort" if self.interrupted else o.finish_reason,
-                      o.num_prompt_tokens, o.num_cached_tokens, o.ttft_s,
-                      len(gaps) / sum(gaps) if gaps and sum(gaps) > 0 else None)
+        c = last[0]
+        if c is None:  # interrupted before the first token
+            return Answer("", 0, "abort", 0, 0, None, None)
+        u = c.get("usage")
+        if u is None:  # interrupted: no usage chunk came
+            return Answer("".join(parts), 0, "abort", 0, 0, None, None)
+        tpot = u["time_per_output_token_s"]
+        return Answer("".join(parts), u["completion_tokens"], c["choices"][0]["finish_reason"], u["prompt_tokens"],
+                      u["prompt_tokens_details"]["cached_tokens"], u["ttft_s"], 1.0 / tpot if tpot else None)
 
     def stats_line(self, a: Answer) -> str:
         ttft = f"TTFT {a.ttft_s:.2f} s" if a.ttft_s is not None else "TTFT -"
@@ -194,7 +193,7 @@ class Chat:
             loop.add_signal_handler(signal.SIGINT, self.on_sigint, reader)
         except (NotImplementedError, RuntimeError):  # no signal handlers here (Windows, non-main thread)
             pass
-        self.note(f"{self.package.name} · {HELP}")
+        self.note(f"{self.llm.model_name} · {HELP}")
         try:
             while True:
                 line = await reader.read(PROMPT)
@@ -216,7 +215,7 @@ class Chat:
                 self.messages.append({"role": "user", "content": line})
                 try:
                     a = await self.answer()
-                except ContextOverflowError as e:
+                except (ContextOverflowError, InvalidRequestError) as e:
                     self.messages.pop()
                     self.note(f"the conversation no longer fits ({e}); /reset to start a new one")
                     continue
@@ -233,7 +232,7 @@ class Chat:
                 loop.remove_signal_handler(signal.SIGINT)
             except (NotImplementedError, RuntimeError):
                 pass
-            await self.engine.close()
+            await self.llm.close()
             if saved_tty is not None:  # readline may still hold the terminal in its own mode (no echo)
                 _restore_terminal(saved_tty)
 
@@ -257,33 +256,21 @@ def _restore_terminal(attrs) -> None:
 
 
 def cli_main(args) -> int:
-    from webinfer.engine.engine import AsyncEngine
-    from webinfer.engine.stopping import SamplingParams
-    from webinfer.package import Package
-    from webinfer.tokenizer import Tokenizer
-    from webinfer_packager.native import load_runner
+    from webinfer_packager.cli.backend import engine_options, open_llm
     from webinfer_packager.paths import resolve_package
 
     if args.max_tokens < 1:
         raise WebinferError(f"--max-tokens must be at least 1, got {args.max_tokens}")
-    try:
-        params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
-                                top_k=args.top_k, seed=args.seed)
-    except ValueError as e:
-        raise WebinferError(str(e)) from None
+    sampling = {"max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p,
+                "top_k": args.top_k, "seed": args.seed}
     path = resolve_package(args.package)
-    package = Package.open(path)
-    if not package.chat_template:
+    print(f"loading {path.name} ...", file=sys.stderr, flush=True)
+    # one request at a time: a turn's prompt reuses the earlier turns' blocks through the prefix cache
+    llm = open_llm(path, args.backend, options=engine_options(args, max_seqs=1))
+    if not llm.prompter.chat_template:
         raise WebinferError(f"{path}: the model has no chat template (manifest chat_template is null); "
-                            "use `webinfer generate --prompt` instead")
-    tok = Tokenizer.from_json(package.tokenizer_json())
-    print(f"loading {package.name} ...", file=sys.stderr, flush=True)
-    runner = load_runner(package, kv_budget_mb=128.0)
+                            "pack it with --chat-template FILE, or use `webinfer generate --prompt` instead")
+    from webinfer.api import parse_request
 
-    async def main() -> int:
-        # one request at a time: a turn's prompt reuses the earlier turns' blocks through the prefix cache
-        engine = AsyncEngine(runner, tok, package.config.eos_token_ids, max_num_batched_tokens=runner.max_tokens,
-                             max_num_seqs=1, enable_prefix_caching=True)
-        return await Chat(package, tok, engine, params).run()
-
-    return asyncio.run(main())
+    parse_request("chat", {"messages": [{"role": "user", "content": "?"}], **sampling}, llm.limits)  # bad flags: now
+    return asyncio.run(Chat(llm, sampling).run())

@@ -105,7 +105,8 @@ def cli_main(args) -> int:
         limit_blas_threads(1)  # one thread decodes ~10x faster than spinning BLAS threads on a busy small machine
     from webinfer.package import Package
     from webinfer_packager.paths import resolve_package
-    from webinfer_packager.cli.prompting import PromptTokenizer, text_ids
+    from webinfer.prompt import Prompter
+    from webinfer.tokenizer import Tokenizer
 
     if args.window < 2 or not (1 <= args.stride < args.window) or args.max_tokens < 2:
         raise WebinferError(f"need --window >= 2, 1 <= --stride < --window, --max-tokens >= 2; got "
@@ -119,7 +120,7 @@ def cli_main(args) -> int:
         text = Path(args.text).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise WebinferError(f"{args.text}: cannot read as UTF-8 text: {e}") from None
-    ids = text_ids(package, PromptTokenizer(package.tokenizer_json()), text)[: args.max_tokens]
+    ids = Prompter.for_package(package, Tokenizer.from_json(package.tokenizer_json())).text_ids(text)[: args.max_tokens]
     if len(ids) < 2:
         raise WebinferError(f"{args.text}: {len(ids)} token(s); perplexity needs at least 2")
     hf = _load_hf(args.reference_model) if args.reference_model else None

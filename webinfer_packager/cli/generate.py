@@ -1,88 +1,92 @@
-"""`webinfer generate`: one prompt in, one completion out, on the native GPU engine or the numpy reference model.
+"""`webinfer generate`: one prompt in, one completion out, streamed as it is generated. A thin front end over
+LLM.completions / LLM.chat.completions (webinfer/api.py), the same path as the HTTP API and the page.
 
-    webinfer generate --prompt "Once upon a time" --max-tokens 32 --backend reference --json
+    webinfer generate --prompt "Once upon a time" --max-tokens 32 [--chat] [--backend native|reference] [--json]
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 import time
+from pathlib import Path
 
-from webinfer.errors import WebinferError
+from webinfer.errors import FormatError, WebinferError
 
 
-def _native(package_path, ids, args, eos_ids, on_token):
+def load_messages(path: str | Path) -> list[dict]:
+    """A JSON file holding a list of {"role": str, "content": str}."""
     try:
-        from webinfer_packager.native import generate_native
-    except ImportError as e:
-        raise WebinferError(f"native backend not available yet ({e}); use --backend reference") from None
-    return generate_native(str(package_path), ids, args.max_tokens, args.temperature, args.top_p, args.top_k,
-                           args.seed, eos_ids, on_token=on_token)
+        msgs = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise WebinferError(f"{path}: cannot read: {e}") from None
+    except json.JSONDecodeError as e:
+        raise FormatError(str(path), "(json)", f"is not valid JSON: {e}") from None
+    if not isinstance(msgs, list) or not msgs:
+        raise FormatError(str(path), "(top level)", f"is {type(msgs).__name__}", "a non-empty list of {role, content}")
+    return msgs
 
 
-def _reference(package, ids, args, eos_ids, on_token):
-    from webinfer_packager.reference.model import ReferenceModel, Sampler, generate
+def request_from_args(args) -> tuple[str, dict]:
+    """(kind, OpenAI request body) for the command's arguments."""
+    req = {"max_tokens": args.max_tokens, "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
+           "seed": args.seed, "stream": True}
+    if args.messages:
+        return "chat", {**req, "messages": load_messages(args.messages)}
+    if args.chat:
+        return "chat", {**req, "messages": [{"role": "user", "content": args.prompt}]}
+    return "completion", {**req, "prompt": args.prompt}
 
-    t0 = time.perf_counter()
-    model = ReferenceModel.from_package(package, max_seq_len=len(ids) + args.max_tokens)
-    t_load = time.perf_counter() - t0
-    sampler = Sampler(args.temperature, args.top_k, args.top_p, args.seed)
-    stamps: list[float] = []
-    t0 = time.perf_counter()
-    out = generate(model, ids, args.max_tokens, sampler, eos_ids,
-                   on_token=lambda t: (stamps.append(time.perf_counter()), on_token and on_token(t)))
-    t_end = time.perf_counter()
-    prefill_s = (stamps[0] - t0) if stamps else t_end - t0
-    decode_s = (stamps[-1] - stamps[0]) if len(stamps) > 1 else 0.0
-    return out, {"load_s": round(t_load, 4), "prefill_s": round(prefill_s, 4), "decode_s": round(decode_s, 4),
-                 "prefill_tok_s": round(len(ids) / prefill_s, 2) if prefill_s else None,
-                 "decode_tok_s": round((len(stamps) - 1) / decode_s, 2) if decode_s else None}
+
+async def run(llm, kind: str, req: dict, out=sys.stdout, echo: bool = True) -> dict:
+    """Stream one request, writing text deltas to `out` when echo; returns the ids, text and timings."""
+    create = llm.chat.completions.create if kind == "chat" else llm.completions.create
+    stream = await create(**req)
+    prompt_ids, ids, text, last = [], [], [], None
+    try:
+        async for c in stream:
+            prompt_ids = c.get("prompt_token_ids", prompt_ids)
+            ch = c["choices"][0]
+            piece = ch["delta"].get("content", "") if kind == "chat" else ch["text"]
+            ids += ch["token_ids"]
+            text.append(piece)
+            if echo and piece:
+                out.write(piece)
+                out.flush()
+            last = c
+    finally:
+        await stream.aclose()
+    u = last["usage"]
+    tpot = u["time_per_output_token_s"]
+    return {"prompt_ids": prompt_ids, "output_ids": ids, "text": "".join(text),
+            "finish_reason": last["choices"][0]["finish_reason"], "speculative": u.get("speculative"),
+            "timings": {"ttft_s": round(u["ttft_s"], 4), "prefill_tok_s": round(len(prompt_ids) / u["ttft_s"], 2),
+                        "decode_tok_s": round(1.0 / tpot, 2) if tpot else None}}
 
 
 def cli_main(args) -> int:
-    import os
-
-    from webinfer_packager.reference.model import limit_blas_threads
-
-    if "OPENBLAS_NUM_THREADS" not in os.environ:
-        limit_blas_threads(1)  # one thread decodes ~10x faster than spinning BLAS threads on a busy small machine
-    from webinfer.package import Package
+    from webinfer_packager.cli.backend import engine_options, open_llm
     from webinfer_packager.paths import resolve_package
-    from webinfer_packager.cli.prompting import PromptTokenizer, load_messages, prompt_ids
 
     if args.max_tokens < 1:
         raise WebinferError(f"--max-tokens must be at least 1, got {args.max_tokens}")
+    kind, req = request_from_args(args)
     path = resolve_package(args.package)
-    package = Package.open(path)
-    tok = PromptTokenizer(package.tokenizer_json())
-    messages = load_messages(args.messages) if args.messages else None
-    ids = prompt_ids(package, tok, prompt=args.prompt, messages=messages, chat=args.chat)
-    if not ids:
-        raise WebinferError("the prompt encodes to no tokens and the model adds no BOS: give a non-empty prompt")
-    eos_ids = list(package.config.eos_token_ids)
+    t0 = time.perf_counter()
+    llm = open_llm(path, args.backend, options=engine_options(args, max_seqs=1))
+    load_s = time.perf_counter() - t0
 
-    # stream text as it comes, unless printing JSON; decode the whole tail each time so multi-byte
-    # characters split across tokens come out whole
-    shown: list[int] = []
-    printed = [""]
+    async def main():
+        try:
+            return await run(llm, kind, req, echo=not args.json)
+        finally:
+            await llm.close()
 
-    def on_token(t: int) -> None:
-        if args.json or t in eos_ids:
-            return
-        shown.append(t)
-        text = tok.decode(shown)
-        if not text.endswith("\ufffd"):
-            sys.stdout.write(text[len(printed[0]):])
-            sys.stdout.flush()
-            printed[0] = text
-
-    run = _reference if args.backend == "reference" else _native
-    out, timings = run(package if args.backend == "reference" else path, ids, args, eos_ids, on_token)
-    text = tok.decode([t for t in out if t not in eos_ids])
+    res = asyncio.run(main())
+    res["timings"]["load_s"] = round(load_s, 4)
     if args.json:
-        print(json.dumps({"backend": args.backend, "prompt_ids": ids, "output_ids": out, "text": text,
-                          "stopped": "eos" if out and out[-1] in eos_ids else "max_tokens", "timings": timings}))
+        print(json.dumps({"backend": args.backend, **res}))
     else:
-        sys.stdout.write(text[len(printed[0]):] + "\n")
+        sys.stdout.write("\n")
     return 0

@@ -18,6 +18,14 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
 
 
+def _add_backend(p: argparse.ArgumentParser, default: str) -> None:
+    p.add_argument("--backend", choices=["auto", "native", "reference"], default=default,
+                   help=f"native GPU, the numpy reference model (slow), or auto (native if an adapter exists; default {default})")
+    p.add_argument("--speculative", choices=["prompt-lookup"], default=None,
+                   help="speculative decoding: verify proposed tokens (same output, fewer steps when text repeats)")
+    p.add_argument("--speculative-tokens", type=int, default=4, help="proposals verified per step (default 4)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="webinfer", description="Run language models on your own GPU, natively or in a web page.")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -50,13 +58,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--messages", help="JSON file with a list of {role, content}")
     p.add_argument("--chat", action="store_true", help="wrap --prompt as one user message in the chat template")
     _add_sampling(p)
-    p.add_argument("--backend", choices=["native", "reference"], default="native")
+    _add_backend(p, "native")
     p.add_argument("--json", action="store_true", help="print prompt_ids, output_ids, text and timings as JSON")
     p.set_defaults(handler="webinfer_packager.cli.generate:cli_main")
 
     p = sub.add_parser("chat", help="interactive chat in the terminal (Ctrl-C stops an answer)")
     p.add_argument("package", nargs="?")
     _add_sampling(p)
+    _add_backend(p, "native")
     p.set_defaults(handler="webinfer_packager.cli.chat:cli_main", max_tokens=512)
 
     p = sub.add_parser("eval", help="perplexity of a package on a text")
@@ -84,8 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--site", help="static site folder to serve at / (default: build the chat site for PACKAGE)")
     p.add_argument("--no-site", action="store_true", help="serve only the API")
-    p.add_argument("--backend", choices=["auto", "native", "reference"], default="auto",
-                   help="native GPU, the numpy reference (slow), or auto (native if an adapter exists)")
+    _add_backend(p, "auto")
     p.add_argument("--kv-budget-mb", type=float, default=128.0, help="GPU memory for the KV cache (default 128)")
     p.set_defaults(handler="webinfer_packager.cli.serve:cli_main")
 

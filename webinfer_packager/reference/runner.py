@@ -6,8 +6,9 @@ history from the block table, runs ReferenceModel.forward over the new tokens, a
 prefix-cache hits, preemption and block reuse behave as on the GPU, and a wrong block table gives a wrong answer.
 
 Sampling: greedy is argmax (lowest id on ties); otherwise the reference Sampler's distribution (temperature ->
-top-k -> top-p) and one uniform draw from a generator seeded with (seed, sample_index), so a request's draws do
-not depend on what else is in the batch or on preemption.
+top-k -> top-p) and the GPU sampler's own uniform draw, `uniform(seed, sample_index)` (the PCG hash in
+shaders/sample.wgsl), at the same place of the inverse CDF: one seed gives the same tokens on every backend, and a
+request's draws do not depend on what else is in the batch or on preemption.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from webinfer.engine.batch import StepBatch
+from webinfer.kernels.sampling import uniform
 from webinfer_packager.reference.model import ReferenceModel, Sampler
 
 
@@ -27,7 +29,7 @@ def sample(logits: np.ndarray, temperature: float, top_p: float, top_k: int, see
         return int(np.argmax(logits))
     p = Sampler(temperature, top_k, top_p, seed).probs(logits)           # [V]
     cdf = np.cumsum(p)
-    u = np.random.default_rng([seed, sample_index]).random()
+    u = uniform(seed, sample_index)
     return int(min(np.searchsorted(cdf, u * cdf[-1], side="right"), p.size - 1))
 
 

@@ -137,6 +137,7 @@ def create_app(llm: LLM, site: str | Path | None = None, allowed_hosts=DEFAULT_H
                max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
     app = FastAPI(title="webinfer", docs_url=None, redoc_url=None, openapi_url=None)
     engine = llm.engine
+    model_name = llm.model_name
 
     @app.exception_handler(Exception)
     async def _crash(request, exc):  # one bad request never takes the server down
@@ -156,14 +157,7 @@ def create_app(llm: LLM, site: str | Path | None = None, allowed_hosts=DEFAULT_H
     async def _complete(request: Request, chat: bool):
         try:
             body = await _body(request)
-            kw = {k: body[k] for k in ("stream", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
-                  if k in body}
-            if "max_tokens" not in kw and "max_completion_tokens" in body:
-                kw["max_tokens"] = body["max_completion_tokens"]
-            if chat:
-                result = await llm.chat.completions.create(messages=body.get("messages"), **kw)
-            else:
-                result = await llm.completions.create(prompt=body.get("prompt"), **kw)
+            result = await llm.create("chat" if chat else "completion", body)
         except InvalidRequestError as e:
             return _error(400, str(e), e.param)
         except ContextOverflowError as e:
@@ -194,8 +188,8 @@ def create_app(llm: LLM, site: str | Path | None = None, allowed_hosts=DEFAULT_H
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": engine.model_name, "object": "model", "created": 0,
-                                            "owned_by": "webinfer", "max_model_len": engine.max_model_len}]}
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0,
+                                            "owned_by": "webinfer", "max_model_len": llm.max_model_len}]}
 
     @app.get("/health")
     async def health():
@@ -203,7 +197,7 @@ def create_app(llm: LLM, site: str | Path | None = None, allowed_hosts=DEFAULT_H
 
     @app.get("/metrics")
     async def metrics():
-        return PlainTextResponse(prometheus(engine.stats(), engine.model_name),
+        return PlainTextResponse(prometheus(engine.stats(), model_name),
                                  media_type="text/plain; version=0.0.4")
 
     if site is not None:

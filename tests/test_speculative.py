@@ -1,0 +1,142 @@
+"""Speculative decoding gives exactly the tokens of decoding without it (greedy and seeded sampling), with
+continuous batching, preemption, the prefix cache and stop strings; prompt lookup proposes what brute force finds.
+
+The fake runner's next token is a hash of the whole KV history (tests/fake_model.py), so a wrongly rolled-back slot
+or a wrong position after acceptance changes every later token. An oracle proposer that knows the true
+continuation, corrupted at random, exercises full, partial and zero acceptance.
+
+Run: python -m pytest tests/test_speculative.py -q
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.fake_model import FakeRunner, FakeTokenizer, generate_alone
+from webinfer.engine.engine import AsyncEngine
+from webinfer.engine.speculative import PromptLookup
+from webinfer.engine.stopping import SamplingParams, TextStream
+
+VOCAB, EOS = 40, (0,)
+
+
+class OracleProposer:
+    """Proposes the request's true continuation (from generate_alone), with each token corrupted at `noise`."""
+
+    def __init__(self, noise: float, seed: int = 0):
+        self.noise, self.rng = noise, random.Random(seed)
+        self.proposed = 0
+
+    def propose(self, req, k):
+        p = req.params
+        full, _ = generate_alone(req.prompt_ids, p.max_tokens, VOCAB, EOS, temperature=p.temperature, seed=p.seed)
+        nxt = full[len(req.output_ids):len(req.output_ids) + k]
+        out = [t if self.rng.random() > self.noise else (t + 1) % VOCAB for t in nxt]
+        self.proposed += len(out)
+        return out
+
+    def forget(self, request_id):
+        pass
+
+
+async def _run(engine, prompt, params):
+    ids, text, last = [], "", None
+    ts = TextStream(FakeTokenizer(VOCAB).decode_stream(), params.stop, frozenset() if params.ignore_eos else EOS)
+    async for out in engine.generate(prompt, params, ts):
+        ids += out.token_ids
+        text += out.text
+        last = out
+    return ids, text, last
+
+
+@pytest.mark.parametrize("noise", [0.0, 0.3, 1.0])
+def test_speculative_equals_plain_decoding(noise):
+    rng = random.Random(1)
+    prompts = [[rng.randrange(1, VOCAB) for _ in range(rng.randrange(1, 14))] for _ in range(8)]
+    params = [SamplingParams(max_tokens=rng.randrange(2, 24), temperature=rng.choice([0.0, 0.8]), seed=i,
+                             speculative_tokens=rng.choice([1, 3, 6])) for i in range(8)]
+
+    async def main(proposer):
+        # a tight pool (preemptions) and a budget that cuts proposals short
+        runner = FakeRunner(14, 4, 128, vocab=VOCAB)
+        engine = AsyncEngine(runner, eos_ids=EOS, max_num_batched_tokens=12, max_num_seqs=6, proposer=proposer)
+        res = await asyncio.gather(*(_run(engine, p, sp) for p, sp in zip(prompts, params)))
+        stats = engine.stats()
+        await engine.close()
+        return res, stats, runner.steps
+
+    plain, _, _ = asyncio.run(main(None))
+    oracle = OracleProposer(noise)
+    spec, stats, steps = asyncio.run(main(oracle))
+    for (a_ids, a_text, a_last), (b_ids, b_text, b_last), p, sp in zip(plain, spec, prompts, params):
+        want, reason = generate_alone(p, sp.max_tokens, VOCAB, EOS, temperature=sp.temperature, seed=sp.seed)
+        assert a_ids == b_ids == want and a_text == b_text
+        assert a_last.finish_reason == b_last.finish_reason == reason
+        assert a_last.num_output_tokens == b_last.num_output_tokens == len(want)
+    assert stats["blocks_used"] == 0 and oracle.proposed > 0
+
+
+def test_accepted_proposals_save_steps_and_stop_strings_cut_exactly():
+    prompt, n = [3, 9, 27], 30
+    full, _ = generate_alone(prompt, n, VOCAB, (), temperature=0.0)
+    text = FakeTokenizer(VOCAB).decode(full)
+    stop = text[11:14]
+
+    async def main(proposer, stop_strings):
+        runner = FakeRunner(40, 4, 128, vocab=VOCAB)
+        engine = AsyncEngine(runner, eos_ids=EOS, max_num_seqs=8, proposer=proposer)
+        sp = SamplingParams(max_tokens=n, ignore_eos=True, stop=stop_strings, speculative_tokens=7)
+        r = await _run(engine, prompt, sp)
+        await engine.close()
+        return r, runner.steps
+
+    (ids, _, last), steps_plain = asyncio.run(main(None, []))
+    (sids, _, slast), steps_spec = asyncio.run(main(OracleProposer(0.0), []))
+    assert ids == sids == full and steps_spec < steps_plain / 3  # 1 prefill + ~n/8 verification steps
+    # a stop string completed in the middle of a step's accepted tokens ends the output at that token
+    (a, at, al), _ = asyncio.run(main(None, [stop]))
+    (b, bt, bl), _ = asyncio.run(main(OracleProposer(0.0), [stop]))
+    assert (a, at, al.finish_reason, al.num_output_tokens) == (b, bt, bl.finish_reason, bl.num_output_tokens)
+    assert at == text[:text.find(stop)] and len(b) == text.find(stop) + len(stop)
+
+
+class _Req:
+    def __init__(self, toks):
+        self.request_id, self.all_token_ids = 1, list(toks)
+        self.num_proposed = self.num_accepted = 0
+
+
+def _brute(toks, max_n, k):
+    for n in range(min(max_n, len(toks)), 0, -1):
+        tail = toks[len(toks) - n:]
+        for start in range(len(toks) - n - 1, -1, -1):  # latest earlier occurrence
+            if toks[start:start + n] == tail:
+                return toks[start + n:start + n + k]
+    return []
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 5), min_size=1, max_size=40), st.integers(1, 6))
+def test_prompt_lookup_matches_brute_force(toks, k):
+    """Growing the token list one token at a time, the incremental index proposes what a full scan finds."""
+    pl = PromptLookup(max_ngram=3)
+    req = _Req([])
+    for t in toks:
+        req.all_token_ids.append(t)
+        got = pl.propose(req, k)
+        assert got == _brute(req.all_token_ids, 3, k)
+
+
+def test_prompt_lookup_backs_off_after_misses():
+    pl = PromptLookup()
+    req = _Req([1, 2, 3, 1, 2])
+    assert pl.propose(req, 4) == [3, 1, 2]
+    req.num_proposed += 3  # the model rejected all three
+    req.all_token_ids.append(9)
+    assert pl.propose(req, 4) == []  # resting after a miss
+    assert pl.propose(req, 4) == []

@@ -1,0 +1,104 @@
+"""The one way from a package to an LLM. Every front end goes through it: `webinfer serve`, `chat` and `generate`,
+the Python API and the page's worker.
+
+    llm = await webinfer.load("path/to/package")                 # native GPU (wgpu-py), CPython
+    llm = await webinfer.load(package, backend="browser")        # inside Pyodide, the page's WebGPU
+    llm = await webinfer.load(package, runner=my_runner)         # any ModelRunner (the numpy reference, a CPU runner)
+    llm = webinfer.open("path/to/package")                       # the same, synchronously (CPython, no running loop)
+
+A package path is opened (and verified) with Package.open; a Package object is used as it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from webinfer.api import LLM, Limits
+from webinfer.engine.engine import AsyncEngine
+from webinfer.engine.speculative import PromptLookup
+from webinfer.errors import WebinferError
+from webinfer.package import Package
+from webinfer.prompt import Prompter
+from webinfer.tokenizer import Tokenizer
+
+BACKENDS = ("native", "browser")
+
+
+@dataclass
+class EngineOptions:
+    """How much of the device the engine takes and how it batches."""
+    context_tokens: int = 4096       # KV cache slots shared by all running requests (at most the model's context)
+    block_size: int = 16
+    max_seqs: int = 16               # requests stepped together
+    max_batch_tokens: int = 256      # tokens per step (prefill chunk budget)
+    max_model_len: int | None = None # longest single request (default: the model's context)
+    kv_f16: bool = False
+    enable_prefix_caching: bool = True
+    speculative: str | None = None   # "prompt-lookup": requests verify up to speculative_tokens proposals a step
+    speculative_tokens: int = 4       # the default per request when speculative is on (a request may override)
+
+    @property
+    def runner_rows(self) -> int:
+        """Sequence rows a step may hold: one per request, plus room for one request's proposals."""
+        return self.max_seqs + (self.speculative_tokens if self.speculative else 0)
+
+    def model_len(self, cfg) -> int:
+        """The longest request: the model's context, the KV pool and max_model_len, whichever is smallest."""
+        return min(self.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings,
+                   self.context_tokens)
+
+
+def kv_blocks(context_tokens: int, block_size: int) -> int:
+    """KV blocks for `context_tokens` slots, plus the null block 0."""
+    return 1 + -(-context_tokens // block_size)
+
+
+async def load_gpu_runner(package: Package, device, opts: EngineOptions, read=None):
+    from webinfer.engine.gpu_model import GPUModel
+
+    return await GPUModel.load(device, package, num_blocks=kv_blocks(opts.context_tokens, opts.block_size),
+                               block_size=opts.block_size, max_batch_tokens=opts.max_batch_tokens,
+                               max_seqs=opts.runner_rows, max_model_len=opts.model_len(package.config),
+                               kv_f16=opts.kv_f16, read=read)
+
+
+async def load(package, *, backend: str = "native", runner=None, device=None, options: EngineOptions | None = None,
+               limits: Limits | None = None, name: str | None = None) -> LLM:
+    """An LLM over `package` (a path or a Package) on `backend`, or over the given `runner`."""
+    pkg = package if isinstance(package, Package) else Package.open(package)
+    opts = options or EngineOptions()
+    if runner is None:
+        if device is None:
+            if backend == "native":
+                from webinfer.gpu.native import request_device
+
+                device = await request_device(limits="browser")
+            elif backend == "browser":
+                from webinfer.gpu.browser import request_device
+
+                device = await request_device()
+            else:
+                raise WebinferError(f"unknown backend {backend!r}: one of {', '.join(BACKENDS)}, or pass a runner")
+        runner = await load_gpu_runner(pkg, device, opts)
+    return llm_for(pkg, runner, opts, limits, name)
+
+
+def llm_for(pkg: Package, runner, opts: EngineOptions | None = None, limits: Limits | None = None,
+            name: str | None = None) -> LLM:
+    """The engine, tokenizer and prompt builder of `pkg` over a loaded runner."""
+    opts = opts or EngineOptions()
+    tok = Tokenizer.from_json(pkg.tokenizer_json())
+    if opts.speculative not in (None, "prompt-lookup"):
+        raise WebinferError(f"unknown speculative method {opts.speculative!r}: prompt-lookup")
+    engine = AsyncEngine(runner, eos_ids=pkg.config.eos_token_ids,
+                         max_num_batched_tokens=min(opts.max_batch_tokens, getattr(runner, "max_tokens", 1 << 30)),
+                         max_num_seqs=opts.max_seqs, enable_prefix_caching=opts.enable_prefix_caching,
+                         proposer=PromptLookup() if opts.speculative else None)
+    return LLM(engine, tok, Prompter.for_package(pkg, tok), name or pkg.name or "webinfer", limits,
+               speculative_tokens=opts.speculative_tokens if opts.speculative else 0)
+
+
+def open(package, **kw) -> LLM:  # noqa: A001  (webinfer.open mirrors the builtin's role for a model)
+    """load() for synchronous callers (CPython, outside a running event loop); use the LLM inside one."""
+    return asyncio.run(load(package, **kw))

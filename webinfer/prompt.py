@@ -1,0 +1,60 @@
+"""The one prompt builder: request text or messages -> prompt token ids, the same for every front end (HTTP, the
+Python API, the CLI, the page).
+
+One BOS rule, Hugging Face's: a text prompt gets the model's BOS (and EOS) when its tokenizer config says so
+(`special_tokens.add_bos_token` / `add_eos_token` in the manifest, taken from tokenizer_config.json or the GGUF's
+tokenizer.ggml.add_bos_token); a chat template renders every special token itself, so its output is encoded with
+no additions (transformers' apply_chat_template(tokenize=True) does the same).
+"""
+
+from __future__ import annotations
+
+from webinfer.chat_template import render
+from webinfer.errors import InvalidRequestError
+
+
+class Prompter:
+    def __init__(self, tokenizer, chat_template: str | None, special_tokens: dict, bos_token_id: int | None,
+                 eos_token_ids=(), vocab_size: int = 0):
+        self.tokenizer, self.chat_template = tokenizer, chat_template
+        self.special_tokens = dict(special_tokens or {})
+        self.bos_token_id = bos_token_id
+        self.eos_token_id = next(iter(eos_token_ids), None)
+        self.vocab_size = vocab_size
+
+    @classmethod
+    def for_package(cls, package, tokenizer) -> "Prompter":
+        c = package.config
+        return cls(tokenizer, package.chat_template, package.special_tokens, c.bos_token_id, c.eos_token_ids,
+                   c.vocab_size)
+
+    def text_ids(self, text: str) -> list[int]:
+        """A plain-text prompt, with BOS/EOS as the tokenizer config asks."""
+        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+        if self.special_tokens.get("add_bos_token") and self.bos_token_id is not None:
+            ids.insert(0, self.bos_token_id)
+        if self.special_tokens.get("add_eos_token") and self.eos_token_id is not None:
+            ids.append(self.eos_token_id)
+        return ids
+
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        if not self.chat_template:
+            raise InvalidRequestError("messages", "this model has no chat template: pack it with --chat-template FILE, "
+                                                  "or send a plain prompt to /v1/completions")
+        st = self.special_tokens
+        return render(self.chat_template, messages, add_generation_prompt=add_generation_prompt,
+                      bos_token=st.get("bos_token") or "", eos_token=st.get("eos_token") or "")
+
+    def chat_ids(self, messages: list[dict]) -> list[int]:
+        """Messages through the chat template; the template writes the special tokens."""
+        return list(self.tokenizer.encode(self.render_chat(messages), add_special_tokens=False))
+
+    def prompt_ids(self, prompt) -> list[int]:
+        """A completions `prompt`: text, or a list of token ids taken as they are."""
+        if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            if self.vocab_size and any(not 0 <= t < self.vocab_size for t in prompt):
+                raise InvalidRequestError("prompt", f"token ids must be in [0, {self.vocab_size})")
+            return list(prompt)
+        if not isinstance(prompt, str) or not prompt:
+            raise InvalidRequestError("prompt", "must be a non-empty string or a non-empty list of token ids")
+        return self.text_ids(prompt)
