@@ -164,7 +164,9 @@ class Engine {
  * Load a package and return an engine with an OpenAI-shaped chat.completions.create.
  * options: onProgress(p) with p.phase in "runtime" | "cache" | "download" | "done" and byte counts,
  *          manifestSha256 (pins the manifest; default: from site.json when the URL is one of its models),
- *          preflight (default true).
+ *          preflight (default true),
+ *          speculative: "prompt-lookup" to verify proposed tokens each step (the same output, fewer steps when the
+ *          answer repeats its context), speculativeTokens (proposals per step, default 4).
  */
 export async function load(manifestUrl, options = {}) {
   const { onProgress = () => {} } = options;
@@ -183,6 +185,7 @@ export async function load(manifestUrl, options = {}) {
   const { promise } = client.call("load", {
     manifestUrl: abs, sha256: options.manifestSha256 ?? model?.sha256 ?? null,
     keepPackages: cfg.models.map((m) => m.sha256),
+    engine: { speculative: options.speculative ?? null, speculative_tokens: options.speculativeTokens ?? 4 },
   }, { onProgress });
   const info = await promise;
   info.timings = { ...initInfo.timings, ...info.timings };

@@ -54,7 +54,7 @@ async function load(msg) {
   });
   const t1 = performance.now();
   const map = new Map(Object.entries(files));
-  const value = unwrap(await worker.load(manifestText, map, msg.manifestUrl));
+  const value = unwrap(await worker.load(manifestText, map, msg.manifestUrl, JSON.stringify(msg.engine || {})));
   value.timings = { ...timings, ...stats, files_ms: t1 - t0, python_load_ms: performance.now() - t1, ...value.timings };
   return value;
 }

@@ -95,6 +95,7 @@ class ParsedRequest:
     params: SamplingParams
     stream: bool
     include_usage: bool            # stream_options.include_usage: a last chunk with usage and no choices
+    continuous_usage: bool = False # stream_options.continuous_usage_stats (vLLM's extension): usage on every chunk
 
 
 def parse_request(kind: str, req: dict, limits: Limits, speculative_tokens: int = 0) -> ParsedRequest:
@@ -112,9 +113,9 @@ def parse_request(kind: str, req: dict, limits: Limits, speculative_tokens: int 
     if not isinstance(stream, bool):
         raise InvalidRequestError("stream", "must be true or false")
     opts = g("stream_options")
-    if opts is not None and not (isinstance(opts, dict) and set(opts) <= {"include_usage"}
-                                 and isinstance(opts.get("include_usage", False), bool)):
-        raise InvalidRequestError("stream_options", "must be {\"include_usage\": bool}")
+    if opts is not None and not (isinstance(opts, dict) and set(opts) <= {"include_usage", "continuous_usage_stats"}
+                                 and all(isinstance(v, bool) for v in opts.values())):
+        raise InvalidRequestError("stream_options", "must be {\"include_usage\": bool, \"continuous_usage_stats\": bool}")
     if opts and not stream:
         raise InvalidRequestError("stream_options", "is only allowed with stream: true")
     mt = g("max_tokens") if g("max_tokens") is not None else g("max_completion_tokens")
@@ -148,7 +149,8 @@ def parse_request(kind: str, req: dict, limits: Limits, speculative_tokens: int 
         prompt = g("prompt")
         if isinstance(prompt, str) and len(prompt) > limits.max_prompt_chars:
             raise InvalidRequestError("prompt", f"at most {limits.max_prompt_chars} characters, got {len(prompt)}")
-    return ParsedRequest(kind, prompt, params, stream, bool(opts and opts.get("include_usage")))
+    return ParsedRequest(kind, prompt, params, stream, bool(opts and opts.get("include_usage")),
+                         bool(opts and opts.get("continuous_usage_stats")))
 
 
 def usage(last: RequestOutput | None, n_prompt: int) -> dict:
@@ -231,7 +233,7 @@ class LLM:
                 d = {**head, "object": obj, "choices": [c]}
                 if first:
                     d["prompt_token_ids"] = prompt_ids
-                if out.finish_reason is not None:
+                if out.finish_reason is not None or r.continuous_usage:
                     d["usage"] = usage(out, len(prompt_ids))
                 first = False
                 yield d

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from . import selftest as selftests
@@ -56,6 +56,7 @@ class PageWorker:
     device: Any = None                 # webinfer.gpu.browser.BrowserDevice, re-requested after a loss
     package: Package | None = None
     llm: LLM | None = None
+    options: EngineOptions = field(default_factory=lambda: PAGE_ENGINE)
     build_timings: dict = field(default_factory=dict)
     build_lock: asyncio.Lock | None = None
 
@@ -68,9 +69,13 @@ class PageWorker:
             self.device = await request_device()
         return self.device
 
-    async def load(self, manifest_text: str, js_files, where: str) -> dict:
-        """Take the files over from JS (a Map name -> Uint8Array), open the package and build the LLM."""
+    async def load(self, manifest_text: str, js_files, where: str, engine_json: str = "{}") -> dict:
+        """Take the files over from JS (a Map name -> Uint8Array), open the package and build the LLM.
+        engine_json: {"speculative": null | "prompt-lookup", "speculative_tokens": int} from webinfer.js load()."""
         t0 = time.perf_counter()
+        eng = json.loads(engine_json)
+        self.options = replace(PAGE_ENGINE, speculative=eng.get("speculative") or None,
+                               speculative_tokens=int(eng.get("speculative_tokens") or 4))
         files = {str(name): js_files.get(name).to_bytes() for name in list(js_files.keys())}  # one copy each
         t_copy = time.perf_counter()
         self.package = open_package(manifest_text, files, where)
@@ -89,14 +94,14 @@ class PageWorker:
         dev = await self.get_device()
         counters0 = dict(dev.time_ms)
         t0 = time.perf_counter()
-        runner = await load_gpu_runner(self.package, dev, PAGE_ENGINE)
+        runner = await load_gpu_runner(self.package, dev, self.options)
         t_enc = time.perf_counter()
         # Uploads done and pipelines created. In Chrome createComputePipeline returns at once and compiles in the GPU
         # process, and later calls needing that process wait behind it: on SwiftShader this drain is most of the
         # build (shader compilation, not uploads).
         await dev.wait_idle()
         t1 = time.perf_counter()
-        self.llm = llm_for(self.package, runner, PAGE_ENGINE)
+        self.llm = llm_for(self.package, runner, self.options)
         spent = {k: dev.time_ms[k] - counters0.get(k, 0.0) for k in dev.time_ms}
         self.build_timings = {"engine_build_ms": (t1 - t0) * 1e3, "load_calls_ms": (t_enc - t0) * 1e3,
                               "gpu_drain_ms": (t1 - t_enc) * 1e3, "gpu_upload_ms": spent.get("write_buffer", 0.0),
@@ -198,8 +203,8 @@ async def _result(coro) -> dict:
         return {"ok": False, "error": {"name": type(e).__name__, "message": str(e)}}
 
 
-async def load(manifest_text: str, js_files, where: str = "manifest.json") -> dict:
-    return await _result(WORKER.load(manifest_text, js_files, where))
+async def load(manifest_text: str, js_files, where: str = "manifest.json", engine_json: str = "{}") -> dict:
+    return await _result(WORKER.load(manifest_text, js_files, where, engine_json))
 
 
 async def chat(request_json: str, emit: Callable[[str], None], should_stop: Callable[[], bool]) -> dict:

@@ -312,6 +312,10 @@ def run_bench(package_path, *, quick: bool = False, skip_hf: bool = False, skip_
         from webinfer_packager.bench.serving import run_serving_bench
 
         res["serving"] = run_serving_bench(pkg, quick=quick, device=dev)
+    # speculative decoding (prompt lookup) vs plain, batch 1, alternating in this run
+    from webinfer_packager.bench.speculative import bench_speculative
+
+    res["speculative"] = bench_speculative(pkg, dev, max_tokens=32 if quick else 96, reps=1 if quick else 2)
     return res
 
 

@@ -139,7 +139,8 @@ class Chat:
         last: list = [None]
 
         async def consume():
-            stream = await self.llm.chat.completions.create(messages=self.messages, stream=True, **self.sampling)
+            stream = await self.llm.chat.completions.create(messages=self.messages, stream=True, **self.sampling,
+                                                            stream_options={"continuous_usage_stats": True})
             try:
                 async for c in stream:
                     last[0] = c
@@ -164,11 +165,10 @@ class Chat:
         c = last[0]
         if c is None:  # interrupted before the first token
             return Answer("", 0, "abort", 0, 0, None, None)
-        u = c.get("usage")
-        if u is None:  # interrupted: no usage chunk came
-            return Answer("".join(parts), 0, "abort", 0, 0, None, None)
+        u = c["usage"]  # on every chunk (continuous_usage_stats): an interrupted answer has its numbers too
         tpot = u["time_per_output_token_s"]
-        return Answer("".join(parts), u["completion_tokens"], c["choices"][0]["finish_reason"], u["prompt_tokens"],
+        return Answer("".join(parts), u["completion_tokens"],
+                      "abort" if self.interrupted else c["choices"][0]["finish_reason"], u["prompt_tokens"],
                       u["prompt_tokens_details"]["cached_tokens"], u["ttft_s"], 1.0 / tpot if tpot else None)
 
     def stats_line(self, a: Answer) -> str:

@@ -39,8 +39,10 @@ def request_from_args(args) -> tuple[str, dict]:
     return "completion", {**req, "prompt": args.prompt}
 
 
-async def run(llm, kind: str, req: dict, out=sys.stdout, echo: bool = True) -> dict:
-    """Stream one request, writing text deltas to `out` when echo; returns the ids, text and timings."""
+async def run(llm, kind: str, req: dict, out=None, echo: bool = True) -> dict:
+    """Stream one request, writing text deltas to `out` (default: sys.stdout) when echo; returns the ids, text and
+    timings."""
+    out = out or sys.stdout
     create = llm.chat.completions.create if kind == "chat" else llm.completions.create
     stream = await create(**req)
     prompt_ids, ids, text, last = [], [], [], None
