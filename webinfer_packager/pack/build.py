@@ -20,12 +20,12 @@ from pathlib import Path
 import numpy as np
 
 from webinfer.errors import FormatError, WebinferError
+from webinfer.formats import FORMATS, GROUP_SIZES, QUANT_DTYPES
 from webinfer.package import (FORMAT, FORMAT_VERSION, MAX_BINDING_BYTES, ModelConfig, Package, expected_tensors)
 from webinfer_packager.pack import quant
 from webinfer_packager.pack.shards import ShardWriter
 
 CHUNK_ELEMENTS = 1 << 22  # floats converted at once (16 MiB of float32)
-GROUP_SIZES = (32, 64, 128)
 
 
 class OutputExistsError(WebinferError):
@@ -45,22 +45,50 @@ def open_source(source: Path):
     return GGUFSource(source)
 
 
-def _target_dtype(name: str, src_type: str, *, group_size: int, asymmetric: bool, embedding: str):
-    """(dtype, group_size, repack) for one canonical tensor."""
+# `--quant` choices for tensors that are requantized (GGUF tensors in a format of formats.FORMATS are kept as they
+# are). "q4k_m" is llama.cpp's Q4_K_M recipe: q4k, with q6k for the output head and for attn_v / ffn_down in the
+# layers where llama.cpp spends more bits (first and last eighth, every third in between).
+QUANT_CHOICES = ("q4", "q4a", "q4k", "q5k", "q6k", "q8", "q4k_m")
+DEFAULT_QUANT = "q4"
+# A K-quant needs K % 256 == 0; otherwise llama.cpp's fallback of similar precision with 32-element groups
+_K_FALLBACK = {"q4k": "q5_0", "q5k": "q5_1", "q6k": "q8"}
+
+
+def _more_bits(layer: int, n_layers: int) -> bool:
+    """llama.cpp's use_more_bits(i_layer, n_layers) of the Q4_K_M recipe."""
+    return layer < n_layers // 8 or layer >= 7 * n_layers // 8 or (layer - n_layers // 8) % 3 == 2
+
+
+def requant_dtype(name: str, k: int, quant_name: str, embedding: str | None, n_layers: int) -> str:
+    """The format a requantized tensor gets under `--quant quant_name` (`embedding` overrides embed / lm_head)."""
+    part = name.rsplit(".", 1)[-1]
+    is_embed = name in ("embed", "lm_head")
+    if is_embed and embedding:
+        dtype = embedding
+    elif quant_name == "q4k_m":
+        more = part in ("v", "down") and _more_bits(int(name.split(".")[1]), n_layers)
+        dtype = "q6k" if is_embed or more else "q4k"
+    elif is_embed:
+        dtype = "q6k" if quant_name in ("q4k", "q5k") else "q8" if quant_name in ("q4", "q4a") else quant_name
+    else:
+        dtype = quant_name
+    if FORMATS[dtype].fixed_group == quant.QK_K and k % quant.QK_K:
+        dtype = _K_FALLBACK[dtype]
+    return dtype
+
+
+def _target_dtype(name: str, shape: list[int], src_type: str, *, quant_name: str, group_size: int,
+                  embedding: str | None, n_layers: int):
+    """(dtype, group_size, repack) for one canonical tensor: GGUF blocks of a package format are repacked as they
+    are (bit-exactly); norms and biases stay f32; everything else is requantized."""
     part = name.rsplit(".", 1)[-1]
     if part in ("attn_norm", "ffn_norm", "norm", "q_bias", "k_bias", "v_bias"):
         return "f32", None, False
-    is_embed = name in ("embed", "lm_head")
     lossless = quant.GGUF_REPACK.get(src_type)
     if lossless:
-        family = "q8" if lossless == "q8" else "q4"
-        wanted = embedding if is_embed else "q4"
-        # GGUF blocks already at (or, for Q8_0 linears, above) the requested precision are repacked bit-exactly
-        if family == wanted or (not is_embed and family == "q8"):
-            return lossless, quant.GGUF_BLOCK, True
-    if is_embed:
-        return embedding, group_size, False
-    return ("q4a" if asymmetric else "q4"), group_size, False
+        return lossless, FORMATS[lossless].fixed_group or quant.GGUF_BLOCK, True
+    dtype = requant_dtype(name, shape[1], quant_name, embedding, n_layers)
+    return dtype, FORMATS[dtype].fixed_group or group_size, False
 
 
 def _encode(st, name: str, shape: list[int], dtype: str, gs: int | None, repack: bool):
@@ -105,7 +133,7 @@ def _write_tensor(writer: ShardWriter, comps: dict[str, np.ndarray]) -> list[dic
     return bindings
 
 
-def _build(src, folder: Path, *, group_size, asymmetric, embedding, shard_mb, name, progress) -> dict:
+def _build(src, folder: Path, *, quant_name, group_size, embedding, shard_mb, name, progress) -> dict:
     try:
         cfg = ModelConfig.from_dict(src.config, str(src.path), "config")
     except FormatError as e:
@@ -123,9 +151,12 @@ def _build(src, folder: Path, *, group_size, asymmetric, embedding, shard_mb, na
         bar = tqdm(total=total, unit="w", unit_scale=True, desc="pack", file=sys.stderr)
     params = 0
     for n, shape, st in sources:
-        dtype, gs, repack = _target_dtype(n, st.type_name, group_size=group_size, asymmetric=asymmetric,
-                                          embedding=embedding)
+        dtype, gs, repack = _target_dtype(n, shape, st.type_name, quant_name=quant_name, group_size=group_size,
+                                          embedding=embedding, n_layers=cfg.num_hidden_layers)
         comps, err, exact = _encode(st, n, shape, dtype, gs, repack)
+        if repack and not exact:  # a repack changes layout, never values: anything else is a packer bug
+            raise WebinferError(f"{st.name}: {st.type_name} repacked as {dtype} does not decode bit-identically "
+                                f"(max_rel {err['max_rel']:.3g}); please report this")
         entry = {"name": n, "dtype": dtype, "shape": shape}
         if gs:
             entry.update(group_size=gs, k_padded=quant.k_padded_for(shape[1], gs))
@@ -159,7 +190,9 @@ def _build(src, folder: Path, *, group_size, asymmetric, embedding, shard_mb, na
         "tokenizer": {"file": f"{tok_sha}.json", "bytes": len(tok_bytes), "sha256": tok_sha},
         "chat_template": chat_template,
         "special_tokens": special,
-        "quantization": {"linear": "q4a" if asymmetric else "q4", "group_size": group_size, "embedding": embedding},
+        "quantization": {"quant": quant_name, "group_size": group_size, "embedding": embedding,
+                         "dtypes": {d: sum(t["dtype"] == d for t in tensors)
+                                    for d in sorted({t["dtype"] for t in tensors})}},
         "tensors": tensors,
         "files": files,
         "totals": {"files": len(files), "bytes": total_bytes, "params": params,
@@ -171,14 +204,22 @@ def _build(src, folder: Path, *, group_size, asymmetric, embedding, shard_mb, na
     return manifest
 
 
-def pack(source: Path, out: Path, *, group_size: int = 32, asymmetric: bool = False, embedding: str = "q8",
-         shard_mb: int = 32, name: str | None = None, force: bool = False, progress: bool = True) -> Path:
-    """Pack SOURCE (GGUF file or HF folder) into the package folder OUT; returns OUT."""
+def pack(source: Path, out: Path, *, quant: str | None = None, group_size: int = 32, asymmetric: bool = False,
+         embedding: str | None = None, shard_mb: int = 32, name: str | None = None, force: bool = False,
+         progress: bool = True) -> Path:
+    """Pack SOURCE (GGUF file or HF folder) into the package folder OUT; returns OUT.
+
+    GGUF tensors in Q4_0/Q4_1/Q8_0/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K are repacked losslessly in their own type; the rest
+    (F32/F16/BF16, other GGUF types) are requantized to `quant` (QUANT_CHOICES; `asymmetric` is the old spelling
+    of quant="q4a"). `group_size` applies to q4/q4a/q8; `embedding` overrides the format of embed / lm_head."""
     source, out = Path(source), Path(out)
+    quant_name = quant or ("q4a" if asymmetric else DEFAULT_QUANT)
+    if quant_name not in QUANT_CHOICES:
+        raise ValueError(f"quant must be one of {', '.join(QUANT_CHOICES)}, got {quant_name!r}")
     if group_size not in GROUP_SIZES:
         raise ValueError(f"group_size must be one of {GROUP_SIZES}, got {group_size}")
-    if embedding not in ("q8", "q4"):
-        raise ValueError(f"embedding must be 'q8' or 'q4', got {embedding!r}")
+    if embedding is not None and embedding not in QUANT_DTYPES:
+        raise ValueError(f"embedding must be one of {', '.join(QUANT_DTYPES)}, got {embedding!r}")
     if shard_mb < 1:
         raise ValueError(f"shard_mb must be at least 1, got {shard_mb}")
     if out.exists() and not force:
@@ -188,7 +229,7 @@ def pack(source: Path, out: Path, *, group_size: int = 32, asymmetric: bool = Fa
     tmp.mkdir()
     try:
         src = open_source(source)
-        manifest = _build(src, tmp, group_size=group_size, asymmetric=asymmetric, embedding=embedding,
+        manifest = _build(src, tmp, quant_name=quant_name, group_size=group_size, embedding=embedding,
                           shard_mb=shard_mb, name=name, progress=progress)
         if out.exists():  # --force: move the old one aside first so OUT is never half-replaced
             old = out.parent / f"{out.name}.old-{secrets.token_hex(4)}"
@@ -226,7 +267,8 @@ def cli_main(args) -> int:
     source = Path(args.source) if args.source else paths.default_gguf_path()
     out = Path(args.output) if args.output else paths.default_package_dir()
     try:
-        pack(source, out, group_size=args.group_size, asymmetric=args.asymmetric, embedding=args.embedding,
+        pack(source, out, quant=args.quant, group_size=args.group_size, asymmetric=args.asymmetric,
+             embedding=args.embedding,
              shard_mb=args.shard_mb, name=args.name, force=args.force, progress=not args.quiet)
     except ValueError as e:
         raise WebinferError(str(e)) from None

@@ -40,6 +40,27 @@ class HeaderTensor:
 
 def validate_gguf_header(path: Path | str, data: bytes | memoryview | None = None) -> list[HeaderTensor]:
     """Walk a GGUF header with bounds checks; return the tensor infos. Raises only FormatError."""
+    return _read_gguf_header(path, data)[0]
+
+
+def gguf_tensor_blocks(path: Path | str) -> dict[str, tuple[HeaderTensor, np.ndarray]]:
+    """Every tensor of a GGUF as (info, its raw bytes memory-mapped: uint8 [rows, row_bytes]), after the bounds-checked
+    header walk. Reading a few tensors this way skips GGUFReader's per-element parsing of metadata arrays, which
+    takes minutes on a 262k-token vocabulary."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    infos, data_start = _read_gguf_header(path)
+    mm = np.memmap(path, np.uint8, mode="r")
+    out = {}
+    for t in infos:
+        block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(t.type_id)]
+        row = t.dims[0] // block * type_size
+        a = mm[data_start + t.offset: data_start + t.offset + t.nbytes]
+        out[t.name] = (t, a.reshape(-1, row))
+    return out
+
+
+def _read_gguf_header(path: Path | str, data: bytes | memoryview | None = None) -> tuple[list[HeaderTensor], int]:
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
     path = str(path)
@@ -163,7 +184,7 @@ def validate_gguf_header(path: Path | str, data: bytes | memoryview | None = Non
             raise FormatError(path, f"tensor_info[{t.name}].offset",
                               f"data [{t.offset}, {end}) lies outside the data section ({data_size} bytes)",
                               "tensor data inside the file (truncated?)")
-    return infos
+    return infos, data_start
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -177,13 +177,18 @@ class HFSource:
             for e in [g] if isinstance(g, int) else list(g or []):
                 if e not in eos:
                     eos.append(e)
+        # transformers >= 5 writes RoPE settings as rope_parameters {rope_theta, rope_type, ...}
+        rope = c.get("rope_parameters") if isinstance(c.get("rope_parameters"), dict) else {}
+        scaling = c.get("rope_scaling")
+        if scaling is None and rope.get("rope_type") not in (None, "default"):
+            scaling = {k: v for k, v in rope.items() if k != "rope_theta"}
         return {
             "architecture": arch, "vocab_size": req("vocab_size"), "hidden_size": hidden,
             "intermediate_size": req("intermediate_size"), "num_hidden_layers": req("num_hidden_layers"),
             "num_attention_heads": heads, "num_key_value_heads": c.get("num_key_value_heads") or heads,
             "head_dim": c.get("head_dim") or hidden // heads,
-            "rms_norm_eps": req("rms_norm_eps"), "rope_theta": c.get("rope_theta", 10000.0),
-            "rope_scaling": c.get("rope_scaling"),
+            "rms_norm_eps": req("rms_norm_eps"), "rope_theta": c.get("rope_theta", rope.get("rope_theta", 10000.0)),
+            "rope_scaling": scaling,
             "max_position_embeddings": req("max_position_embeddings"),
             "tie_word_embeddings": bool(c.get("tie_word_embeddings", False)),
             "attention_bias": bool(c.get("attention_bias", arch == "qwen2")),

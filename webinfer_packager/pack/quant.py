@@ -1,49 +1,36 @@
-"""Weight encodings of the webinfer package format (docs/package-format.md, "Component encodings").
+"""Weight encodings of the webinfer package format: encoders and the one numpy decoder.
 
-Encoders turn a float matrix [N, K] (or GGUF blocks) into the components a tensor stores; `dequantize` is the
-one decoder every other part of the project (numpy reference model, kernel tests) uses to read them back.
+The layouts and the value formulas are specified once, in `webinfer/formats.py` (docstring and FORMATS table);
+this module only implements them. Every format goes through one intermediate form, "fields":
 
-    q4   qweight u32 [N, k_padded/8] nibbles, value = (q - 8) * scale           (GGUF Q4_0 compatible)
-    q4a  as q4, value = q * scale + min                                         (GGUF Q4_1 compatible)
-    q8   qweight u32 [N, k_padded/4] int8 bytes, value = q * scale              (GGUF Q8_0 compatible)
-    f32  data f32 [N] or [N, K]
-Scales and mins are f16 [N, G] stored as u32 [N, ceil(G/2)] (G = k_padded / group_size, odd G padded with 0).
+    q       uint8 [N, Kp]  the element's unsigned code (q8: the int8 code's bytes)
+    scale   q4/q4a/q8/q5_0/q5_1: f16 [N, G];  q4k/q5k: uint8 [N, Kp/32];  q6k: int8 [N, Kp/16]
+    min     q4a/q5_1: f16 [N, G];  q4k/q5k: uint8 [N, Kp/32]
+    d       K-quants: f16 [N, Kp/256] super-block scale;   dmin: q4k/q5k f16 [N, Kp/256]
 
-Every decode is done in float32 with the same operations as `gguf.quants.dequantize`, so GGUF blocks repacked
-here decode to bit-identical values (the packer checks this per tensor and records `lossless`).
+`quantize` (float weights, scales chosen by minimizing a weighted squared reconstruction error) and
+`repack_gguf` (GGUF blocks re-laid, no arithmetic) produce fields; `_pack` lays them out as components;
+`dequantize` unpacks components to fields and evaluates the formats.py formula in float32, operation for
+operation as `gguf.quants.dequantize`, so repacked GGUF tensors decode bit-identically (the packer checks this
+per tensor and records `lossless`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-QUANT_DTYPES = ("q4", "q4a", "q8")
-DTYPES = QUANT_DTYPES + ("f32",)
-GGUF_BLOCK = 32  # Q4_0 / Q4_1 / Q8_0 block length along K
+from webinfer.formats import FORMATS, GROUP_SIZES, QUANT_DTYPES, components, k_padded, row_bytes  # noqa: F401
 
-
-def k_padded_for(k: int, group_size: int) -> int:
-    return -(-k // group_size) * group_size
-
-
-def components_of(dtype: str) -> tuple[str, ...]:
-    return {"q4": ("qweight", "scales"), "q4a": ("qweight", "scales", "mins"),
-            "q8": ("qweight", "scales"), "f32": ("data",)}[dtype]
-
-
-def row_bytes(dtype: str, component: str, k: int, group_size: int | None) -> int:
-    """Bytes one row of `component` takes (every row is a whole number of u32 words)."""
-    if dtype == "f32":
-        return 4 * k
-    kp = k_padded_for(k, group_size)
-    if component == "qweight":
-        return kp // 2 if dtype in ("q4", "q4a") else kp
-    groups = kp // group_size
-    return 4 * (-(-groups // 2))
+DTYPES = tuple(FORMATS)
+k_padded_for = k_padded  # the name callers (kernel tests, benches) use
+components_of = components
+QK_K = 256  # K-quant super-block
+GGUF_BLOCK = 32  # Q4_0/Q4_1/Q8_0/Q5_0/Q5_1 block length along K
+_LEVELS = {"q4": 16, "q4a": 16, "q5_0": 32, "q5_1": 32, "q4k": 16, "q5k": 32, "q6k": 64}
 
 
 # ----------------------------------------------------------------------------------------------------------
-# packing helpers
+# fields <-> components
 
 
 def _pack_f16_pairs(x: np.ndarray) -> np.ndarray:
@@ -55,11 +42,12 @@ def _pack_f16_pairs(x: np.ndarray) -> np.ndarray:
 
 
 def _unpack_f16_pairs(raw: np.ndarray, n: int, groups: int) -> np.ndarray:
-    return np.ascontiguousarray(raw).view("<f2").reshape(n, -1)[:, :groups].astype(np.float32)
+    return np.ascontiguousarray(raw).view("<f2").reshape(n, -1)[:, :groups]
 
 
 def _pack_nibbles(q: np.ndarray) -> np.ndarray:
-    """uint8 q [N, Kp] in 0..15 -> bytes [N, Kp/2]; element k is nibble k%2 of byte k/2 = nibble k%8 of u32 k/8."""
+    """uint8 q [N, Kp] -> bytes [N, Kp/2]: low 4 bits of element k = nibble k%2 of byte k/2 (= nibble k%8 of u32 k/8)."""
+    q = q & np.uint8(0x0F)
     return (q[:, 0::2] | (q[:, 1::2] << np.uint8(4))).astype(np.uint8)
 
 
@@ -77,85 +65,81 @@ def _as_u8(x) -> np.ndarray:
     return np.frombuffer(x, dtype=np.uint8)
 
 
-def _pad_k(w: np.ndarray, group_size: int) -> np.ndarray:
-    n, k = w.shape
-    kp = k_padded_for(k, group_size)
-    if kp == k:
-        return w
-    return np.concatenate([w, np.zeros((n, kp - k), np.float32)], axis=1)
+def _pack(dtype: str, f: dict) -> dict[str, np.ndarray]:
+    """Fields -> components, each uint8 [N, row_bytes]."""
+    q = f["q"]
+    n, kp = q.shape
+    out = {"qweight": np.ascontiguousarray(q) if dtype == "q8" else _pack_nibbles(q)}
+    if dtype in ("q5_0", "q5_1", "q5k"):  # bit 4 of element k = bit k%32 of word k/32
+        out["qhigh"] = np.packbits((q >> np.uint8(4)) & np.uint8(1), axis=-1, bitorder="little")
+    elif dtype == "q6k":  # bits 4-5 of element k = bits 2*(k%16).. of word k/16, i.e. bits 2*(k%4) of byte k/4
+        h = ((q >> np.uint8(4)) & np.uint8(3)).reshape(n, kp // 4, 4)
+        out["qhigh"] = h[..., 0] | (h[..., 1] << np.uint8(2)) | (h[..., 2] << np.uint8(4)) | (h[..., 3] << np.uint8(6))
+    if dtype in ("q4k", "q5k", "q6k"):
+        out["scales"] = np.ascontiguousarray(f["scale"]).view(np.uint8)
+        if dtype == "q6k":
+            out["super"] = _pack_f16_pairs(f["d"])
+        else:
+            out["mins"] = np.ascontiguousarray(f["min"]).view(np.uint8)
+            out["super"] = np.stack([f["d"], f["dmin"]], axis=-1).astype("<f2").view(np.uint8).reshape(n, -1)
+    else:
+        out["scales"] = _pack_f16_pairs(f["scale"])
+        if "mins" in FORMATS[dtype].components:
+            out["mins"] = _pack_f16_pairs(f["min"])
+    return {c: np.ascontiguousarray(a).reshape(n, -1) for c, a in out.items()}
 
 
-# ----------------------------------------------------------------------------------------------------------
-# encoders from float weights
-
-
-def quantize(dtype: str, w: np.ndarray, group_size: int) -> dict[str, np.ndarray]:
-    """Float [N, K] -> components (uint8 arrays [N, row_bytes]) of `dtype`."""
-    w = np.asarray(w, dtype=np.float32)
-    if w.ndim != 2:
-        raise ValueError(f"quantize expects a matrix, got shape {w.shape}")
-    if dtype == "f32":
-        return {"data": np.ascontiguousarray(w).view(np.uint8)}
-    n, k = w.shape
-    g = _pad_k(w, group_size).reshape(n, -1, group_size)  # [N, G, gs]
-    if dtype == "q4":
-        # Q4_0's rule: the signed extreme maps to q = 0 (value -8*d), using all 16 levels; measured better in
-        # rms than max|w|/7 (see tests/test_quant.py::test_q4_rule_beats_max_over_7).
-        idx = np.abs(g).argmax(axis=-1)[..., None]
-        d = (np.take_along_axis(g, idx, axis=-1) / -8.0).astype(np.float16)
-        d32 = d.astype(np.float32)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            inv = np.where(d32 == 0, 0.0, 1.0 / d32)
-        q = np.clip(np.rint(g * inv) + 8, 0, 15).astype(np.uint8).reshape(n, -1)
-        if k % group_size:
-            q[:, k:] = 8
-        return {"qweight": _pack_nibbles(q), "scales": _pack_f16_pairs(d[..., 0])}
-    if dtype == "q4a":
-        lo = g.min(axis=-1, keepdims=True)
-        hi = g.max(axis=-1, keepdims=True)
-        m = lo.astype(np.float16)
-        d = ((hi - m.astype(np.float32)) / 15.0).astype(np.float16)
-        d32, m32 = d.astype(np.float32), m.astype(np.float32)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            inv = np.where(d32 == 0, 0.0, 1.0 / d32)
-        q = np.clip(np.rint((g - m32) * inv), 0, 15).astype(np.uint8).reshape(n, -1)
-        if k % group_size:
-            q[:, k:] = 0
-        return {"qweight": _pack_nibbles(q), "scales": _pack_f16_pairs(d[..., 0]), "mins": _pack_f16_pairs(m[..., 0])}
+def _unpack(dtype: str, comps: dict, n: int, kp: int, group_size: int) -> dict:
     if dtype == "q8":
-        d = (np.abs(g).max(axis=-1, keepdims=True) / 127.0).astype(np.float16)
-        d32 = d.astype(np.float32)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            inv = np.where(d32 == 0, 0.0, 1.0 / d32)
-        q = np.clip(np.rint(g * inv), -127, 127).astype(np.int8).reshape(n, -1)
-        if k % group_size:
-            q[:, k:] = 0
-        return {"qweight": q.view(np.uint8), "scales": _pack_f16_pairs(d[..., 0])}
-    raise ValueError(f"unknown dtype {dtype!r} (known: {', '.join(DTYPES)})")
+        q = _as_u8(comps["qweight"]).reshape(n, kp)
+    else:
+        q = _unpack_nibbles(_as_u8(comps["qweight"]), n)
+    if dtype in ("q5_0", "q5_1", "q5k"):
+        hi = np.unpackbits(_as_u8(comps["qhigh"]).reshape(n, -1), axis=-1, bitorder="little")
+        q = q | (hi << np.uint8(4))
+    elif dtype == "q6k":
+        b = _as_u8(comps["qhigh"]).reshape(n, -1, 1) >> np.array([0, 2, 4, 6], np.uint8)
+        q = q | ((b & np.uint8(3)).reshape(n, kp) << np.uint8(4))
+    f = {"q": q}
+    nb = kp // QK_K
+    if dtype in ("q4k", "q5k"):
+        f["scale"] = _as_u8(comps["scales"]).reshape(n, kp // 32)
+        f["min"] = _as_u8(comps["mins"]).reshape(n, kp // 32)
+        sup = _as_u8(comps["super"]).view("<f2").reshape(n, nb, 2)
+        f["d"], f["dmin"] = sup[..., 0], sup[..., 1]
+    elif dtype == "q6k":
+        f["scale"] = _as_u8(comps["scales"]).view(np.int8).reshape(n, kp // 16)
+        f["d"] = _unpack_f16_pairs(_as_u8(comps["super"]), n, nb)
+    else:
+        g = kp // group_size
+        f["scale"] = _unpack_f16_pairs(_as_u8(comps["scales"]), n, g)
+        if "mins" in comps:
+            f["min"] = _unpack_f16_pairs(_as_u8(comps["mins"]), n, g)
+    return f
 
 
-# ----------------------------------------------------------------------------------------------------------
-# lossless repacking of GGUF blocks (rows of raw block bytes, [N, K/32 * block_bytes])
-
-GGUF_REPACK = {"Q4_0": "q4", "Q4_1": "q4a", "Q8_0": "q8"}
-_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
-
-
-def repack_gguf(type_name: str, raw: np.ndarray, n: int, k: int) -> dict[str, np.ndarray]:
-    """GGUF Q4_0/Q4_1/Q8_0 rows -> q4/q4a/q8 components with group 32, decoding to the identical float32 values."""
-    bb = _BLOCK_BYTES[type_name]
-    blocks = np.ascontiguousarray(raw).view(np.uint8).reshape(n, k // GGUF_BLOCK, bb)
-    d = blocks[..., 0:2].copy().view("<f2")[..., 0]  # [N, G]
-    if type_name == "Q8_0":
-        q = blocks[..., 2:].reshape(n, k)
-        return {"qweight": np.ascontiguousarray(q), "scales": _pack_f16_pairs(d)}
-    off = 2 if type_name == "Q4_0" else 4
-    qs = blocks[..., off:]  # [N, G, 16]: element j = low nibble of byte j, element j+16 = high nibble
-    q = np.concatenate([qs & np.uint8(0x0F), qs >> np.uint8(4)], axis=-1).reshape(n, k)
-    out = {"qweight": _pack_nibbles(q), "scales": _pack_f16_pairs(d)}
-    if type_name == "Q4_1":
-        out["mins"] = _pack_f16_pairs(blocks[..., 2:4].copy().view("<f2")[..., 0])
-    return out
+def _values(dtype: str, f: dict, group_size: int) -> np.ndarray:
+    """Fields -> float32 [N, Kp], with gguf.quants.dequantize's float32 operations in its order."""
+    q = f["q"]
+    n, kp = q.shape
+    if dtype in ("q4k", "q5k", "q6k"):
+        sub = FORMATS[dtype].sub_block
+        d = f["d"].astype(np.float32)[:, :, None]  # [N, nb, 1]
+        ds = (d * f["scale"].astype(np.float32).reshape(n, -1, QK_K // sub)).reshape(n, -1, 1)  # per sub-block
+        if dtype == "q6k":
+            qf = (q.astype(np.int8) - np.int8(32)).astype(np.float32).reshape(n, -1, sub)
+            return (ds * qf).reshape(n, kp)
+        dm = (f["dmin"].astype(np.float32)[:, :, None] * f["min"].astype(np.float32).reshape(n, -1, 8)).reshape(n, -1, 1)
+        return (ds * q.astype(np.float32).reshape(n, -1, sub) - dm).reshape(n, kp)
+    scale = f["scale"].astype(np.float32)[:, :, None]
+    qg = q.reshape(n, -1, group_size)
+    if dtype == "q8":
+        w = scale * qg.view(np.int8).astype(np.float32)
+    elif dtype in ("q4", "q5_0"):
+        w = scale * (qg.astype(np.int8) - np.int8(_LEVELS[dtype] // 2)).astype(np.float32)
+    else:  # q4a, q5_1
+        w = (scale * qg.astype(np.float32)) + f["min"].astype(np.float32)[:, :, None]
+    return w.reshape(n, kp)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -172,19 +156,224 @@ def dequantize(dtype: str, components: dict, shape: list[int], group_size: int |
         raise ValueError(f"unknown dtype {dtype!r} (known: {', '.join(DTYPES)})")
     n, k = shape if len(shape) == 2 else (1, shape[0])
     kp = k_padded if k_padded is not None else k_padded_for(k, group_size)
-    groups = kp // group_size
-    scales = _unpack_f16_pairs(_as_u8(components["scales"]), n, groups)[:, :, None]
-    if dtype == "q8":
-        q = _as_u8(components["qweight"]).view(np.int8).reshape(n, groups, group_size).astype(np.float32)
-        w = scales * q
+    w = _values(dtype, _unpack(dtype, components, n, kp, group_size), group_size)
+    return np.ascontiguousarray(w[:, :k]).reshape(shape)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# lossless repacking of GGUF blocks (rows of raw block bytes, [N, K/block * block_bytes])
+
+GGUF_REPACK = {f.gguf: f.name for f in FORMATS.values() if f.gguf and f.name != "f32"}
+_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34, "Q5_0": 22, "Q5_1": 24, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
+
+
+def _f16(b: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(b).view("<f2")[..., 0]
+
+
+def _gguf_nibbles(qs: np.ndarray, chunk: int) -> np.ndarray:
+    """[..., C*chunk/2] bytes -> [..., C*chunk] codes: in each chunk, element j is the low nibble of byte j and
+    element j + chunk/2 the high nibble (GGUF's interleave: 32-element chunks for Q4_0..Q5_1, 64 for K-quants)."""
+    lead = qs.shape[:-1]
+    c = qs.reshape(*lead, -1, chunk // 2)
+    return np.concatenate([c & np.uint8(0x0F), c >> np.uint8(4)], axis=-1).reshape(*lead, -1)
+
+
+def _k_scale_min(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K/Q5_K 12-byte packed 6-bit scales and mins -> two uint8 [..., 8] (llama.cpp get_scale_min_k4)."""
+    d, m, md = s[..., 0:4], s[..., 4:8], s[..., 8:12]
+    sc = np.concatenate([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], axis=-1)
+    mn = np.concatenate([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], axis=-1)
+    return sc, mn
+
+
+def repack_gguf(type_name: str, raw: np.ndarray, n: int, k: int) -> dict[str, np.ndarray]:
+    """GGUF rows of `type_name` blocks -> components of the same-named format, decoding to identical float32."""
+    dtype = GGUF_REPACK[type_name]
+    bb = _BLOCK_BYTES[type_name]
+    per = QK_K if type_name.endswith("_K") else GGUF_BLOCK
+    b = np.ascontiguousarray(raw).view(np.uint8).reshape(n, k // per, bb)
+    f = {}
+    if type_name == "Q8_0":
+        f["scale"], f["q"] = _f16(b[..., 0:2]), b[..., 2:].reshape(n, k)
+    elif type_name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1"):
+        f["scale"] = _f16(b[..., 0:2])
+        off = 2
+        if type_name in ("Q4_1", "Q5_1"):
+            f["min"], off = _f16(b[..., 2:4]), 4
+        q = _gguf_nibbles(b[..., off + (4 if type_name[1] == "5" else 0):], 32)  # [N, G, 32]
+        if type_name[1] == "5":  # high bit of element i = bit i of the little-endian u32 qh
+            q = q | (np.unpackbits(b[..., off:off + 4], axis=-1, bitorder="little") << np.uint8(4))
+        f["q"] = q.reshape(n, k)
+    elif type_name in ("Q4_K", "Q5_K"):
+        f["d"], f["dmin"] = _f16(b[..., 0:2]), _f16(b[..., 2:4])
+        sc, mn = _k_scale_min(b[..., 4:16])
+        f["scale"], f["min"] = sc.reshape(n, -1), mn.reshape(n, -1)
+        if type_name == "Q4_K":
+            q = _gguf_nibbles(b[..., 16:], 64)
+        else:  # qh[32] then qs[128]; bit i of qh[j] is bit 4 of element 32*i + j
+            q = _gguf_nibbles(b[..., 48:], 64)
+            hi = (b[..., 16:48, None] >> np.arange(8, dtype=np.uint8)) & np.uint8(1)  # [N, nb, 32 (j), 8 (i)]
+            q = q | (hi.swapaxes(-1, -2).reshape(n, -1, QK_K) << np.uint8(4))
+        f["q"] = q.reshape(n, k)
+    elif type_name == "Q6_K":  # ql[128] qh[64] scales[16] d
+        ql = _gguf_nibbles(b[..., 0:128], 128)  # element 128*h + 64*t + j: nibble t of ql[64*h + j]
+        qh = b[..., 128:192].reshape(n, -1, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8)[:, None]
+        qh = (qh & np.uint8(3)).reshape(n, -1, QK_K)  # element 128*h + 32*i + j: bits 2i of qh[32*h + j]
+        f["q"] = (ql | (qh << np.uint8(4))).reshape(n, k)
+        f["scale"] = np.ascontiguousarray(b[..., 192:208]).view(np.int8).reshape(n, -1)
+        f["d"] = _f16(b[..., 208:210])
     else:
-        q = _unpack_nibbles(_as_u8(components["qweight"]), n).reshape(n, groups, group_size)
-        if dtype == "q4":
-            w = scales * (q.astype(np.int8) - np.int8(8)).astype(np.float32)
-        else:
-            mins = _unpack_f16_pairs(_as_u8(components["mins"]), n, groups)[:, :, None]
-            w = (scales * q.astype(np.float32)) + mins
-    return np.ascontiguousarray(w.reshape(n, kp)[:, :k]).reshape(shape)
+        raise ValueError(f"no lossless repack for GGUF {type_name} (have {', '.join(GGUF_REPACK)})")
+    return _pack(dtype, f)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# encoders from float weights: scales (and mins) chosen by minimizing the weighted squared error
+
+
+def _fit_symmetric(x: np.ndarray, w: np.ndarray, nmax: int) -> np.ndarray:
+    """Scale per row of x [M, n] for codes L in [-nmax, nmax-1], value = scale * L (llama.cpp make_qx_quants'
+    search): candidate scales put the signed extreme at -(nmax + t/10), t in -9..9; for each candidate's rounding L
+    the weighted least-squares scale sum(w x L) / sum(w L^2) is taken, and the one with the least error wins."""
+    ext = np.take_along_axis(x, np.abs(x).argmax(axis=-1)[:, None], axis=-1)[:, 0]
+    safe = np.where(ext == 0, 1, ext)
+    best = np.zeros(x.shape[0], np.float32)
+    best_score = np.full(x.shape[0], -1.0, np.float32)
+    for t in range(-9, 10):
+        iscale = (-(nmax + 0.1 * t) / safe).astype(np.float32)
+        lv = np.clip(np.rint(x * iscale[:, None]), -nmax, nmax - 1)
+        wl = w * lv
+        sumlx = (wl * x).sum(-1)
+        suml2 = (wl * lv).sum(-1)
+        ok = suml2 > 0
+        score = np.where(ok, sumlx * sumlx / np.where(ok, suml2, 1), 0)  # error = sum(w x^2) - score
+        better = ok & (score > best_score)
+        best = np.where(better, sumlx / np.where(ok, suml2, 1), best)
+        best_score = np.where(better, score, best_score)
+    return np.where(ext == 0, 0, best).astype(np.float32)
+
+
+def _fit_affine(x: np.ndarray, w: np.ndarray, nmax: int, *, min_le_zero: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(scale, offset) per row of x [M, n] for codes L in [0, nmax], value = scale * L + offset (llama.cpp
+    make_qkx2_quants' search): starting from the min/max fit, candidate scales (nmax - 1 + t/10) / (max - min),
+    t in 0..20, round x; each rounding gets the weighted least-squares (scale, offset); the least error wins.
+    `min_le_zero`: the offset must be <= 0 (K-quants store it as an unsigned min that is subtracted)."""
+    lo, hi = x.min(-1), x.max(-1)
+    if min_le_zero:
+        lo = np.minimum(lo, 0)
+    span = hi - lo
+    flat = span <= 0
+    safe = np.where(flat, 1, span).astype(np.float32)
+    sw, sx = w.sum(-1), (w * x).sum(-1)
+
+    def err(s, m, lv):
+        r = s[:, None] * lv + m[:, None] - x
+        return (w * r * r).sum(-1)
+
+    best_s, best_m = (span / nmax).astype(np.float32), lo.astype(np.float32)
+    best_e = err(best_s, best_m, np.clip(np.rint((x - lo[:, None]) * (nmax / safe)[:, None]), 0, nmax))
+    for t in range(21):
+        iscale = ((nmax - 1 + 0.1 * t) / safe).astype(np.float32)
+        lv = np.clip(np.rint((x - lo[:, None]) * iscale[:, None]), 0, nmax)
+        wl = w * lv
+        sl, sl2, sxl = wl.sum(-1), (wl * lv).sum(-1), (wl * x).sum(-1)
+        det = sw * sl2 - sl * sl
+        ok = det > 0
+        sdet = np.where(ok, det, 1)
+        s = (sw * sxl - sx * sl) / sdet
+        m = (sl2 * sx - sl * sxl) / sdet
+        if min_le_zero:
+            pos = m > 0
+            m = np.where(pos, 0, m)
+            s = np.where(pos, sxl / np.where(sl2 > 0, sl2, 1), s)
+        e = err(s, m, lv)
+        better = ok & (e < best_e)
+        best_s, best_m, best_e = np.where(better, s, best_s), np.where(better, m, best_m), np.where(better, e, best_e)
+    return np.where(flat, 0, best_s).astype(np.float32), np.where(flat, lo, best_m).astype(np.float32)
+
+
+def _codes(x: np.ndarray, step: np.ndarray, offset: np.ndarray | float, lo: int, hi: int) -> np.ndarray:
+    """Nearest code L in [lo, hi] for value = step * L + offset (step broadcast; step 0 gives the code nearest 0)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lv = np.where(step == 0, 0, np.rint((x - offset) / np.where(step == 0, 1, step)))
+    return np.clip(lv, lo, hi)
+
+
+def _importance(g: np.ndarray) -> np.ndarray:
+    """llama.cpp's error weights without an importance matrix: sqrt(mean x^2) + |x| (mean over the last axis).
+    Measured on gaussian rows with outliers, against weights 1 and x^2: within 1 % of the least plain rms error
+    and close to the least x^2-weighted error, i.e. large weights are kept precise without losing the rest."""
+    return np.sqrt(np.mean(g * g, axis=-1, keepdims=True)) + np.abs(g)
+
+
+def _quantize_fields(dtype: str, w: np.ndarray, group_size: int) -> dict:
+    n, kp = w.shape
+    levels = _LEVELS.get(dtype)
+    if dtype == "q8":  # 255 levels: max-abs is already within a few % of the optimum, and far below q4's error
+        g = w.reshape(n, -1, group_size)
+        d = (np.abs(g).max(axis=-1) / 127.0).astype(np.float16)
+        q = _codes(g, d.astype(np.float32)[..., None], 0.0, -127, 127).astype(np.int8)
+        return {"q": q.reshape(n, kp).view(np.uint8), "scale": d}
+    if dtype in ("q4", "q5_0"):
+        g = w.reshape(-1, group_size)
+        d = _fit_symmetric(g, _importance(g), levels // 2).astype(np.float16)
+        q = _codes(g, d.astype(np.float32)[:, None], 0.0, -(levels // 2), levels // 2 - 1) + levels // 2
+        return {"q": q.astype(np.uint8).reshape(n, kp), "scale": d.reshape(n, -1)}
+    if dtype in ("q4a", "q5_1"):
+        g = w.reshape(-1, group_size)
+        s, m = _fit_affine(g, _importance(g), levels - 1, min_le_zero=False)
+        d, m16 = s.astype(np.float16), m.astype(np.float16)
+        q = _codes(g, d.astype(np.float32)[:, None], m16.astype(np.float32)[:, None], 0, levels - 1)
+        return {"q": q.astype(np.uint8).reshape(n, kp), "scale": d.reshape(n, -1), "min": m16.reshape(n, -1)}
+    nb = kp // QK_K
+    if dtype in ("q4k", "q5k"):  # 8 sub-blocks of 32 per super-block; 6-bit scale and min per sub-block
+        g = w.reshape(n, nb, 8, 32)
+        imp = np.sqrt(np.mean(w.reshape(n, nb, 1, QK_K) ** 2, axis=-1, keepdims=True)) + np.abs(g)
+        s, m = _fit_affine(g.reshape(-1, 32), imp.reshape(-1, 32), levels - 1, min_le_zero=True)
+        s, m = np.maximum(s, 0).reshape(n, nb, 8), (-m).reshape(n, nb, 8)
+        d = (s.max(-1) / 63).astype(np.float16)
+        dmin = (m.max(-1) / 63).astype(np.float16)
+        sc = _codes(s, d.astype(np.float32)[..., None], 0.0, 0, 63).astype(np.uint8)
+        mn = _codes(m, dmin.astype(np.float32)[..., None], 0.0, 0, 63).astype(np.uint8)
+        step = (d.astype(np.float32)[..., None] * sc.astype(np.float32))[..., None]
+        off = -(dmin.astype(np.float32)[..., None] * mn.astype(np.float32))[..., None]
+        q = _codes(g, step, off, 0, levels - 1)
+        return {"q": q.astype(np.uint8).reshape(n, kp), "scale": sc.reshape(n, -1), "min": mn.reshape(n, -1),
+                "d": d, "dmin": dmin}
+    if dtype == "q6k":  # 16 sub-blocks of 16; int8 scale per sub-block (llama.cpp quantize_row_q6_K)
+        g = w.reshape(n, nb, 16, 16)
+        s = _fit_symmetric(g.reshape(-1, 16), _importance(g.reshape(-1, 16)), 32).reshape(n, nb, 16)
+        ext = np.take_along_axis(s, np.abs(s).argmax(-1)[..., None], axis=-1)[..., 0]
+        d = (ext / -128).astype(np.float16)  # the largest sub-block scale becomes -128
+        sc = _codes(s, d.astype(np.float32)[..., None], 0.0, -128, 127).astype(np.int8)
+        step = (d.astype(np.float32)[..., None] * sc.astype(np.float32))[..., None]
+        q = _codes(g, step, 0.0, -32, 31) + 32
+        return {"q": q.astype(np.uint8).reshape(n, kp), "scale": sc.reshape(n, -1), "d": d}
+    raise ValueError(f"unknown dtype {dtype!r} (known: {', '.join(DTYPES)})")
+
+
+def quantize(dtype: str, w: np.ndarray, group_size: int | None = None) -> dict[str, np.ndarray]:
+    """Float [N, K] -> components (uint8 arrays [N, row_bytes]) of `dtype`. `group_size` is the scale group for
+    q4/q4a/q8 (32/64/128); the other formats have a fixed group (formats.FORMATS[dtype].fixed_group)."""
+    w = np.asarray(w, dtype=np.float32)
+    if w.ndim != 2:
+        raise ValueError(f"quantize expects a matrix, got shape {w.shape}")
+    if dtype == "f32":
+        return {"data": np.ascontiguousarray(w).view(np.uint8)}
+    if dtype not in QUANT_DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r} (known: {', '.join(DTYPES)})")
+    fixed = FORMATS[dtype].fixed_group
+    gs = fixed or group_size or 32
+    if fixed and group_size not in (None, fixed):
+        raise ValueError(f"{dtype} has a fixed group of {fixed}, got group_size={group_size}")
+    if not fixed and gs not in GROUP_SIZES:
+        raise ValueError(f"group_size must be one of {GROUP_SIZES} for {dtype}, got {gs}")
+    n, k = w.shape
+    kp = k_padded_for(k, gs)
+    if kp != k:  # padding columns are zeros; kernels ignore k >= K anyway
+        w = np.concatenate([w, np.zeros((n, kp - k), np.float32)], axis=1)
+    return _pack(dtype, _quantize_fields(dtype, w, gs))
 
 
 def error_stats(w: np.ndarray, w_hat: np.ndarray) -> dict[str, float]:
