@@ -48,7 +48,7 @@ def open_source(source: Path):
 def _target_dtype(name: str, src_type: str, *, group_size: int, asymmetric: bool, embedding: str):
     """(dtype, group_size, repack) for one canonical tensor."""
     part = name.rsplit(".", 1)[-1]
-    if part in ("attn_norm", "ffn_norm", "norm", "q_bias", "k_bias", "v_bias"):
+    if part.endswith("norm") or part in ("q_bias", "k_bias", "v_bias"):
         return "f32", None, False
     is_embed = name in ("embed", "lm_head")
     lossless = quant.GGUF_REPACK.get(src_type)
