@@ -23,10 +23,10 @@ LLAMA3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_fre
 FAMILIES = ("llama3", "qwen3", "gemma2", "gemma3", "phi3", "mistral")
 
 
-def config(family: str):
+def config(family: str, **overrides):
     import transformers as tf
 
-    c = dict(COMMON)
+    c = {**COMMON, **overrides}
     if family == "llama3":
         return tf.LlamaConfig(rope_parameters=LLAMA3, tie_word_embeddings=False, **c)
     if family == "qwen3":
@@ -36,10 +36,10 @@ def config(family: str):
                                final_logit_softcapping=5.0, **c)
     if family == "gemma3":
         return tf.Gemma3TextConfig(
-            sliding_window=WINDOW, query_pre_attn_scalar=20,
-            layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+            **{"sliding_window": WINDOW, "query_pre_attn_scalar": 20,
+               "layer_types": ["sliding_attention", "sliding_attention", "full_attention"], **c},
             rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-                             "full_attention": {"rope_type": "default", "rope_theta": 1e6}}, **c)
+                             "full_attention": {"rope_type": "default", "rope_theta": 1e6}})
     if family == "phi3":
         half = COMMON["head_dim"] // 2
         rope = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0 + 0.3 * i for i in range(half)],
@@ -55,13 +55,13 @@ MODEL_CLASSES = {"llama3": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM", "gem
                  "gemma3": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM", "mistral": "MistralForCausalLM"}
 
 
-def build(family: str, seed: int = 0):
+def build(family: str, seed: int = 0, **overrides):
     """A float32 transformers model of the family with random weights; norms perturbed (their init is constant)."""
     import torch
     import transformers as tf
 
     torch.manual_seed(seed)
-    cfg = config(family)
+    cfg = config(family, **overrides)
     cfg._attn_implementation = "eager"  # soft-capping needs eager; keep every family on the same path
     model = getattr(tf, MODEL_CLASSES[family])(cfg).eval()
     with torch.no_grad():
@@ -104,3 +104,108 @@ def load_package_weights(model, package) -> None:
                 sd[hn].copy_(w)
             else:
                 sd[hn][rows[0]:rows[1]].copy_(w)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# GGUF, written the way llama.cpp's convert_hf_to_gguf.py does (F32 tensors; the packer quantizes the linears)
+
+GGUF_ARCH = {"llama3": "llama", "qwen3": "qwen3", "gemma3": "gemma3"}
+# Gemma 3 in a GGUF: llama.cpp fixes the layer pattern (every 6th global) and scales queries by head_dim
+GEMMA3_GGUF = dict(num_hidden_layers=6, query_pre_attn_scalar=16, layer_types=None)
+
+
+def llama3_rope_freqs(rp: dict, head_dim: int) -> list[float]:
+    """llama.cpp's LlamaModel.generate_extra_tensors: the llama3 rule as per-frequency divisors of inv_freq."""
+    import math
+
+    out = []
+    for i in range(0, head_dim, 2):
+        freq = 1.0 / rp["rope_theta"] ** (i / head_dim)
+        wavelen = 2 * math.pi / freq
+        old = rp["original_max_position_embeddings"]
+        lo, hi, factor = rp["low_freq_factor"], rp["high_freq_factor"], rp["factor"]
+        if wavelen < old / hi:
+            out.append(1.0)
+        elif wavelen > old / lo:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - lo) / (hi - lo)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return out
+
+
+def write_gguf_from_hf(model, family: str, path: Path) -> Path:
+    import gguf
+    import numpy as np
+
+    from tests.synthetic import CHATML, SPECIALS, llamacpp_permute, tiny_vocab
+
+    arch = GGUF_ARCH[family]
+    c = model.config
+    sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    wr = gguf.GGUFWriter(str(path), arch)
+    wr.add_name(f"tiny-{family}")
+    wr.add_block_count(c.num_hidden_layers)
+    wr.add_context_length(c.max_position_embeddings)
+    wr.add_embedding_length(c.hidden_size)
+    wr.add_feed_forward_length(c.intermediate_size)
+    wr.add_head_count(c.num_attention_heads)
+    wr.add_head_count_kv(c.num_key_value_heads)
+    wr.add_key_length(c.head_dim)
+    wr.add_value_length(c.head_dim)
+    rp = c.rope_parameters.get("full_attention", c.rope_parameters)
+    wr.add_rope_freq_base(rp["rope_theta"])
+    wr.add_layer_norm_rms_eps(c.rms_norm_eps)
+    wr.add_vocab_size(c.vocab_size)
+    if family == "gemma3":
+        wr.add_sliding_window(c.sliding_window)
+    tokens, merges = tiny_vocab(c.vocab_size)
+    wr.add_tokenizer_model("gpt2")
+    wr.add_tokenizer_pre("gpt2")
+    wr.add_token_list(tokens)
+    wr.add_token_merges([f"{a} {b}" for a, b in merges])
+    wr.add_token_types([3 if t in SPECIALS else 1 for t in tokens])
+    wr.add_bos_token_id(len(tokens) - 2)
+    wr.add_eos_token_id(len(tokens) - 1)
+    wr.add_add_bos_token(False)
+    wr.add_chat_template(CHATML)
+    norm_shift = 1.0 if family == "gemma3" else 0.0  # llama.cpp stores Gemma's 1 + w
+
+    def put(name, hf_name, permute_heads=None):
+        w = sd[hf_name]
+        if permute_heads:
+            w = llamacpp_permute(w, permute_heads)
+        if hf_name.endswith("norm.weight"):
+            w = w + np.float32(norm_shift)
+        wr.add_tensor(name, np.ascontiguousarray(w, np.float32))
+
+    put("token_embd.weight", "model.embed_tokens.weight")
+    names = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
+    if family == "gemma3":
+        names = {"attn_norm": "input_layernorm", "post_attention_norm": "post_attention_layernorm",
+                 "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
+    for i in range(c.num_hidden_layers):
+        p, b = f"model.layers.{i}.", f"blk.{i}."
+        for g, h in names.items():
+            put(b + g + ".weight", p + h + ".weight")
+        perm = family == "llama3"
+        put(b + "attn_q.weight", p + "self_attn.q_proj.weight", c.num_attention_heads if perm else None)
+        put(b + "attn_k.weight", p + "self_attn.k_proj.weight", c.num_key_value_heads if perm else None)
+        put(b + "attn_v.weight", p + "self_attn.v_proj.weight")
+        if family in ("qwen3", "gemma3"):
+            put(b + "attn_q_norm.weight", p + "self_attn.q_norm.weight")
+            put(b + "attn_k_norm.weight", p + "self_attn.k_norm.weight")
+        put(b + "attn_output.weight", p + "self_attn.o_proj.weight")
+        put(b + "ffn_gate.weight", p + "mlp.gate_proj.weight")
+        put(b + "ffn_up.weight", p + "mlp.up_proj.weight")
+        put(b + "ffn_down.weight", p + "mlp.down_proj.weight")
+    put("output_norm.weight", "model.norm.weight")
+    if "lm_head.weight" in sd and not c.tie_word_embeddings:
+        put("output.weight", "lm_head.weight")
+    if family == "llama3":
+        wr.add_tensor("rope_freqs.weight", np.asarray(llama3_rope_freqs(rp, c.head_dim), np.float32))
+    wr.write_header_to_file()
+    wr.write_kv_data_to_file()
+    wr.write_tensors_to_file()
+    wr.close()
+    return Path(path)

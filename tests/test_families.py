@@ -70,6 +70,44 @@ def test_reference_equals_transformers(packed, family):
     assert diff < 1e-4, family
 
 
+@pytest.fixture(scope="module")
+def packed_gguf(tmp_path_factory):
+    """family -> (transformers model holding the GGUF package's weights, Package), packed from a GGUF."""
+    from webinfer.package import Package
+    from webinfer_packager.pack.build import pack
+    from tests.families import GEMMA3_GGUF, build, load_package_weights, write_gguf_from_hf
+
+    out = {}
+
+    def get(family):
+        if family not in out:
+            tmp = tmp_path_factory.mktemp(family + "-gguf")
+            hf = build(family, **(GEMMA3_GGUF if family == "gemma3" else {}))
+            pkg = Package.open(pack(write_gguf_from_hf(hf, family, tmp / "m.gguf"), tmp / "pkg", progress=False))
+            load_package_weights(hf, pkg)
+            out[family] = (hf, pkg)
+        return out[family]
+
+    return get
+
+
+@pytest.mark.parametrize("family", ["llama3", "qwen3", "gemma3"])
+def test_gguf_reference_equals_transformers(packed_gguf, family):
+    """The same families packed from a GGUF (llama.cpp's names, Q/K permutation, Gemma's 1 + w norms, Llama 3.1's
+    rope_freqs tensor, Gemma 3's fixed layer pattern) give the model transformers runs."""
+    hf, pkg = packed_gguf(family)
+    if family == "llama3":
+        assert pkg.config.rope_scaling["rope_type"] == "freq_factors"
+    if family == "gemma3":
+        assert pkg.config.layer_types[5] == "full_attention" and pkg.config.is_sliding(4)
+    ids, logits = reference_greedy(pkg, PROMPT, N)
+    want = hf_logits(hf, PROMPT + ids)[len(PROMPT) - 1: len(PROMPT) - 1 + N]
+    diff = float(np.abs(logits - want).max())
+    print(f"\n{family} (gguf): max |logit diff| {diff:.2e}, ids {ids[:10]}...")
+    assert ids == [int(i) for i in np.argmax(want, axis=-1)], family
+    assert diff < 1e-4, family
+
+
 def test_family_configs(packed):
     """What the packer read from each config (the features the comparison above exercises are really on)."""
     c = {f: packed(f)[1].config for f in FAMILIES}
