@@ -105,12 +105,14 @@ def _write_tensor(writer: ShardWriter, comps: dict[str, np.ndarray]) -> list[dic
     return bindings
 
 
-def _build(src, folder: Path, *, group_size, asymmetric, embedding, shard_mb, name, progress) -> dict:
+def _build(src, folder: Path, *, group_size, asymmetric, embedding, shard_mb, name, progress,
+           chat_template=None) -> dict:
     try:
         cfg = ModelConfig.from_dict(src.config, str(src.path), "config")
     except FormatError as e:
         raise FormatError(src.path, e.field, e.problem, e.expected) from None
-    tok_json, chat_template, special = src.tokenizer()
+    tok_json, src_template, special = src.tokenizer()
+    chat_template = chat_template or src_template
     want = expected_tensors(cfg)
     sources = [(n, shape, src.tensor(n, shape)) for n, shape in want]  # checks every tensor before writing any
     writer = ShardWriter(folder, shard_mb << 20)
@@ -172,8 +174,10 @@ def _build(src, folder: Path, *, group_size, asymmetric, embedding, shard_mb, na
 
 
 def pack(source: Path, out: Path, *, group_size: int = 32, asymmetric: bool = False, embedding: str = "q8",
-         shard_mb: int = 32, name: str | None = None, force: bool = False, progress: bool = True) -> Path:
-    """Pack SOURCE (GGUF file or HF folder) into the package folder OUT; returns OUT."""
+         shard_mb: int = 32, name: str | None = None, force: bool = False, progress: bool = True,
+         chat_template: str | None = None) -> Path:
+    """Pack SOURCE (GGUF file or HF folder) into the package folder OUT; returns OUT.
+    chat_template: jinja2 source stored instead of the source's own (e.g. for a GGUF that carries none)."""
     source, out = Path(source), Path(out)
     if group_size not in GROUP_SIZES:
         raise ValueError(f"group_size must be one of {GROUP_SIZES}, got {group_size}")
@@ -181,6 +185,10 @@ def pack(source: Path, out: Path, *, group_size: int = 32, asymmetric: bool = Fa
         raise ValueError(f"embedding must be 'q8' or 'q4', got {embedding!r}")
     if shard_mb < 1:
         raise ValueError(f"shard_mb must be at least 1, got {shard_mb}")
+    if chat_template is not None:
+        from webinfer.chat_template import compile_template
+
+        compile_template(chat_template)  # ChatTemplateError (with the line) before any work
     if out.exists() and not force:
         raise OutputExistsError(f"{out} already exists; pass --force to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -189,7 +197,7 @@ def pack(source: Path, out: Path, *, group_size: int = 32, asymmetric: bool = Fa
     try:
         src = open_source(source)
         manifest = _build(src, tmp, group_size=group_size, asymmetric=asymmetric, embedding=embedding,
-                          shard_mb=shard_mb, name=name, progress=progress)
+                          shard_mb=shard_mb, name=name, progress=progress, chat_template=chat_template)
         if out.exists():  # --force: move the old one aside first so OUT is never half-replaced
             old = out.parent / f"{out.name}.old-{secrets.token_hex(4)}"
             os.replace(out, old)
@@ -225,9 +233,16 @@ def cli_main(args) -> int:
 
     source = Path(args.source) if args.source else paths.default_gguf_path()
     out = Path(args.output) if args.output else paths.default_package_dir()
+    template = None
+    if getattr(args, "chat_template", None):
+        try:
+            template = Path(args.chat_template).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise FormatError(args.chat_template, "(file)", f"cannot be read: {e}", "a UTF-8 jinja2 chat template")
     try:
         pack(source, out, group_size=args.group_size, asymmetric=args.asymmetric, embedding=args.embedding,
-             shard_mb=args.shard_mb, name=args.name, force=args.force, progress=not args.quiet)
+             shard_mb=args.shard_mb, name=args.name, force=args.force, progress=not args.quiet,
+             chat_template=template)
     except ValueError as e:
         raise WebinferError(str(e)) from None
     print(out)
