@@ -21,9 +21,43 @@
 //          tokens, where its block table starts, its first token row in q/out, and its query token count.
 //          Its queries sit at positions ctx_len - n_q .. ctx_len - 1.
 //   out    f32 [T, N_HEADS * HEAD_DIM]
-// Softmax is f32 with scale 1/sqrt(HEAD_DIM) folded into q.
+// Softmax is f32 with scale 1/sqrt(HEAD_DIM) folded into q (SCALE: that factor instead, e.g. Gemma's
+// query_pre_attn_scalar^-0.5).
+// Model variants (defines): SOFTCAP = cap: scores -> cap * tanh(score / cap) (Gemma 2). WINDOW = W: sliding-window
+// layer, a query at position p sees keys k with p - k < W only (Mistral, Gemma local layers); decode skips the
+// splits wholly before the window and the reduce starts at the first split inside it, prefill starts its walk at
+// the block holding the workgroup's first visible key.
 
 #define RWG 16
+
+#if KERNEL != 1
+fn attn_scale() -> f32 {
+#ifdef SCALE
+    return f32(SCALE);
+#else
+    return inverseSqrt(f32(HEAD_DIM));
+#endif
+}
+
+// soft-capping of 4 scores; tanh's argument is clamped (tanh(15) is 1 in f32) so that an exp inside tanh cannot
+// overflow to inf / inf
+fn cap_scores(v: vec4<f32>) -> vec4<f32> {
+#ifdef SOFTCAP
+    return f32(SOFTCAP) * tanh(clamp(v / f32(SOFTCAP), vec4<f32>(-15.0), vec4<f32>(15.0)));
+#else
+    return v;
+#endif
+}
+#endif
+
+// first key position a query at position qp sees
+fn window_lo(qp: u32) -> u32 {
+#ifdef WINDOW
+    return select(0u, qp + 1u - WINDOW, qp + 1u > WINDOW);
+#else
+    return 0u;
+#endif
+}
 const GROUP: u32 = N_HEADS / N_KV_HEADS;  // query heads per kv head
 const HD4: u32 = HEAD_DIM / 4;
 // a masked score; kept finite so that "max - max" never makes NaN
@@ -220,16 +254,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let hb = wid.y % N_HB;
     let sq = seqs[wid.z];
     let ctx = sq.x;
-    if (sq.w != 1u || wid.x * SPLITS_PER_WG * SPLIT >= ctx) {
-        return;  // uniform per workgroup: not a decode sequence, or none of its splits here
+    let lo = window_lo(ctx - 1u);
+    if (sq.w != 1u || wid.x * SPLITS_PER_WG * SPLIT >= ctx || (wid.x + 1u) * SPLITS_PER_WG * SPLIT <= lo) {
+        return;  // uniform per workgroup: not a decode sequence, or none of its splits here / in the window
     }
     let split = wid.x * SPLITS_PER_WG + lid / NC;
     let c = lid % NC;
     let start = split * SPLIT;
-    // live steps of this lane; lanes past the last split (n = 0) and steps past the end still run, masked, so
-    // that the lane sums stay in uniform control flow
-    let n = select(0u, min(ctx - start, SPLIT), start < ctx);
-    let scale = inverseSqrt(f32(HEAD_DIM));
+    // live steps of this lane; lanes past the last split or before the window (n = 0) and steps past the end
+    // still run, masked, so that the lane sums stay in uniform control flow
+    let n = select(0u, min(ctx - start, SPLIT), start < ctx && start + SPLIT > lo);
+    let scale = attn_scale();
     // head slot j of this block is query head kvh * GROUP + hb * HB + j (clamped; slots past GROUP not written)
     let g0 = hb * HB;
     let qrow = (sq.z * Q_STRIDE + Q_OFFSET) / 4u + kvh * GROUP * HD4;
@@ -259,7 +294,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #ifdef H3
         s.w = head_dot(h3, k);
 #endif
-        s = select(vec4<f32>(NEG), lane_sum(s, lid), i < n);
+        // keys before the window (first steps of the window's first split) are masked like steps past the end
+        s = select(vec4<f32>(NEG), cap_scores(lane_sum(s, lid)), i < n && start + i >= lo);
         head_add(&h0, s.x, v);
 #ifdef H1
         head_add(&h1, s.y, v);
@@ -310,7 +346,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         var m = NEG;
         var l = 0.0;
         var acc = vec4<f32>(0.0);
-        for (var s = 0u; s < n_splits; s++) {
+        for (var s = window_lo(sq.x - 1u) / SPLIT; s < n_splits; s++) {  // decode wrote no split before
             let st = partials[first + s * rec];
             let mn = max(m, st.x);
             let a = exp(m - mn);
@@ -473,7 +509,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let qpos = vec4<u32>(start_pos + qi) + vec4<u32>(0u, 1u, 2u, 3u);
     let row0 = sq.z + qi;
     let last = sq.z + nq - 1u;
-    let scale = inverseSqrt(f32(HEAD_DIM));
+    let scale = attn_scale();
     let g0 = hb * HB;
     let h0 = kvh * GROUP + g0;  // head slot j: query head h0 + j (clamped; slots past GROUP not written)
     var s0 = quad_new(row0, last, min(h0, kvh * GROUP + GROUP - 1u), c, scale);
@@ -487,7 +523,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var s3 = quad_new(row0, last, min(h0 + 3u, kvh * GROUP + GROUP - 1u), c, scale);
 #endif
     let n_blocks = (kv_end + BLOCK_SIZE - 1u) / BLOCK_SIZE;
-    for (var b = 0u; b < n_blocks; b++) {
+    // uniform start: the block of the first key the workgroup's first query sees
+    for (var b = window_lo(start_pos + wq0) / BLOCK_SIZE; b < n_blocks; b++) {
         let blk = block_tables[sq.y + b];  // one table load per block, not per position
         let n_slots = min(BLOCK_SIZE, kv_end - b * BLOCK_SIZE);
         for (var slot = 0u; slot < n_slots; slot++) {
@@ -495,7 +532,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             let base = ((blk * BLOCK_SIZE + slot) * N_KV_HEADS + kvh) * HD4;
             let k = load_k(base, c);
             let v = load_v(base, c);
+#ifdef WINDOW
+            let live = (vec4<u32>(pos) <= qpos) & (vec4<u32>(pos + WINDOW) > qpos);
+#else
             let live = vec4<u32>(pos) <= qpos;
+#endif
             var d = mat4x4<f32>();  // column j: this lane's part of head slot j's 4 scores
             d[0] = quad_dot(s0, k);
 #ifdef H1
@@ -508,6 +549,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             d[3] = quad_dot(s3, k);
 #endif
             d = lane_sum_heads(d, lid);
+#ifdef SOFTCAP
+            d = mat4x4<f32>(cap_scores(d[0]), cap_scores(d[1]), cap_scores(d[2]), cap_scores(d[3]));
+#endif
             quad_add(&s0, d[0], live, v);
 #ifdef H1
             quad_add(&s1, d[1], live, v);

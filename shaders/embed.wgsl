@@ -11,7 +11,7 @@ struct Params {
     out_stride: u32, // f32 per output row
     vocab: u32,      // ids >= vocab read row 0 (an out-of-range id must not read another buffer's memory)
     count_index: u32,
-    _p0: u32,
+    scale: f32,      // every element times this (Gemma: sqrt(hidden)); 1 otherwise
 }
 
 @group(0) @binding(0) var<storage, read> w: array<u32>;
@@ -65,7 +65,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let base = t * params.out_stride + k0;
     for (var j = 0u; j < 8u; j++) {
         if (k0 + j < params.k) {
-            out[base + j] = v[j];
+            out[base + j] = v[j] * params.scale;
         }
     }
 }

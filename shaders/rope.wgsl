@@ -15,7 +15,8 @@ struct Params {
     head_dim: u32,
     qkv_stride: u32,
     count_index: u32,
-    _p0: u32, _p1: u32, _p2: u32,
+    mscale: f32,  // cos and sin are multiplied by this (LongRoPE's attention factor; 1 otherwise)
+    _p1: u32, _p2: u32,
 }
 
 #ifdef KV_F16
@@ -44,8 +45,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let head = p / half;
     let i = p % half;
     let angle = f32(pos[t]) * inv_freq[i];
-    let c = cos(angle);
-    let s = sin(angle);
+    let c = cos(angle) * params.mscale;
+    let s = sin(angle) * params.mscale;
     let row = t * params.qkv_stride;
     let q_dim = params.n_heads * params.head_dim;
     let kv_dim = params.n_kv_heads * params.head_dim;

@@ -171,9 +171,10 @@ def llamacpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def write_gguf(path: Path, *, types: dict | None = None, seed: int = 0, tied: bool = True, version: int = 3,
-               rope_freqs: bool = False, **overrides) -> Path:
+               rope_freqs=False, **overrides) -> Path:
     """A tiny llama GGUF. types: {"linear": "Q4_0"|"Q4_1"|"Q8_0"|"F32"|"F16", "embed": ..., "norm": "F32"}.
-    rope_freqs: add Llama 3.1's per-frequency RoPE factors tensor (which the packer must refuse, not ignore)."""
+    rope_freqs: add Llama 3.1's per-frequency RoPE factors tensor (True: 1..8 spread over the frequencies, or
+    the values to write)."""
     import gguf
     from gguf.quants import quantize
 
@@ -229,9 +230,10 @@ def write_gguf(path: Path, *, types: dict | None = None, seed: int = 0, tied: bo
     put("output_norm.weight", w["model.norm.weight"], "norm")
     if not tied:
         put("output.weight", w["lm_head.weight"], "embed")
-    if rope_freqs:
+    if rope_freqs is not False:
         hd = cfg["hidden_size"] // cfg["num_attention_heads"]
-        wr.add_tensor("rope_freqs.weight", np.linspace(1.0, 8.0, hd // 2, dtype=np.float32))
+        factors = np.linspace(1.0, 8.0, hd // 2) if rope_freqs is True else rope_freqs
+        wr.add_tensor("rope_freqs.weight", np.asarray(factors, dtype=np.float32))
     wr.write_header_to_file()
     wr.write_kv_data_to_file()
     wr.write_tensors_to_file()

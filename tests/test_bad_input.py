@@ -19,6 +19,7 @@ from tests import synthetic
 from webinfer_packager.pack.gguf_source import validate_gguf_header
 from webinfer_packager.pack.hf_source import validate_safetensors_header
 from webinfer_packager.pack.build import pack
+from webinfer.package import Package
 
 
 def gguf_header(version=3, n_tensors=0, kvs=b"", n_kv=0, tensors=b""):
@@ -203,12 +204,18 @@ def test_unsupported_gguf_quant_type(tmp_path):
     assert sorted(x.name for x in tmp_path.iterdir()) == ["m.gguf"]
 
 
-def test_gguf_rope_frequency_factors_are_refused_not_ignored(tmp_path):
-    """Llama 3.1 GGUFs scale RoPE through a rope_freqs tensor; packing it without that scaling would be silently wrong."""
-    p = synthetic.write_gguf(tmp_path / "m.gguf", rope_freqs=True)
-    with pytest.raises(FormatError) as e:
-        pack(p, tmp_path / "out", progress=False)
-    assert e.value.field == "rope_freqs.weight" and "Hugging Face folder" in str(e.value)
-    assert sorted(x.name for x in tmp_path.iterdir()) == ["m.gguf"]
-    # the same model without the factors packs
-    pack(synthetic.write_gguf(tmp_path / "ok.gguf"), tmp_path / "out", progress=False)
+def test_gguf_rope_frequency_factors_are_read_and_bad_ones_refused(tmp_path):
+    """Llama 3.1 GGUFs scale RoPE through a rope_freqs tensor: it becomes freq_factors scaling (ignoring it would
+    be silently wrong); a tensor of the wrong length or with a zero factor is refused, naming the tensor."""
+    import numpy as np
+
+    for i, bad in enumerate([np.ones(5), np.array([1.0, 2, 0, 1, 1, 1, 1, 1])]):
+        p = synthetic.write_gguf(tmp_path / f"bad{i}.gguf", rope_freqs=bad)
+        with pytest.raises(FormatError) as e:
+            pack(p, tmp_path / "out", progress=False)
+        assert e.value.field == "tensor rope_freqs.weight"
+        assert not (tmp_path / "out").exists()
+    out = pack(synthetic.write_gguf(tmp_path / "ok.gguf", rope_freqs=True), tmp_path / "out", progress=False)
+    scaling = Package.open(out).config.rope_scaling
+    assert scaling["rope_type"] == "freq_factors"
+    np.testing.assert_allclose(scaling["factors"], np.linspace(1.0, 8.0, 8), rtol=1e-6)

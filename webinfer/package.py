@@ -26,7 +26,16 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 OFFSET_ALIGN = 256  # minStorageBufferOffsetAlignment: a shard uploaded whole can be bound at any offset we write
 MAX_BINDING_BYTES = 128 << 20  # WebGPU default maxStorageBufferBindingSize
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
+ACTIVATIONS = ("silu", "gelu_tanh")
+LAYER_TYPES = ("full_attention", "sliding_attention")
+# rope_scaling.rope_type -> the keys it needs (docs/package-format.md, "RoPE scaling")
+ROPE_SCALING_KEYS = {
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    "longrope": ("short_factor", "long_factor", "original_max_position_embeddings", "attention_factor"),
+    "freq_factors": ("factors",),
+}
 _SHA_NAME = re.compile(r"^[0-9a-f]{64}\.(bin|json)$")
 
 Reader = Callable[[str, int, int], bytes]
@@ -55,6 +64,30 @@ class ModelConfig:
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
     pad_token_id: int | None
+    # family features (optional in a manifest: the defaults are the llama block)
+    activation: str = "silu"                       # MLP: act(gate) * up; gelu_tanh = GeGLU (Gemma)
+    qk_norm: bool = False                          # per-head RMSNorm of q and k before RoPE (Qwen3, Gemma 3)
+    post_norms: bool = False                       # RMSNorm of the attention and MLP outputs before the residual add (Gemma 2/3)
+    embedding_multiplier: float = 1.0              # the embedding row is scaled by this (Gemma: sqrt(hidden_size))
+    query_pre_attn_scalar: float | None = None     # attention scale 1/sqrt(this); None: 1/sqrt(head_dim)
+    attn_logit_softcapping: float | None = None    # scores -> cap * tanh(scores / cap) (Gemma 2)
+    final_logit_softcapping: float | None = None   # logits -> cap * tanh(logits / cap) (Gemma 2)
+    sliding_window: int | None = None              # a sliding layer's query at p sees keys k with p - k < window
+    layer_types: tuple[str, ...] | None = None     # per layer full_attention | sliding_attention; None: all full
+    rope_local_theta: float | None = None          # RoPE base of sliding layers, unscaled (Gemma 3); None: rope_theta
+
+    def is_sliding(self, layer: int) -> bool:
+        return self.layer_types is not None and self.layer_types[layer] == "sliding_attention"
+
+    def layer_rope(self, layer: int) -> tuple[float, dict | None]:
+        """(theta, rope_scaling) of one layer: Gemma 3's sliding layers use their own base and no scaling."""
+        if self.rope_local_theta is not None and self.is_sliding(layer):
+            return self.rope_local_theta, None
+        return self.rope_theta, self.rope_scaling
+
+    @property
+    def attn_scale(self) -> float:
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
     @property
     def q_dim(self) -> int:
@@ -104,18 +137,69 @@ class ModelConfig:
         for key, v in (("bos_token_id", bos), ("pad_token_id", pad)):
             if v is not None and not 0 <= v < ints["vocab_size"]:
                 raise FormatError(file, f"{prefix}.{key}", f"{v} is out of range", f"0 <= id < {ints['vocab_size']}")
+        _check_rope_scaling(scaling, ints["head_dim"], file, f"{prefix}.rope_scaling")
+
+        def opt(key, types, default=None, *, positive=False):
+            # family fields are optional: a manifest of a llama-style model may omit them
+            return get(key, types, optional=True, positive=positive) if d.get(key) is not None else default
+
+        activation = opt("activation", (str,), "silu")
+        if activation not in ACTIVATIONS:
+            raise FormatError(file, f"{prefix}.activation", f"is {activation!r}", "one of " + ", ".join(ACTIVATIONS))
+        window = opt("sliding_window", (int,), positive=True)
+        layer_types = opt("layer_types", (list,))
+        if layer_types is not None:
+            if len(layer_types) != ints["num_hidden_layers"] or not all(t in LAYER_TYPES for t in layer_types):
+                raise FormatError(file, f"{prefix}.layer_types", f"is {layer_types!r}",
+                                  f"{ints['num_hidden_layers']} entries, each one of " + ", ".join(LAYER_TYPES))
+            if "sliding_attention" in layer_types and window is None:
+                raise FormatError(file, f"{prefix}.sliding_window", "is null but layer_types has sliding layers",
+                                  "a positive window size")
+            layer_types = tuple(layer_types)
+        elif window is not None:
+            raise FormatError(file, f"{prefix}.layer_types", "is null but sliding_window is set",
+                              "which layers slide (a list of full_attention | sliding_attention)")
+        num = lambda key: float(v) if (v := opt(key, (int, float), positive=True)) is not None else None  # noqa: E731
         return cls(architecture=arch, **ints,
                    rms_norm_eps=float(get("rms_norm_eps", (int, float), positive=True)),
                    rope_theta=float(get("rope_theta", (int, float), positive=True)),
                    rope_scaling=scaling,
                    tie_word_embeddings=get("tie_word_embeddings", (bool,)),
                    attention_bias=get("attention_bias", (bool,)),
-                   bos_token_id=bos, eos_token_ids=tuple(eos), pad_token_id=pad)
+                   bos_token_id=bos, eos_token_ids=tuple(eos), pad_token_id=pad,
+                   activation=activation, qk_norm=opt("qk_norm", (bool,), False),
+                   post_norms=opt("post_norms", (bool,), False),
+                   embedding_multiplier=float(opt("embedding_multiplier", (int, float), 1.0, positive=True)),
+                   query_pre_attn_scalar=num("query_pre_attn_scalar"),
+                   attn_logit_softcapping=num("attn_logit_softcapping"),
+                   final_logit_softcapping=num("final_logit_softcapping"),
+                   sliding_window=window, layer_types=layer_types, rope_local_theta=num("rope_local_theta"))
 
     def to_dict(self) -> dict:
         d = {f: getattr(self, f) for f in self.__dataclass_fields__}
         d["eos_token_ids"] = list(self.eos_token_ids)
+        d["layer_types"] = list(self.layer_types) if self.layer_types is not None else None
         return d
+
+
+def _check_rope_scaling(scaling: dict | None, head_dim: int, file: str, field: str) -> None:
+    """A known rope_type with the keys it needs; per-frequency lists hold head_dim / 2 positive numbers."""
+    if scaling is None:
+        return
+    kind = scaling.get("rope_type")
+    if kind not in ROPE_SCALING_KEYS:
+        raise FormatError(file, f"{field}.rope_type", f"is {kind!r}", "one of " + ", ".join(ROPE_SCALING_KEYS))
+    for key in ROPE_SCALING_KEYS[kind]:
+        v = scaling.get(key)
+        if isinstance(v, list):
+            if len(v) != head_dim // 2 or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0
+                                                  for x in v):
+                raise FormatError(file, f"{field}.{key}", f"has {len(v)} entries",
+                                  f"{head_dim // 2} positive numbers (one per RoPE frequency)")
+        elif key in ("factors", "short_factor", "long_factor") or isinstance(v, bool) \
+                or not isinstance(v, (int, float)) or not v > 0:
+            raise FormatError(file, f"{field}.{key}", f"is {v!r}", f"a positive number for {kind} scaling"
+                              if key not in ("factors", "short_factor", "long_factor") else "a list of numbers")
 
 
 def expected_tensors(cfg: ModelConfig) -> list[tuple[str, list[int]]]:
@@ -127,7 +211,14 @@ def expected_tensors(cfg: ModelConfig) -> list[tuple[str, list[int]]]:
         out += [(p + "attn_norm", [h]), (p + "q", [q, h]), (p + "k", [kv, h]), (p + "v", [kv, h])]
         if cfg.attention_bias:
             out += [(p + "q_bias", [q]), (p + "k_bias", [kv]), (p + "v_bias", [kv])]
-        out += [(p + "o", [h, q]), (p + "ffn_norm", [h]), (p + "gate", [f, h]), (p + "up", [f, h]), (p + "down", [h, f])]
+        if cfg.qk_norm:
+            out += [(p + "q_norm", [cfg.head_dim]), (p + "k_norm", [cfg.head_dim])]
+        out.append((p + "o", [h, q]))
+        if cfg.post_norms:
+            out.append((p + "post_attn_norm", [h]))
+        out += [(p + "ffn_norm", [h]), (p + "gate", [f, h]), (p + "up", [f, h]), (p + "down", [h, f])]
+        if cfg.post_norms:
+            out.append((p + "post_ffn_norm", [h]))
     out.append(("norm", [h]))
     if not cfg.tie_word_embeddings:
         out.append(("lm_head", [cfg.vocab_size, h]))

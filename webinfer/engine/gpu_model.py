@@ -23,6 +23,13 @@ widths), so a decode step has no norm dispatches: 1 + 7 per layer (attention = d
 prefill chunks adds the two norms, a GEMM dispatch per matrix and the prefill attention kernel. Unfused q/k/v or
 gate/up add one dispatch per matrix.
 
+Family variants (ModelConfig): the embedding is scaled in the gather (Gemma); qk_norm adds a per-head RMSNorm of
+q and k before RoPE (one dispatch); post_norms (Gemma) make Wo and Wd write to xn instead of accumulating, and an
+accumulating RMSNorm adds the normed output to r (two dispatches); GeGLU runs gate/up unfused plus the swiglu
+kernel's GELU_TANH variant (the fused GEMV epilogue is SiLU only); sliding layers and the query scale /
+soft-capping are attention pipeline variants, a layer's RoPE base picks its inv_freq table; final logit
+soft-capping is one in-place dispatch after the LM head.
+
 Batch invariance: every kernel reduces a row in an order that depends only on that row (see linear.py and
 attention.py), so a sequence's tokens come out the same alone or batched with others.
 
@@ -43,9 +50,9 @@ from ..kernels.attention import PagedAttention, SeqStep, pack_step, step_buffers
 from ..kernels.embed import Embed
 from ..kernels.library import KernelLibrary
 from ..kernels.linear import Linear, WeightPart, interleave_gate_up, split_rows
-from ..kernels.norm import RMSNorm
-from ..kernels.rope import Rope, inv_freq
-from ..kernels.swiglu import SwiGLU
+from ..kernels.norm import HeadNorm, RMSNorm
+from ..kernels.rope import Rope, attention_factor, inv_freq
+from ..kernels.swiglu import SoftCap, SwiGLU
 from .batch import StepBatch
 
 # step[] entries read by the kernels: all token rows, sampled rows, decode rows [0, Td), prefill rows [Td, T)
@@ -86,6 +93,10 @@ class _Layer:
     ffn_norm: RMSNorm
     mlp_in: list[Any]  # DualLinear(s), plus a SwiGLU when gate/up could not be fused
     down: Any  # DualLinear
+    attention: Any = None  # PagedAttention: this layer's variant (sliding window or not)
+    qk_norm: Any = None  # HeadNorm (qk_norm models)
+    post_attn_norm: Any = None  # accumulating RMSNorm xn -> r (post_norms models)
+    post_ffn_norm: Any = None
 
 
 def _round4(n: int) -> int:
@@ -158,7 +169,7 @@ class GPUModel:
         qd, kvd = cfg.q_dim, cfg.kv_dim
         self.qkv_stride = _round4(qd + 2 * kvd)
         T, S = max_batch_tokens, max_seqs
-        self.arena = UniformArena(device, 16 + L * 32)
+        self.arena = UniformArena(device, 16 + L * 40)
 
         def buf(nbytes: int, label: str, usage: int = STORAGE | COPY_DST):
             return device.create_buffer(max(nbytes, 16), usage, label=label)
@@ -201,12 +212,19 @@ class GPUModel:
                            "the embedding gather supports one")
         emb_comps = {c: await self._upload(await get("embed", c), f"embed.{c}") for c in emb.components}
         self.embed = Embed(lib, emb.dtype, cfg.vocab_size, d, emb.group_size, emb_comps["qweight"], emb_comps["scales"],
-                           self.ids_buf, self.r_buf, self.d_stride, step, STEP_TOKENS, p, mins=emb_comps.get("mins"))
-        self.attention = PagedAttention(lib, n_heads=cfg.num_attention_heads, n_kv_heads=cfg.num_key_value_heads,
-                                        head_dim=cfg.head_dim, block_size=block_size, max_model_len=self.max_model_len,
-                                        max_seqs=S, q_stride=self.qkv_stride, q_offset=0, kv_f16=kv_f16)
-        freq = struct.pack(f"<{cfg.head_dim // 2}f", *inv_freq(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling))
-        self.inv_freq_buf = await self._upload(freq, "inv_freq")
+                           self.ids_buf, self.r_buf, self.d_stride, step, STEP_TOKENS, p, mins=emb_comps.get("mins"),
+                           scale=cfg.embedding_multiplier)
+        # one attention variant per kind of layer (full / sliding), sharing the decode scratch buffer
+        attn_kw = dict(n_heads=cfg.num_attention_heads, n_kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
+                       block_size=block_size, max_model_len=self.max_model_len, max_seqs=S, q_stride=self.qkv_stride,
+                       q_offset=0, kv_f16=kv_f16, softcap=cfg.attn_logit_softcapping,
+                       scale=cfg.attn_scale if cfg.query_pre_attn_scalar is not None else None)
+        self.attention = PagedAttention(lib, **attn_kw)
+        self._sliding_attention = None
+        if any(cfg.is_sliding(i) for i in range(L)) and cfg.sliding_window < self.max_model_len:
+            self._sliding_attention = PagedAttention(lib, **attn_kw, window=cfg.sliding_window,
+                                                     partials=self.attention.partials, label="attn.sliding")
+        self._inv_freq: dict[tuple, Any] = {}
         eps = cfg.rms_norm_eps
         self.layers: list[_Layer] = []
         for i in range(L):
@@ -215,20 +233,34 @@ class GPUModel:
             attn_norm = RMSNorm(lib, d, eps, self.r_buf, wn_attn, self.xn_buf, self.d_stride, self.d_stride, step,
                                 STEP_TOKENS, p, label=f"{pre}attn_norm")
             qkv = await self._qkv(get, pre, fuse, (wn_attn, eps))
+            qk_norm = None
+            if cfg.qk_norm:
+                wqk = await self._upload(await get(pre + "q_norm", "data") + await get(pre + "k_norm", "data"),
+                                         f"{pre}qk_norm")
+                qk_norm = HeadNorm(lib, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, eps,
+                                   self.qkv_buf, wqk, self.qkv_stride, step, STEP_TOKENS, p, label=f"{pre}qk_norm")
+            theta, scaling = cfg.layer_rope(i)
             rope = Rope(lib, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, self.qkv_buf,
                         self.qkv_stride, self.k_cache[i], self.v_cache[i], self.pos_buf, self.slot_buf,
-                        self.inv_freq_buf, step, STEP_TOKENS, p, label=f"{pre}rope", kv_f16=kv_f16)
-            attn = self.attention.bind(self.qkv_buf, self.k_cache[i], self.v_cache[i], self.tables_buf,
-                                       self.seq_info_buf, self.attn_buf)
-            o = await self._linear(get, pre + "o", self.attn_buf, _round4(qd), self.r_buf, self.d_stride,
-                                   accumulate=True)
+                        await self._inv_freq_buf(theta, scaling), step, STEP_TOKENS, p, label=f"{pre}rope",
+                        kv_f16=kv_f16, mscale=attention_factor(scaling))
+            attention = self._sliding_attention if cfg.is_sliding(i) and self._sliding_attention else self.attention
+            attn = attention.bind(self.qkv_buf, self.k_cache[i], self.v_cache[i], self.tables_buf,
+                                  self.seq_info_buf, self.attn_buf)
+            # post norms: the projection writes xn (free at that point), an accumulating RMSNorm adds it to r
+            post = cfg.post_norms
+            out, out_stride = (self.xn_buf, self.d_stride) if post else (self.r_buf, self.d_stride)
+            o = await self._linear(get, pre + "o", self.attn_buf, _round4(qd), out, out_stride, accumulate=not post)
+            post_attn = await self._post_norm(get, pre + "post_attn_norm") if post else None
             wn_ffn = await self._upload(_pad16(await get(pre + "ffn_norm", "data")), f"{pre}ffn_norm")
             ffn_norm = RMSNorm(lib, d, eps, self.r_buf, wn_ffn, self.xn_buf, self.d_stride, self.d_stride, step,
                                STEP_TOKENS, p, label=f"{pre}ffn_norm")
             mlp_in = await self._gate_up(get, pre, fuse, (wn_ffn, eps))
-            down = await self._linear(get, pre + "down", self.act_buf, self.f_stride, self.r_buf, self.d_stride,
-                                      accumulate=True)
-            self.layers.append(_Layer(attn_norm, qkv, rope, attn, o, ffn_norm, mlp_in, down))
+            down = await self._linear(get, pre + "down", self.act_buf, self.f_stride, out, out_stride,
+                                      accumulate=not post)
+            post_ffn = await self._post_norm(get, pre + "post_ffn_norm") if post else None
+            self.layers.append(_Layer(attn_norm, qkv, rope, attn, o, ffn_norm, mlp_in, down, attention, qk_norm,
+                                      post_attn, post_ffn))
         self.final_norm = RMSNorm(lib, d, eps, self.r_buf, await self._upload(await get("norm", "data"), "norm"),
                                   self.xs_buf, self.d_stride, self.d_stride, step, STEP_SAMPLED, p,
                                   row_map=self.rows_buf, label="final_norm")
@@ -240,8 +272,28 @@ class GPUModel:
             parts = await self._parts(get, "lm_head")
         self.lm_head = Linear(lib, head.dtype, cfg.vocab_size, d, head.group_size, parts, self.xs_buf, self.logits_buf,
                               self.d_stride, cfg.vocab_size, step, STEP_SAMPLED, p, label="lm_head")
+        self.logit_cap = None
+        if cfg.final_logit_softcapping is not None:
+            self.logit_cap = SoftCap(lib, cfg.vocab_size, cfg.final_logit_softcapping, self.logits_buf,
+                                     cfg.vocab_size, step, STEP_SAMPLED, p, label="logit_softcap")
         self.sampler = self._make_sampler()
         return self
+
+    async def _inv_freq_buf(self, theta: float, scaling: dict | None):
+        """One inv_freq table per distinct (base, scaling): Gemma 3 has two (local and global layers)."""
+        key = (theta, repr(scaling))
+        if key not in self._inv_freq:
+            hd = self.cfg.head_dim
+            self._inv_freq[key] = await self._upload(struct.pack(f"<{hd // 2}f", *inv_freq(hd, theta, scaling)),
+                                                     f"inv_freq.{len(self._inv_freq)}")
+        return self._inv_freq[key]
+
+    async def _post_norm(self, get, name: str) -> RMSNorm:
+        """r += rmsnorm(xn) * w: Gemma's norm of a block's output, added to the residual."""
+        w = await self._upload(_pad16(await get(name, "data")), name)
+        return RMSNorm(self.lib, self.cfg.hidden_size, self.cfg.rms_norm_eps, self.xn_buf, w, self.r_buf,
+                       self.d_stride, self.d_stride, self.step_buf, STEP_TOKENS, self.arena, accumulate=True,
+                       label=name)
 
     async def _upload(self, data: bytes, label: str):
         b = self.device.create_buffer(len(data), STORAGE | COPY_DST, label=label)
@@ -301,7 +353,7 @@ class GPUModel:
     async def _gate_up(self, get, pre: str, fuse: bool, norm) -> list[Any]:
         f = self.cfg.intermediate_size
         names = [pre + "gate", pre + "up"]
-        if self._fusable(names, fuse) and f % 4 == 0:
+        if self._fusable(names, fuse) and f % 4 == 0 and self.cfg.activation == "silu":
             t = self.package.tensors[names[0]]
             comps = {}
             for c in t.components:
@@ -319,7 +371,8 @@ class GPUModel:
         up = await self._linear(get, names[1], self.xn_buf, self.d_stride, self.gu_buf, 2 * self.f_stride,
                                 n_offset=self.f_stride, norm=norm)
         act = SwiGLU(self.lib, self.f_stride, self.gu_buf, self.act_buf, 2 * self.f_stride, self.f_stride,
-                     self.step_buf, STEP_TOKENS, self.arena, label=f"{pre}swiglu")
+                     self.step_buf, STEP_TOKENS, self.arena, label=f"{pre}swiglu",
+                     gelu=self.cfg.activation == "gelu_tanh")
         return [gate, up, act]
 
     def _make_sampler(self):
@@ -391,9 +444,13 @@ class GPUModel:
                 ly.attn_norm.encode(cmds, T)
             for lin in ly.qkv:
                 lin.encode(cmds, n_dec, n_pre)
+            if ly.qk_norm:
+                ly.qk_norm.encode(cmds, T)
             ly.rope.encode(cmds, T)
-            self.attention.encode(cmds, ly.attn, shape)
+            ly.attention.encode(cmds, ly.attn, shape)
             ly.o.encode(cmds, n_dec, n_pre)
+            if ly.post_attn_norm:
+                ly.post_attn_norm.encode(cmds, T)
             if norms:
                 ly.ffn_norm.encode(cmds, T)
             for k in ly.mlp_in:
@@ -402,9 +459,13 @@ class GPUModel:
                 else:
                     k.encode(cmds, T)
             ly.down.encode(cmds, n_dec, n_pre)
+            if ly.post_ffn_norm:
+                ly.post_ffn_norm.encode(cmds, T)
         if S:
             self.final_norm.encode(cmds, S)
             self.lm_head.encode(cmds, S)
+            if self.logit_cap:
+                self.logit_cap.encode(cmds, S)
             self.sampler.encode(cmds, sampled)
         return cmds, sampled
 

@@ -100,12 +100,16 @@ class PagedAttention:
     subgroup_decode: None = sum the lanes of a split (decode) or of a query group (prefill) with subgroup shuffles
     where the device has subgroups of at least head_dim/16 lanes, else through workgroup memory; False forces
     workgroup memory; True requires shuffles.
+    scale: score scale (None: 1/sqrt(head_dim)); softcap: scores -> cap * tanh(score / cap); window: sliding
+    window W (a query at p sees keys k with p - k < W). partials: share another instance's scratch buffer (the
+    layers of one model run one at a time; a sliding and a full-attention instance need only one).
     """
 
     def __init__(self, lib, *, n_heads: int, n_kv_heads: int, head_dim: int, block_size: int, max_model_len: int,
                  max_seqs: int, q_stride: int | None = None, q_offset: int = 0, kv_f16: bool = False,
                  chunk: int | None = None, split: int | None = None, decode_wg: int = DECODE_WG,
-                 subgroup_decode: bool | None = None, label: str = "attn"):
+                 subgroup_decode: bool | None = None, label: str = "attn", scale: float | None = None,
+                 softcap: float | None = None, window: int | None = None, partials=None):
         if n_heads % n_kv_heads:
             raise ValueError(f"attention: n_heads {n_heads} is not a multiple of n_kv_heads {n_kv_heads}")
         if head_dim % 4 or head_dim > 4 * WG:
@@ -136,6 +140,14 @@ class PagedAttention:
                 "Q_STRIDE": q_stride, "Q_OFFSET": q_offset, "SPLIT": split, "MAX_SPLITS": self.max_splits}
         if kv_f16:
             base["KV_F16"] = 1
+        if scale is not None:
+            base["SCALE"] = repr(float(scale))
+        if softcap is not None:
+            base["SOFTCAP"] = repr(float(softcap))
+        if window is not None:
+            if window < 1:
+                raise ValueError(f"attention: sliding window {window} must be >= 1")
+            base["WINDOW"] = f"{int(window)}u"
         # decode layout (see the decode section of attention.wgsl): `lanes` lanes per split, each owning 16 dims
         # of the head; up to 4 query heads per invocation (GROUP > 4: several head blocks, K/V read once per block)
         lanes = 1 << max(0, -(-head_dim // 16) - 1).bit_length()
@@ -170,7 +182,8 @@ class PagedAttention:
         if self.partials_bytes > MAX_BINDING_BYTES:
             raise ValueError(f"attention: the decode partials need {self.partials_bytes} bytes (> {MAX_BINDING_BYTES} "
                              f"per binding); lower max_seqs ({max_seqs}) or max_model_len ({max_model_len})")
-        self.partials = lib.device.create_buffer(self.partials_bytes, STORAGE | COPY_DST, label=f"{label}.partials")
+        self.partials = partials if partials is not None else lib.device.create_buffer(
+            self.partials_bytes, STORAGE | COPY_DST, label=f"{label}.partials")
 
     def bind(self, q, k_cache, v_cache, block_tables, seq_info, out) -> AttentionBinding:
         """Bind groups for one layer: buffers or BufferBindings (bound once, at model load)."""

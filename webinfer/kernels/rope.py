@@ -16,17 +16,23 @@ from .linear import WG, ParamsFn, standalone_params
 
 
 def inv_freq(head_dim: int, theta: float, scaling: dict | None = None) -> list[float]:
-    """Per-pair inverse frequencies theta^(-2i/d), with llama3 scaling (Meta's llama 3.1 rule) when given."""
+    """Per-pair inverse frequencies theta^(-2i/d), with llama3 scaling (Meta's llama 3.1 rule) when given;
+    freq_factors (a GGUF's rope_freqs) and longrope (short factors: positions within the original context)
+    divide each frequency by its own factor."""
     base = [1.0 / theta ** (2 * i / head_dim) for i in range(head_dim // 2)]
     if not scaling or scaling.get("rope_type", scaling.get("type")) in (None, "default"):
         return base
     kind = scaling.get("rope_type", scaling.get("type"))
     if kind == "linear":
         return [f / float(scaling["factor"]) for f in base]
+    if kind in ("freq_factors", "longrope"):
+        factors = scaling["factors" if kind == "freq_factors" else "short_factor"]
+        return [f / float(x) for f, x in zip(base, factors)]
     if kind != "llama3":
         from ..errors import FormatError
 
-        raise FormatError("manifest.json", "config.rope_scaling.rope_type", f"is {kind!r}", "null, 'linear' or 'llama3'")
+        raise FormatError("manifest.json", "config.rope_scaling.rope_type", f"is {kind!r}",
+                          "null, linear, llama3, longrope or freq_factors")
     factor = float(scaling["factor"])
     lo, hi = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
     old = float(scaling["original_max_position_embeddings"])
@@ -44,10 +50,15 @@ def inv_freq(head_dim: int, theta: float, scaling: dict | None = None) -> list[f
     return out
 
 
+def attention_factor(scaling: dict | None) -> float:
+    """LongRoPE scales cos and sin by its attention factor; 1 for every other kind."""
+    return float(scaling["attention_factor"]) if scaling and scaling.get("rope_type") == "longrope" else 1.0
+
+
 class Rope:
     def __init__(self, lib, n_heads: int, n_kv_heads: int, head_dim: int, qkv, qkv_stride: int, k_cache, v_cache,
                  pos, slot, inv_freq_buf, step, count_index: int = 0, params: ParamsFn | None = None,
-                 label: str = "rope", kv_f16: bool = False):
+                 label: str = "rope", kv_f16: bool = False, mscale: float = 1.0):
         if head_dim % 2:
             raise ValueError(f"Rope: head_dim {head_dim} must be even")
         if kv_f16 and not lib.device.caps.f16:
@@ -59,7 +70,7 @@ class Rope:
             defines["KV_F16"] = 1
         self.pipeline = lib.pipeline("rope", defines=defines, use_f16=kv_f16)
         u = (params or standalone_params(lib.device))(
-            struct.pack("<8I", n_heads, n_kv_heads, head_dim, qkv_stride, count_index, 0, 0, 0))
+            struct.pack("<5If2I", n_heads, n_kv_heads, head_dim, qkv_stride, count_index, float(mscale), 0, 0))
         self.bind_group = lib.device.create_bind_group(
             self.pipeline, [qkv, k_cache, v_cache, u, step, pos, slot, inv_freq_buf])
 

@@ -44,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="format of a requantized embedding / output head (default: q8 for q4/q4a/q8, q6k otherwise)")
     p.add_argument("--shard-mb", type=int, default=32, help="largest shard in MiB (default 32)")
     p.add_argument("--name", help="model name in the manifest")
+    p.add_argument("--chat-template", metavar="FILE",
+                   help="jinja2 chat template to store (replaces the source's; needed for chat when it has none)")
     p.add_argument("--force", action="store_true", help="replace OUTPUT if it exists")
     p.add_argument("--quiet", action="store_true", help="no progress bar or table")
     p.set_defaults(handler="webinfer_packager.pack.build:cli_main")

@@ -82,7 +82,7 @@ def _target_dtype(name: str, shape: list[int], src_type: str, *, quant_name: str
     """(dtype, group_size, repack) for one canonical tensor: GGUF blocks of a package format are repacked as they
     are (bit-exactly); norms and biases stay f32; everything else is requantized."""
     part = name.rsplit(".", 1)[-1]
-    if part in ("attn_norm", "ffn_norm", "norm", "q_bias", "k_bias", "v_bias"):
+    if part.endswith("norm") or part in ("q_bias", "k_bias", "v_bias"):
         return "f32", None, False
     lossless = quant.GGUF_REPACK.get(src_type)
     if lossless:
@@ -133,12 +133,18 @@ def _write_tensor(writer: ShardWriter, comps: dict[str, np.ndarray]) -> list[dic
     return bindings
 
 
+<<<<<<< HEAD
 def _build(src, folder: Path, *, quant_name, group_size, embedding, shard_mb, name, progress) -> dict:
+=======
+def _build(src, folder: Path, *, group_size, asymmetric, embedding, shard_mb, name, progress,
+           chat_template=None) -> dict:
+>>>>>>> fam
     try:
         cfg = ModelConfig.from_dict(src.config, str(src.path), "config")
     except FormatError as e:
         raise FormatError(src.path, e.field, e.problem, e.expected) from None
-    tok_json, chat_template, special = src.tokenizer()
+    tok_json, src_template, special = src.tokenizer()
+    chat_template = chat_template or src_template
     want = expected_tensors(cfg)
     sources = [(n, shape, src.tensor(n, shape)) for n, shape in want]  # checks every tensor before writing any
     writer = ShardWriter(folder, shard_mb << 20)
@@ -204,6 +210,7 @@ def _build(src, folder: Path, *, quant_name, group_size, embedding, shard_mb, na
     return manifest
 
 
+<<<<<<< HEAD
 def pack(source: Path, out: Path, *, quant: str | None = None, group_size: int = 32, asymmetric: bool = False,
          embedding: str | None = None, shard_mb: int = 32, name: str | None = None, force: bool = False,
          progress: bool = True) -> Path:
@@ -212,6 +219,13 @@ def pack(source: Path, out: Path, *, quant: str | None = None, group_size: int =
     GGUF tensors in Q4_0/Q4_1/Q8_0/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K are repacked losslessly in their own type; the rest
     (F32/F16/BF16, other GGUF types) are requantized to `quant` (QUANT_CHOICES; `asymmetric` is the old spelling
     of quant="q4a"). `group_size` applies to q4/q4a/q8; `embedding` overrides the format of embed / lm_head."""
+=======
+def pack(source: Path, out: Path, *, group_size: int = 32, asymmetric: bool = False, embedding: str = "q8",
+         shard_mb: int = 32, name: str | None = None, force: bool = False, progress: bool = True,
+         chat_template: str | None = None) -> Path:
+    """Pack SOURCE (GGUF file or HF folder) into the package folder OUT; returns OUT.
+    chat_template: jinja2 source stored instead of the source's own (e.g. for a GGUF that carries none)."""
+>>>>>>> fam
     source, out = Path(source), Path(out)
     quant_name = quant or ("q4a" if asymmetric else DEFAULT_QUANT)
     if quant_name not in QUANT_CHOICES:
@@ -222,6 +236,10 @@ def pack(source: Path, out: Path, *, quant: str | None = None, group_size: int =
         raise ValueError(f"embedding must be one of {', '.join(QUANT_DTYPES)}, got {embedding!r}")
     if shard_mb < 1:
         raise ValueError(f"shard_mb must be at least 1, got {shard_mb}")
+    if chat_template is not None:
+        from webinfer.chat_template import compile_template
+
+        compile_template(chat_template)  # ChatTemplateError (with the line) before any work
     if out.exists() and not force:
         raise OutputExistsError(f"{out} already exists; pass --force to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -229,8 +247,13 @@ def pack(source: Path, out: Path, *, quant: str | None = None, group_size: int =
     tmp.mkdir()
     try:
         src = open_source(source)
+<<<<<<< HEAD
         manifest = _build(src, tmp, quant_name=quant_name, group_size=group_size, embedding=embedding,
                           shard_mb=shard_mb, name=name, progress=progress)
+=======
+        manifest = _build(src, tmp, group_size=group_size, asymmetric=asymmetric, embedding=embedding,
+                          shard_mb=shard_mb, name=name, progress=progress, chat_template=chat_template)
+>>>>>>> fam
         if out.exists():  # --force: move the old one aside first so OUT is never half-replaced
             old = out.parent / f"{out.name}.old-{secrets.token_hex(4)}"
             os.replace(out, old)
@@ -266,10 +289,22 @@ def cli_main(args) -> int:
 
     source = Path(args.source) if args.source else paths.default_gguf_path()
     out = Path(args.output) if args.output else paths.default_package_dir()
+    template = None
+    if getattr(args, "chat_template", None):
+        try:
+            template = Path(args.chat_template).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise FormatError(args.chat_template, "(file)", f"cannot be read: {e}", "a UTF-8 jinja2 chat template")
     try:
+<<<<<<< HEAD
         pack(source, out, quant=args.quant, group_size=args.group_size, asymmetric=args.asymmetric,
              embedding=args.embedding,
              shard_mb=args.shard_mb, name=args.name, force=args.force, progress=not args.quiet)
+=======
+        pack(source, out, group_size=args.group_size, asymmetric=args.asymmetric, embedding=args.embedding,
+             shard_mb=args.shard_mb, name=args.name, force=args.force, progress=not args.quiet,
+             chat_template=template)
+>>>>>>> fam
     except ValueError as e:
         raise WebinferError(str(e)) from None
     print(out)

@@ -6,7 +6,9 @@ in bounds and non-overlapping) and raises FormatError naming the field. Only the
 exception it still raises is converted to FormatError too.
 
 Conventions are normalised here: llama.cpp permutes the Q/K rows of `llama`/`mistral` GGUFs for adjacent-pair
-RoPE; `unpermute_rows` gives the row order of the half-split (Hugging Face) convention the runtime uses.
+RoPE; `unpermute_rows` gives the row order of the half-split (Hugging Face) convention the runtime uses. Gemma
+GGUFs already hold 1 + w in their norm weights (llama.cpp's converter adds it), which is the package's convention.
+A Llama 3.1+ `rope_freqs` tensor (per-frequency divisors) becomes `rope_scaling: {"rope_type": "freq_factors"}`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ import numpy as np
 
 from webinfer.errors import FormatError, UnsupportedArchitectureError
 from webinfer.package import SUPPORTED_ARCHITECTURES
+
+# what llama.cpp names the architectures we read (phi3's fused tensors are not mapped yet)
+GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3")
 
 GGUF_MAGIC = b"GGUF"
 GGUF_VERSIONS = (2, 3)
@@ -223,7 +228,9 @@ class SourceTensor:
 
 _GGUF_NAMES = {"attn_norm": "attn_norm", "q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output",
                "q_bias": "attn_q.bias", "k_bias": "attn_k.bias", "v_bias": "attn_v.bias",
-               "ffn_norm": "ffn_norm", "gate": "ffn_gate", "up": "ffn_up", "down": "ffn_down"}
+               "q_norm": "attn_q_norm", "k_norm": "attn_k_norm", "post_attn_norm": "post_attention_norm",
+               "ffn_norm": "ffn_norm", "gate": "ffn_gate", "up": "ffn_up", "down": "ffn_down",
+               "post_ffn_norm": "post_ffw_norm"}
 
 
 def gguf_tensor_name(canonical: str) -> str:
@@ -273,9 +280,9 @@ class GGUFSource:
 
     def _config(self) -> dict:
         arch = self._get("general.architecture", required=True)
-        if arch not in SUPPORTED_ARCHITECTURES:
+        if arch not in GGUF_ARCHITECTURES:
             raise UnsupportedArchitectureError(self.path, "general.architecture", f"{arch!r} is not supported",
-                                               "one of " + ", ".join(SUPPORTED_ARCHITECTURES))
+                                               "one of " + ", ".join(GGUF_ARCHITECTURES))
         self.arch = arch
 
         def num(key, default=None, kind=int):
@@ -284,34 +291,72 @@ class GGUFSource:
                 raise FormatError(self.path, f"{arch}.{key}", f"is {v!r}", "a number (per-layer lists unsupported)")
             return kind(v)
 
-        # Llama 3.1+ GGUFs carry their RoPE scaling as per-frequency factors; ignoring them would give wrong
-        # outputs silently, and the runtime only knows the parametric llama3 form (from config.json)
-        scaling = self._get(f"{arch}.rope.scaling.type")
-        if "rope_freqs.weight" in self.tensors or scaling not in (None, "none"):
-            raise FormatError(self.path, "rope_freqs.weight" if "rope_freqs.weight" in self.tensors
-                              else f"{arch}.rope.scaling.type", "RoPE frequency scaling in a GGUF is not supported yet",
-                              "no RoPE scaling; pack the model's Hugging Face folder instead (its config.json "
-                              "rope_scaling is supported)")
         hidden = num("embedding_length")
         heads = num("attention.head_count")
+        head_dim = num("attention.key_length", hidden // heads if heads else 0)
+        n_layers = num("block_count")
         tokens = self._get("tokenizer.ggml.tokens")
         vocab = num("vocab_size", len(tokens) if tokens else None)
         eos = self._get("tokenizer.ggml.eos_token_id")
-        return {
+        gemma = arch in ("gemma2", "gemma3")
+        cfg = {
             "architecture": arch, "vocab_size": vocab, "hidden_size": hidden,
-            "intermediate_size": num("feed_forward_length"), "num_hidden_layers": num("block_count"),
+            "intermediate_size": num("feed_forward_length"), "num_hidden_layers": n_layers,
             "num_attention_heads": heads, "num_key_value_heads": num("attention.head_count_kv", heads),
-            "head_dim": num("attention.key_length", hidden // heads if heads else 0),
+            "head_dim": head_dim,
             "rms_norm_eps": num("attention.layer_norm_rms_epsilon", kind=float),
             "rope_theta": num("rope.freq_base", 10000.0, kind=float),
-            "rope_scaling": None,
+            "rope_scaling": self._rope_scaling(arch, head_dim),
             "max_position_embeddings": num("context_length", 2048),
             "tie_word_embeddings": "output.weight" not in self.tensors,
             "attention_bias": "blk.0.attn_q.bias" in self.tensors,
             "bos_token_id": self._get("tokenizer.ggml.bos_token_id"),
             "eos_token_ids": [int(eos)] if eos is not None else [],
             "pad_token_id": self._get("tokenizer.ggml.padding_token_id"),
+            "qk_norm": "blk.0.attn_q_norm.weight" in self.tensors,
         }
+        if gemma:
+            window = num("attention.sliding_window")
+            # llama.cpp's rules (llama-model.cpp): every 2nd (Gemma 2) / 6th (Gemma 3) layer is global; the 27B
+            # models (46 / 62 layers) scale queries by hidden/heads, the others by head_dim; Gemma 3's local
+            # layers use RoPE base 10000, unscaled
+            period = 2 if arch == "gemma2" else 6
+            big = n_layers == (46 if arch == "gemma2" else 62)
+            cfg.update(activation="gelu_tanh", post_norms=True, embedding_multiplier=hidden ** 0.5,
+                       query_pre_attn_scalar=float(hidden // heads if big else head_dim), sliding_window=window,
+                       layer_types=["sliding_attention" if (i + 1) % period else "full_attention"
+                                    for i in range(n_layers)])
+            if arch == "gemma2":
+                cfg.update(attn_logit_softcapping=num("attn_logit_softcapping", 50.0, kind=float),
+                           final_logit_softcapping=num("final_logit_softcapping", 30.0, kind=float))
+            else:
+                cfg["rope_local_theta"] = 10000.0
+        elif self._get(f"{arch}.attention.sliding_window") is not None:  # Mistral-style: every layer slides
+            cfg.update(sliding_window=num("attention.sliding_window"), layer_types=["sliding_attention"] * n_layers)
+        return cfg
+
+    def _rope_scaling(self, arch: str, head_dim: int) -> dict | None:
+        """llama.cpp stores Llama 3.1's scaling as precomputed per-frequency divisors (the rope_freqs tensor):
+        inv_freq[i] / rope_freqs[i] equals the llama3 rule. Linear scaling is a metadata pair."""
+        kind = self._get(f"{arch}.rope.scaling.type")
+        if "rope_freqs.weight" in self.tensors:
+            t = self.tensors["rope_freqs.weight"]
+            if t.tensor_type.name != "F32" or int(np.prod(t.shape)) != head_dim // 2:
+                raise FormatError(self.path, "tensor rope_freqs.weight",
+                                  f"is {t.tensor_type.name} {[int(d) for d in t.shape]}", f"F32 [{head_dim // 2}]")
+            factors = [float(x) for x in np.asarray(t.data, np.float32).ravel()]
+            if not all(np.isfinite(f) and f > 0 for f in factors):
+                raise FormatError(self.path, "tensor rope_freqs.weight", "holds non-positive or non-finite values",
+                                  "positive per-frequency divisors")
+            return {"rope_type": "freq_factors", "factors": factors}
+        if kind in (None, "none"):
+            return None
+        if kind == "linear":
+            factor = self._get(f"{arch}.rope.scaling.factor")
+            if not isinstance(factor, (int, float)) or factor <= 0:
+                raise FormatError(self.path, f"{arch}.rope.scaling.factor", f"is {factor!r}", "a positive number")
+            return {"rope_type": "linear", "factor": float(factor)}
+        raise FormatError(self.path, f"{arch}.rope.scaling.type", f"is {kind!r}", "none or linear (or a rope_freqs tensor)")
 
     def tensor(self, canonical: str, shape: list[int]) -> SourceTensor:
         gname = gguf_tensor_name(canonical)

@@ -2,8 +2,11 @@
 
 Readable top to bottom: Config -> Weights (dequantized from a package) -> neural net blocks -> the model with its
 KV cache -> Sampler -> generate. Everything is float32 and explicit; nothing here is tuned for speed beyond using
-matrix products. Supports the architectures the package format knows: llama, mistral (same math) and qwen2
-(q/k/v biases). RoPE is half-split (Hugging Face `rotate_half`), as the package format normalises it.
+matrix products. Supports the architectures the package format knows: llama, mistral (same math), qwen2
+(q/k/v biases), qwen3 (per-head q/k RMSNorm), phi3 (LongRoPE), gemma2 / gemma3 (GeGLU, sandwich norms, embedding
+scale, query pre-attention scalar, sliding-window layers, logit soft-capping, a second RoPE base for local layers).
+RoPE is half-split (Hugging Face `rotate_half`), as the package format normalises it; norm weights are
+multiplicative (Gemma's `1 + w` is folded in at pack time).
 
     from webinfer_packager.reference.model import ReferenceModel, Sampler, generate
     model = ReferenceModel.from_package("path/to/package")
@@ -23,7 +26,7 @@ import numpy as np
 
 from webinfer.errors import ContextOverflowError, FormatError, UnsupportedArchitectureError
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -42,12 +45,25 @@ class Config:
     head_dim: int               # hd
     rms_norm_eps: float
     rope_theta: float
-    rope_scaling: dict | None = None   # {"rope_type": "llama3", "factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
+    rope_scaling: dict | None = None   # linear | llama3 | longrope | freq_factors (docs/package-format.md)
     max_position_embeddings: int = 2048
     tie_word_embeddings: bool = True
     attention_bias: bool = False
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
+    activation: str = "silu"                   # silu (SwiGLU) | gelu_tanh (GeGLU)
+    qk_norm: bool = False                      # RMSNorm over each q and k head before RoPE
+    post_norms: bool = False                   # RMSNorm of the attention / MLP output before the residual add
+    embedding_multiplier: float = 1.0          # x = embed[ids] * this
+    query_pre_attn_scalar: float | None = None  # scores scaled by 1/sqrt(this) (default head_dim)
+    attn_logit_softcapping: float | None = None
+    final_logit_softcapping: float | None = None
+    sliding_window: int | None = None          # W: a sliding layer's query at p sees keys k with p - k < W
+    layer_types: list[str] | None = None       # per layer "full_attention" | "sliding_attention"
+    rope_local_theta: float | None = None      # sliding layers' RoPE base, unscaled (Gemma 3)
+
+    def is_sliding(self, layer: int) -> bool:
+        return self.layer_types is not None and self.layer_types[layer] == "sliding_attention"
 
     @classmethod
     def from_any(cls, c: Any) -> "Config":
@@ -87,6 +103,10 @@ class LayerWeights:
     q_bias: np.ndarray | None = None   # [H*hd]   (qwen2)
     k_bias: np.ndarray | None = None   # [Hkv*hd] (qwen2)
     v_bias: np.ndarray | None = None   # [Hkv*hd] (qwen2)
+    q_norm: np.ndarray | None = None   # [hd]     (qk_norm)
+    k_norm: np.ndarray | None = None   # [hd]     (qk_norm)
+    post_attn_norm: np.ndarray | None = None   # [D] (post_norms)
+    post_ffn_norm: np.ndarray | None = None    # [D] (post_norms)
 
 
 @dataclass
@@ -121,6 +141,10 @@ def load_weights(package: Any, cfg: Config) -> Weights:
                           ffn_norm=get(p + "ffn_norm"), gate=get(p + "gate"), up=get(p + "up"), down=get(p + "down"))
         if cfg.attention_bias:
             lw.q_bias, lw.k_bias, lw.v_bias = get(p + "q_bias"), get(p + "k_bias"), get(p + "v_bias")
+        if cfg.qk_norm:
+            lw.q_norm, lw.k_norm = get(p + "q_norm"), get(p + "k_norm")
+        if cfg.post_norms:
+            lw.post_attn_norm, lw.post_ffn_norm = get(p + "post_attn_norm"), get(p + "post_ffn_norm")
         layers.append(lw)
     lm_head = None if cfg.tie_word_embeddings else get("lm_head")
     return Weights(embed=get("embed"), layers=layers, norm=get("norm"), lm_head=lm_head)
@@ -138,15 +162,22 @@ def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
 
 
 def rope_inv_freq(theta: float, head_dim: int, scaling: dict | None = None) -> np.ndarray:
-    """Rotation frequency of each pair [hd/2]; llama3 scaling slows the low frequencies down (long context)."""
+    """Rotation frequency of each pair [hd/2]; llama3 scaling slows the low frequencies down (long context);
+    freq_factors (a GGUF's rope_freqs tensor) and longrope (short_factor, within the original context) divide
+    each frequency by its own factor."""
     inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))   # [hd/2]
     if not scaling:
         return inv_freq.astype(np.float32)
     kind = scaling.get("rope_type", scaling.get("type"))
     if kind == "linear":
         return (inv_freq / scaling["factor"]).astype(np.float32)
+    if kind == "freq_factors":
+        return (inv_freq / np.asarray(scaling["factors"], np.float64)).astype(np.float32)
+    if kind == "longrope":
+        return (inv_freq / np.asarray(scaling["short_factor"], np.float64)).astype(np.float32)
     if kind != "llama3":
-        raise FormatError("manifest.json", "config.rope_scaling.rope_type", repr(kind), "null, 'linear' or 'llama3'")
+        raise FormatError("manifest.json", "config.rope_scaling.rope_type", repr(kind),
+                          "null, linear, llama3, longrope or freq_factors")
     factor, lo, hi = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
     old_ctx = scaling["original_max_position_embeddings"]
     wavelen = 2 * math.pi / inv_freq                                     # [hd/2]
@@ -156,6 +187,11 @@ def rope_inv_freq(theta: float, head_dim: int, scaling: dict | None = None) -> n
     return ((1 - smooth) * inv_freq / factor + smooth * inv_freq).astype(np.float32)
 
 
+def rope_attention_factor(scaling: dict | None) -> float:
+    """LongRoPE multiplies cos and sin by this (so every score by its square); 1 for the other kinds."""
+    return float(scaling["attention_factor"]) if scaling and scaling.get("rope_type") == "longrope" else 1.0
+
+
 def rope(x: np.ndarray, positions: np.ndarray, theta: float, head_dim: int, scaling: dict | None = None) -> np.ndarray:
     """Half-split rotary embedding. x [T, nh, hd], positions [T] -> [T, nh, hd].
 
@@ -163,7 +199,8 @@ def rope(x: np.ndarray, positions: np.ndarray, theta: float, head_dim: int, scal
     """
     half = head_dim // 2
     angles = np.asarray(positions, dtype=np.float32)[:, None] * rope_inv_freq(theta, head_dim, scaling)[None, :]  # [T, hd/2]
-    cos, sin = np.cos(angles)[:, None, :], np.sin(angles)[:, None, :]   # [T, 1, hd/2]
+    m = np.float32(rope_attention_factor(scaling))
+    cos, sin = np.cos(angles)[:, None, :] * m, np.sin(angles)[:, None, :] * m   # [T, 1, hd/2]
     x1, x2 = x[..., :half], x[..., half:]                                # [T, nh, hd/2] each
     return np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(np.float32)
 
@@ -174,19 +211,30 @@ def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     return e / np.sum(e, axis=axis, keepdims=True)
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_positions: np.ndarray) -> np.ndarray:
+def softcap(x: np.ndarray, cap: float | None) -> np.ndarray:
+    """cap * tanh(x / cap): squashes logits smoothly into (-cap, cap) (Gemma 2); identity when cap is None."""
+    return x if cap is None else (np.float32(cap) * np.tanh(x / np.float32(cap))).astype(np.float32)
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_positions: np.ndarray, *, scale: float | None = None,
+              window: int | None = None, cap: float | None = None) -> np.ndarray:
     """Causal grouped-query attention.
 
     q [T, H, hd] at absolute positions q_positions [T]; k, v [S, Hkv, hd] for positions 0..S-1 -> out [T, H, hd].
-    Query head h reads kv head h // (H / Hkv). A query at position p sees keys at positions <= p.
+    Query head h reads kv head h // (H / Hkv). A query at position p sees keys at positions k <= p, and with a
+    sliding window W only those with p - k < W. Scores are q.k * scale (default 1/sqrt(hd)), soft-capped by cap.
     """
     T, H, hd = q.shape
     S, Hkv, _ = k.shape
     group = H // Hkv
     kk = np.repeat(k, group, axis=1).transpose(1, 2, 0)                 # [H, hd, S]
     vv = np.repeat(v, group, axis=1).transpose(1, 0, 2)                 # [H, S, hd]
-    scores = (q.transpose(1, 0, 2) @ kk) / np.float32(math.sqrt(hd))    # [H, T, S]
-    visible = np.arange(S)[None, :] <= np.asarray(q_positions)[:, None]  # [T, S]
+    scale = np.float32(1.0 / math.sqrt(hd) if scale is None else scale)
+    scores = softcap((q.transpose(1, 0, 2) @ kk) * scale, cap)         # [H, T, S]
+    qp = np.asarray(q_positions)[:, None]                               # [T, 1]
+    visible = np.arange(S)[None, :] <= qp                               # [T, S]
+    if window is not None:
+        visible &= qp - np.arange(S)[None, :] < window
     scores = np.where(visible[None], scores, -np.inf)
     return (softmax(scores, axis=-1) @ vv).transpose(1, 0, 2).astype(np.float32)  # [T, H, hd]
 
@@ -198,6 +246,16 @@ def silu(x: np.ndarray) -> np.ndarray:
 def swiglu(g: np.ndarray, u: np.ndarray) -> np.ndarray:
     """g, u [..., F] -> silu(g) * u [..., F]."""
     return (silu(g) * u).astype(np.float32)
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """GELU, tanh approximation (PyTorch gelu(approximate='tanh'), Gemma's gelu_pytorch_tanh)."""
+    return 0.5 * x * (1.0 + np.tanh(np.float32(math.sqrt(2.0 / math.pi)) * (x + np.float32(0.044715) * x ** 3)))
+
+
+def geglu(g: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """g, u [..., F] -> gelu_tanh(g) * u [..., F]."""
+    return (gelu_tanh(g) * u).astype(np.float32)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -239,28 +297,47 @@ class ReferenceModel:
         if start_pos + T > self.max_seq_len:
             raise ContextOverflowError(start_pos + T, self.max_seq_len)
         H, Hkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        eps = c.rms_norm_eps
         positions = np.arange(start_pos, start_pos + T)                   # [T]
         x = self.w.embed[np.asarray(token_ids, dtype=np.int64)]           # [T, D]
+        if c.embedding_multiplier != 1.0:
+            x = x * np.float32(c.embedding_multiplier)                    # Gemma: sqrt(D), rounded to f32 as HF does
+        act = geglu if c.activation == "gelu_tanh" else swiglu
+        scale = None if c.query_pre_attn_scalar is None else c.query_pre_attn_scalar ** -0.5
         for i, lw in enumerate(self.w.layers):
+            sliding = c.is_sliding(i)
+            theta, scaling = c.rope_theta, c.rope_scaling
+            if sliding and c.rope_local_theta is not None:
+                theta, scaling = c.rope_local_theta, None                 # Gemma 3 local layers
             # attention block
-            h = rmsnorm(x, lw.attn_norm, c.rms_norm_eps)                  # [T, D]
+            h = rmsnorm(x, lw.attn_norm, eps)                             # [T, D]
             q, k, v = h @ lw.q.T, h @ lw.k.T, h @ lw.v.T                  # [T, H*hd], [T, Hkv*hd] x2
             if lw.q_bias is not None:
                 q, k, v = q + lw.q_bias, k + lw.k_bias, v + lw.v_bias
-            q = rope(q.reshape(T, H, hd), positions, c.rope_theta, hd, c.rope_scaling)     # [T, H, hd]
-            k = rope(k.reshape(T, Hkv, hd), positions, c.rope_theta, hd, c.rope_scaling)   # [T, Hkv, hd]
+            q, k = q.reshape(T, H, hd), k.reshape(T, Hkv, hd)
+            if lw.q_norm is not None:                                     # per head, over hd
+                q, k = rmsnorm(q, lw.q_norm, eps), rmsnorm(k, lw.k_norm, eps)
+            q = rope(q, positions, theta, hd, scaling)                    # [T, H, hd]
+            k = rope(k, positions, theta, hd, scaling)                    # [T, Hkv, hd]
             self.k_cache[i] = np.concatenate([self.k_cache[i], k])        # [S, Hkv, hd]
             self.v_cache[i] = np.concatenate([self.v_cache[i], v.reshape(T, Hkv, hd)])
-            att = attention(q, self.k_cache[i], self.v_cache[i], positions)  # [T, H, hd]
-            x = x + att.reshape(T, H * hd) @ lw.o.T                       # [T, D]
+            att = attention(q, self.k_cache[i], self.v_cache[i], positions, scale=scale,
+                            window=c.sliding_window if sliding else None, cap=c.attn_logit_softcapping)  # [T, H, hd]
+            out = att.reshape(T, H * hd) @ lw.o.T                         # [T, D]
+            if lw.post_attn_norm is not None:
+                out = rmsnorm(out, lw.post_attn_norm, eps)
+            x = x + out                                                   # [T, D]
             # MLP block
-            h = rmsnorm(x, lw.ffn_norm, c.rms_norm_eps)                   # [T, D]
-            x = x + swiglu(h @ lw.gate.T, h @ lw.up.T) @ lw.down.T        # [T, D]
-        return rmsnorm(x, self.w.norm, c.rms_norm_eps)                    # [T, D]
+            h = rmsnorm(x, lw.ffn_norm, eps)                              # [T, D]
+            out = act(h @ lw.gate.T, h @ lw.up.T) @ lw.down.T             # [T, D]
+            if lw.post_ffn_norm is not None:
+                out = rmsnorm(out, lw.post_ffn_norm, eps)
+            x = x + out                                                   # [T, D]
+        return rmsnorm(x, self.w.norm, eps)                               # [T, D]
 
     def logits(self, h: np.ndarray) -> np.ndarray:
-        """h [T, D] -> logits [T, V]."""
-        return (h @ self.w.output.T).astype(np.float32)
+        """h [T, D] -> logits [T, V] (soft-capped where the model asks for it)."""
+        return softcap((h @ self.w.output.T).astype(np.float32), self.cfg.final_logit_softcapping)
 
     def forward(self, token_ids: list[int], start_pos: int) -> np.ndarray:
         """Logits [T, V] for every token (T > 1 is a causal prefill). The KV cache grows by T."""
