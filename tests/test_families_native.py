@@ -44,12 +44,12 @@ def _reference(pkg, prompt, n):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_native_greedy_equals_reference(gpu, family_package, family):
-    from webinfer_packager.native import generate_native, load_runner
+    from tests.gpu_fixtures import generate_ids, load_runner
 
     pkg = family_package(family)
     runner = load_runner(pkg, device=gpu, num_blocks=24, block_size=4, max_batch_tokens=8)
     for prompt in PROMPTS:
-        got, _ = generate_native(pkg, prompt, 32, runner=runner)
+        got = generate_ids(pkg, prompt, 32, runner=runner)
         assert got == _reference(pkg, prompt, 32), f"{family} prompt={prompt[:5]}"
 
 
@@ -57,7 +57,7 @@ def test_native_greedy_equals_reference(gpu, family_package, family):
 def test_native_logits_equal_reference(gpu, family_package, family):
     """Prefill over 21 tokens (window 6: most keys masked) and decode steps after it, against the reference."""
     from webinfer.engine.batch import SeqChunk, StepBatch
-    from webinfer_packager.native import load_runner
+    from tests.gpu_fixtures import load_runner
     from webinfer_packager.reference.model import ReferenceModel
 
     pkg = family_package(family)

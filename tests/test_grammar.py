@@ -1,0 +1,424 @@
+"""The grammar engine (webinfer/grammar/) against independent oracles.
+
+- JSON Schema: hypothesis-generated schemas; documents produced by random walks through the matcher (random allowed
+  bytes, then the shortest way to finish) must parse with json.loads and validate with the `jsonschema` library.
+- Token masks: on a small vocabulary, every token the mask allows keeps the text a viable prefix and every token it
+  forbids breaks it (brute force over the vocabulary, by reading the token's bytes one at a time).
+- Regular expressions: accept exactly what Python's re.fullmatch accepts; integer ranges: exactly the integers inside.
+- Greedy constrained decoding over a fake model equals unconstrained decoding when that output satisfies the schema.
+
+Run: python -m pytest tests/test_grammar.py -q
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+
+import jsonschema
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.synthetic import tiny_tokenizer_json
+from webinfer.grammar import (GrammarCache, GrammarError, GrammarMatcher, TokenMasks, TokenVocab, ebnf_grammar,
+                              grammar_from_response_format, json_object_grammar, json_schema_grammar, regex_grammar)
+from webinfer.grammar.json_schema import int_range
+from webinfer.grammar.grammar import Grammar
+from webinfer.tokenizer import Tokenizer
+
+
+def random_document(g, rng: random.Random, budget: int = 80) -> bytes:
+    """A random walk over allowed bytes: random choices for `budget` bytes (stopping at random where the document may
+    end), then the bytes that finish it soonest."""
+    sid, out = g.initial, bytearray()
+    while True:
+        allowed = [b for b in range(256) if g.step(sid, b) >= 0]
+        if g.state_can_end[sid] and (not allowed or rng.random() < 0.15 or len(out) >= budget):
+            return bytes(out)
+        assert allowed, f"dead end after {bytes(out)!r}: every live state must be able to finish"
+        if len(out) < budget:
+            b = rng.choice(allowed)
+        else:
+            b = min(allowed, key=lambda x: (g.shortest_completion(g.step(sid, x)), x))
+        sid = g.step(sid, b)
+        out.append(b)
+
+
+def accepts(g, data: bytes) -> bool:
+    s = g.walk(g.initial, data)
+    return s >= 0 and g.state_can_end[s]
+
+
+# -- hypothesis schemas ----------------------------------------------------------------------------------------------
+
+PATTERNS = ["^[a-z]{1,4}$", "^[A-Z][a-z]*-[0-9]{2}$", "ab+c", "^(red|green|blue)$", r"^\d{3}-\d{4}$", "^[^a-z]+$",
+            'x"y', r"^[\w.]+@[a-z]+\.(com|org)$", "^é+ü?$"]
+SCALAR_VALUES = st.one_of(st.integers(-1000, 1000), st.booleans(), st.none(), st.text(max_size=6),
+                          st.floats(-100, 100, allow_nan=False).map(lambda x: round(x, 2)))
+
+
+@st.composite
+def int_schema(draw):
+    s: dict = {"type": "integer"}
+    lo = draw(st.one_of(st.none(), st.integers(-10**6, 10**6)))
+    hi = draw(st.one_of(st.none(), st.integers(-10**6, 10**6)))
+    if lo is not None and hi is not None and hi < lo:
+        lo, hi = hi, lo
+    if lo is not None:
+        s["exclusiveMinimum" if draw(st.booleans()) and (hi is None or hi > lo + 1) else "minimum"] = lo
+    if hi is not None:
+        s["maximum"] = hi
+    return s
+
+
+@st.composite
+def number_schema(draw):
+    s: dict = {"type": "number"}
+    lo = draw(st.one_of(st.none(), st.floats(-1000, 1000).map(lambda x: round(x, 1))))
+    if lo is not None:
+        s["minimum"] = lo
+        s["maximum"] = lo + draw(st.sampled_from([2.5, 10, 1000]))
+    return s
+
+
+@st.composite
+def string_schema(draw):
+    kind = draw(st.sampled_from(["plain", "len", "pattern", "format"]))
+    if kind == "len":
+        lo = draw(st.integers(0, 5))
+        return {"type": "string", "minLength": lo, "maxLength": lo + draw(st.integers(0, 6))}
+    if kind == "pattern":
+        return {"type": "string", "pattern": draw(st.sampled_from(PATTERNS))}
+    if kind == "format":
+        return {"type": "string", "format": draw(st.sampled_from(["date", "uuid", "date-time"]))}
+    return {"type": "string"}
+
+
+leaf = st.one_of(int_schema(), number_schema(), string_schema(), st.just({"type": "boolean"}),
+                 st.just({"type": "null"}), st.lists(SCALAR_VALUES, min_size=1, max_size=4, unique_by=json.dumps)
+                 .map(lambda v: {"enum": v}), SCALAR_VALUES.map(lambda v: {"const": v}),
+                 st.just({"type": ["string", "null"]}), st.just({}))
+
+NAMES = st.text(alphabet="abcdefghijk_XYZé ", min_size=1, max_size=6)
+
+
+def composite(children):
+    obj = st.builds(
+        lambda props, req, extra: {"type": "object", "properties": props,
+                                   "required": [k for k, r in zip(props, req) if r], **extra},
+        st.dictionaries(NAMES, children, min_size=0, max_size=4), st.lists(st.booleans(), min_size=4, max_size=4),
+        st.sampled_from([{}, {"additionalProperties": False}, {"additionalProperties": True},
+                         {"additionalProperties": {"type": "integer"}}]))
+    arr = st.builds(lambda items, lo, extra: {"type": "array", "items": items, "minItems": lo,
+                                              **({"maxItems": lo + extra} if extra is not None else {})},
+                    children, st.integers(0, 2), st.one_of(st.none(), st.integers(0, 3)))
+    tup = st.builds(lambda items, more: {"type": "array", "prefixItems": items, "items": more},
+                    st.lists(children, min_size=1, max_size=3), st.sampled_from([False, True, {"type": "boolean"}]))
+    anyof = st.lists(children, min_size=2, max_size=3).map(lambda xs: {"anyOf": xs})
+    return st.one_of(obj, arr, tup, anyof)
+
+
+schemas = st.recursive(leaf, composite, max_leaves=8)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(schemas, st.integers(0, 2**32 - 1), st.booleans())
+def test_random_documents_validate(schema, seed, via_defs):
+    if via_defs:  # the same schema behind $defs / $ref
+        schema = {"$defs": {"inner": schema}, "$ref": "#/$defs/inner"}
+    g = json_schema_grammar(schema).compile()
+    rng = random.Random(seed)
+    for _ in range(3):
+        doc = random_document(g, rng)
+        value = json.loads(doc.decode("utf-8"))
+        jsonschema.validate(value, schema, cls=jsonschema.Draft202012Validator)
+
+
+def test_recursive_ref_schema():
+    schema = {"$defs": {"node": {"type": "object", "properties": {
+        "value": {"type": "integer"}, "children": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 2}},
+        "required": ["value"], "additionalProperties": False}}, "$ref": "#/$defs/node"}
+    g = json_schema_grammar(schema).compile()
+    assert accepts(g, b'{"value": 1, "children": [{"value": 2, "children": [{"value": 3}]}, {"value": 4}]}')
+    assert not accepts(g, b'{"value": 1, "children": [{"children": []}]}')
+    rng = random.Random(3)
+    for _ in range(20):
+        jsonschema.validate(json.loads(random_document(g, rng, 200)), schema)
+
+
+def test_object_rules():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"},
+                                               "c": {"type": "boolean"}}, "required": ["b"]}
+    g = json_schema_grammar(schema).compile()
+    for ok in [b'{"b": ""}', b'{"a": 1, "b": "x"}', b'{"b": "x", "c": true}', b'{\n  "a": -3,\n  "b": "y",\n  "c": false\n}']:
+        assert accepts(g, ok), ok
+    for bad in [b'{}', b'{"a": 1}', b'{"b": "x", "a": 1}', b'{"b": "x", "d": 1}', b'{"b": "x",}', b'{"b": 1}']:
+        assert not accepts(g, bad), bad
+    extra = json_schema_grammar({**schema, "additionalProperties": {"type": "null"}}).compile()
+    assert accepts(extra, b'{"b": "x", "zz": null, "bb": null}')
+    assert not accepts(extra, b'{"b": "x", "b": null}')  # a listed name is never an extra key
+    assert not accepts(extra, b'{"b": "x", "zz": 1}')
+
+
+def test_json_object_any_value():
+    g = json_object_grammar().compile()
+    assert accepts(g, b'{"a": [1, -2.5e3, {"b": null}, "\\u00e9\\n"], "c": {}}')
+    assert not accepts(g, b'[1]') and not accepts(g, b'{"a": 01}') and not accepts(g, b"{'a': 1}")
+    rng = random.Random(0)
+    for _ in range(30):
+        assert isinstance(json.loads(random_document(g, rng, 120)), dict)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(st.none(), st.integers(-20000, 20000)), st.one_of(st.none(), st.integers(-20000, 20000)),
+       st.integers(-30000, 30000))
+def test_int_range_exact(lo, hi, x):
+    if lo is not None and hi is not None and hi < lo:
+        lo, hi = hi, lo
+    g = Grammar({"root": int_range(lo, hi)}).compile()
+    inside = (lo is None or x >= lo) and (hi is None or x <= hi)
+    assert accepts(g, str(x).encode()) == inside
+    assert not accepts(g, b"-0") and not accepts(g, b"007")
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(["integer", "number"]), st.one_of(st.none(), st.integers(-50, 50), st.floats(-50, 50).map(lambda x: round(x, 1))),
+       st.one_of(st.none(), st.integers(-50, 50), st.floats(-50, 50).map(lambda x: round(x, 1))),
+       st.booleans(), st.booleans(), st.data())
+def test_number_bounds_at_the_edges(kind, lo, hi, lo_x, hi_x, data):
+    """Sound at the boundaries (what the grammar accepts validates); exact for integers."""
+    s: dict = {"type": kind}
+    if lo is not None:
+        s["exclusiveMinimum" if lo_x else "minimum"] = lo
+    if hi is not None:
+        s["exclusiveMaximum" if hi_x else "maximum"] = hi
+    try:
+        g = json_schema_grammar(s).compile()
+    except GrammarError:  # an empty range
+        assert lo is not None and hi is not None and lo >= hi - 1
+        return
+    near = [v + d for v in (lo, hi, 0) if v is not None for d in (-1, -0.5, -0.1, 0, 0.1, 0.5, 1)]
+    for x in near + [data.draw(st.integers(-60, 60))]:
+        for text in {str(x), str(int(x)) if x == int(x) else str(x), f"{x:.1f}"}:
+            try:
+                jsonschema.validate(json.loads(text), s)
+                valid = True
+            except jsonschema.ValidationError:
+                valid = False
+            if accepts(g, text.encode()):
+                assert valid, (s, text)
+            elif kind == "integer" and re.fullmatch(r"-?(0|[1-9][0-9]*)", text) and text != "-0":
+                assert not valid, (s, text)
+
+
+REGEXES = [r"[a-c]+x\d{2}", r"(ab|a)*b?", r"[^abc]{2,3}", r"\w+@\w+\.(com|net)", r"a.c", r"(?:0|[1-9]\d*)(\.\d+)?",
+           r"[\-+]?[0-9a-f]{1,4}", r"x{2,}y?", r"(é|ü)+\s?", r"\\\.\*", r"[\d\s]*"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(REGEXES), st.text(alphabet="abcxy0129@.com né\\*+-é", max_size=8))
+def test_regex_matches_python_re(pattern, text):
+    g = regex_grammar(pattern).compile()
+    assert accepts(g, text.encode()) == (re.fullmatch(pattern, text) is not None), (pattern, text)
+
+
+def test_regex_random_walks_fullmatch():
+    rng = random.Random(1)
+    for p in REGEXES:
+        g = regex_grammar(p).compile()
+        for _ in range(10):
+            s = random_document(g, rng, 12).decode("utf-8")
+            assert re.fullmatch(p, s), (p, s)
+
+
+def test_gbnf_grammar():
+    text = r'''
+        # a tiny key/value language
+        root ::= "{" ws pair ("," ws pair)* "}"
+        pair ::= [a-z]+ ":" ws ( num | "null" | str )
+        num  ::= "-"? [0-9]+ ("." [0-9]+)?
+        str  ::= /'[^']*'/
+        ws   ::= [ \t\n]{0,4}
+    '''
+    g = ebnf_grammar(text).compile()
+    for ok in [b"{a:1,b: null}", b"{x:-2.5,\n  y:'hi there'}"]:
+        assert accepts(g, ok), ok
+    for bad in [b"{a:}", b"{A:1}", b"{a:1,}", b"{a:'x}"]:
+        assert not accepts(g, bad), bad
+    # nullable rules and recursion that reads a byte first are fine
+    nested = ebnf_grammar('root ::= item*\nitem ::= "(" root ")" | "x"').compile()
+    assert accepts(nested, b"x(x(x))()") and not accepts(nested, b"(x")
+
+
+@pytest.mark.parametrize("build, field", [
+    (lambda: json_schema_grammar({"type": "array", "uniqueItems": True}), "schema.uniqueItems"),
+    (lambda: json_schema_grammar({"type": "object", "properties": {"a": {"type": "integer", "multipleOf": 3}}}),
+     "properties.a.multipleOf"),
+    (lambda: json_schema_grammar({"type": "string", "minLength": 3, "maxLength": 2}), "maxLength"),
+    (lambda: json_schema_grammar({"type": "integer", "minimum": 5, "maximum": 4}), "schema"),
+    (lambda: json_schema_grammar({"$ref": "#/$defs/nope"}), "$ref"),
+    (lambda: json_schema_grammar({"type": "object", "required": ["x"]}), "required"),
+    (lambda: regex_grammar("a(?=b)"), "regex"),
+    (lambda: regex_grammar("(a"), "regex"),
+    (lambda: ebnf_grammar("root ::= x").compile(), "grammar"),
+    (lambda: ebnf_grammar('root ::= root "a" | "a"').compile().check(), "grammar"),
+    (lambda: grammar_from_response_format({"type": "xml"}), "response_format.type"),
+])
+def test_bad_input_raises_grammar_error_naming_the_field(build, field):
+    with pytest.raises(GrammarError) as e:
+        build()
+    assert field in e.value.param or field in str(e.value), str(e.value)
+
+
+# -- token masks -------------------------------------------------------------------------------------------------
+
+
+def small_vocab() -> TokenVocab:
+    """Every single byte, plus multi-byte pieces that cross grammar boundaries (quote + comma, '}' + ',', ...)."""
+    pieces = [bytes([b]) for b in range(256)]
+    pieces += [s.encode() for s in ['{"', '":', '": "', '", "', '"}', '},', '}]', '[{', '"]', ', ', 'name', 'age',
+                                    '": 1', '12', '3.5', 'true', 'false', 'null', '"a', 'a"', '\\"', '\\n', '  ',
+                                    '\n ', ' "', '"name": "', 'é', '},{"', 'tr', 'ue', '-1', 'e+', '0.', '1e']]
+    pieces += ["é".encode()[:1], "€".encode()[:2]]
+    return TokenVocab(pieces + [None, b""])  # a special token and an empty one: never allowed
+
+
+def check_masks_brute_force(masks: TokenMasks, rng: random.Random, steps: int = 30) -> int:
+    """Random token walks; at each step the mask equals the brute-force set of viable tokens. Returns tokens seen."""
+    g, vocab = masks.g, masks.vocab
+    m = GrammarMatcher(masks, stop_ids=[len(vocab.token_bytes) - 2])
+    seen = 0
+    for _ in range(steps):
+        mask = m.mask()
+        for t, data in enumerate(vocab.token_bytes):
+            if t in m.stop_ids:
+                assert bool(mask >> t & 1) == g.state_can_end[m.sid]
+                continue
+            viable = bool(data) and g.walk(m.sid, data) >= 0
+            assert bool(mask >> t & 1) == viable, (t, data, m.sid)
+        allowed = [t for t in range(vocab.size) if mask >> t & 1]
+        assert allowed, "a live state always allows something"
+        t = rng.choice(allowed)
+        assert m.accept(t)
+        seen += 1
+        if m.is_terminated():
+            break
+    return seen
+
+
+@pytest.mark.parametrize("make", [
+    lambda: json_schema_grammar({"type": "object", "properties": {"name": {"type": "string", "maxLength": 5},
+                                                                  "age": {"type": "integer", "minimum": 0}},
+                                 "required": ["name"]}),
+    lambda: json_object_grammar(),
+    lambda: json_schema_grammar({"type": "array", "items": {"anyOf": [{"type": "number"}, {"enum": ["a", True]}]}}),
+    lambda: regex_grammar(r"(ab|a\d)+[^x]é?"),
+])
+def test_mask_equals_brute_force(make):
+    masks = TokenMasks(make().compile(), small_vocab())
+    rng = random.Random(7)
+    for _ in range(4):
+        check_masks_brute_force(masks, rng)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(schemas, st.integers(0, 1000))
+def test_mask_equals_brute_force_hypothesis(schema, seed):
+    check_masks_brute_force(TokenMasks(json_schema_grammar(schema).compile(), small_vocab()), random.Random(seed), 20)
+
+
+def test_accept_rollback_terminate_and_words():
+    vocab = small_vocab()
+    stop = len(vocab.token_bytes) - 2
+    m = GrammarMatcher(TokenMasks(json_schema_grammar({"type": "boolean"}).compile(), vocab), stop_ids=[stop])
+    tr, ue = vocab.token_bytes.index(b"tr"), vocab.token_bytes.index(b"ue")
+    assert not m.accept(ord("x")) and not m.accept(stop)
+    assert m.accept(tr) and m.accept(ue) and m.can_end()
+    assert m.accept(stop) and m.is_terminated() and m.mask() == 0 and not m.accept(ord(" "))
+    m.rollback(2)
+    assert not m.is_terminated() and not m.can_end() and m.mask() >> ue & 1
+    words = m.mask_words()
+    assert len(words) == 4 * ((vocab.size + 31) // 32)
+    ints = [int.from_bytes(words[i : i + 4], "little") for i in range(0, len(words), 4)]
+    assert all(bool(ints[t // 32] >> (t % 32) & 1) == bool(m.mask() >> t & 1) for t in range(vocab.size))
+    with pytest.raises(ValueError):
+        m.rollback(5)
+
+
+# -- greedy decoding with a fake model ---------------------------------------------------------------------------
+
+
+class FakeModel:
+    """Logits that prefer the tokens of `target` in order (then the stop token), with a deterministic pseudo-random
+    background, so greedy decoding reproduces the target exactly."""
+
+    def __init__(self, tok: Tokenizer, target: str, stop: int, vocab_size: int):
+        self.ids = tok.encode(target) + [stop]
+        self.v = vocab_size
+
+    def logits(self, step: int) -> list[float]:
+        rng = random.Random(step)
+        out = [rng.random() for _ in range(self.v)]
+        if step < len(self.ids):
+            out[self.ids[step]] = 5.0
+        return out
+
+
+def greedy(model: FakeModel, matcher: GrammarMatcher | None, stop: int, limit: int = 80) -> list[int]:
+    out = []
+    for step in range(limit):
+        lg = model.logits(step)
+        if matcher is not None:
+            mask = matcher.mask()
+            lg = [x if mask >> i & 1 else float("-inf") for i, x in enumerate(lg)]
+        t = max(range(len(lg)), key=lambda i: (lg[i], -i))
+        out.append(t)
+        if matcher is not None:
+            assert matcher.accept(t)
+        if t == stop:
+            break
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny_tok():
+    return Tokenizer.from_json(tiny_tokenizer_json(300))
+
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer", "minimum": 0},
+                                           "pets": {"type": "array", "items": {"enum": ["cat", "dog"]}}},
+          "required": ["name", "age"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("doc", ['{"name": "the cat", "age": 3}', '{\n  "name": "x",\n  "age": 10,\n  "pets": ["dog"]\n}',
+                                 '{"name":"a b c","age":0,"pets":[]}'])
+def test_greedy_constrained_equals_unconstrained_when_valid(tiny_tok, doc):
+    jsonschema.validate(json.loads(doc), SCHEMA)
+    vocab = TokenVocab.from_tokenizer(tiny_tok)
+    stop = tiny_tok.token_to_id("<|endoftext|>") if tiny_tok.token_to_id("<|endoftext|>") is not None else vocab.size - 1
+    model = FakeModel(tiny_tok, doc, stop, vocab.size)
+    masks = GrammarCache(vocab).get({"type": "json_schema", "json_schema": {"schema": SCHEMA}})
+    free = greedy(model, None, stop)
+    assert free == model.ids
+    assert greedy(model, GrammarMatcher(masks, [stop]), stop) == free
+
+
+def test_greedy_constrained_repairs_invalid_output(tiny_tok):
+    vocab = TokenVocab.from_tokenizer(tiny_tok)
+    stop = vocab.size - 1
+    model = FakeModel(tiny_tok, '{"name": "x", "age": "old"}', stop, vocab.size)
+    m = GrammarMatcher(GrammarCache(vocab).get({"type": "json_schema", "json_schema": {"schema": SCHEMA}}), [stop])
+    out = greedy(model, m, stop, limit=200)
+    assert out[-1] == stop and m.is_terminated()
+    jsonschema.validate(json.loads(tiny_tok.decode(out[:-1])), SCHEMA)
+
+
+def test_grammar_cache_shares_masks(tiny_tok):
+    cache = GrammarCache(TokenVocab.from_tokenizer(tiny_tok), capacity=2)
+    rf = {"type": "json_object"}
+    assert cache.get(rf) is cache.get(dict(rf)) and cache.get({"type": "text"}) is None
+    cache.get({"type": "regex", "regex": "a+"})
+    cache.get({"type": "regex", "regex": "b+"})
+    assert cache.get(rf) is not None and len(cache._lru) == 2

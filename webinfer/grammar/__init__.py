@@ -1,0 +1,89 @@
+"""Structured output: grammars over bytes and per-step token masks, in pure Python (it runs inside Pyodide).
+
+    vocab = TokenVocab.from_tokenizer(tokenizer)               # once per tokenizer (a trie of the token bytes)
+    cache = GrammarCache(vocab)                                 # once per engine: compiled grammars and their masks
+    masks = cache.get(response_format)                          # per request (cached by content); None: unconstrained
+    m = GrammarMatcher(masks, stop_ids=eos_ids)                 # per sequence
+    per step:  words = m.mask_words()  -> upload (vocab/32 u32 words) for the GPU sampler
+               m.accept(sampled_id)    -> False only if the sampler ignored the mask
+    m.rollback(n); m.is_terminated(); m.can_end()
+
+Sources: JSON Schema (json_schema.py), any JSON object, a regular expression (expr.py), GBNF / EBNF (ebnf.py).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+
+from .ebnf import ebnf_grammar
+from .errors import GrammarError
+from .expr import regex
+from .grammar import CompiledGrammar, Grammar
+from .json_schema import json_object_grammar, json_schema_grammar
+from .matcher import GrammarMatcher, TokenMasks, TokenVocab, mask_to_words
+
+__all__ = ["CompiledGrammar", "Grammar", "GrammarCache", "GrammarError", "GrammarMatcher", "TokenMasks", "TokenVocab",
+           "ebnf_grammar", "grammar_from_response_format", "json_object_grammar", "json_schema_grammar",
+           "mask_to_words", "regex_grammar"]
+
+
+def regex_grammar(pattern: str, where: str = "response_format.regex") -> Grammar:
+    """Text that matches `pattern` as a whole (re.fullmatch semantics, see RegexParser for the syntax)."""
+    if not isinstance(pattern, str):
+        raise GrammarError(where, f"is {type(pattern).__name__}, expected a regular expression string")
+    return Grammar({"root": regex(pattern, where)}, "root", where)
+
+
+def grammar_from_response_format(rf) -> Grammar | None:
+    """The grammar an OpenAI `response_format` asks for; None for {"type": "text"} / None.
+
+    {"type": "json_object"}; {"type": "json_schema", "json_schema": {"schema": {...}, "strict": ..., "name": ...}};
+    extensions: {"type": "regex", "regex": "..."} and {"type": "grammar", "grammar": "<GBNF / EBNF text>"}.
+    """
+    if rf is None:
+        return None
+    if not isinstance(rf, dict) or not isinstance(rf.get("type"), str):
+        raise GrammarError("response_format", "expected an object with a string field 'type'")
+    kind = rf["type"]
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return json_object_grammar()
+    if kind == "json_schema":
+        js = rf.get("json_schema")
+        if not isinstance(js, dict) or "schema" not in js:
+            raise GrammarError("response_format.json_schema", "expected an object with a 'schema' field")
+        return json_schema_grammar(js["schema"])
+    if kind == "regex":
+        return regex_grammar(rf.get("regex"))
+    if kind == "grammar":
+        return ebnf_grammar(rf.get("grammar"))
+    raise GrammarError("response_format.type", f"is {kind!r}, expected text, json_object, json_schema, regex or grammar")
+
+
+class GrammarCache:
+    """Compiled grammars bound to one vocabulary, kept by content (LRU): requests with the same schema share the
+    mask caches, so the second request costs nothing to compile and starts with warm masks."""
+
+    def __init__(self, vocab: TokenVocab, capacity: int = 32):
+        self.vocab, self.capacity = vocab, capacity
+        self._lru: OrderedDict[str, TokenMasks] = OrderedDict()
+
+    def get(self, response_format) -> TokenMasks | None:
+        if response_format is None or (isinstance(response_format, dict) and response_format.get("type") == "text"):
+            return None
+        try:
+            key = json.dumps(response_format, sort_keys=True)
+        except (TypeError, ValueError):
+            raise GrammarError("response_format", "is not JSON-serialisable") from None
+        masks = self._lru.get(key)
+        if masks is None:
+            g = grammar_from_response_format(response_format)
+            masks = TokenMasks(g.compile(), self.vocab)
+            self._lru[key] = masks
+            if len(self._lru) > self.capacity:
+                self._lru.popitem(last=False)
+        else:
+            self._lru.move_to_end(key)
+        return masks

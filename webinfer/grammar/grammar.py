@@ -1,0 +1,361 @@
+"""A context-free grammar over bytes, compiled to a pushdown automaton (pure Python).
+
+Each rule's expression (webinfer/grammar/expr.py) becomes a DFA whose edges read a byte or call another rule.
+A parse position is a stack of DFA states (nodes): the top is where the current rule is, each lower entry is the
+state its caller returns to. Because a rule may end or go on, and alternatives may start alike, the matcher state is
+a *set* of stacks; sets are interned to small ints (`sid`) and byte transitions between them are memoized, so a
+byte costs one dict lookup once it has been seen in that state.
+
+Restrictions, checked at compile time (GrammarError): a rule that calls itself before reading a byte (left
+recursion) is rejected; rules that can never finish are removed, and a grammar whose root can never finish is
+rejected.
+"""
+
+from __future__ import annotations
+
+from .errors import GrammarError
+
+MAX_NODES = 200_000  # DFA states over all rules: a guard against schemas with huge repetition counts
+
+
+class Grammar:
+    """Rules name -> expression; `root` names the start rule. `where` names the request field in errors."""
+
+    def __init__(self, rules: dict[str, tuple], root: str = "root", where: str = "grammar"):
+        if root not in rules:
+            raise GrammarError(where, f"no rule named {root!r} (the start rule)")
+        self.rules, self.root, self.where = dict(rules), root, where
+
+    def compile(self) -> "CompiledGrammar":
+        return CompiledGrammar(self)
+
+
+# -- expression -> NFA -> DFA ----------------------------------------------------------------------------------------
+
+
+class _NFA:
+    def __init__(self):
+        self.edges: list[list] = []  # state -> [(label, target)]; label None = epsilon, int = byte mask, str = rule
+
+    def new(self) -> int:
+        self.edges.append([])
+        return len(self.edges) - 1
+
+    def build(self, e, s: int, t: int, rules, where: str) -> None:
+        kind = e[0]
+        if kind == "bytes":
+            if e[1]:
+                self.edges[s].append((e[1], t))
+        elif kind == "seq":
+            items = e[1]
+            if not items:
+                self.edges[s].append((None, t))
+            cur = s
+            for k, x in enumerate(items):
+                nxt = t if k == len(items) - 1 else self.new()
+                self.build(x, cur, nxt, rules, where)
+                cur = nxt
+        elif kind == "alt":
+            for x in e[1]:
+                self.build(x, s, t, rules, where)
+        elif kind == "rep":
+            x, lo, hi = e[1], e[2], e[3]
+            cur = s
+            for _ in range(lo):
+                nxt = self.new()
+                self.build(x, cur, nxt, rules, where)
+                cur = nxt
+            if hi is None:
+                m = self.new()
+                self.edges[cur].append((None, m))
+                self.build(x, m, m, rules, where)
+                self.edges[m].append((None, t))
+            else:
+                self.edges[cur].append((None, t))
+                for _ in range(hi - lo):
+                    nxt = self.new()
+                    self.build(x, cur, nxt, rules, where)
+                    self.edges[nxt].append((None, t))
+                    cur = nxt
+        elif kind == "ref":
+            if e[1] not in rules:
+                raise GrammarError(where, f"reference to an undefined rule {e[1]!r}")
+            self.edges[s].append((e[1], t))
+        else:
+            raise ValueError(f"bad grammar expression {e!r}")
+        if len(self.edges) > MAX_NODES:
+            raise GrammarError(where, f"the grammar needs more than {MAX_NODES} states (repetition counts too large?)")
+
+    def closure(self, states) -> frozenset:
+        out, todo = set(states), list(states)
+        while todo:
+            for label, t in self.edges[todo.pop()]:
+                if label is None and t not in out:
+                    out.add(t)
+                    todo.append(t)
+        return frozenset(out)
+
+
+def _dfa(expr, rules, where: str):
+    """-> (byte transitions [dict byte -> state], calls [dict rule -> state], accepting [bool]); state 0 starts."""
+    nfa = _NFA()
+    s, f = nfa.new(), nfa.new()
+    nfa.build(expr, s, f, rules, where)
+    start = nfa.closure([s])
+    index = {start: 0}
+    order = [start]
+    btrans, calls, acc = [], [], []
+    k = 0
+    while k < len(order):
+        cur = order[k]
+        k += 1
+        by_byte: dict[int, set] = {}
+        by_rule: dict[str, set] = {}
+        for q in cur:
+            for label, t in nfa.edges[q]:
+                if label is None:
+                    continue
+                if isinstance(label, str):
+                    by_rule.setdefault(label, set()).add(t)
+                    continue
+                m = label
+                while m:
+                    low = m & -m
+                    by_byte.setdefault(low.bit_length() - 1, set()).add(t)
+                    m ^= low
+        bt, ct = {}, {}
+        for table, src in ((bt, by_byte), (ct, by_rule)):
+            memo: dict[frozenset, int] = {}
+            for key, targets in src.items():
+                ft = frozenset(targets)
+                if ft not in memo:
+                    c = nfa.closure(ft)
+                    if c not in index:
+                        index[c] = len(order)
+                        order.append(c)
+                        if len(order) > MAX_NODES:
+                            raise GrammarError(where, f"the grammar needs more than {MAX_NODES} states")
+                    memo[ft] = index[c]
+                table[key] = memo[ft]
+        btrans.append(bt)
+        calls.append(ct)
+        acc.append(f in cur)
+    return btrans, calls, acc
+
+
+# -- the pushdown automaton --------------------------------------------------------------------------------------------
+
+
+class CompiledGrammar:
+    """Nodes (rule DFA states, numbered globally) and the interned stack-set states the matcher walks."""
+
+    def __init__(self, g: Grammar):
+        self.where = g.where
+        dfas = {name: _dfa(e, g.rules, g.where) for name, e in g.rules.items()}
+        # only the rules reachable from the root
+        reach, todo = {g.root}, [g.root]
+        while todo:
+            for ct in dfas[todo.pop()][1]:
+                for r in ct:
+                    if r not in reach:
+                        reach.add(r)
+                        todo.append(r)
+        names = [n for n in g.rules if n in reach]
+        productive = self._productive(names, dfas)
+        if g.root not in productive:
+            raise GrammarError(g.where, "the grammar (or schema) matches nothing: its start rule can never finish")
+        self.rule_names = [n for n in names if n in productive]
+        self.start: dict[str, int] = {}
+        base = 0
+        for n in self.rule_names:
+            self.start[n] = base
+            base += len(dfas[n][0])
+        if base > MAX_NODES:
+            raise GrammarError(g.where, f"the grammar needs more than {MAX_NODES} states")
+        self.n_nodes = base
+        self.bytes: list[dict[int, int]] = []
+        self.calls: list[list[tuple[int, int]]] = []  # (callee start node, return node)
+        self.accept: list[bool] = []
+        self.rule_of: list[str] = []
+        for n in self.rule_names:
+            bt, ct, acc = dfas[n]
+            live = self._coreachable(bt, ct, acc, productive)
+            o = self.start[n]
+            for st in range(len(bt)):
+                ok = st in live
+                self.bytes.append({b: o + t for b, t in bt[st].items() if t in live} if ok else {})
+                self.calls.append([(self.start[r], o + t) for r, t in ct[st].items() if r in productive and t in live]
+                                  if ok else [])
+                self.accept.append(acc[st] and ok)
+                self.rule_of.append(n)
+        self.nullable = self._nullable()
+        self._eps: dict[int, tuple[int, ...]] = {}
+        self.can_end = [any(self.accept[m] for m in self.eps(k)) for k in range(self.n_nodes)]
+        self._trans: list[dict[int, tuple]] = [dict() for _ in range(self.n_nodes)]
+        self._busy: set = set()
+        # interned stack sets
+        self.states: list[frozenset] = []
+        self._index: dict[frozenset, int] = {}
+        self._next: list[dict[int, int]] = []
+        self.state_can_end: list[bool] = []
+        self.initial = self.intern(frozenset([(self.start[g.root],)]))
+
+    @staticmethod
+    def _coreachable(bt, ct, acc, productive) -> set:
+        rev: dict[int, set] = {}
+        for s in range(len(bt)):
+            for t in bt[s].values():
+                rev.setdefault(t, set()).add(s)
+            for r, t in ct[s].items():
+                if r in productive:
+                    rev.setdefault(t, set()).add(s)
+        live = {s for s in range(len(bt)) if acc[s]}
+        todo = list(live)
+        while todo:
+            for p in rev.get(todo.pop(), ()):
+                if p not in live:
+                    live.add(p)
+                    todo.append(p)
+        return live
+
+    def _productive(self, names, dfas) -> set:
+        prod: set = set()
+        changed = True
+        while changed:
+            changed = False
+            for n in names:
+                if n not in prod and 0 in self._coreachable(*dfas[n], prod):
+                    prod.add(n)
+                    changed = True
+        return prod
+
+    def _nullable(self) -> set:
+        """Rules that can finish without reading a byte."""
+        null: set = set()
+        changed = True
+        while changed:
+            changed = False
+            for name in self.rule_names:
+                if name in null:
+                    continue
+                s = self.start[name]
+                seen, todo = {s}, [s]
+                while todo:
+                    k = todo.pop()
+                    if self.accept[k]:
+                        null.add(name)
+                        changed = True
+                        break
+                    for cs, r in self.calls[k]:
+                        if self.rule_of[cs] in null and r not in seen:
+                            seen.add(r)
+                            todo.append(r)
+        return null
+
+    def eps(self, n: int) -> tuple[int, ...]:
+        """Nodes reachable from n by skipping calls of rules that can be empty."""
+        e = self._eps.get(n)
+        if e is None:
+            seen, todo = [n], [n]
+            while todo:
+                for cs, r in self.calls[todo.pop()]:
+                    if self.rule_of[cs] in self.nullable and r not in seen:
+                        seen.append(r)
+                        todo.append(r)
+            e = self._eps[n] = tuple(seen)
+        return e
+
+    def trans(self, n: int, b: int) -> tuple:
+        """The stacks that replace node n when it reads byte b (without n's rule ending first)."""
+        t = self._trans[n].get(b)
+        if t is not None:
+            return t
+        key = (n, b)
+        if key in self._busy:
+            raise GrammarError(self.where, f"rule {self.rule_of[n]!r} is left-recursive (it can call itself before "
+                                           "reading a byte); rewrite it with repetition")
+        self._busy.add(key)
+        out: list[tuple] = []
+        for m in self.eps(n):
+            nb = self.bytes[m].get(b)
+            if nb is not None and (nb,) not in out:
+                out.append((nb,))
+            for cs, r in self.calls[m]:
+                for x in self.trans(cs, b):
+                    y = (r,) + x
+                    if y not in out:
+                        out.append(y)
+        self._busy.discard(key)
+        t = self._trans[n][b] = tuple(out)
+        return t
+
+    def check(self) -> None:
+        """Visit every (node, byte) transition: raises GrammarError for left recursion now rather than mid-request."""
+        for n in range(self.n_nodes):
+            for b in range(256):
+                self.trans(n, b)
+
+    # -- stack sets ----------------------------------------------------------------------------------------------
+    def intern(self, stacks: frozenset) -> int:
+        sid = self._index.get(stacks)
+        if sid is None:
+            sid = self._index[stacks] = len(self.states)
+            self.states.append(stacks)
+            self._next.append({})
+            self.state_can_end.append(any(all(self.can_end[n] for n in st) for st in stacks))
+        return sid
+
+    def step(self, sid: int, b: int) -> int:
+        """The state after reading byte b in state sid; -1 when b is not allowed there."""
+        nxt = self._next[sid]
+        r = nxt.get(b)
+        if r is None:
+            out: set = set()
+            for st in self.states[sid]:
+                i = len(st) - 1
+                while i >= 0:
+                    n = st[i]
+                    for x in self.trans(n, b):
+                        out.add(st[:i] + x)
+                    if not self.can_end[n]:
+                        break
+                    i -= 1
+            r = nxt[b] = self.intern(frozenset(out)) if out else -1
+        return r
+
+    def walk(self, sid: int, data: bytes) -> int:
+        for b in data:
+            sid = self.step(sid, b)
+            if sid < 0:
+                break
+        return sid
+
+    def shortest_completion(self, sid: int) -> int:
+        """Fewest bytes that finish a document from state sid (the random-walk tests finish documents with it)."""
+        mins = self._min_lengths()
+        best = None
+        for st in self.states[sid]:
+            total = sum(mins[n] for n in st)
+            best = total if best is None else min(best, total)
+        return best if best is not None else -1
+
+    def _min_lengths(self) -> list[int]:
+        """Per node: fewest bytes to reach the end of its rule (Bellman-Ford style relaxation)."""
+        if getattr(self, "_mins", None) is not None:
+            return self._mins
+        INF = 1 << 60
+        d = [0 if self.accept[n] else INF for n in range(self.n_nodes)]
+        changed = True
+        while changed:
+            changed = False
+            for n in range(self.n_nodes):
+                best = d[n]
+                for t in self.bytes[n].values():
+                    best = min(best, 1 + d[t])
+                for cs, r in self.calls[n]:
+                    best = min(best, d[cs] + d[r])
+                if best < d[n]:
+                    d[n] = best
+                    changed = True
+        self._mins = d
+        return d
