@@ -133,12 +133,8 @@ def _write_tensor(writer: ShardWriter, comps: dict[str, np.ndarray]) -> list[dic
     return bindings
 
 
-<<<<<<< HEAD
-def _build(src, folder: Path, *, quant_name, group_size, embedding, shard_mb, name, progress) -> dict:
-=======
-def _build(src, folder: Path, *, group_size, asymmetric, embedding, shard_mb, name, progress,
+def _build(src, folder: Path, *, quant_name, group_size, embedding, shard_mb, name, progress,
            chat_template=None) -> dict:
->>>>>>> fam
     try:
         cfg = ModelConfig.from_dict(src.config, str(src.path), "config")
     except FormatError as e:
@@ -210,22 +206,15 @@ def _build(src, folder: Path, *, group_size, asymmetric, embedding, shard_mb, na
     return manifest
 
 
-<<<<<<< HEAD
 def pack(source: Path, out: Path, *, quant: str | None = None, group_size: int = 32, asymmetric: bool = False,
          embedding: str | None = None, shard_mb: int = 32, name: str | None = None, force: bool = False,
-         progress: bool = True) -> Path:
+         progress: bool = True, chat_template: str | None = None) -> Path:
     """Pack SOURCE (GGUF file or HF folder) into the package folder OUT; returns OUT.
 
     GGUF tensors in Q4_0/Q4_1/Q8_0/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K are repacked losslessly in their own type; the rest
     (F32/F16/BF16, other GGUF types) are requantized to `quant` (QUANT_CHOICES; `asymmetric` is the old spelling
-    of quant="q4a"). `group_size` applies to q4/q4a/q8; `embedding` overrides the format of embed / lm_head."""
-=======
-def pack(source: Path, out: Path, *, group_size: int = 32, asymmetric: bool = False, embedding: str = "q8",
-         shard_mb: int = 32, name: str | None = None, force: bool = False, progress: bool = True,
-         chat_template: str | None = None) -> Path:
-    """Pack SOURCE (GGUF file or HF folder) into the package folder OUT; returns OUT.
+    of quant="q4a"). `group_size` applies to q4/q4a/q8; `embedding` overrides the format of embed / lm_head.
     chat_template: jinja2 source stored instead of the source's own (e.g. for a GGUF that carries none)."""
->>>>>>> fam
     source, out = Path(source), Path(out)
     quant_name = quant or ("q4a" if asymmetric else DEFAULT_QUANT)
     if quant_name not in QUANT_CHOICES:
@@ -247,13 +236,8 @@ def pack(source: Path, out: Path, *, group_size: int = 32, asymmetric: bool = Fa
     tmp.mkdir()
     try:
         src = open_source(source)
-<<<<<<< HEAD
         manifest = _build(src, tmp, quant_name=quant_name, group_size=group_size, embedding=embedding,
-                          shard_mb=shard_mb, name=name, progress=progress)
-=======
-        manifest = _build(src, tmp, group_size=group_size, asymmetric=asymmetric, embedding=embedding,
                           shard_mb=shard_mb, name=name, progress=progress, chat_template=chat_template)
->>>>>>> fam
         if out.exists():  # --force: move the old one aside first so OUT is never half-replaced
             old = out.parent / f"{out.name}.old-{secrets.token_hex(4)}"
             os.replace(out, old)
@@ -296,15 +280,9 @@ def cli_main(args) -> int:
         except (OSError, UnicodeDecodeError) as e:
             raise FormatError(args.chat_template, "(file)", f"cannot be read: {e}", "a UTF-8 jinja2 chat template")
     try:
-<<<<<<< HEAD
         pack(source, out, quant=args.quant, group_size=args.group_size, asymmetric=args.asymmetric,
-             embedding=args.embedding,
-             shard_mb=args.shard_mb, name=args.name, force=args.force, progress=not args.quiet)
-=======
-        pack(source, out, group_size=args.group_size, asymmetric=args.asymmetric, embedding=args.embedding,
-             shard_mb=args.shard_mb, name=args.name, force=args.force, progress=not args.quiet,
-             chat_template=template)
->>>>>>> fam
+             embedding=args.embedding, shard_mb=args.shard_mb, name=args.name, force=args.force,
+             progress=not args.quiet, chat_template=template)
     except ValueError as e:
         raise WebinferError(str(e)) from None
     print(out)
