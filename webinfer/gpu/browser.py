@@ -154,20 +154,6 @@ class BrowserDevice(Device):
         return self.device.createComputePipeline(
             _obj({"layout": "auto", "label": label, "compute": {"module": module, "entryPoint": entry_point}}))
 
-    async def create_pipeline_async(self, code: str, label: str = "", entry_point: str = "main"):
-        module = self.device.createShaderModule(code=code, label=label)
-        try:
-            return await self.device.createComputePipelineAsync(
-                _obj({"layout": "auto", "label": label, "compute": {"module": module, "entryPoint": entry_point}}))
-        except Exception as e:
-            msgs = ""
-            try:
-                ci = await module.getCompilationInfo()
-                msgs = "; ".join(f"{m.lineNum}:{m.linePos} {m.message}" for m in ci.messages)
-            except Exception:
-                pass
-            raise GPUError(f"shader {label or '?'} failed to compile: {e} {msgs}".strip()) from e
-
     def create_bind_group(self, pipeline, bindings, group: int = 0):
         entries = []
         for i, b in enumerate(bindings):

@@ -79,12 +79,12 @@ def bench_copy(dev, lib, nbytes: int, reps: int) -> float:
 
 def bench_gemv(dev, lib, name: str, n: int, k: int, copy_gbps: float, reps: int, group_size: int = 32) -> dict:
     """One q4 Linear with random weights (timing only: values do not matter, scales are a fixed 1/64)."""
-    from webinfer.kernels.linear import Linear, WeightPart, weight_strides
+    from webinfer.kernels.linear import Linear, LinearIO, QuantWeight, WeightLayout, WeightPart
 
-    w4, s_words = weight_strides("q4", k, group_size)
+    lay = WeightLayout("q4", k, group_size)
     rng = np.random.default_rng(n * 7 + k)
-    qw = rng.integers(0, 2**32, size=n * w4 * 4, dtype=np.uint32).tobytes()
-    sc = (np.full(n * s_words * 2, 1 / 64, np.float16)).tobytes()
+    qw = rng.integers(0, 2**32, size=n * lay.words("qweight"), dtype=np.uint32).tobytes()
+    sc = (np.full(n * lay.words("scales") * 2, 1 / 64, np.float16)).tobytes()
     bufs = []
 
     def upload(data: bytes, label: str):
@@ -96,8 +96,8 @@ def bench_gemv(dev, lib, name: str, n: int, k: int, copy_gbps: float, reps: int,
     x = upload(rng.standard_normal(-(-k // 4) * 4).astype(np.float32).tobytes(), "bench.x")
     y = upload(b"\0" * 4 * n, "bench.y")
     step = upload(struct.pack("<4I", 1, 1, 0, 0), "bench.step")
-    lin = Linear(lib, "q4", n, k, group_size, [WeightPart(0, n, upload(qw, "bench.w"), upload(sc, "bench.s"))],
-                 x, y, -(-k // 4) * 4, n, step, label=f"gemv {name}")
+    weight = QuantWeight("q4", n, k, group_size, (WeightPart(0, n, upload(qw, "bench.w"), upload(sc, "bench.s")),))
+    lin = Linear(lib, weight, LinearIO(x, y, -(-k // 4) * 4, n, step), label=f"gemv {name}")
     ms = _median_timed(dev, lambda c: lin.encode(c, 1), reps)
     for b in bufs:
         dev.destroy_buffer(b)
