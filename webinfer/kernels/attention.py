@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..gpu.device import COPY_DST, STORAGE, BufferBinding
+from .common import WG
 
-WG = 64
 DECODE, REDUCE, PREFILL = 0, 1, 2
 DECODE_WG = 8  # decode invocations per workgroup (shaders/attention.wgsl DWG)
 PARTIALS_BUDGET = 32 << 20  # default split: the shortest whose partials buffer stays under this
