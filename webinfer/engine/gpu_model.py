@@ -21,7 +21,12 @@ One step, T tokens of any mix of prefill chunks and decode tokens (rows of every
 Decode rows (GEMV) read r itself and recompute the RMSNorm inside the kernel (gemv.wgsl NORM: cheap at these
 widths), so a decode step has no norm dispatches: 1 + 7 per layer (attention = decode + reduce) + 3. A step with
 prefill chunks adds the two norms, a GEMM dispatch per matrix and the prefill attention kernel. Unfused q/k/v or
-gate/up add one dispatch per matrix.
+gate/up add one dispatch per matrix: they stay unfused when their formats differ (a Q4_K_M file mixes q4k, q6k,
+q5_0 and q8 per tensor) or the fused weight would not fit one binding.
+
+Weights are `QuantWeight`s (kernels/linear.py) in any format of webinfer/formats.py, one part per package binding:
+an embedding table or LM head over several bindings (vocabularies of 150k-262k tokens) costs one dispatch per
+binding.
 
 Batch invariance: every kernel reduces a row in an order that depends only on that row (see linear.py and
 attention.py), so a sequence's tokens come out the same alone or batched with others.
