@@ -67,4 +67,5 @@ def test_mixed_formats_unfused_match_reference(gpu, tmp_path):
     prompt = list(range(10, 24))  # one prefill chunk (max_batch_tokens=16)
     asyncio.run(runner.execute(StepBatch([SeqChunk(0, prompt, 0, [3, 1, 5], True)])))
     got = np.array(asyncio.run(runner.logits(1))[0], np.float32)
+    ref_model.reset()
     np.testing.assert_allclose(got, ref_model.forward(prompt, 0)[-1], atol=1e-3, rtol=1e-3)
