@@ -25,7 +25,7 @@ Pure Python (it runs in Pyodide): parameters are packed with `struct`.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ..formats import FORMATS, row_bytes
@@ -197,7 +197,7 @@ class Epilogue:
     bias: Any = None
     accumulate: bool = False
     swiglu: bool = False
-    norm: tuple[Any, float] | None = field(default=None)
+    norm: tuple[Any, float] | None = None
 
 
 @dataclass
