@@ -1,20 +1,30 @@
-// Shared by gemv.wgsl and gemm.wgsl (#include): reading the package's quantized layout (docs/package-format.md).
-// The includer declares `scales`, `mins` (q4a) and `params.s_stride` (u32 words per row of scales).
+// Reading one row of a package weight (webinfer/formats.py: layouts and value formulas), shared by gemv.wgsl,
+// gemm.wgsl (through linear_common.wgsl) and embed.wgsl.
+//
+// The includer declares `w: array<vec4<u32>>` (qweight), `sm: array<u32>` (the meta binding: scales, then
+// mins at word params.m_off, then its super-block words at params.sup_off), `qhigh: array<u32>` under QHIGH, and
+// `params` with the fields gs, w_stride4, s_stride, h_stride, m_off, sup_off, sup_stride (per row: vec4 of
+// qweight, words of scales (= of mins), of qhigh, of super).
+// Defines (set by the wrapper's variant function): DTYPE (q4 q4a q8 q5_0 q5_1 q4k q5k q6k); QHIGH (q5_0 q5_1 q5k
+// q6k), MINS (q4a q5_1 q4k q5k), KQUANT (q4k q5k q6k).
+//
+// The work unit is a 32-element chunk c of a row (elements 32c .. 32c + 31): one vec4<u32> of nibbles (two for
+// q8), one qhigh word (two for q6k), and one scale group (q4 with group 64/128: a group spans several chunks;
+// q6k: two 16-element sub-blocks, scales s and s2).
 
-// f16 scale/min g of a row: two halves per u32 word, element 2j in the low half
-fn half_at(word: u32, g: u32) -> f32 {
-    return unpack2x16float(word)[g & 1u];
+alias W8 = array<vec4<f32>, 8>;
+
+fn half_at(word: u32, i: u32) -> f32 {
+    return unpack2x16float(word)[i & 1u];
 }
 
-fn scale_of(row: u32, g: u32) -> f32 {
-    return half_at(scales[row * params.s_stride + g / 2u], g);
+// byte i % 4 of a word, unsigned (K-quant 6-bit scales and mins) or signed (q6k scales)
+fn u8_at(word: u32, i: u32) -> f32 {
+    return f32((word >> (8u * (i & 3u))) & 255u);
 }
-
-#if DTYPE == q4a
-fn min_of(row: u32, g: u32) -> f32 {
-    return half_at(mins[row * params.s_stride + g / 2u], g);
+fn i8_at(word: u32, i: u32) -> f32 {
+    return f32(bitcast<i32>(word << (24u - 8u * (i & 3u))) >> 24u);
 }
-#endif
 
 #if DTYPE == q8
 // the 4 signed bytes of a word as floats
@@ -30,3 +40,177 @@ fn hi4(u: u32) -> vec4<f32> {
     return vec4<f32>(vec4<u32>(u >> 16u, u >> 20u, u >> 24u, u >> 28u) & vec4<u32>(15u));
 }
 #endif
+
+#ifdef QHIGH
+#if DTYPE == q6k
+// 16 * bits 4-5 of 4 consecutive elements: 2 bits each from bit `sh` of a qhigh word
+fn high4(h: u32, sh: u32) -> vec4<f32> {
+    return 16.0 * vec4<f32>((vec4<u32>(h) >> (vec4<u32>(0u, 2u, 4u, 6u) + sh)) & vec4<u32>(3u));
+}
+#else
+// 16 * bit 4 of 4 consecutive elements: 1 bit each from bit `sh` of a qhigh word
+fn high4(h: u32, sh: u32) -> vec4<f32> {
+    return 16.0 * vec4<f32>((vec4<u32>(h) >> (vec4<u32>(0u, 1u, 2u, 3u) + sh)) & vec4<u32>(1u));
+}
+#endif
+#endif
+
+// the 32 codes of chunk c of a row as floats (integers, exact): unsigned with the high bits (q8: signed bytes)
+fn codes(row: u32, c: u32) -> W8 {
+#if DTYPE == q8
+    let base = row * params.w_stride4 + 2u * c;
+    let a = w[base];
+    let b = w[base + 1u];
+    return W8(i8x4(a.x), i8x4(a.y), i8x4(a.z), i8x4(a.w), i8x4(b.x), i8x4(b.y), i8x4(b.z), i8x4(b.w));
+#else
+    let a = w[row * params.w_stride4 + c];
+#ifdef QHIGH
+#if DTYPE == q6k
+    let h0 = qhigh[row * params.h_stride + 2u * c];
+    let h1 = qhigh[row * params.h_stride + 2u * c + 1u];
+    return W8(lo4(a.x) + high4(h0, 0u), hi4(a.x) + high4(h0, 8u), lo4(a.y) + high4(h0, 16u),
+              hi4(a.y) + high4(h0, 24u), lo4(a.z) + high4(h1, 0u), hi4(a.z) + high4(h1, 8u),
+              lo4(a.w) + high4(h1, 16u), hi4(a.w) + high4(h1, 24u));
+#else
+    let h = qhigh[row * params.h_stride + c];
+    return W8(lo4(a.x) + high4(h, 0u), hi4(a.x) + high4(h, 4u), lo4(a.y) + high4(h, 8u), hi4(a.y) + high4(h, 12u),
+              lo4(a.z) + high4(h, 16u), hi4(a.z) + high4(h, 20u), lo4(a.w) + high4(h, 24u), hi4(a.w) + high4(h, 28u));
+#endif
+#else
+    return W8(lo4(a.x), hi4(a.x), lo4(a.y), hi4(a.y), lo4(a.z), hi4(a.z), lo4(a.w), hi4(a.w));
+#endif
+#endif
+}
+
+// The scale words of 4 rows that serve several consecutive chunks: loaded when `meta_epoch(c)` changes (a uniform
+// branch in the chunk loop), so a word holding two f16 scales or four byte scales is loaded once, not per chunk.
+struct MetaW {
+    s: vec4<u32>,  // scales
+    m: vec4<u32>,  // mins (MINS)
+    d: vec4<u32>,  // super-block words (KQUANT)
+}
+
+fn meta_epoch(c: u32) -> u32 {
+#ifdef KQUANT
+#if DTYPE == q6k
+    return c / 2u;  // a scales word = 4 sub-blocks of 16 = 2 chunks (a super word covers 16)
+#else
+    return c / 4u;  // a scales / mins word = 4 sub-blocks of 32 = 4 chunks (a super word covers 8)
+#endif
+#else
+    return c * 32u / params.gs / 2u;  // a word = 2 groups
+#endif
+}
+
+fn meta_words(r: vec4<u32>, c: u32) -> MetaW {
+    var mw: MetaW;
+    let st = r * params.s_stride;
+#ifdef KQUANT
+#if DTYPE == q6k
+    let o = c / 2u;
+    let od = c / 16u;
+#else
+    let o = c / 4u;
+    let od = c / 8u;
+#endif
+    let sd = r * params.sup_stride + vec4<u32>(params.sup_off + od);
+    mw.d = vec4<u32>(sm[sd.x], sm[sd.y], sm[sd.z], sm[sd.w]);
+#else
+    let o = c * 32u / params.gs / 2u;
+#endif
+    let s = st + vec4<u32>(o);
+    mw.s = vec4<u32>(sm[s.x], sm[s.y], sm[s.z], sm[s.w]);
+#ifdef MINS
+    let m = s + vec4<u32>(params.m_off);
+    mw.m = vec4<u32>(sm[m.x], sm[m.y], sm[m.z], sm[m.w]);
+#endif
+    return mw;
+}
+
+// per-row f32 factors of one chunk (value formulas of formats.py):
+//   q4 q8 q5_0: s = scale;  q4a q5_1: s = scale, m = min;  q4k q5k: s = d * scale, m = dmin * min;
+//   q6k: s = d * scale (elements 0-15), s2 = d * scale (16-31)
+struct Scales {
+    s: vec4<f32>,
+    s2: vec4<f32>,
+    m: vec4<f32>,
+}
+
+fn halves(wd: vec4<u32>, i: u32) -> vec4<f32> {
+    return vec4<f32>(half_at(wd.x, i), half_at(wd.y, i), half_at(wd.z, i), half_at(wd.w, i));
+}
+
+fn chunk_scales(mw: MetaW, c: u32) -> Scales {
+    var sc: Scales;
+#ifdef KQUANT
+#if DTYPE == q6k
+    let d = halves(mw.d, c / 8u);  // super-block c / 8, two per word
+    let j = 2u * c;  // sub-block of the chunk's first 16 elements
+    sc.s = d * vec4<f32>(i8_at(mw.s.x, j), i8_at(mw.s.y, j), i8_at(mw.s.z, j), i8_at(mw.s.w, j));
+    sc.s2 = d * vec4<f32>(i8_at(mw.s.x, j + 1u), i8_at(mw.s.y, j + 1u), i8_at(mw.s.z, j + 1u), i8_at(mw.s.w, j + 1u));
+#else
+    let d = halves(mw.d, 0u);
+    let dmin = halves(mw.d, 1u);
+    sc.s = d * vec4<f32>(u8_at(mw.s.x, c), u8_at(mw.s.y, c), u8_at(mw.s.z, c), u8_at(mw.s.w, c));
+    sc.m = dmin * vec4<f32>(u8_at(mw.m.x, c), u8_at(mw.m.y, c), u8_at(mw.m.z, c), u8_at(mw.m.w, c));
+#endif
+#else
+    let g = c * 32u / params.gs;
+    sc.s = halves(mw.s, g);
+#ifdef MINS
+    sc.m = halves(mw.m, g);
+#endif
+#endif
+    return sc;
+}
+
+// one element's code (the tail of a row and the embedding gather)
+fn code_at(row: u32, k: u32) -> f32 {
+#if DTYPE == q8
+    return i8_at(w[row * params.w_stride4 + k / 16u][(k / 4u) % 4u], k);
+#else
+    var q = (w[row * params.w_stride4 + k / 32u][(k / 8u) % 4u] >> (4u * (k % 8u))) & 15u;
+#ifdef QHIGH
+#if DTYPE == q6k
+    q |= ((qhigh[row * params.h_stride + k / 16u] >> (2u * (k % 16u))) & 3u) << 4u;
+#else
+    q |= ((qhigh[row * params.h_stride + k / 32u] >> (k % 32u)) & 1u) << 4u;
+#endif
+#endif
+    return f32(q);
+#endif
+}
+
+// W[row, k] exactly as formats.py (and gguf.quants.dequantize) computes it, operation for operation
+fn value_at(row: u32, k: u32) -> f32 {
+    let q = code_at(row, k);
+#ifdef KQUANT
+#if DTYPE == q6k
+    let s = k / 16u;
+    let d = half_at(sm[params.sup_off + row * params.sup_stride + k / 512u], k / 256u);
+    return (d * i8_at(sm[row * params.s_stride + s / 4u], s)) * (q - 32.0);
+#else
+    let s = k / 32u;
+    let dd = unpack2x16float(sm[params.sup_off + row * params.sup_stride + k / 256u]);
+    let sc = u8_at(sm[row * params.s_stride + s / 4u], s);
+    let mn = u8_at(sm[params.m_off + row * params.s_stride + s / 4u], s);
+    return (dd.x * sc) * q - (dd.y * mn);
+#endif
+#else
+    let g = k / params.gs;
+    let s = half_at(sm[row * params.s_stride + g / 2u], g);
+#ifdef MINS
+    return q * s + half_at(sm[params.m_off + row * params.s_stride + g / 2u], g);
+#else
+#if DTYPE == q4
+    return (q - 8.0) * s;
+#else
+#if DTYPE == q5_0
+    return (q - 16.0) * s;
+#else
+    return q * s;
+#endif
+#endif
+#endif
+#endif
+}

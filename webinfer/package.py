@@ -20,12 +20,13 @@ from typing import Any, Callable
 
 from webinfer.errors import FormatError, IntegrityError
 from webinfer.formats import FORMATS, GROUP_SIZES, row_bytes as component_row_bytes
+from webinfer.gpu.device import BROWSER_DEFAULT_LIMITS
 
 FORMAT = "webinfer-package"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 OFFSET_ALIGN = 256  # minStorageBufferOffsetAlignment: a shard uploaded whole can be bound at any offset we write
-MAX_BINDING_BYTES = 128 << 20  # WebGPU default maxStorageBufferBindingSize
+MAX_BINDING_BYTES = BROWSER_DEFAULT_LIMITS["max_storage_buffer_binding_size"]  # what every WebGPU device binds
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
 ACTIVATIONS = ("silu", "gelu_tanh")
 LAYER_TYPES = ("full_attention", "sliding_attention")

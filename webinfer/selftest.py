@@ -13,7 +13,7 @@ import time
 from .errors import WebinferError
 from .gpu.device import COPY_DST, COPY_SRC, STORAGE, UNIFORM, BufferBinding
 from .kernels.library import KernelLibrary
-from .kernels.linear import Linear, WeightPart
+from .kernels.linear import Linear, LinearIO, QuantWeight, WeightPart
 
 
 def device_summary(dev) -> dict:
@@ -56,7 +56,8 @@ async def selftest_gemv(dev, spec_json: str) -> dict:
     """Run the quantized Linear (webinfer/kernels/linear.py) on the browser device for each case of
     spec["cases"]: weights and activations given by the caller (base64), a guard region after y; returns y + guard
     (base64) per case, to be compared against numpy outside the browser. A case: dtype, n, k, t, group_size,
-    kernel ("gemv"|"gemm"), x_stride, qweight, scales, [mins], x (f32 rows of x_stride floats)."""
+    kernel ("gemv"|"gemm"), x_stride, qweight, meta (kernels/linear.py pack_meta), [qhigh], x (f32 rows of
+    x_stride floats)."""
     lib = KernelLibrary(dev)
     results = [await _gemv_case(dev, lib, case) for case in json.loads(spec_json)["cases"]]
     return {"results": results, "device": device_summary(dev)}
@@ -73,8 +74,8 @@ async def _gemv_case(dev, lib, spec: dict) -> dict:
         owned.append(buf)
         return dev_binding(buf, 0, len(data) + (-len(data) % 4))
 
-    part = WeightPart(0, n, upload(spec["qweight"], "qweight"), upload(spec["scales"], "scales"),
-                      upload(spec["mins"], "mins") if spec.get("mins") else None)
+    part = WeightPart(0, n, upload(spec["qweight"], "qweight"), upload(spec["meta"], "meta"),
+                      upload(spec["qhigh"], "qhigh") if spec.get("qhigh") else None)
     x = upload(spec["x"], "x")
     y_bytes = 4 * t * n
     y = dev.create_buffer(y_bytes + GUARD_BYTES, STORAGE | COPY_SRC | COPY_DST, "y")
@@ -84,8 +85,10 @@ async def _gemv_case(dev, lib, spec: dict) -> dict:
     owned.append(step)
     dev.write_buffer(step, 0, array.array("I", [t, 0, 0, 0]))  # step[0] = row count, step[1] = first row (gemm)
     kernel = spec.get("kernel", "gemv")
-    lin = Linear(lib, spec["dtype"], n, k, int(spec["group_size"]), [part], x, dev_binding(y, 0, y_bytes),
-                 int(spec["x_stride"]), n, dev_binding(step), count_index=0, start_index=1, kernel=kernel)
+    weight = QuantWeight(spec["dtype"], n, k, int(spec["group_size"]), (part,))
+    io = LinearIO(x, dev_binding(y, 0, y_bytes), int(spec["x_stride"]), n, dev_binding(step), count_index=0,
+                  start_index=1)
+    lin = Linear(lib, weight, io, kernel=kernel)
     cmds = dev.commands()
     lin.encode(cmds, t)
     t0 = time.perf_counter()

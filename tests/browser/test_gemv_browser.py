@@ -1,7 +1,8 @@
-"""The INT4/INT8 Linear kernels (webinfer/kernels/linear.py: gemv.wgsl for decode rows, gemm.wgsl for prefill
-rows) on the browser's WebGPU device (Chromium, SwiftShader, through Pyodide), against numpy: weights quantized
-with webinfer_packager.pack.quant, the reference is their dequantized values times x in float64. A guard region after
-y must come back untouched, and padding columns of x are NaN so reading past K would show.
+"""The quantized Linear kernels (webinfer/kernels/linear.py: gemv.wgsl for decode rows, gemm.wgsl for prefill
+rows) on the browser's WebGPU device (Chromium, SwiftShader, through Pyodide), against numpy, for the INT4/INT8
+formats and the GGUF K-quant and Q5 layouts: weights from random codes (tests/gpu/quant_ref.py), the reference is
+their formats.py values times x in float64. A guard region after y must come back untouched, and padding columns
+of x are NaN so reading past K would show.
 
 One worker runs every case (Pyodide starts once)."""
 
@@ -17,26 +18,31 @@ from .conftest import attach_console
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 CASES = [("q4", "gemv", 72, 320, 3), ("q4", "gemv", 37, 77, 1), ("q4a", "gemv", 40, 576, 2),
-         ("q8", "gemv", 24, 96, 1), ("q4", "gemm", 64, 256, 5), ("q4a", "gemm", 36, 100, 7)]
+         ("q8", "gemv", 24, 96, 1), ("q4", "gemm", 64, 256, 5), ("q4a", "gemm", 36, 100, 7),
+         ("q4k", "gemv", 40, 512, 2), ("q6k", "gemv", 24, 300, 1), ("q5_0", "gemv", 37, 96, 3),
+         ("q5k", "gemm", 36, 256, 6)]
 GUARD = b"\xab" * 256
 
 
 def _case(dtype, kernel, n, k, t, seed):
-    from webinfer_packager.pack.quant import dequantize, quantize
+    from tests.gpu.quant_ref import group_size_of, random_weight
+    from webinfer.kernels.linear import pack_meta
 
     rng = np.random.default_rng(seed)
-    gs = 32
-    comps = quantize(dtype, rng.standard_normal((n, k)).astype(np.float32), gs)
-    w = dequantize(dtype, comps, [n, k], gs, None).astype(np.float64)
+    gs = group_size_of(dtype)
+    comps, w = random_weight(dtype, n, k, gs, seed)
+    w = w.astype(np.float64)
     xs = -(-k // 4) * 4 + 4  # a stride with padding columns
     x = np.full((t, xs), np.nan, np.float32)
     x[:, :k] = rng.standard_normal((t, k))
     ref = x[:, :k].astype(np.float64) @ w.T
     b64 = lambda a: base64.b64encode(np.ascontiguousarray(a).tobytes()).decode()  # noqa: E731
     spec = {"dtype": dtype, "kernel": kernel, "n": n, "k": k, "t": t, "group_size": gs, "x_stride": xs,
-            "qweight": b64(comps["qweight"]), "scales": b64(comps["scales"]), "x": b64(x)}
-    if "mins" in comps:
-        spec["mins"] = b64(comps["mins"])
+            "qweight": b64(comps["qweight"]), "meta": base64.b64encode(pack_meta(dtype, {c: v.tobytes() for c, v in
+                                                                                        comps.items()})).decode(),
+            "x": b64(x)}
+    if "qhigh" in comps:
+        spec["qhigh"] = b64(comps["qhigh"])
     return spec, ref
 
 

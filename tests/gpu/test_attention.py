@@ -25,7 +25,7 @@ pytestmark = pytest.mark.gpu
 ATOL, RTOL = 2e-5, 1e-4
 
 
-def _case(dev, lib, *, H, Hkv, hd, bs, seqs, chunk=None, kv_f16=False, q_pad=0, seed=0, max_seqs=None, **kw):
+def _case(dev, lib, *, H, Hkv, hd, bs, seqs, split=None, kv_f16=False, q_pad=0, seed=0, max_seqs=None, **kw):
     """seqs: list of (ctx_len, n_q). Returns (out GpuArray, ref [T, H*hd]).
 
     Sequence i's K/V/q values come from rng(seed + i) alone, so the same sequence in another batch holds the same
@@ -56,7 +56,7 @@ def _case(dev, lib, *, H, Hkv, hd, bs, seqs, chunk=None, kv_f16=False, q_pad=0, 
         row += nq
     info, tables, shape = pack_step(steps)
     attn = PagedAttention(lib, n_heads=H, n_kv_heads=Hkv, head_dim=hd, block_size=bs, max_model_len=4096,
-                          max_seqs=max_seqs or len(seqs), q_stride=q_stride, q_offset=q_pad, kv_f16=kv_f16, chunk=chunk,
+                          max_seqs=max_seqs or len(seqs), q_stride=q_stride, q_offset=q_pad, kv_f16=kv_f16, split=split,
                           **kw)
     gq, gk, gv = GpuArray.upload(dev, q), GpuArray.upload(dev, kc), GpuArray.upload(dev, vc)
     gi = GpuArray.upload(dev, np.frombuffer(info, np.uint32))
@@ -85,7 +85,7 @@ CASES = {
 @pytest.mark.parametrize("name", list(CASES))
 def test_attention_f32(gpu_f32, lib32, name):
     # split 128: the contexts above sit on both sides of split boundaries (128, 129, 300)
-    out, ref = _case(gpu_f32, lib32, H=6, Hkv=2, hd=16, bs=16, seqs=CASES[name], seed=len(name), chunk=128)
+    out, ref = _case(gpu_f32, lib32, H=6, Hkv=2, hd=16, bs=16, seqs=CASES[name], seed=len(name), split=128)
     check_op(out, ref, ATOL, RTOL, name)
 
 
@@ -128,7 +128,7 @@ def test_attention_decode_head_blocks_and_padding(gpu_f32, lib32, H, Hkv, hd):
 
 
 def test_attention_head_dim_128_mha(gpu_f32, lib32):
-    out, ref = _case(gpu_f32, lib32, H=2, Hkv=2, hd=128, bs=8, seqs=[(61, 1), (19, 11)], chunk=32)
+    out, ref = _case(gpu_f32, lib32, H=2, Hkv=2, hd=128, bs=8, seqs=[(61, 1), (19, 11)], split=32)
     check_op(out, ref, ATOL, RTOL, "hd128")
 
 
@@ -161,7 +161,7 @@ def test_attention_batch_invariant(gpu_f32, lib32):
 def test_attention_hypothesis(gpu_f32, lib32, raw, heads, bs):
     seqs = [(ctx, min(nq, ctx) if nq > 20 else 1) for ctx, nq in raw]  # about half decode, half prefill
     H, Hkv, hd = heads
-    out, ref = _case(gpu_f32, lib32, H=H, Hkv=Hkv, hd=hd, bs=bs, seqs=seqs, chunk=32)
+    out, ref = _case(gpu_f32, lib32, H=H, Hkv=Hkv, hd=hd, bs=bs, seqs=seqs, split=32)
     check_op(out, ref, ATOL, RTOL, f"{seqs}")
 
 
@@ -171,12 +171,9 @@ def test_bad_shapes_are_rejected(lib32):
     with pytest.raises(ValueError, match="partials need"):
         PagedAttention(lib32, n_heads=64, n_kv_heads=8, head_dim=128, block_size=16, max_model_len=1 << 20,
                        max_seqs=64)
-    with pytest.raises(ValueError, match="same setting"):
-        PagedAttention(lib32, n_heads=2, n_kv_heads=1, head_dim=16, block_size=16, max_model_len=64, max_seqs=1,
-                       chunk=32, split=64)
     with pytest.raises(ValueError, match="n_q <= ctx_len"):
         pack_step([SeqStep(3, [1], 0, 4)])
-    a = PagedAttention(lib32, n_heads=2, n_kv_heads=1, head_dim=16, block_size=16, max_model_len=64, max_seqs=1, chunk=32)
+    a = PagedAttention(lib32, n_heads=2, n_kv_heads=1, head_dim=16, block_size=16, max_model_len=64, max_seqs=1, split=32)
     _, _, shape = pack_step([SeqStep(65, [1] * 5, 0, 1)])
     with pytest.raises(ValueError, match="exceeds max_model_len"):
         a.encode(lib32.device.commands(), None, shape)

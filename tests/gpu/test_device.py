@@ -12,6 +12,7 @@ pytestmark = pytest.mark.gpu
 def test_device_has_browser_limits(gpu):
     lim = gpu.caps.limits
     assert lim["max_storage_buffer_binding_size"] == 128 << 20
+    assert gpu.caps.max_binding_bytes == 128 << 20  # the one place kernels read the binding limit from
     assert lim["max_storage_buffers_per_shader_stage"] == 8
     assert lim["max_compute_workgroup_storage_size"] == 16384
     assert lim["max_compute_invocations_per_workgroup"] == 256

@@ -21,7 +21,12 @@ One step, T tokens of any mix of prefill chunks and decode tokens (rows of every
 Decode rows (GEMV) read r itself and recompute the RMSNorm inside the kernel (gemv.wgsl NORM: cheap at these
 widths), so a decode step has no norm dispatches: 1 + 7 per layer (attention = decode + reduce) + 3. A step with
 prefill chunks adds the two norms, a GEMM dispatch per matrix and the prefill attention kernel. Unfused q/k/v or
-gate/up add one dispatch per matrix.
+gate/up add one dispatch per matrix: they stay unfused when their formats differ (a Q4_K_M file mixes q4k, q6k,
+q5_0 and q8 per tensor) or the fused weight would not fit one binding.
+
+Weights are `QuantWeight`s (kernels/linear.py) in any format of webinfer/formats.py, one part per package binding:
+an embedding table or LM head over several bindings (vocabularies of 150k-262k tokens) costs one dispatch per
+binding.
 
 Family variants (ModelConfig): the embedding is scaled in the gather (Gemma); qk_norm adds a per-head RMSNorm of
 q and k before RoPE (one dispatch); post_norms (Gemma) make Wo and Wd write to xn instead of accumulating, and an
@@ -41,15 +46,16 @@ from __future__ import annotations
 import inspect
 import struct
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable
 
 from ..errors import ContextOverflowError, GPUError
 from ..gpu.device import COPY_DST, COPY_SRC, STORAGE, UNIFORM, BufferBinding, Device
-from ..kernels.attention import PagedAttention, SeqStep, pack_step, step_buffers
+from ..kernels.attention import AttentionBinding, PagedAttention, SeqStep, pack_step, step_buffers
 from ..kernels.embed import Embed
 from ..kernels.library import KernelLibrary
-from ..kernels.linear import Linear, WeightPart, interleave_gate_up, split_rows
+from ..kernels.linear import (Epilogue, Linear, LinearIO, QuantWeight, WeightPart, interleave_gate_up, pack_meta,
+                              split_rows)
 from ..kernels.norm import HeadNorm, RMSNorm
 from ..kernels.rope import Rope, attention_factor, inv_freq
 from ..kernels.swiglu import SoftCap, SwiGLU
@@ -62,41 +68,69 @@ ComponentReader = Callable[[str, str, int], Awaitable[bytes] | bytes]
 
 
 class UniformArena:
-    """Every dispatch's constant parameters in one uniform buffer, one 256-byte slot each (written once at load)."""
+    """Every dispatch's constant parameters, one 256-byte slot each, written once at load. Slots are handed out
+    from pages of PAGE slots, a new page when one is full: the arena holds exactly the slots the kernels took
+    (rounded up to a page), so no estimate can be overflowed by a kernel added later."""
 
     SLOT = 256
+    PAGE = 64
 
-    def __init__(self, device: Device, slots: int):
-        self.device, self.slots = device, slots
-        self.buffer = device.create_buffer(slots * self.SLOT, UNIFORM | COPY_DST, label="params.arena")
-        self.used = 0
+    def __init__(self, device: Device):
+        self.device = device
+        self.pages: list[Any] = []
+        self.used = 0  # slots handed out
 
     def __call__(self, data: bytes) -> BufferBinding:
-        if self.used >= self.slots:
-            raise GPUError(f"uniform arena full ({self.slots} slots): raise the estimate in GPUModel.load")
         if len(data) > self.SLOT:
             raise GPUError(f"uniform parameters of {len(data)} bytes exceed a {self.SLOT}-byte arena slot")
+        if self.used == len(self.pages) * self.PAGE:
+            self.pages.append(self.device.create_buffer(self.PAGE * self.SLOT, UNIFORM | COPY_DST,
+                                                        label=f"params.arena.{len(self.pages)}"))
+        page, slot = divmod(self.used, self.PAGE)
         data = data + b"\0" * (-len(data) % 16)
-        off = self.used * self.SLOT
-        self.device.write_buffer(self.buffer, off, data)
+        self.device.write_buffer(self.pages[page], slot * self.SLOT, data)
         self.used += 1
-        return BufferBinding(self.buffer, off, len(data))
+        return BufferBinding(self.pages[page], slot * self.SLOT, len(data))
+
+
+@dataclass
+class Buffers:
+    """The step's inputs and activations, allocated once for the worst step (llama2.c's RunState). T = token rows
+    of a step (<= max_batch_tokens), S = sampled rows (<= max_seqs); f32 widths are rounded up to 4 (vec4 loads):
+    d4 = round4(hidden), f4 = round4(intermediate), qkv4 = round4(q_dim + 2 kv_dim), q4 = round4(q_dim)."""
+
+    step: Any       # u32 [4]       row counts: STEP_TOKENS, STEP_SAMPLED, STEP_DECODE, STEP_PREFILL
+    ids: Any        # u32 [T]       token ids; decode rows first, then prefill chunks
+    pos: Any        # u32 [T]       positions
+    slot: Any       # u32 [T]       KV cache slot of each token (block * block_size + offset)
+    rows: Any       # u32 [S]       the token row each sampled row reads
+    seq_info: Any   # u32 [S, 4]    attention's per-sequence table (kernels/attention.py pack_step)
+    tables: Any     # u32 [S * max_blocks_per_seq]  the sequences' block tables
+    r: Any          # f32 [T, d4]   the residual stream
+    xn: Any         # f32 [T, d4]   rmsnorm(r) * weight (prefill rows; decode rows fold the norm into the GEMV)
+    qkv: Any        # f32 [T, qkv4] q | k | v
+    attn: Any       # f32 [T, q4]   attention output
+    act: Any        # f32 [T, f4]   silu(gate) * up
+    xs: Any         # f32 [S, d4]   final-normed sampled rows
+    logits: Any     # f32 [S, vocab]
+    gu: Any = None  # f32 [T, 2 f4] gate | up, only when some layer cannot fuse them
 
 
 @dataclass
 class _Layer:
     attn_norm: RMSNorm
-    qkv: list[Any]  # DualLinear(s)
+    qkv: list["DualLinear"]  # one fused q|k|v, or q, k, v
     rope: Rope
-    attn: Any  # AttentionBinding
-    o: Any  # DualLinear
+    attn: AttentionBinding
+    o: "DualLinear"
     ffn_norm: RMSNorm
-    mlp_in: list[Any]  # DualLinear(s), plus a SwiGLU when gate/up could not be fused
-    down: Any  # DualLinear
-    attention: Any = None  # PagedAttention: this layer's variant (sliding window or not)
-    qk_norm: Any = None  # HeadNorm (qk_norm models)
-    post_attn_norm: Any = None  # accumulating RMSNorm xn -> r (post_norms models)
-    post_ffn_norm: Any = None
+    gate_up: list["DualLinear"]  # one fused gate/up with the swiglu epilogue, or gate and up
+    swiglu: SwiGLU | None  # only when gate and up are separate
+    down: "DualLinear"
+    attention: PagedAttention  # this layer's variant (sliding window or not)
+    qk_norm: HeadNorm | None = None  # qk_norm models (Qwen3, Gemma 3)
+    post_attn_norm: RMSNorm | None = None  # post_norms models (Gemma): r += rmsnorm(xn) * w
+    post_ffn_norm: RMSNorm | None = None
 
 
 def _round4(n: int) -> int:
@@ -113,14 +147,15 @@ class DualLinear:
 
     Rows are ordered by the model so that one-token chunks come first; which kernel a row gets then depends only
     on its own sequence's chunk length (the batch invariance rule of linear.py).
-    norm=(weight, eps) with norm_x: the GEMV reads the raw residual norm_x and applies the RMSNorm itself; the GEMM
-    reads x, which the model fills with the normalised rows (only needed when there are prefill rows)."""
+    norm=(weight, eps): the GEMV reads the raw residual `norm_x` and applies the RMSNorm itself; the GEMM reads
+    io.x, which the model fills with the normalised rows (only needed when there are prefill rows)."""
 
-    def __init__(self, lib, dtype, n, k, gs, parts, x, y, x_stride, y_stride, step, *, norm=None, norm_x=None, **kw):
-        self.gemv = Linear(lib, dtype, n, k, gs, parts, norm_x if norm is not None else x, y, x_stride, y_stride, step,
-                           count_index=STEP_DECODE, kernel="gemv", norm=norm, **kw)
-        self.gemm = Linear(lib, dtype, n, k, gs, parts, x, y, x_stride, y_stride, step, count_index=STEP_PREFILL,
-                           start_index=STEP_DECODE, kernel="gemm", **kw)
+    def __init__(self, lib, weight: QuantWeight, io: LinearIO, *, params, epilogue: Epilogue = Epilogue(),
+                 norm_x=None, label: str = "linear"):
+        dec_io = replace(io, count_index=STEP_DECODE, x=norm_x if epilogue.norm is not None else io.x)
+        self.gemv = Linear(lib, weight, dec_io, kernel="gemv", epilogue=epilogue, params=params, label=label)
+        self.gemm = Linear(lib, weight, replace(io, count_index=STEP_PREFILL, start_index=STEP_DECODE),
+                           kernel="gemm", epilogue=replace(epilogue, norm=None), params=params, label=label)
 
     def encode(self, cmds, n_decode: int, n_prefill: int) -> None:
         self.gemv.encode(cmds, n_decode)
@@ -137,21 +172,19 @@ class GPUModel:
     @classmethod
     async def load(cls, device: Device, package, *, num_blocks: int, block_size: int = 16,
                    max_batch_tokens: int = 256, max_seqs: int = 16, max_model_len: int | None = None,
-                   read: ComponentReader | None = None, fuse: bool = True, kv_f16: bool = False,
-                   fold_norm: bool = True) -> "GPUModel":
+                   read: ComponentReader | None = None, fuse: bool = True, kv_f16: bool = False) -> "GPUModel":
         """Upload `package` (webinfer.package.Package) and build the graph.
 
         read(tensor_name, component, binding) -> bytes or an awaitable of bytes (the browser fetches
         asynchronously); default: package.read_component. num_blocks includes the null block 0.
-        fuse=False keeps q/k/v and gate/up as separate dispatches (for tests of the unfused path).
+        fuse=False keeps q/k/v and gate/up as separate dispatches (for tests of the unfused path); tensors of
+        different formats are never fused.
         kv_f16=True stores the KV cache in f16 (half the memory; needs shader-f16); all math stays f32.
-        fold_norm=False keeps the attn/ffn RMSNorm as separate dispatches for decode rows too (A/B measurements).
         """
         self = cls()
         cfg = package.config
         self.cfg, self.device, self.package = cfg, device, package
         self.host_ms, self.steps = 0.0, 0  # running totals (execute)
-        self.fold_norm = fold_norm
         self.lib = KernelLibrary(device)
         self.block_size, self.num_blocks = block_size, num_blocks
         self.max_model_len = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
@@ -165,117 +198,98 @@ class GPUModel:
             data = reader(name, comp, binding)
             return await data if inspect.isawaitable(data) else data
 
+        self._get = get
         d, f, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
         qd, kvd = cfg.q_dim, cfg.kv_dim
-        self.qkv_stride = _round4(qd + 2 * kvd)
         T, S = max_batch_tokens, max_seqs
-        self.arena = UniformArena(device, 16 + L * 40)
+        self.arena = UniformArena(device)
 
         def buf(nbytes: int, label: str, usage: int = STORAGE | COPY_DST):
             return device.create_buffer(max(nbytes, 16), usage, label=label)
 
-        # per-step inputs
-        self.step_buf = buf(16, "step")
-        self.ids_buf = buf(4 * T, "ids")
-        self.pos_buf = buf(4 * T, "pos")
-        self.slot_buf = buf(4 * T, "slot")
-        self.rows_buf = buf(4 * S, "sample_rows")
         max_blocks_per_seq = -(-self.max_model_len // block_size)
-        self.seq_info_buf, self.tables_buf = step_buffers(device, S, S * max_blocks_per_seq)
-        # activations (row stride = width rounded to 4 floats: vec4 loads)
-        self.d_stride, self.f_stride = _round4(d), _round4(f)
-        self.r_buf = buf(4 * T * self.d_stride, "residual")
-        self.xn_buf = buf(4 * T * self.d_stride, "normed")
-        self.qkv_buf = buf(4 * T * self.qkv_stride, "qkv")
-        self.attn_buf = buf(4 * T * _round4(qd), "attn_out")
-        self.act_buf = buf(4 * T * self.f_stride, "mlp_act")
-        self.xs_buf = buf(4 * S * self.d_stride, "final_rows")
-        self.logits_buf = buf(4 * S * cfg.vocab_size, "logits", STORAGE | COPY_DST | COPY_SRC)
-        self.gu_buf = None
+        seq_info, tables = step_buffers(device, S, S * max_blocks_per_seq)
+        self.d_stride, self.f_stride, self.qkv_stride = _round4(d), _round4(f), _round4(qd + 2 * kvd)
+        self.bufs = bf = Buffers(
+            step=buf(16, "step"), ids=buf(4 * T, "ids"), pos=buf(4 * T, "pos"), slot=buf(4 * T, "slot"),
+            rows=buf(4 * S, "sample_rows"), seq_info=seq_info, tables=tables,
+            r=buf(4 * T * self.d_stride, "residual"), xn=buf(4 * T * self.d_stride, "normed"),
+            qkv=buf(4 * T * self.qkv_stride, "qkv"), attn=buf(4 * T * _round4(qd), "attn_out"),
+            act=buf(4 * T * self.f_stride, "mlp_act"), xs=buf(4 * S * self.d_stride, "final_rows"),
+            logits=buf(4 * S * cfg.vocab_size, "logits", STORAGE | COPY_DST | COPY_SRC))
         # KV cache: per layer K and V [num_blocks, block_size, n_kv_heads, head_dim], f32 (or f16)
         if kv_f16 and not device.caps.f16:
             raise GPUError("kv_f16=True needs a device with shader-f16 (this one has none, or WEBINFER_FORCE_F32=1)")
         self.kv_f16 = kv_f16
         cache_bytes = num_blocks * block_size * kvd * (2 if kv_f16 else 4)
-        limit = device.caps.limits.get("max_storage_buffer_binding_size", 128 << 20)
+        limit = device.caps.max_binding_bytes
         if cache_bytes > limit:
             raise GPUError(f"a layer's KV cache needs {cache_bytes} bytes, more than one binding allows ({limit}); "
                            f"lower num_blocks (now {num_blocks})")
         self.k_cache = [buf(cache_bytes, f"k_cache.{i}") for i in range(L)]
         self.v_cache = [buf(cache_bytes, f"v_cache.{i}") for i in range(L)]
 
-        p, lib, step = self.arena, self.lib, self.step_buf
-        # embedding table (also the LM head when tied)
-        emb = package.tensors["embed"]
-        if len(emb.bindings) != 1:
-            raise GPUError(f"embedding table of {emb.shape} spans {len(emb.bindings)} bindings; "
-                           "the embedding gather supports one")
-        emb_comps = {c: await self._upload(await get("embed", c), f"embed.{c}") for c in emb.components}
-        self.embed = Embed(lib, emb.dtype, cfg.vocab_size, d, emb.group_size, emb_comps["qweight"], emb_comps["scales"],
-                           self.ids_buf, self.r_buf, self.d_stride, step, STEP_TOKENS, p, mins=emb_comps.get("mins"),
-                           scale=cfg.embedding_multiplier)
+        p, lib, step = self.arena, self.lib, bf.step
+        # embedding table (also the LM head when tied), split by rows over the package's bindings
+        emb = await self._weight(["embed"])
+        self.embed = Embed(lib, emb, bf.ids, bf.r, self.d_stride, step, STEP_TOKENS, p, scale=cfg.embedding_multiplier)
         # one attention variant per kind of layer (full / sliding), sharing the decode scratch buffer
         attn_kw = dict(n_heads=cfg.num_attention_heads, n_kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
                        block_size=block_size, max_model_len=self.max_model_len, max_seqs=S, q_stride=self.qkv_stride,
                        q_offset=0, kv_f16=kv_f16, softcap=cfg.attn_logit_softcapping,
                        scale=cfg.attn_scale if cfg.query_pre_attn_scalar is not None else None)
         self.attention = PagedAttention(lib, **attn_kw)
-        self._sliding_attention = None
+        sliding = None
         if any(cfg.is_sliding(i) for i in range(L)) and cfg.sliding_window < self.max_model_len:
-            self._sliding_attention = PagedAttention(lib, **attn_kw, window=cfg.sliding_window,
-                                                     partials=self.attention.partials, label="attn.sliding")
+            sliding = PagedAttention(lib, **attn_kw, window=cfg.sliding_window, partials=self.attention.partials,
+                                     label="attn.sliding")
         self._inv_freq: dict[tuple, Any] = {}
         eps = cfg.rms_norm_eps
         self.layers: list[_Layer] = []
         for i in range(L):
             pre = f"layers.{i}."
             wn_attn = await self._upload(_pad16(await get(pre + "attn_norm", "data")), f"{pre}attn_norm")
-            attn_norm = RMSNorm(lib, d, eps, self.r_buf, wn_attn, self.xn_buf, self.d_stride, self.d_stride, step,
+            attn_norm = RMSNorm(lib, d, eps, bf.r, wn_attn, bf.xn, self.d_stride, self.d_stride, step,
                                 STEP_TOKENS, p, label=f"{pre}attn_norm")
-            qkv = await self._qkv(get, pre, fuse, (wn_attn, eps))
+            qkv = await self._qkv(pre, fuse, (wn_attn, eps))
             qk_norm = None
             if cfg.qk_norm:
                 wqk = await self._upload(await get(pre + "q_norm", "data") + await get(pre + "k_norm", "data"),
                                          f"{pre}qk_norm")
                 qk_norm = HeadNorm(lib, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, eps,
-                                   self.qkv_buf, wqk, self.qkv_stride, step, STEP_TOKENS, p, label=f"{pre}qk_norm")
+                                   bf.qkv, wqk, self.qkv_stride, step, STEP_TOKENS, p, label=f"{pre}qk_norm")
             theta, scaling = cfg.layer_rope(i)
-            rope = Rope(lib, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, self.qkv_buf,
-                        self.qkv_stride, self.k_cache[i], self.v_cache[i], self.pos_buf, self.slot_buf,
+            rope = Rope(lib, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, bf.qkv,
+                        self.qkv_stride, self.k_cache[i], self.v_cache[i], bf.pos, bf.slot,
                         await self._inv_freq_buf(theta, scaling), step, STEP_TOKENS, p, label=f"{pre}rope",
                         kv_f16=kv_f16, mscale=attention_factor(scaling))
-            attention = self._sliding_attention if cfg.is_sliding(i) and self._sliding_attention else self.attention
-            attn = attention.bind(self.qkv_buf, self.k_cache[i], self.v_cache[i], self.tables_buf,
-                                  self.seq_info_buf, self.attn_buf)
+            attention = sliding if cfg.is_sliding(i) and sliding else self.attention
+            attn = attention.bind(bf.qkv, self.k_cache[i], self.v_cache[i], bf.tables, bf.seq_info, bf.attn)
             # post norms: the projection writes xn (free at that point), an accumulating RMSNorm adds it to r
             post = cfg.post_norms
-            out, out_stride = (self.xn_buf, self.d_stride) if post else (self.r_buf, self.d_stride)
-            o = await self._linear(get, pre + "o", self.attn_buf, _round4(qd), out, out_stride, accumulate=not post)
-            post_attn = await self._post_norm(get, pre + "post_attn_norm") if post else None
+            out = bf.xn if post else bf.r
+            o = await self._linear([pre + "o"], bf.attn, _round4(qd), out, self.d_stride,
+                                   Epilogue(accumulate=not post))
+            post_attn = await self._post_norm(pre + "post_attn_norm") if post else None
             wn_ffn = await self._upload(_pad16(await get(pre + "ffn_norm", "data")), f"{pre}ffn_norm")
-            ffn_norm = RMSNorm(lib, d, eps, self.r_buf, wn_ffn, self.xn_buf, self.d_stride, self.d_stride, step,
+            ffn_norm = RMSNorm(lib, d, eps, bf.r, wn_ffn, bf.xn, self.d_stride, self.d_stride, step,
                                STEP_TOKENS, p, label=f"{pre}ffn_norm")
-            mlp_in = await self._gate_up(get, pre, fuse, (wn_ffn, eps))
-            down = await self._linear(get, pre + "down", self.act_buf, self.f_stride, out, out_stride,
-                                      accumulate=not post)
-            post_ffn = await self._post_norm(get, pre + "post_ffn_norm") if post else None
-            self.layers.append(_Layer(attn_norm, qkv, rope, attn, o, ffn_norm, mlp_in, down, attention, qk_norm,
-                                      post_attn, post_ffn))
-        self.final_norm = RMSNorm(lib, d, eps, self.r_buf, await self._upload(await get("norm", "data"), "norm"),
-                                  self.xs_buf, self.d_stride, self.d_stride, step, STEP_SAMPLED, p,
-                                  row_map=self.rows_buf, label="final_norm")
-        if cfg.tie_word_embeddings:
-            head = emb
-            parts = [WeightPart(0, cfg.vocab_size, emb_comps["qweight"], emb_comps["scales"], emb_comps.get("mins"))]
-        else:
-            head = package.tensors["lm_head"]
-            parts = await self._parts(get, "lm_head")
-        self.lm_head = Linear(lib, head.dtype, cfg.vocab_size, d, head.group_size, parts, self.xs_buf, self.logits_buf,
-                              self.d_stride, cfg.vocab_size, step, STEP_SAMPLED, p, label="lm_head")
+            gate_up, swiglu = await self._gate_up(pre, fuse, (wn_ffn, eps))
+            down = await self._linear([pre + "down"], bf.act, self.f_stride, out, self.d_stride,
+                                      Epilogue(accumulate=not post))
+            post_ffn = await self._post_norm(pre + "post_ffn_norm") if post else None
+            self.layers.append(_Layer(attn_norm, qkv, rope, attn, o, ffn_norm, gate_up, swiglu, down, attention,
+                                      qk_norm, post_attn, post_ffn))
+        self.final_norm = RMSNorm(lib, d, eps, bf.r, await self._upload(await get("norm", "data"), "norm"),
+                                  bf.xs, self.d_stride, self.d_stride, step, STEP_SAMPLED, p,
+                                  row_map=bf.rows, label="final_norm")
+        head = emb if cfg.tie_word_embeddings else await self._weight(["lm_head"])
+        self.lm_head = Linear(lib, head, LinearIO(bf.xs, bf.logits, self.d_stride, cfg.vocab_size, step, STEP_SAMPLED),
+                              params=p, label="lm_head")
         self.logit_cap = None
         if cfg.final_logit_softcapping is not None:
-            self.logit_cap = SoftCap(lib, cfg.vocab_size, cfg.final_logit_softcapping, self.logits_buf,
-                                     cfg.vocab_size, step, STEP_SAMPLED, p, label="logit_softcap")
+            self.logit_cap = SoftCap(lib, cfg.vocab_size, cfg.final_logit_softcapping, bf.logits, cfg.vocab_size,
+                                     step, STEP_SAMPLED, p, label="logit_softcap")
         self.sampler = self._make_sampler()
         return self
 
@@ -288,96 +302,100 @@ class GPUModel:
                                                      f"inv_freq.{len(self._inv_freq)}")
         return self._inv_freq[key]
 
-    async def _post_norm(self, get, name: str) -> RMSNorm:
+    async def _post_norm(self, name: str) -> RMSNorm:
         """r += rmsnorm(xn) * w: Gemma's norm of a block's output, added to the residual."""
-        w = await self._upload(_pad16(await get(name, "data")), name)
-        return RMSNorm(self.lib, self.cfg.hidden_size, self.cfg.rms_norm_eps, self.xn_buf, w, self.r_buf,
-                       self.d_stride, self.d_stride, self.step_buf, STEP_TOKENS, self.arena, accumulate=True,
+        w = await self._upload(_pad16(await self._get(name, "data")), name)
+        return RMSNorm(self.lib, self.cfg.hidden_size, self.cfg.rms_norm_eps, self.bufs.xn, w, self.bufs.r,
+                       self.d_stride, self.d_stride, self.bufs.step, STEP_TOKENS, self.arena, accumulate=True,
                        label=name)
+
+    # the step buffers under their old names (tests and benchmarks read them)
+    @property
+    def step_buf(self):
+        return self.bufs.step
+
+    @property
+    def logits_buf(self):
+        return self.bufs.logits
 
     async def _upload(self, data: bytes, label: str):
         b = self.device.create_buffer(len(data), STORAGE | COPY_DST, label=label)
         self.device.write_buffer(b, 0, data)
         return b
 
-    async def _parts(self, get, name: str) -> list[WeightPart]:
-        t = self.package.tensors[name]
-        parts = []
-        for bi, b in enumerate(t.bindings):
-            comps = {c: await self._upload(await get(name, c, bi), f"{name}.{c}") for c in t.components}
-            parts.append(WeightPart(b.rows[0], b.rows[1] - b.rows[0], comps["qweight"], comps["scales"], comps.get("mins")))
-        return parts
-
-    async def _linear(self, get, name, x, x_stride, y, y_stride, *, accumulate=False, n_offset=0, bias=None,
-                      norm=None):
-        t = self.package.tensors[name]
-        return DualLinear(self.lib, t.dtype, t.rows, t.k, t.group_size, await self._parts(get, name), x, y, x_stride,
-                          y_stride, self.step_buf, params=self.arena, bias=bias, accumulate=accumulate,
-                          n_offset=n_offset, label=name, **self._norm_kw(norm))
-
-    def _norm_kw(self, norm) -> dict:
-        """DualLinear arguments folding an RMSNorm of the residual into the GEMV (decode rows)."""
-        return {} if norm is None or not self.fold_norm else {"norm": norm, "norm_x": self.r_buf}
-
-    def _fusable(self, names: list[str], fuse: bool) -> bool:
+    async def _weight(self, names: list[str], gate_up_rows: int | None = None) -> QuantWeight:
+        """Upload a weight as a QuantWeight. One name: its package bindings become the parts. Several names (all
+        of one format, one binding each: see _fusable): their rows concatenated into one part, or with
+        gate_up_rows=F the two F-row tensors interleaved in blocks of 4 for the swiglu epilogue."""
         ts = [self.package.tensors[n] for n in names]
-        limit = self.device.caps.limits.get("max_storage_buffer_binding_size", 128 << 20)
-        return (fuse and all(len(t.bindings) == 1 for t in ts) and len({(t.dtype, t.group_size, t.k) for t in ts}) == 1
-                and sum(t.rows * t.row_bytes("qweight") for t in ts) <= limit)
-
-    async def _qkv(self, get, pre: str, fuse: bool, norm) -> list[DualLinear]:
-        cfg = self.cfg
-        names = [pre + "q", pre + "k", pre + "v"]
-        biases = [None, None, None]
-        if cfg.attention_bias:
-            biases = [await get(n + "_bias", "data") for n in names]
-        if self._fusable(names, fuse):
-            t = self.package.tensors[names[0]]
+        t, label = ts[0], "+".join(names)
+        if len(names) == 1:
+            groups = [(b.rows[0], b.rows[1] - b.rows[0], {c: await self._get(t.name, c, bi) for c in t.components})
+                      for bi, b in enumerate(t.bindings)]
+        else:
             comps = {}
             for c in t.components:
-                comps[c] = await self._upload(b"".join([await get(n, c) for n in names]), f"{pre}qkv.{c}")
+                datas = [await self._get(n, c) for n in names]
+                comps[c] = (interleave_gate_up(split_rows(datas[0], gate_up_rows), split_rows(datas[1], gate_up_rows))
+                            if gate_up_rows else b"".join(datas))
+            groups = [(0, sum(x.rows for x in ts), comps)]
+        parts = []
+        for row0, rows, comps in groups:
+            qhigh = await self._upload(comps["qhigh"], f"{label}.qhigh") if "qhigh" in comps else None
+            parts.append(WeightPart(row0, rows, await self._upload(comps["qweight"], f"{label}.qweight"),
+                                    await self._upload(pack_meta(t.dtype, comps), f"{label}.meta"), qhigh))
+        return QuantWeight(t.dtype, sum(x.rows for x in ts), t.k, t.group_size, tuple(parts))
+
+    async def _linear(self, names, x, x_stride, y, y_stride, epilogue: Epilogue = Epilogue(), *, n_offset=0,
+                      gate_up_rows=None, label=None) -> DualLinear:
+        w = await self._weight(names, gate_up_rows)
+        io = LinearIO(x, y, x_stride, y_stride, self.bufs.step, n_offset=n_offset)
+        return DualLinear(self.lib, w, io, params=self.arena, epilogue=epilogue, norm_x=self.bufs.r,
+                          label=label or names[0])
+
+    def _fusable(self, names: list[str], fuse: bool) -> bool:
+        """Fuse only tensors of one format, group and K, each in one binding, whose fused components still fit
+        one binding (a Q4_K_M file mixes q4k / q6k / q5_0 / q8 per tensor: those stay separate dispatches)."""
+        ts = [self.package.tensors[n] for n in names]
+        limit = self.device.caps.max_binding_bytes
+        return (fuse and all(len(t.bindings) == 1 for t in ts) and len({(t.dtype, t.group_size, t.k) for t in ts}) == 1
+                and all(sum(t.rows * t.row_bytes(c) for t in ts) <= limit for c in ts[0].components))
+
+    async def _qkv(self, pre: str, fuse: bool, norm) -> list[DualLinear]:
+        cfg, bf = self.cfg, self.bufs
+        names = [pre + "q", pre + "k", pre + "v"]
+        biases = [await self._get(n + "_bias", "data") for n in names] if cfg.attention_bias else [None] * 3
+        if self._fusable(names, fuse):
             bias = await self._upload(b"".join(biases), f"{pre}qkv.bias") if cfg.attention_bias else None
-            n = cfg.q_dim + 2 * cfg.kv_dim
-            part = WeightPart(0, n, comps["qweight"], comps["scales"], comps.get("mins"))
-            return [DualLinear(self.lib, t.dtype, n, t.k, t.group_size, [part], self.xn_buf, self.qkv_buf,
-                               self.d_stride, self.qkv_stride, self.step_buf, params=self.arena, bias=bias,
-                               label=f"{pre}qkv", **self._norm_kw(norm))]
+            return [await self._linear(names, bf.xn, self.d_stride, bf.qkv, self.qkv_stride,
+                                       Epilogue(bias=bias, norm=norm), label=f"{pre}qkv")]
         out, off = [], 0
         for n, b in zip(names, biases):
             bias = await self._upload(b, n + ".bias") if b is not None else None
-            out.append(await self._linear(get, n, self.xn_buf, self.d_stride, self.qkv_buf, self.qkv_stride,
-                                          n_offset=off, bias=bias, norm=norm))
+            out.append(await self._linear([n], bf.xn, self.d_stride, bf.qkv, self.qkv_stride,
+                                          Epilogue(bias=bias, norm=norm), n_offset=off))
             off += self.package.tensors[n].rows
         return out
 
-    async def _gate_up(self, get, pre: str, fuse: bool, norm) -> list[Any]:
-        f = self.cfg.intermediate_size
+    async def _gate_up(self, pre: str, fuse: bool, norm) -> tuple[list[DualLinear], SwiGLU | None]:
+        f, bf = self.cfg.intermediate_size, self.bufs
         names = [pre + "gate", pre + "up"]
         if self._fusable(names, fuse) and f % 4 == 0 and self.cfg.activation == "silu":
-            t = self.package.tensors[names[0]]
-            comps = {}
-            for c in t.components:
-                g, u = await get(names[0], c), await get(names[1], c)
-                comps[c] = await self._upload(interleave_gate_up(split_rows(g, f), split_rows(u, f)), f"{pre}gate_up.{c}")
-            part = WeightPart(0, 2 * f, comps["qweight"], comps["scales"], comps.get("mins"))
-            return [DualLinear(self.lib, t.dtype, 2 * f, t.k, t.group_size, [part], self.xn_buf, self.act_buf,
-                               self.d_stride, self.f_stride, self.step_buf, params=self.arena, swiglu=True,
-                               label=f"{pre}gate_up_swiglu", **self._norm_kw(norm))]
-        if self.gu_buf is None:
-            self.gu_buf = self.device.create_buffer(4 * self.max_tokens * 2 * self.f_stride, STORAGE | COPY_DST,
-                                                    label="gate_up")
-        gate = await self._linear(get, names[0], self.xn_buf, self.d_stride, self.gu_buf, 2 * self.f_stride,
-                                  norm=norm)
-        up = await self._linear(get, names[1], self.xn_buf, self.d_stride, self.gu_buf, 2 * self.f_stride,
-                                n_offset=self.f_stride, norm=norm)
-        act = SwiGLU(self.lib, self.f_stride, self.gu_buf, self.act_buf, 2 * self.f_stride, self.f_stride,
-                     self.step_buf, STEP_TOKENS, self.arena, label=f"{pre}swiglu",
-                     gelu=self.cfg.activation == "gelu_tanh")
-        return [gate, up, act]
+            return [await self._linear(names, bf.xn, self.d_stride, bf.act, self.f_stride,
+                                       Epilogue(swiglu=True, norm=norm), gate_up_rows=f,
+                                       label=f"{pre}gate_up_swiglu")], None
+        if bf.gu is None:
+            bf.gu = self.device.create_buffer(4 * self.max_tokens * 2 * self.f_stride, STORAGE | COPY_DST,
+                                              label="gate_up")
+        lins = [await self._linear([n], bf.xn, self.d_stride, bf.gu, 2 * self.f_stride, Epilogue(norm=norm),
+                                   n_offset=off) for n, off in zip(names, (0, self.f_stride))]
+        act = SwiGLU(self.lib, self.f_stride, bf.gu, bf.act, 2 * self.f_stride, self.f_stride, bf.step, STEP_TOKENS,
+                     self.arena, label=f"{pre}swiglu", gelu=self.cfg.activation == "gelu_tanh")
+        return lins, act
 
     def _make_sampler(self):
         """The GPU sampler (webinfer/kernels/sampling.py): only S token ids come back per step."""
-        return _StepSampler(self.lib, self.cfg.vocab_size, self.logits_buf, self.max_seqs)
+        return _StepSampler(self.lib, self.cfg.vocab_size, self.bufs.logits, self.max_seqs)
 
     # ------------------------------------------------------------------------------------------------ step
     def _prepare(self, batch: StepBatch):
@@ -426,20 +444,20 @@ class GPUModel:
         ids, pos, slots, rows, seqs, sampled, n_dec = self._prepare(batch)
         T, S = len(ids), len(rows)
         n_pre = T - n_dec
-        dev = self.device
-        dev.write_buffer(self.step_buf, 0, struct.pack("<4I", T, S, n_dec, n_pre))
-        dev.write_buffer(self.ids_buf, 0, struct.pack(f"<{T}I", *ids))
-        dev.write_buffer(self.pos_buf, 0, struct.pack(f"<{T}I", *pos))
-        dev.write_buffer(self.slot_buf, 0, struct.pack(f"<{T}I", *slots))
+        dev, bf = self.device, self.bufs
+        dev.write_buffer(bf.step, 0, struct.pack("<4I", T, S, n_dec, n_pre))
+        dev.write_buffer(bf.ids, 0, struct.pack(f"<{T}I", *ids))
+        dev.write_buffer(bf.pos, 0, struct.pack(f"<{T}I", *pos))
+        dev.write_buffer(bf.slot, 0, struct.pack(f"<{T}I", *slots))
         if S:
-            dev.write_buffer(self.rows_buf, 0, struct.pack(f"<{S}I", *rows))
+            dev.write_buffer(bf.rows, 0, struct.pack(f"<{S}I", *rows))
         info, tables, shape = pack_step(seqs)
-        dev.write_buffer(self.seq_info_buf, 0, info)
-        dev.write_buffer(self.tables_buf, 0, tables)
+        dev.write_buffer(bf.seq_info, 0, info)
+        dev.write_buffer(bf.tables, 0, tables)
         cmds = dev.commands(timed=timed)
         self.embed.encode(cmds, T)
         for ly in self.layers:
-            norms = n_pre or not self.fold_norm  # the GEMM reads normalised rows; a folding GEMV normalises r itself
+            norms = n_pre > 0  # the GEMM reads normalised rows; the decode GEMV normalises r itself
             if norms:
                 ly.attn_norm.encode(cmds, T)
             for lin in ly.qkv:
@@ -453,11 +471,10 @@ class GPUModel:
                 ly.post_attn_norm.encode(cmds, T)
             if norms:
                 ly.ffn_norm.encode(cmds, T)
-            for k in ly.mlp_in:
-                if isinstance(k, DualLinear):
-                    k.encode(cmds, n_dec, n_pre)
-                else:
-                    k.encode(cmds, T)
+            for lin in ly.gate_up:
+                lin.encode(cmds, n_dec, n_pre)
+            if ly.swiglu is not None:
+                ly.swiglu.encode(cmds, T)
             ly.down.encode(cmds, n_dec, n_pre)
             if ly.post_ffn_norm:
                 ly.post_ffn_norm.encode(cmds, T)
@@ -482,7 +499,7 @@ class GPUModel:
     async def logits(self, n_rows: int) -> list[list[float]]:
         """The logits rows of the last step's sampled chunks (tests and debugging; reads back S x V floats)."""
         v = self.cfg.vocab_size
-        raw = await self.device.read_buffer(self.logits_buf, 0, 4 * v * n_rows)
+        raw = await self.device.read_buffer(self.bufs.logits, 0, 4 * v * n_rows)
         flat = struct.unpack(f"<{v * n_rows}f", raw)
         return [list(flat[i * v : (i + 1) * v]) for i in range(n_rows)]
 

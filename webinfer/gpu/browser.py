@@ -169,20 +169,6 @@ class BrowserDevice(Device):
         self.time_ms["create_pipeline"] += (time.perf_counter() - t0) * 1e3
         return pipe
 
-    async def create_pipeline_async(self, code: str, label: str = "", entry_point: str = "main"):
-        module = self.device.createShaderModule(code=code, label=label)
-        try:
-            return await self.device.createComputePipelineAsync(
-                _obj({"layout": "auto", "label": label, "compute": {"module": module, "entryPoint": entry_point}}))
-        except Exception as e:
-            msgs = ""
-            try:
-                ci = await module.getCompilationInfo()
-                msgs = "; ".join(f"{m.lineNum}:{m.linePos} {m.message}" for m in ci.messages)
-            except Exception:
-                pass
-            raise GPUError(f"shader {label or '?'} failed to compile: {e} {msgs}".strip()) from e
-
     def create_bind_group(self, pipeline, bindings, group: int = 0):
         entries = []
         for i, b in enumerate(bindings):

@@ -61,6 +61,12 @@ class Capabilities:
     def variant_key(self) -> tuple:
         return ("f16" if self.f16 else "f32", f"sg{self.subgroup_size}" if self.subgroups else "nosg")
 
+    @property
+    def max_binding_bytes(self) -> int:
+        """The largest storage binding this device accepts: the one place kernels and the model read it from."""
+        return int(self.limits.get("max_storage_buffer_binding_size",
+                                   BROWSER_DEFAULT_LIMITS["max_storage_buffer_binding_size"]))
+
 
 @dataclass(frozen=True)
 class BufferBinding:

@@ -13,7 +13,6 @@ import struct
 from ..errors import GPUError, NoAdapterError
 from .device import (
     BROWSER_DEFAULT_LIMITS,
-    COPY_DST,
     COPY_SRC,
     MAP_READ,
     AdapterInfo,
@@ -227,7 +226,3 @@ class NativeDevice(Device):
             self.device.destroy()
         except Exception:
             pass
-
-
-def staging_usage() -> int:
-    return MAP_READ | COPY_DST

@@ -33,12 +33,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..gpu.device import COPY_DST, STORAGE, BufferBinding
+from .common import WG
 
-WG = 64
 DECODE, REDUCE, PREFILL = 0, 1, 2
 DECODE_WG = 8  # decode invocations per workgroup (shaders/attention.wgsl DWG)
 PARTIALS_BUDGET = 32 << 20  # default split: the shortest whose partials buffer stays under this
-MAX_BINDING_BYTES = 128 << 20  # browser default maxStorageBufferBindingSize
 
 
 @dataclass(frozen=True)
@@ -92,7 +91,7 @@ class PagedAttention:
     split: decode split length: the positions one split (head_dim/16 lanes) walks. None: 32, or longer when the
     partials buffer would pass PARTIALS_BUDGET bytes. Each split is a partial softmax record merged by the reduce
     kernel, so short splits give parallelism (ctx 640 -> 20 splits per kv head) at the price of a longer merge.
-    `chunk` is the old name of the same knob (kept for callers). max_model_len bounds the split count, max_seqs
+    max_model_len bounds the split count, max_seqs
     the number of sequences per step (both size the partials buffer, allocated once here, shared by all layers).
     decode_wg: invocations per decode and prefill workgroup (8 = one SIMD batch on llvmpipe; real GPUs may prefer
     32-64). Prefill gives each group of head_dim/16 lanes 4 consecutive queries: 4 * decode_wg / lanes queries per
@@ -107,7 +106,7 @@ class PagedAttention:
 
     def __init__(self, lib, *, n_heads: int, n_kv_heads: int, head_dim: int, block_size: int, max_model_len: int,
                  max_seqs: int, q_stride: int | None = None, q_offset: int = 0, kv_f16: bool = False,
-                 chunk: int | None = None, split: int | None = None, decode_wg: int = DECODE_WG,
+                 split: int | None = None, decode_wg: int = DECODE_WG,
                  subgroup_decode: bool | None = None, label: str = "attn", scale: float | None = None,
                  softcap: float | None = None, window: int | None = None, partials=None):
         if n_heads % n_kv_heads:
@@ -119,9 +118,6 @@ class PagedAttention:
             raise ValueError(f"attention: q_stride {q_stride} and q_offset {q_offset} must be multiples of 4")
         if kv_f16 and not lib.device.caps.f16:
             raise ValueError("attention: kv_f16 needs a device with shader-f16")
-        if chunk is not None and split is not None and chunk != split:
-            raise ValueError(f"attention: chunk {chunk} and split {split} name the same setting; give one")
-        split = split if split is not None else chunk
         self.lib, self.label = lib, label
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         group = n_heads // n_kv_heads
@@ -134,7 +130,6 @@ class PagedAttention:
         if split < 1:
             raise ValueError(f"attention: split length must be >= 1, got {split}")
         self.block_size, self.split, self.max_seqs = block_size, split, max_seqs
-        self.chunk = split  # old name
         self.max_splits = -(-max_model_len // split)
         base = {"N_HEADS": n_heads, "N_KV_HEADS": n_kv_heads, "HEAD_DIM": head_dim, "BLOCK_SIZE": block_size,
                 "Q_STRIDE": q_stride, "Q_OFFSET": q_offset, "SPLIT": split, "MAX_SPLITS": self.max_splits}
@@ -179,8 +174,9 @@ class PagedAttention:
         self.pipelines = [lib.pipeline("attention", defines={**base, "KERNEL": k}, use_f16=use_f16)
                           for k in (DECODE, REDUCE, PREFILL)]
         self.partials_bytes = partials_bytes(split)
-        if self.partials_bytes > MAX_BINDING_BYTES:
-            raise ValueError(f"attention: the decode partials need {self.partials_bytes} bytes (> {MAX_BINDING_BYTES} "
+        limit = lib.device.caps.max_binding_bytes
+        if self.partials_bytes > limit:
+            raise ValueError(f"attention: the decode partials need {self.partials_bytes} bytes (> {limit} "
                              f"per binding); lower max_seqs ({max_seqs}) or max_model_len ({max_model_len})")
         self.partials = partials if partials is not None else lib.device.create_buffer(
             self.partials_bytes, STORAGE | COPY_DST, label=f"{label}.partials")

@@ -1,18 +1,23 @@
-"""Quantized linear layers on the GPU (shaders/gemv.wgsl): y[t, :] = W x[t, :] for q4 / q4a / q8 weights.
+"""Quantized linear layers on the GPU: y[t, :] = W x[t, :] for every weight format of webinfer/formats.py.
 
-Built once at model load (pipeline, uniform parameters, bind groups); `encode(cmds, rows)` per step only records
-a dispatch whose grid depends on the row count. The kernel reads the row count itself from the per-step buffer
-(`step[count_index]`), so the same bind group serves every step.
+Two kernels share one per-output arithmetic (shaders/linear_common.wgsl): gemv.wgsl (decode rows: each invocation
+loads and unpacks 4 weight rows' chunk once and applies it to a tile of up to 8 activation rows) and gemm.wgsl
+(prefill rows: 4 weight rows x TT activation rows that the whole workgroup shares, their chunks broadcast in the
+subgroup). Batch invariance rule: every y[t, n] is a sequential sum over 32-element chunks in a fixed order,
+whatever T is and whichever other rows share the dispatch. The two kernels may differ in the last bits, so the
+model picks per sequence from the sequence's own chunk: one-token chunks -> gemv over rows [0, step[count_index]);
+multi-token chunks -> gemm over rows [step[start_index], + step[count_index]).
 
-Two kernels: gemv.wgsl (decode: each invocation loads and unpacks 4 weight rows' words once per k chunk and
-applies them to a tile of up to 8 activation rows; slots past the row count are skipped, so one row
-costs what it did alone) and gemm.wgsl (prefill: each invocation loads 4 weight rows' words once per k chunk and
-applies them to TT activation rows that the whole workgroup shares, their chunks loaded once per subgroup and
-broadcast).
-Batch invariance rule: in both, every output y[t, n] is a sequential sum over 32-element k chunks in a fixed
-order, whatever T is and whichever other rows share the dispatch. The two kernels may differ in the last bits,
-so the model picks per sequence, from the sequence's own chunk: one-token chunks (decode) -> gemv over rows
-[0, step[count_index]); multi-token chunks (prefill) -> gemm over rows [step[start_index], + step[count_index]).
+Decide, then bind (ggml-webgpu's get_X_pipeline pattern):
+    key = LinearKey("gemv", "q4k", tile=8, norm=True)    # what varies between pipelines (typed, hashable)
+    v = linear_variant(key)                              # its decisions: defines, binding slots, rows per invocation
+    Linear(lib, weight, io, ...)                          # builds the variants' pipelines, parameters, bind groups
+`encode(cmds, rows)` per step only records dispatches whose grid depends on the row count; the kernel reads the
+row count itself from the per-step buffer, so the same bind groups serve every step.
+
+A weight on the device (`QuantWeight`) is split by rows into storage bindings (`WeightPart`s, the package's
+bindings), each holding qweight, qhigh (q5/q6 formats) and one `meta` buffer: its scales, then mins, then
+super-block words (`pack_meta`), so a q5k GEMV with a folded norm and a bias stays within 8 storage bindings.
 
 Pure Python (it runs in Pyodide): parameters are packed with `struct`.
 """
@@ -21,159 +26,254 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Mapping
 
-from ..gpu.device import COPY_DST, UNIFORM, BufferBinding
+from ..formats import FORMATS, row_bytes
+from .common import WG, ParamsFn, ceil_div, standalone_params
 
 ROWS_PER_INVOCATION = 4
-WG = 64
-AUTO_TILES = (1, 4, 8)  # gemv.wgsl TILE variants: activation rows per invocation
-# tile="auto": one gemv variant per tile, the dispatch picks the smallest that holds the rows (lavapipe: a tile
-# of 8 costs ~2x a tile of 1 for a single row, the skipped slots still cost registers; 16 rows: 2-3x faster)
-GEMM_TOKENS = 8  # gemm.wgsl default: activation rows per invocation (TT; all lanes of a workgroup share them)
-_PARAMS = "<10IfI"  # Params in gemv.wgsl / gemm.wgsl (48 bytes; field 10 = gemv's RMSNorm eps)
-
-ParamsFn = Callable[[bytes], BufferBinding]
+AUTO_TILES = (1, 4, 8)  # gemv TILE variants: the dispatch picks the smallest that holds the rows
+# (lavapipe: a tile of 8 costs ~2x a tile of 1 for a single row, the skipped slots still cost registers)
+GEMM_TOKENS = 8  # gemm TT: activation rows per invocation (all lanes of a workgroup share them)
+_PARAMS = "<10If5I"  # Params in linear_common.wgsl (64 bytes)
+META = ("scales", "mins", "super")  # the components packed into one meta buffer, in this order
 
 
-def standalone_params(device) -> ParamsFn:
-    """A ParamsFn that gives each dispatch its own small uniform buffer (tests; the model uses an arena)."""
+def format_defines(dtype: str) -> dict[str, object]:
+    """The WGSL defines that select a weight format in quant_unpack.wgsl (shared by the linear and embed keys)."""
+    if dtype not in FORMATS or dtype == "f32":
+        raise ValueError(f"unsupported weight dtype {dtype!r} (one of {', '.join(n for n in FORMATS if n != 'f32')})")
+    comps = FORMATS[dtype].components
+    d: dict[str, object] = {"DTYPE": dtype}
+    if "qhigh" in comps:
+        d["QHIGH"] = 1
+    if "mins" in comps:
+        d["MINS"] = 1
+    if "super" in comps:
+        d["KQUANT"] = 1
+    return d
 
-    def make(data: bytes) -> BufferBinding:
-        data = data + b"\0" * (-len(data) % 16)
-        buf = device.create_buffer(len(data), UNIFORM | COPY_DST, label="params")
-        device.write_buffer(buf, 0, data)
-        return BufferBinding(buf, 0, len(data))
 
-    return make
+@dataclass(frozen=True)
+class WeightLayout:
+    """Per-row strides of one [*, k] weight in a format (all from webinfer/formats.py)."""
+
+    dtype: str
+    k: int
+    group_size: int
+
+    def words(self, component: str) -> int:
+        """u32 words per row of `component` (0 when the format has none)."""
+        if component not in FORMATS[self.dtype].components:
+            return 0
+        return row_bytes(self.dtype, component, self.k, self.group_size) // 4
+
+    @property
+    def w_stride4(self) -> int:
+        return self.words("qweight") // 4
+
+    def meta_offsets(self, rows: int) -> tuple[int, int]:
+        """(mins, super) word offsets inside a meta buffer of `rows` rows."""
+        m_off = rows * self.words("scales")
+        return m_off, m_off + rows * self.words("mins")
 
 
-@dataclass
+def pack_meta(dtype: str, components: Mapping[str, bytes]) -> bytes:
+    """One meta buffer's bytes from the per-row components of a row range: scales, then mins, then super."""
+    return b"".join(bytes(components[c]) for c in META if c in FORMATS[dtype].components)
+
+
+@dataclass(frozen=True)
 class WeightPart:
-    """One storage binding of a quantized weight: rows [row0, row0 + rows) of the logical matrix."""
+    """One storage binding of a weight: rows [row0, row0 + rows), its qweight, meta (pack_meta) and qhigh."""
 
     row0: int
     rows: int
     qweight: Any  # BufferBinding or buffer
-    scales: Any
-    mins: Any = None  # q4a only
+    meta: Any
+    qhigh: Any = None  # q5_0, q5_1, q5k, q6k
 
 
-def weight_strides(dtype: str, k: int, group_size: int) -> tuple[int, int]:
-    """(vec4<u32> per qweight row, u32 words per scale row) for the package layout."""
-    kp = -(-k // group_size) * group_size
-    w_words = kp // 8 if dtype in ("q4", "q4a") else kp // 4
-    groups = kp // group_size
-    return w_words // 4, -(-groups // 2)
+@dataclass(frozen=True)
+class QuantWeight:
+    """A quantized [n, k] matrix on the device, split by rows into storage bindings."""
+
+    dtype: str
+    n: int
+    k: int
+    group_size: int
+    parts: tuple[WeightPart, ...]
+
+    def __post_init__(self):
+        format_defines(self.dtype)  # validates the dtype
+        if self.group_size % 32:
+            raise ValueError(f"weight group size {self.group_size} must be a multiple of 32")
+        fixed = FORMATS[self.dtype].fixed_group
+        if fixed is not None and self.group_size != fixed:
+            raise ValueError(f"{self.dtype} weights have group size {fixed}, not {self.group_size}")
+        need_high = "qhigh" in FORMATS[self.dtype].components
+        for p in self.parts:
+            if (p.qhigh is not None) != need_high:
+                raise ValueError(f"{self.dtype} weights {'need' if need_high else 'have no'} a qhigh binding")
+
+    @property
+    def layout(self) -> WeightLayout:
+        return WeightLayout(self.dtype, self.k, self.group_size)
+
+
+@dataclass(frozen=True)
+class LinearKey:
+    """What distinguishes one linear pipeline from another."""
+
+    kernel: str  # "gemv" (decode rows) | "gemm" (prefill rows)
+    dtype: str
+    tile: int  # gemv: TILE (1, 4, 8); gemm: TT (4, 8)
+    bias: bool = False
+    accumulate: bool = False  # y += W x (the residual epilogue)
+    swiglu: bool = False  # gate/up interleaved in blocks of 4; y = silu(gate) * up
+    norm: bool = False  # gemv only: RMSNorm of x folded in
+
+
+@dataclass(frozen=True)
+class LinearVariant:
+    """A key's decisions: preprocessor defines, what each @binding holds, weight rows per invocation."""
+
+    key: LinearKey
+    defines: tuple[tuple[str, object], ...]
+    bindings: tuple[str, ...]  # names, in @binding order
+    rows_per_invocation: int
+
+    def grid_x(self, rows: int) -> int:
+        return ceil_div(rows, self.rows_per_invocation * WG)
+
+
+def linear_variant(key: LinearKey) -> LinearVariant:
+    """The one place that turns a LinearKey into shader defines and a binding layout (linear_common.wgsl)."""
+    if key.kernel not in ("gemv", "gemm"):
+        raise ValueError(f"Linear: kernel must be 'gemv' or 'gemm', not {key.kernel!r}")
+    if key.kernel == "gemv" and key.tile not in AUTO_TILES:
+        raise ValueError(f"Linear: the decode tile must be one of {AUTO_TILES}, not {key.tile!r}")
+    if key.kernel == "gemm" and key.tile not in (4, 8):
+        raise ValueError(f"Linear: gemm tokens per invocation must be 4 or 8, not {key.tile}")
+    if key.norm and key.kernel != "gemv":
+        raise ValueError("Linear: a folded RMSNorm (norm=...) is implemented in the gemv kernel only")
+    if key.swiglu and (key.bias or key.accumulate):
+        raise ValueError("Linear: the swiglu epilogue takes no bias and no accumulate")
+    d = {**format_defines(key.dtype), "WG": WG, "TILE" if key.kernel == "gemv" else "TT": key.tile}
+    names = ["qweight", "meta", "x", "y", "params", "step"]
+    for flag, name, define in ((True, "qhigh", "QHIGH"), (key.norm, "norm", "NORM"), (key.bias, "bias", "BIAS")):
+        if flag and (name != "qhigh" or "QHIGH" in d):
+            d[f"{define}_SLOT"] = len(names)
+            d[define] = 1
+            names.append(name)
+    if key.accumulate:
+        d["ACCUMULATE"] = 1
+    if key.swiglu:
+        d["SWIGLU"] = 1
+    return LinearVariant(key, tuple(sorted(d.items())), tuple(names), 2 * ROWS_PER_INVOCATION if key.swiglu
+                         else ROWS_PER_INVOCATION)
+
+
+@dataclass(frozen=True)
+class LinearIO:
+    """Where a Linear reads and writes: row-major f32 matrices x [*, x_stride] and y [*, y_stride] (floats;
+    x_stride a multiple of 4), and which step[] entries hold the row count and (gemm) the first row."""
+
+    x: Any
+    y: Any
+    x_stride: int
+    y_stride: int
+    step: Any
+    count_index: int = 0
+    start_index: int = 0
+    n_offset: int = 0  # column of y where W's row 0 goes
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    """What happens to W x before it is stored. norm=(weight binding, eps): x is the un-normalised residual and
+    the RMSNorm is folded into the GEMV (the binding holds K floats rounded up to a multiple of 4)."""
+
+    bias: Any = None
+    accumulate: bool = False
+    swiglu: bool = False
+    norm: tuple[Any, float] | None = None
+
+
+@dataclass
+class _Bound:
+    variant: LinearVariant
+    pipeline: Any
+    groups: list[tuple[Any, int]]  # (bind group, grid x) per weight part
 
 
 class Linear:
-    """y[:, n_offset : n_offset + N] (=, +=, or + bias) W x, for every row t < step[count_index].
+    """y[:, n_offset : n_offset + N] (=, +=, or + bias) W x for every row t < step[count_index] (gemm: from
+    step[start_index]). swiglu: W holds gate and up rows interleaved in blocks of 4 (`interleave_gate_up`) and y
+    receives silu(gate) * up (N/2 columns). tiles (gemv): the decode tiles to build, default all of AUTO_TILES,
+    one picked per dispatch by the row count; a row's result does not depend on the tile or the other rows."""
 
-    x and y are bindings of row-major f32 matrices with row strides x_stride / y_stride (floats; x_stride must be a
-    multiple of 4). swiglu=True: W holds gate and up rows interleaved in blocks of 4 (see `interleave_gate_up`),
-    and y receives silu(gate) * up (N/2 columns).
-    norm=(weight binding, eps) (gemv only): x is the un-normalised residual and the RMSNorm with that weight is
-    folded into the kernel (y = W rmsnorm(x) * w): no separate norm dispatch. The weight binding must hold K
-    floats rounded up to a multiple of 4.
-    tile (gemv only): activation rows sharing each loaded weight chunk: 1, 4, 8, or "auto" (the three variants,
-    picked per dispatch by the row count). A row's result does not depend on the tile or on the other rows in it.
-    """
-
-    def __init__(self, lib, dtype: str, n: int, k: int, group_size: int, parts: list[WeightPart], x, y,
-                 x_stride: int, y_stride: int, step, count_index: int = 0, params: ParamsFn | None = None,
-                 bias=None, accumulate: bool = False, swiglu: bool = False, n_offset: int = 0, label: str = "linear",
-                 kernel: str = "gemv", start_index: int = 0, rows8: bool = False, gemm_tokens: int = GEMM_TOKENS,
-                 norm: tuple[Any, float] | None = None, tile: int | str = "auto"):
-        if kernel not in ("gemv", "gemm"):
-            raise ValueError(f"Linear: kernel must be 'gemv' or 'gemm', not {kernel!r}")
-        if dtype not in ("q4", "q4a", "q8"):
-            raise ValueError(f"Linear: unsupported weight dtype {dtype!r} (q4, q4a, q8)")
-        if x_stride % 4:
-            raise ValueError(f"Linear: x row stride {x_stride} must be a multiple of 4 floats (vec4 loads)")
-        if group_size % 32:
-            raise ValueError(f"Linear: group size {group_size} must be a multiple of 32")
-        if swiglu and (n % 8 or len(parts) != 1 or bias is not None or accumulate):
-            raise ValueError("Linear: swiglu needs one binding with 2*F rows, F a multiple of 4, no bias/accumulate")
-        if bias is not None and len(parts) != 1:
+    def __init__(self, lib, weight: QuantWeight, io: LinearIO, *, kernel: str = "gemv",
+                 epilogue: Epilogue = Epilogue(), tiles: tuple[int, ...] | None = None,
+                 params: ParamsFn | None = None, label: str = "linear"):
+        ep = epilogue
+        if io.x_stride % 4:
+            raise ValueError(f"Linear: x row stride {io.x_stride} must be a multiple of 4 floats (vec4 loads)")
+        if ep.swiglu and (weight.n % 8 or len(weight.parts) != 1):
+            raise ValueError("Linear: swiglu needs one binding with 2*F rows, F a multiple of 4")
+        if ep.bias is not None and len(weight.parts) != 1:
             raise ValueError("Linear: a bias is supported on single-binding weights only")
-        self.n, self.k, self.label, self.swiglu, self.kernel = n, k, label, swiglu, kernel
-        if norm is not None and kernel != "gemv":
-            raise ValueError("Linear: a folded RMSNorm (norm=...) is implemented in the gemv kernel only")
-        defines: dict[str, object] = {"DTYPE": dtype, "WG": WG}
-        slot = 7 if dtype == "q4a" else 6  # first binding after the fixed ones (and mins)
-        if norm is not None:
-            defines["NORM"] = 1
-            defines["NORM_SLOT"] = slot
-            slot += 1
-        if bias is not None:
-            defines["BIAS"] = 1
-            defines["BIAS_SLOT"] = slot
-        if accumulate:
-            defines["ACCUMULATE"] = 1
-        if swiglu:
-            defines["SWIGLU"] = 1
-        if kernel == "gemv":
-            if tile not in (1, 4, 8, "auto"):
-                raise ValueError(f"Linear: the decode tile must be 1, 4, 8 or 'auto', not {tile!r}")
-        eight = kernel == "gemv" and (swiglu or rows8)
-        if eight:
-            defines["ROWS8"] = 1
-        if kernel == "gemm":
-            if gemm_tokens not in (4, 8):
-                raise ValueError(f"Linear: gemm_tokens must be 4 or 8, not {gemm_tokens}")
-            defines["TT"] = gemm_tokens
-        self.dtype = dtype
+        tiles = tiles or (AUTO_TILES if kernel == "gemv" else (GEMM_TOKENS,))
+        keys = [LinearKey(kernel, weight.dtype, t, ep.bias is not None, ep.accumulate, ep.swiglu, ep.norm is not None)
+                for t in sorted(tiles)]
+        variants = [linear_variant(k) for k in keys]  # decide (validates the key)
+        self.n, self.k, self.label, self.dtype, self.kernel = weight.n, weight.k, label, weight.dtype, kernel
         params = params or standalone_params(lib.device)
-        w4, s_stride = weight_strides(dtype, k, group_size)
-        # one (pipeline, tokens per workgroup row, [(bind group, grid x)]) per variant, all built here at load
-        self._variants: list[tuple[Any, int, list[tuple[Any, int]]]] = []
-        tiles = [gemm_tokens] if kernel == "gemm" else (list(AUTO_TILES) if tile == "auto" else [tile])
-        u_of_part: list[Any] = []
-        for p in parts:
-            if (p.mins is None) != (dtype != "q4a"):
-                raise ValueError(f"Linear {label}: q4a weights need mins, other dtypes none")
-            eps = float(norm[1]) if norm is not None else 0.0
-            u_of_part.append(params(struct.pack(_PARAMS, p.rows, k, group_size, w4, s_stride, x_stride // 4, y_stride,
-                                                n_offset + p.row0, count_index, start_index, eps, 0)))
-        for tt in tiles:
-            if kernel == "gemv":
-                defines["TILE"] = tt
-            pipeline = lib.pipeline(kernel, defines=dict(defines), use_f16=False)
+        lay = weight.layout
+        eps = float(ep.norm[1]) if ep.norm is not None else 0.0
+        uniforms = []
+        for p in weight.parts:
+            m_off, sup_off = lay.meta_offsets(p.rows)
+            uniforms.append(params(struct.pack(
+                _PARAMS, p.rows, weight.k, weight.group_size, lay.w_stride4, lay.words("scales"), io.x_stride // 4,
+                io.y_stride, io.n_offset + p.row0, io.count_index, io.start_index, eps, lay.words("qhigh"), m_off,
+                sup_off, lay.words("super"), 0)))
+        self._variants: list[_Bound] = []
+        for v in variants:  # bind
+            pipeline = lib.variant_pipeline(kernel, v.defines)
             groups = []
-            for p, u in zip(parts, u_of_part):
-                binds = [p.qweight, p.scales, x, y, u, step]
-                if dtype == "q4a":
-                    binds.append(p.mins)
-                if norm is not None:
-                    binds.append(norm[0])
-                if bias is not None:
-                    binds.append(bias)
-                bg = lib.device.create_bind_group(pipeline, binds)
-                gx = -(-p.rows // ((2 if (swiglu or eight) else 1) * ROWS_PER_INVOCATION * WG))
-                groups.append((bg, gx))
-            self._variants.append((pipeline, tt, groups))
-        self.pipeline = self._variants[-1][0]
+            for p, u in zip(weight.parts, uniforms):
+                have = {"qweight": p.qweight, "meta": p.meta, "x": io.x, "y": io.y, "params": u, "step": io.step,
+                        "qhigh": p.qhigh, "norm": ep.norm[0] if ep.norm is not None else None, "bias": ep.bias}
+                groups.append((lib.device.create_bind_group(pipeline, [have[b] for b in v.bindings]),
+                               v.grid_x(p.rows)))
+            self._variants.append(_Bound(v, pipeline, groups))
+
+    @property
+    def tiles(self) -> tuple[int, ...]:
+        return tuple(b.variant.key.tile for b in self._variants)
+
+    def restrict_tiles(self, tiles: tuple[int, ...]) -> None:
+        """Keep only these decode tiles (benchmarks: A/B against one tile)."""
+        self._variants = [b for b in self._variants if b.variant.key.tile in tiles]
+
+    def pick(self, rows: int) -> _Bound:
+        """The smallest tile that holds `rows` in one workgroup row (the largest beyond that)."""
+        return next((b for b in self._variants if rows <= b.variant.key.tile), self._variants[-1])
 
     def encode(self, cmds, rows: int) -> None:
-        """Record the dispatches for `rows` activation rows (at least step[count_index]; extra rows exit early).
-        With several decode tiles, the smallest tile that holds `rows` in one workgroup row is used (the largest
-        beyond that): a row's result is the same bits in every variant (per-row code and order are identical)."""
+        """Record the dispatches for `rows` activation rows (at least step[count_index]; extra rows exit early)."""
         if rows <= 0:
             return
-        pipeline, tt, groups = self._variants[-1]
-        for v in self._variants:
-            if rows <= v[1]:
-                pipeline, tt, groups = v
-                break
-        gy = -(-rows // tt)
-        for bg, gx in groups:
-            cmds.dispatch(pipeline, bg, gx, gy, 1, self.label)
+        b = self.pick(rows)
+        gy = ceil_div(rows, b.variant.key.tile)
+        for bg, gx in b.groups:
+            cmds.dispatch(b.pipeline, bg, gx, gy, 1, self.label)
 
 
 def interleave_gate_up(gate_rows: list[bytes], up_rows: list[bytes]) -> bytes:
     """Rows of gate and up (same length F, F % 4 == 0) -> the fused order the SWIGLU kernel expects:
-    4 gate rows, then the same 4 up rows, repeated. Works on any per-row component (qweight, scales, mins)."""
+    4 gate rows, then the same 4 up rows, repeated. Works on any per-row component (qweight, qhigh, scales...)."""
     if len(gate_rows) != len(up_rows) or len(gate_rows) % 4:
         raise ValueError("interleave_gate_up: gate and up need the same row count, a multiple of 4")
     out = []

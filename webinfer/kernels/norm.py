@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import struct
 
-from .linear import ParamsFn, standalone_params
+from .common import WG, ParamsFn, standalone_params
 
-WG = 64
 
 
 class RMSNorm:

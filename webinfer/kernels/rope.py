@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import struct
 
-from .linear import WG, ParamsFn, standalone_params
+from .common import WG, ParamsFn, standalone_params
 
 
 def inv_freq(head_dim: int, theta: float, scaling: dict | None = None) -> list[float]:

@@ -22,7 +22,6 @@ from typing import Any
 from ..gpu.device import COPY_DST, COPY_SRC, STORAGE, BufferBinding
 
 ROW_BYTES = 32  # RowParams in sample.wgsl
-MAX_BINDING_BYTES = 128 << 20  # browser default maxStorageBufferBindingSize
 _ROW = "<4I2f2I"
 _MASK = 0xFFFFFFFF
 
@@ -84,11 +83,12 @@ class GpuSampler:
         """logits: f32 [rows, vocab]; params: ROW_BYTES per row; out_ids: u32 per row (buffers or BufferBindings).
         Allocates the candidate scratch (vocab x 8 bytes per out_ids slot)."""
         rows = max(_bound_bytes(out_ids) // 4, 1)
-        if rows * self.vocab * 8 > MAX_BINDING_BYTES:
-            raise ValueError(f"sampling: candidate space for {rows} rows x vocab {self.vocab} is "
-                             f"{rows * self.vocab * 8} bytes (> {MAX_BINDING_BYTES} per binding); sample fewer rows "
-                             f"per dispatch (out_ids holds {rows})")
         dev = self.lib.device
+        limit = dev.caps.max_binding_bytes
+        if rows * self.vocab * 8 > limit:
+            raise ValueError(f"sampling: candidate space for {rows} rows x vocab {self.vocab} is "
+                             f"{rows * self.vocab * 8} bytes (> {limit} per binding on this device); sample fewer "
+                             f"rows per dispatch (out_ids holds {rows})")
         cand = dev.create_buffer(rows * self.vocab * 8, STORAGE, label=f"{self.label}.candidates")
         return SamplerBinding(dev.create_bind_group(self.pipeline, [logits, params, out_ids, cand]), rows, cand)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import struct
 
-from .linear import WG, ParamsFn, standalone_params
+from .common import WG, ParamsFn, standalone_params
 
 
 class SwiGLU:

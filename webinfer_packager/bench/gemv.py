@@ -1,11 +1,12 @@
 """GEMV bandwidth on the native device, beside the copy kernel in the same run (timestamp queries).
 
-Run: XDG_RUNTIME_DIR=/tmp/xdg python -m webinfer_packager.bench.gemv [--reps 5] [--decode]
+Run: XDG_RUNTIME_DIR=/tmp/xdg python -m webinfer_packager.bench.gemv [--reps 5] [--decode] [--formats q4k,q6k]
      XDG_RUNTIME_DIR=/tmp/xdg python -m webinfer_packager.bench.gemv --model PKG [--reps 7]: decode step A/B on a package,
      decode tiles (auto) against the same model restricted to tile 1 (one activation row per invocation, the old
      layout), alternating, at 1/4/16 sequences: median GPU ms per step, per-label split, and the copy kernel.
 (WEBINFER_DISABLE_SUBGROUPS=1 for the path without subgroupBroadcast)
-Effective bytes = weight + scale (+ min) bytes; ratio = GEMV GB/s / copy GB/s (copy counts read + write bytes).
+Effective bytes = every component's bytes (qweight, qhigh, scales, mins, super); ratio = GEMV GB/s / copy GB/s
+(copy counts read + write bytes). Weights are random codes (tests/gpu/quant_ref.py): timing does not depend on them.
 """
 
 from __future__ import annotations
@@ -17,22 +18,21 @@ import statistics
 import numpy as np
 
 from tests.gpu.check_op import GpuArray, uniform
+from tests.gpu.quant_ref import FORMAT_NAMES, random_weight, upload_weight
 from webinfer.gpu.native import request_device_sync
 from webinfer.kernels.library import KernelLibrary
-from webinfer.kernels.linear import Linear, WeightPart
-from webinfer_packager.pack.quant import quantize
+from webinfer.kernels.linear import Linear, LinearIO
 
-# (dtype, N, K, rows, kernel; gemv8 = 8 rows per invocation; gemv/t1, gemv/t4: decode tile of 1 or 4 activation
-# rows instead of 8): SmolLM2's shapes are qkv 960x576, gate/up 3072x576, down 576x1536, head 49152x576
+# (dtype, N, K, rows, kernel; gemv/t1, gemv/t4: decode tile of 1 or 4 activation rows instead of the auto
+# choice): SmolLM2's shapes are qkv 960x576, gate/up 3072x576 (fused: 6144 rows), down 576x1536, head 49152x576
 DECODE = [(d, n, k, t, kern) for d, n, k in [("q4a", 960, 576), ("q4a", 3072, 576), ("q4a", 576, 1536),
                                              ("q8", 49152, 576)]
           for t in (1, 4, 16) for kern in ("gemv/t1", "gemv/t4", "gemv")]
-SHAPES = [("q4", 4096, 4096, 1, "gemv"), ("q4a", 4096, 4096, 1, "gemv"), ("q8", 4096, 4096, 1, "gemv"),
-          ("q4a", 960, 576, 1, "gemv"), ("q4a", 3072, 576, 1, "gemv"), ("q4a", 576, 1536, 1, "gemv"),
-          ("q8", 49152, 576, 1, "gemv"), ("q4a", 3072, 576, 16, "gemv"), ("q4a", 3072, 576, 16, "gemm"),
-          ("q4a", 3072, 576, 64, "gemm"),
-          ("q4", 4096, 4096, 1, "gemv8"), ("q4a", 4096, 4096, 1, "gemv8"), ("q8", 4096, 4096, 1, "gemv8"),
-          ("q4a", 960, 576, 1, "gemv8"), ("q4a", 576, 1536, 1, "gemv8"), ("q8", 49152, 576, 1, "gemv8")]
+SMOLLM2 = [(960, 576), (6144, 576), (576, 1536), (49152, 576)]
+SHAPES = ([(d, 4096, 4096, 1, "gemv") for d in FORMAT_NAMES]
+          + [(d, n, k, 1, "gemv") for d in ("q4a", "q4k", "q6k") for n, k in SMOLLM2]
+          + [("q4a", 3072, 576, 16, "gemv"), ("q4a", 3072, 576, 16, "gemm"), ("q4a", 3072, 576, 64, "gemm"),
+             ("q4k", 3072, 576, 64, "gemm")])
 
 
 def timed(dev, record, reps):
@@ -47,9 +47,8 @@ def timed(dev, record, reps):
 
 def _gemv_linears(model):
     for ly in model.layers:
-        for d in ly.qkv + [ly.o] + ly.mlp_in + [ly.down]:
-            if hasattr(d, "gemv"):
-                yield d.gemv
+        for d in ly.qkv + [ly.o] + ly.gate_up + [ly.down]:
+            yield d.gemv
     yield model.lm_head
 
 
@@ -67,7 +66,7 @@ def model_ab(path: str, reps: int) -> None:
     new = load_runner(path, device=dev, num_blocks=16 * 4 + 1, block_size=16, max_seqs=16)
     old = load_runner(path, device=dev, num_blocks=16 * 4 + 1, block_size=16, max_seqs=16)
     for lin in _gemv_linears(old):
-        lin._variants = [v for v in lin._variants if v[1] == 1]  # tile 1 only: the old one-row layout
+        lin.restrict_tiles((1,))  # tile 1 only: one activation row per invocation
     prompt = [1, 504, 3458, 2114, 253, 1029, 30, 314]  # 8 tokens; decode at position 8
 
     def batch(n):
@@ -101,6 +100,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--decode", action="store_true", help="only the decode shapes at 1/4/16 rows, tiles 1/4/8")
     ap.add_argument("--model", help="a package folder: decode step A/B (tiles vs tile 1) instead of the shapes")
+    ap.add_argument("--formats", help="comma-separated formats to keep (default: all)")
     args = ap.parse_args()
     if args.model:
         return model_ab(args.model, args.reps)
@@ -115,19 +115,22 @@ def main() -> None:
     copy_gbs = 2 * n_vec4 * 16 / copy_ms / 1e6
     print(f"{dev.info.name}; copy 64 MiB: {copy_ms:.2f} ms = {copy_gbs:.1f} GB/s (read+write)")
     rng = np.random.default_rng(0)
+    keep = set(args.formats.split(",")) if args.formats else None
     for dtype, n, k, t, kernel in (DECODE if args.decode else SHAPES):
-        comps = quantize(dtype, rng.standard_normal((n, k)).astype(np.float32), 32)
+        if keep and dtype not in keep:
+            continue
+        comps, _ = random_weight(dtype, n, k, seed=n + k)
         nbytes = sum(v.nbytes for v in comps.values())
-        up = {c: GpuArray.upload(dev, v, guard=False).buffer for c, v in comps.items()}
+        w = upload_weight(dev, dtype, n, k, comps)
         x = GpuArray.upload(dev, rng.standard_normal((t, k)).astype(np.float32), guard=False).buffer
         y = GpuArray.empty(dev, (t, n)).buffer
         step = GpuArray.upload(dev, np.array([t, 0, 0, 0], np.uint32), guard=False).buffer
-        lin = Linear(lib, dtype, n, k, 32, [WeightPart(0, n, up["qweight"], up["scales"], up.get("mins"))], x, y, k, n,
-                     step, count_index=0, start_index=2, kernel=kernel[:4], rows8=kernel == "gemv8",
-                     tile=int(kernel.split("/t")[1]) if "/t" in kernel else 8)
+        lin = Linear(lib, w, LinearIO(x, y, k, n, step, count_index=0, start_index=2), kernel=kernel[:4],
+                     tiles=(int(kernel.split("/t")[1]),) if "/t" in kernel else None)
         ms = timed(dev, lambda c: lin.encode(c, t), args.reps)
         gbs = nbytes / ms / 1e6
-        print(f"{kernel:7s} {dtype:4s} {n:6d}x{k:<5d} T={t:2d}: {ms:7.3f} ms  {gbs:6.2f} GB/s  ratio to copy {gbs / copy_gbs:.2f}")
+        print(f"{kernel:7s} {dtype:4s} {n:6d}x{k:<5d} T={t:2d}: {ms:7.3f} ms  {gbs:6.2f} GB/s  "
+              f"{8 * nbytes / (n * k):5.2f} bits/weight  ratio to copy {gbs / copy_gbs:.2f}")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ of one decode step) and with the wall clock where the host is involved (a decode
     copy_gbps            shaders/copy.wgsl over a large buffer; bytes read + bytes written per second, median
     gemv                 q4 GEMV (webinfer/kernels/linear.py) at 4096x4096 and at the model's own shapes:
                          ms, GB/s of weight bytes (qweight + scales) and ratio to copy_gbps
+    gemv_formats         the same at 4096x4096 for every weight format (q4 ... q6k), with bits per weight
     attention, sampling  GPU ms of this project's attention (decode, prefill) and sampling kernels alone
     kernels              per-label GPU ms of one timed decode step of the model (summed over layers)
     prefill_kernels      the same for one prefill chunk (min(prompt, max_batch_tokens) tokens)
@@ -77,14 +78,35 @@ def bench_copy(dev, lib, nbytes: int, reps: int) -> float:
     return 2 * nbytes / (ms / 1e3) / 1e9
 
 
-def bench_gemv(dev, lib, name: str, n: int, k: int, copy_gbps: float, reps: int, group_size: int = 32) -> dict:
-    """One q4 Linear with random weights (timing only: values do not matter, scales are a fixed 1/64)."""
-    from webinfer.kernels.linear import Linear, WeightPart, weight_strides
+def random_weight_bytes(dtype: str, n: int, k: int, group_size: int, seed: int) -> dict[str, bytes]:
+    """Every component of an [n, k] weight in `dtype` as bytes, for timing: random codes and scale bytes, f16
+    scales / super words a fixed 1/64 (finite, no denormals: values do not change the kernel's work)."""
+    from webinfer.kernels.linear import WeightLayout
 
-    w4, s_words = weight_strides("q4", k, group_size)
-    rng = np.random.default_rng(n * 7 + k)
-    qw = rng.integers(0, 2**32, size=n * w4 * 4, dtype=np.uint32).tobytes()
-    sc = (np.full(n * s_words * 2, 1 / 64, np.float16)).tobytes()
+    lay = WeightLayout(dtype, k, group_size)
+    rng = np.random.default_rng(seed)
+    f16_words = np.full(2, 1 / 64, np.float16).view(np.uint32)[0]
+    out = {}
+    for c in ("qweight", "qhigh", "scales", "mins", "super"):
+        words = n * lay.words(c)
+        if not words:
+            continue
+        f16 = c == "super" or (c in ("scales", "mins") and dtype not in ("q4k", "q5k", "q6k"))
+        data = np.full(words, f16_words, np.uint32) if f16 else rng.integers(0, 2**32, size=words, dtype=np.uint32)
+        if c in ("scales", "mins") and dtype in ("q4k", "q5k"):
+            data &= np.uint32(0x3F3F3F3F)  # 6-bit sub-block scales
+        out[c] = data.tobytes()
+    return out
+
+
+def bench_gemv(dev, lib, name: str, n: int, k: int, copy_gbps: float, reps: int, group_size: int = 32,
+               dtype: str = "q4") -> dict:
+    """One GEMV (a decode row) of a random `dtype` weight: ms, GB/s of all its component bytes, ratio to copy."""
+    from webinfer.formats import FORMATS
+    from webinfer.kernels.linear import Linear, LinearIO, QuantWeight, WeightPart, pack_meta
+
+    group_size = FORMATS[dtype].fixed_group or group_size
+    comps = random_weight_bytes(dtype, n, k, group_size, n * 7 + k)
     bufs = []
 
     def upload(data: bytes, label: str):
@@ -93,17 +115,21 @@ def bench_gemv(dev, lib, name: str, n: int, k: int, copy_gbps: float, reps: int,
         bufs.append(b)
         return b
 
+    rng = np.random.default_rng(n + k)
     x = upload(rng.standard_normal(-(-k // 4) * 4).astype(np.float32).tobytes(), "bench.x")
     y = upload(b"\0" * 4 * n, "bench.y")
     step = upload(struct.pack("<4I", 1, 1, 0, 0), "bench.step")
-    lin = Linear(lib, "q4", n, k, group_size, [WeightPart(0, n, upload(qw, "bench.w"), upload(sc, "bench.s"))],
-                 x, y, -(-k // 4) * 4, n, step, label=f"gemv {name}")
+    part = WeightPart(0, n, upload(comps["qweight"], "bench.w"), upload(pack_meta(dtype, comps), "bench.meta"),
+                      upload(comps["qhigh"], "bench.qhigh") if "qhigh" in comps else None)
+    lin = Linear(lib, QuantWeight(dtype, n, k, group_size, (part,)), LinearIO(x, y, -(-k // 4) * 4, n, step),
+                 label=f"gemv {name}")
     ms = _median_timed(dev, lambda c: lin.encode(c, 1), reps)
     for b in bufs:
         dev.destroy_buffer(b)
-    gbps = (len(qw) + len(sc)) / (ms / 1e3) / 1e9
-    return {"name": name, "shape": [n, k], "ms": _sig(ms), "gbps": _sig(gbps),
-            "ratio": _sig(gbps / copy_gbps) if copy_gbps else None}
+    nbytes = sum(len(v) for v in comps.values())
+    gbps = nbytes / (ms / 1e3) / 1e9
+    return {"name": name, "dtype": dtype, "shape": [n, k], "bits_per_weight": _sig(8 * nbytes / (n * k)),
+            "ms": _sig(ms), "gbps": _sig(gbps), "ratio": _sig(gbps / copy_gbps) if copy_gbps else None}
 
 
 def _sig(x: float, digits: int = 4) -> float:
@@ -277,6 +303,7 @@ def bench_hf(package, decode_len: int) -> dict:
 def run_bench(package_path, *, quick: bool = False, skip_hf: bool = False, skip_serving: bool = False,
               device=None) -> dict:
     from webinfer.gpu.native import request_device_sync
+    from webinfer.formats import QUANT_DTYPES
     from webinfer.kernels.library import KernelLibrary
     from webinfer.package import Package
 
@@ -292,6 +319,8 @@ def run_bench(package_path, *, quick: bool = False, skip_hf: bool = False, skip_
     pkg = package_path if isinstance(package_path, Package) else Package.open(Path(package_path))
     shapes = [("4096x4096", 4096, 4096)] + model_shapes(pkg.config)
     res["gemv"] = [bench_gemv(dev, lib, n_, n, k, res["copy_gbps"], reps) for n_, n, k in shapes]
+    fmts = ("q4", "q4k", "q6k") if quick else QUANT_DTYPES
+    res["gemv_formats"] = [bench_gemv(dev, lib, "4096x4096", 4096, 4096, res["copy_gbps"], reps, dtype=d) for d in fmts]
     cfg = pkg.config
     res["attention"] = bench_attention(dev, lib, cfg, 128 if quick else 512, 4 if quick else 16, 32 if quick else 256, reps)
     res["sampling"] = bench_sampling(dev, lib, cfg.vocab_size, 1 if quick else 4, reps)
@@ -325,6 +354,9 @@ def format_table(r: dict) -> str:
              f"copy         {r['copy_gbps']:.2f} GB/s (read + write, {r['copy_bytes'] >> 20} MiB)"]
     for g in r["gemv"]:
         lines.append(f"gemv q4      {g['name']:<10} {g['shape'][0]:>6}x{g['shape'][1]:<6} {g['ms']:8.3f} ms "
+                     f"{g['gbps']:7.2f} GB/s  {g['ratio']:.2f}x copy")
+    for g in r.get("gemv_formats", []):
+        lines.append(f"gemv {g['dtype']:<7} {g['name']:<10} {g['bits_per_weight']:5.2f} bits/weight {g['ms']:8.3f} ms "
                      f"{g['gbps']:7.2f} GB/s  {g['ratio']:.2f}x copy")
     lines.append(f"decode step  {r['step_ms']:.2f} ms wall, {r['kernel_ms']:.2f} ms on the GPU, host overhead "
                  f"{100 * r['host_overhead_frac']:.0f} %, {r['dispatches_per_token']} dispatches")
