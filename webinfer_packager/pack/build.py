@@ -5,7 +5,11 @@ copy of even the largest tensor is never held whole), and appended to content-ad
 memory is about one tensor's encoded components plus one float chunk. The package is built in
 `OUT.tmp-<random>` beside OUT and renamed into place at the end; on any error the temp folder is removed.
 
-    pack(Path("model.gguf"), Path("out"), group_size=32)      # or: webinfer pack model.gguf -o out
+GGUF tensors of a package format are repacked bit-exactly; the rest are requantized (docs/package-format.md,
+"Formats at pack time").
+
+    pack(Path("model.gguf"), Path("out"))                 # or: webinfer pack model.gguf -o out
+    pack(Path("hf_folder"), Path("out"), quant="q4k_m")   # or: webinfer pack hf_folder -o out --quant q4k_m
 """
 
 from __future__ import annotations
