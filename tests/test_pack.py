@@ -37,7 +37,7 @@ def tree_bytes(d: Path) -> dict:
 @pytest.mark.parametrize("arch,sharded,tied", [("llama", False, True), ("qwen2", True, False)])
 def test_hf_pack_values_and_config(tmp_path, arch, sharded, tied):
     src = synthetic.write_hf(tmp_path / "hf", arch=arch, sharded=sharded, tied=tied)
-    pkg = Package.open(pack(src, tmp_path / "pkg", progress=False))
+    pkg = Package.open(pack(src, tmp_path / "pkg", quant="q4", progress=False))
     w = synthetic.hf_weights(synthetic.TINY, arch=arch, tied=tied)
     c = pkg.config
     assert (c.architecture, c.hidden_size, c.num_key_value_heads, c.kv_dim, c.q_dim) == (arch, 64, 2, 32, 64)
@@ -159,7 +159,7 @@ def test_deterministic_force_and_existing_output(tmp_path):
     assert tree_bytes(a) == tree_bytes(b)
     with pytest.raises(OutputExistsError):
         pack(src, a, progress=False)
-    pack(src, a, progress=False, group_size=64, force=True)
+    pack(src, a, progress=False, quant="q4", group_size=64, force=True)
     assert Package.open(a).tensors["layers.0.q"].group_size == 64
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b", "m.gguf"]  # no temp or old folders left
 
