@@ -261,6 +261,8 @@ def print_summary(manifest: dict, file=sys.stdout, worst: int = 8) -> None:
         print(f"{t['name']:<24} {t['dtype']:<5} {t['source_type']:<6} {str(t['lossless']):<8} "
               f"{e['max_rel']:9.5f} {e['rms_rel']:9.5f}", file=file)
     n_lossless = sum(t["lossless"] for t in manifest["tensors"])
+    dtypes = manifest["quantization"]["dtypes"]
+    print("dtypes: " + ", ".join(f"{d} {c}" for d, c in dtypes.items()), file=file)
     tot = manifest["totals"]
     print(f"overall: {len(manifest['tensors'])} tensors ({n_lossless} lossless), {tot['params']:,} params, "
           f"{tot['bytes'] / 2**20:.1f} MiB in {tot['files']} files, {tot['bits_per_weight']} bits/weight; "
