@@ -141,6 +141,22 @@ def test_cli_quant_choices_match_the_packer():
     assert f"default {build.DEFAULT_QUANT})" in opt.help
 
 
+def test_gguf_metadata_and_tensors_match_gguf_reader(tmp_path):
+    """The packer's own header walk (no GGUFReader: minutes on a 262k vocabulary) against GGUFReader."""
+    import gguf
+
+    from webinfer_packager.pack.gguf_source import GGUFSource
+
+    path = synthetic.write_gguf(tmp_path / "m.gguf", types={"linear": "Q5_1", "embed": "F16"})
+    src, ref = GGUFSource(path), gguf.GGUFReader(path)
+    assert src.fields == {k: f.contents() for k, f in ref.fields.items() if not k.startswith("GGUF.")}  # header
+    for t in ref.tensors:
+        assert np.array_equal(src._mm[src._data_start + src.tensors[t.name].offset:][:t.n_bytes],
+                              np.asarray(t.data).view(np.uint8).reshape(-1)), t.name
+    st = src.tensor("embed", shape=[synthetic.TINY["vocab_size"], synthetic.TINY["hidden_size"]])
+    assert st.raw_rows(0, 3).dtype == np.float16
+
+
 def test_gguf_f32_and_hf_give_identical_weights(tmp_path):
     """Same float weights via GGUF (Q/K permuted by llama.cpp's rule) and via HF: identical packed shard bytes."""
     g = pack(synthetic.write_gguf(tmp_path / "m.gguf", types={"linear": "F32", "embed": "F32"}), tmp_path / "a",

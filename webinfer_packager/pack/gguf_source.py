@@ -1,9 +1,9 @@
 """Reading a GGUF file (v2/v3) as a pack source.
 
-`gguf.GGUFReader` memory-maps the file but trusts every length it reads, so `validate_gguf_header` first walks
-the header with explicit bounds checks (magic, version, counts, string/array lengths, tensor infos, data offsets
-in bounds and non-overlapping) and raises FormatError naming the field. Only then is GGUFReader used, and any
-exception it still raises is converted to FormatError too.
+`read_gguf_header` walks the header with explicit bounds checks (magic, version, counts, string/array lengths,
+tensor infos, data offsets in bounds and non-overlapping), raising FormatError naming the field, and returns the
+metadata values and tensor infos; tensor data is then memory-mapped (gguf.GGUFReader is not used: it trusts every
+length it reads and is slow on large vocabularies).
 
 Conventions are normalised here: llama.cpp permutes the Q/K rows of `llama`/`mistral` GGUFs for adjacent-pair
 RoPE; `unpermute_rows` gives the row order of the half-split (Hugging Face) convention the runtime uses.
@@ -40,7 +40,7 @@ class HeaderTensor:
 
 def validate_gguf_header(path: Path | str, data: bytes | memoryview | None = None) -> list[HeaderTensor]:
     """Walk a GGUF header with bounds checks; return the tensor infos. Raises only FormatError."""
-    return _read_gguf_header(path, data)[0]
+    return read_gguf_header(path, data)[0]
 
 
 def gguf_tensor_blocks(path: Path | str) -> dict[str, tuple[HeaderTensor, np.ndarray]]:
@@ -49,7 +49,7 @@ def gguf_tensor_blocks(path: Path | str) -> dict[str, tuple[HeaderTensor, np.nda
     takes minutes on a 262k-token vocabulary."""
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-    infos, data_start = _read_gguf_header(path)
+    infos, data_start, _ = read_gguf_header(path)
     mm = np.memmap(path, np.uint8, mode="r")
     out = {}
     for t in infos:
@@ -60,7 +60,8 @@ def gguf_tensor_blocks(path: Path | str) -> dict[str, tuple[HeaderTensor, np.nda
     return out
 
 
-def _read_gguf_header(path: Path | str, data: bytes | memoryview | None = None) -> tuple[list[HeaderTensor], int]:
+def read_gguf_header(path: Path | str, data: bytes | memoryview | None = None) -> tuple[list[HeaderTensor], int, dict]:
+    """(tensor infos, absolute offset of the data section, metadata key -> Python value); raises only FormatError."""
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
     path = str(path)
@@ -115,11 +116,10 @@ def _read_gguf_header(path: Path | str, data: bytes | memoryview | None = None) 
             if count * min_item > size - pos:  # checked before any loop or allocation
                 raise FormatError(path, field, f"array length {count} exceeds the {size - pos} bytes left")
             if item in _SCALARS:
+                items = np.frombuffer(buf, _SCALARS[item][0], count, pos).tolist()
                 pos += count * min_item
-                return None
-            for i in range(count):
-                value(item, f"{field}[{i}]", depth + 1)
-            return None
+                return items
+            return [value(item, f"{field}[{i}]", depth + 1) for i in range(count)]
         raise FormatError(path, field, f"unknown value type {type_id}", "a GGUF value type 0-12 (arrays not nested)")
 
     magic = bytes(buf[:4]) if size >= 4 else bytes(buf)
@@ -136,10 +136,11 @@ def _read_gguf_header(path: Path | str, data: bytes | memoryview | None = None) 
     if n_kv * 13 > size - pos:
         raise FormatError(path, "kv_count", f"{n_kv} key-value pairs cannot fit in {size} bytes")
     alignment = 32
+    fields = {}
     for i in range(n_kv):
         key = string(f"kv[{i}].key")
         type_id = scalar("<I", 4, f"{key} (type)")
-        v = value(type_id, key)
+        v = fields[key] = value(type_id, key)
         if key == "general.alignment":
             if not isinstance(v, int) or v <= 0 or v & (v - 1) or v % 8:
                 raise FormatError(path, key, f"is {v!r}", "a power of two >= 8")
@@ -184,7 +185,7 @@ def _read_gguf_header(path: Path | str, data: bytes | memoryview | None = None) 
             raise FormatError(path, f"tensor_info[{t.name}].offset",
                               f"data [{t.offset}, {end}) lies outside the data section ({data_size} bytes)",
                               "tensor data inside the file (truncated?)")
-    return infos, data_start
+    return infos, data_start, fields
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -239,28 +240,22 @@ def gguf_tensor_name(canonical: str) -> str:
 
 
 class GGUFSource:
+    """A GGUF file as a pack source: metadata from the bounds-checked header walk, tensors memory-mapped.
+    (gguf.GGUFReader is not used: it parses every element of the metadata arrays into its own numpy view, which
+    takes minutes for a 150k-262k-token vocabulary.)"""
+
     kind = "gguf"
 
     def __init__(self, path: Path):
-        from gguf import GGUFReader
+        from gguf.constants import GGMLQuantizationType
 
         self.path = Path(path)
         self.name = self.path.name
         self.default_name = self.path.name.split(".")[0]
-        validate_gguf_header(self.path)
-        try:
-            self.reader = GGUFReader(self.path)
-            self.fields = {}
-            for k, f in self.reader.fields.items():
-                try:
-                    self.fields[k] = f.contents()
-                except Exception:  # noqa: BLE001 - a field GGUFReader cannot decode is simply unusable
-                    self.fields[k] = None
-            self.tensors = {t.name: t for t in self.reader.tensors}
-        except FormatError:
-            raise
-        except Exception as e:  # noqa: BLE001 - GGUFReader raises ValueError/IndexError/... on bad input
-            raise FormatError(self.path, "(GGUFReader)", f"{type(e).__name__}: {e}") from None
+        infos, self._data_start, self.fields = read_gguf_header(self.path)
+        self.tensors = {t.name: t for t in infos}
+        self._types = {t.name: GGMLQuantizationType(t.type_id) for t in infos}
+        self._mm = np.memmap(self.path, np.uint8, mode="r")
         self.config = self._config()
 
     def _get(self, key: str, default=None, *, required=False):
@@ -318,7 +313,7 @@ class GGUFSource:
         t = self.tensors.get(gname)
         if t is None:
             raise FormatError(self.path, f"tensor {gname}", "missing", f"the tensor {canonical} of a {self.arch} model")
-        got = [int(d) for d in reversed(t.shape.tolist())]
+        got = [int(d) for d in reversed(t.dims)]
         if got != shape:
             raise FormatError(self.path, f"tensor {gname}", f"has shape {got}", f"{shape} from the model config")
         rows = None
@@ -326,19 +321,22 @@ class GGUFSource:
         if self.arch in ("llama", "mistral") and part in ("q", "k"):
             n_head = self.config["num_attention_heads" if part == "q" else "num_key_value_heads"]
             rows = unpermute_rows(shape[0], n_head)
-        type_name = t.tensor_type.name
+        qtype = self._types[gname]
+        type_name = qtype.name
         if type_name not in ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K",
                              "Q5_K", "Q6_K"):
             raise FormatError(self.path, f"tensor {gname}.type", f"{type_name} is not supported",
                               "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 or a K-quant")
-        data = t.data if len(shape) == 2 else t.data.reshape(shape[0], -1)
-        return SourceTensor(gname, type_name, shape, data, rows, t.tensor_type)
+        raw = self._mm[self._data_start + t.offset: self._data_start + t.offset + t.nbytes]
+        if type_name in ("F32", "F16"):
+            raw = raw.view("<f4" if type_name == "F32" else "<f2")
+        return SourceTensor(gname, type_name, shape, raw.reshape(shape[0], -1), rows, qtype)
 
     def release(self) -> None:
         """Drop the mapped pages read so far: file-backed pages count towards resident memory otherwise."""
         import mmap
 
-        mm = getattr(self.reader.data, "_mmap", None)
+        mm = getattr(self._mm, "_mmap", None)
         if mm is not None and hasattr(mmap, "MADV_DONTNEED"):
             mm.madvise(mmap.MADV_DONTNEED)
 
