@@ -14,6 +14,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -239,6 +240,30 @@ def gguf_tensor_name(canonical: str) -> str:
     return f"blk.{i}.{n}" if n.endswith(".bias") else f"blk.{i}.{n}.weight"
 
 
+@dataclass(frozen=True, eq=False)
+class GGUFTensor:
+    """One tensor of a GGUFSource, with the attributes of gguf.ReaderTensor that the packer uses."""
+
+    name: str
+    tensor_type: Any          # gguf GGMLQuantizationType
+    shape: np.ndarray         # GGUF order: ne0 (K, the contiguous axis) first
+    n_bytes: int
+    data: np.ndarray          # memory-mapped: F32/F16 typed [.., K]; other types raw block bytes [rows, row_bytes]
+
+    @classmethod
+    def of(cls, t: HeaderTensor, mm: np.ndarray, data_start: int) -> "GGUFTensor":
+        from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+        qtype = GGMLQuantizationType(t.type_id)
+        raw = mm[data_start + t.offset: data_start + t.offset + t.nbytes]
+        if qtype.name in ("F32", "F16"):
+            data = raw.view("<f4" if qtype.name == "F32" else "<f2").reshape(tuple(reversed(t.dims)))
+        else:
+            block, type_size = GGML_QUANT_SIZES[qtype]
+            data = raw.reshape(-1, t.dims[0] // block * type_size)
+        return cls(t.name, qtype, np.array(t.dims, np.uint64), t.nbytes, data)
+
+
 class GGUFSource:
     """A GGUF file as a pack source: metadata from the bounds-checked header walk, tensors memory-mapped.
     (gguf.GGUFReader is not used: it parses every element of the metadata arrays into its own numpy view, which
@@ -247,15 +272,12 @@ class GGUFSource:
     kind = "gguf"
 
     def __init__(self, path: Path):
-        from gguf.constants import GGMLQuantizationType
-
         self.path = Path(path)
         self.name = self.path.name
         self.default_name = self.path.name.split(".")[0]
-        infos, self._data_start, self.fields = read_gguf_header(self.path)
-        self.tensors = {t.name: t for t in infos}
-        self._types = {t.name: GGMLQuantizationType(t.type_id) for t in infos}
+        infos, data_start, self.fields = read_gguf_header(self.path)
         self._mm = np.memmap(self.path, np.uint8, mode="r")
+        self.tensors = {t.name: GGUFTensor.of(t, self._mm, data_start) for t in infos}
         self.config = self._config()
 
     def _get(self, key: str, default=None, *, required=False):
@@ -313,7 +335,7 @@ class GGUFSource:
         t = self.tensors.get(gname)
         if t is None:
             raise FormatError(self.path, f"tensor {gname}", "missing", f"the tensor {canonical} of a {self.arch} model")
-        got = [int(d) for d in reversed(t.dims)]
+        got = [int(d) for d in reversed(t.shape.tolist())]
         if got != shape:
             raise FormatError(self.path, f"tensor {gname}", f"has shape {got}", f"{shape} from the model config")
         rows = None
@@ -321,16 +343,13 @@ class GGUFSource:
         if self.arch in ("llama", "mistral") and part in ("q", "k"):
             n_head = self.config["num_attention_heads" if part == "q" else "num_key_value_heads"]
             rows = unpermute_rows(shape[0], n_head)
-        qtype = self._types[gname]
-        type_name = qtype.name
+        type_name = t.tensor_type.name
         if type_name not in ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K",
                              "Q5_K", "Q6_K"):
             raise FormatError(self.path, f"tensor {gname}.type", f"{type_name} is not supported",
                               "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 or a K-quant")
-        raw = self._mm[self._data_start + t.offset: self._data_start + t.offset + t.nbytes]
-        if type_name in ("F32", "F16"):
-            raw = raw.view("<f4" if type_name == "F32" else "<f2")
-        return SourceTensor(gname, type_name, shape, raw.reshape(shape[0], -1), rows, qtype)
+        data = t.data if len(shape) == 2 else t.data.reshape(shape[0], -1)
+        return SourceTensor(gname, type_name, shape, data, rows, t.tensor_type)
 
     def release(self) -> None:
         """Drop the mapped pages read so far: file-backed pages count towards resident memory otherwise."""
