@@ -100,6 +100,14 @@ def test_hf_pack_q4k_m_mix(tmp_path):
     assert pkg.quantization["quant"] == "q4k_m"
 
 
+def test_embedding_option_overrides_a_gguf_embedding(tmp_path):
+    src = synthetic.write_gguf(tmp_path / "m.gguf", types={"linear": "Q5_0", "embed": "Q8_0"})
+    pkg = Package.open(pack(src, tmp_path / "pkg", embedding="q4", progress=False))
+    e, q = pkg.tensors["embed"], pkg.tensors["layers.0.q"]
+    assert (e.dtype, e.source_type, e.lossless) == ("q4", "Q8_0", False) and 0 < e.error["rms_rel"] < 0.15
+    assert (q.dtype, q.lossless) == ("q5_0", True)
+
+
 def test_kquant_falls_back_when_k_is_not_a_multiple_of_256(tmp_path):
     """K = 64: q4k -> q5_0 and the q6k head -> q8 (llama.cpp's fallbacks), instead of padding K to 256."""
     pkg = Package.open(pack(synthetic.write_hf(tmp_path / "hf"), tmp_path / "pkg", quant="q4k", progress=False))

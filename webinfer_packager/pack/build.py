@@ -86,12 +86,14 @@ def requant_dtype(name: str, k: int, quant_name: str, embedding: str | None, n_l
 def _target_dtype(name: str, shape: list[int], src_type: str, *, quant_name: str, group_size: int,
                   embedding: str | None, n_layers: int):
     """(dtype, group_size, repack) for one canonical tensor: GGUF blocks of a package format are repacked as they
-    are (bit-exactly); norms and biases stay f32; everything else is requantized."""
+    are (bit-exactly) unless --embedding names another dtype for embed / lm_head; norms and biases stay f32;
+    everything else is requantized."""
     part = name.rsplit(".", 1)[-1]
     if part in ("attn_norm", "ffn_norm", "norm", "q_bias", "k_bias", "v_bias"):
         return "f32", None, False
     lossless = quant.GGUF_REPACK.get(src_type)
-    if lossless:
+    explicit = embedding if name in ("embed", "lm_head") else None  # the user's --embedding wins over the source's
+    if lossless and explicit in (None, lossless):
         return lossless, FORMATS[lossless].fixed_group or quant.GGUF_BLOCK, True
     dtype = requant_dtype(name, shape[1], quant_name, embedding, n_layers)
     return dtype, FORMATS[dtype].fixed_group or group_size, False
