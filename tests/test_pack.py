@@ -37,7 +37,7 @@ def tree_bytes(d: Path) -> dict:
 @pytest.mark.parametrize("arch,sharded,tied", [("llama", False, True), ("qwen2", True, False)])
 def test_hf_pack_values_and_config(tmp_path, arch, sharded, tied):
     src = synthetic.write_hf(tmp_path / "hf", arch=arch, sharded=sharded, tied=tied)
-    pkg = Package.open(pack(src, tmp_path / "pkg", progress=False))
+    pkg = Package.open(pack(src, tmp_path / "pkg", quant="q4", progress=False))
     w = synthetic.hf_weights(synthetic.TINY, arch=arch, tied=tied)
     c = pkg.config
     assert (c.architecture, c.hidden_size, c.num_key_value_heads, c.kv_dim, c.q_dim) == (arch, 64, 2, 32, 64)
@@ -100,6 +100,14 @@ def test_hf_pack_q4k_m_mix(tmp_path):
     assert pkg.quantization["quant"] == "q4k_m"
 
 
+def test_embedding_option_overrides_a_gguf_embedding(tmp_path):
+    src = synthetic.write_gguf(tmp_path / "m.gguf", types={"linear": "Q5_0", "embed": "Q8_0"})
+    pkg = Package.open(pack(src, tmp_path / "pkg", embedding="q4", progress=False))
+    e, q = pkg.tensors["embed"], pkg.tensors["layers.0.q"]
+    assert (e.dtype, e.source_type, e.lossless) == ("q4", "Q8_0", False) and 0 < e.error["rms_rel"] < 0.15
+    assert (q.dtype, q.lossless) == ("q5_0", True)
+
+
 def test_kquant_falls_back_when_k_is_not_a_multiple_of_256(tmp_path):
     """K = 64: q4k -> q5_0 and the q6k head -> q8 (llama.cpp's fallbacks), instead of padding K to 256."""
     pkg = Package.open(pack(synthetic.write_hf(tmp_path / "hf"), tmp_path / "pkg", quant="q4k", progress=False))
@@ -141,6 +149,23 @@ def test_cli_quant_choices_match_the_packer():
     assert f"default {build.DEFAULT_QUANT})" in opt.help
 
 
+def test_gguf_metadata_and_tensors_match_gguf_reader(tmp_path):
+    """The packer's own header walk (no GGUFReader: minutes on a 262k vocabulary) against GGUFReader."""
+    import gguf
+
+    from webinfer_packager.pack.gguf_source import GGUFSource
+
+    path = synthetic.write_gguf(tmp_path / "m.gguf", types={"linear": "Q5_1", "embed": "F16"})
+    src, ref = GGUFSource(path), gguf.GGUFReader(path)
+    assert src.fields == {k: f.contents() for k, f in ref.fields.items() if not k.startswith("GGUF.")}  # header
+    for t in ref.tensors:
+        ours = src.tensors[t.name]
+        assert ours.tensor_type == t.tensor_type and ours.shape.tolist() == t.shape.tolist() and ours.n_bytes == t.n_bytes
+        assert ours.data.dtype == t.data.dtype and np.array_equal(ours.data, t.data), t.name
+    st = src.tensor("embed", shape=[synthetic.TINY["vocab_size"], synthetic.TINY["hidden_size"]])
+    assert st.raw_rows(0, 3).dtype == np.float16
+
+
 def test_gguf_f32_and_hf_give_identical_weights(tmp_path):
     """Same float weights via GGUF (Q/K permuted by llama.cpp's rule) and via HF: identical packed shard bytes."""
     g = pack(synthetic.write_gguf(tmp_path / "m.gguf", types={"linear": "F32", "embed": "F32"}), tmp_path / "a",
@@ -159,7 +184,7 @@ def test_deterministic_force_and_existing_output(tmp_path):
     assert tree_bytes(a) == tree_bytes(b)
     with pytest.raises(OutputExistsError):
         pack(src, a, progress=False)
-    pack(src, a, progress=False, group_size=64, force=True)
+    pack(src, a, progress=False, quant="q4", group_size=64, force=True)
     assert Package.open(a).tensors["layers.0.q"].group_size == 64
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b", "m.gguf"]  # no temp or old folders left
 

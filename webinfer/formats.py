@@ -27,7 +27,8 @@ bit-identically; q = the element's unsigned code, s = sub-block index, b = super
     f32   data
 
 `group_size` in the manifest is the scale group for q4/q4a/q8 (32, 64 or 128), 32 for q5_0/q5_1 and 256 (the
-super-block) for the K-quants; k_padded = K rounded up to a multiple of it. Padding elements decode to 0.
+super-block) for the K-quants; k_padded = K rounded up to a multiple of it. Padding elements hold the code nearest 0
+(exactly 0 for q4/q8/q5_0/q6k, not always for the formats with a min); kernels ignore k >= K in every format.
 """
 
 from __future__ import annotations

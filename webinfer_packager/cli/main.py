@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     # kept equal to pack.build.QUANT_CHOICES / DEFAULT_QUANT by tests/test_pack.py (listed here: no numpy at parse)
     p.add_argument("--quant", choices=["q4", "q4a", "q4k", "q5k", "q6k", "q8", "q4k_m"], default=None,
                    help="format of requantized tensors (F16/BF16/F32 sources); GGUF Q4_0/Q4_1/Q8_0/Q5_0/Q5_1/Q4_K/"
-                        "Q5_K/Q6_K tensors are always kept losslessly. q4k_m = llama.cpp's Q4_K_M mix (default q4)")
+                        "Q5_K/Q6_K tensors are always kept losslessly. q4k_m = llama.cpp's Q4_K_M mix (default q5k)")
     p.add_argument("--group-size", type=int, default=32, choices=[32, 64, 128],
                    help="scale group of q4/q4a/q8 (default 32; the other formats have fixed groups)")
     p.add_argument("--asymmetric", action="store_true", help="same as --quant q4a")

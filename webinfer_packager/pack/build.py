@@ -5,7 +5,11 @@ copy of even the largest tensor is never held whole), and appended to content-ad
 memory is about one tensor's encoded components plus one float chunk. The package is built in
 `OUT.tmp-<random>` beside OUT and renamed into place at the end; on any error the temp folder is removed.
 
-    pack(Path("model.gguf"), Path("out"), group_size=32)      # or: webinfer pack model.gguf -o out
+GGUF tensors of a package format are repacked bit-exactly; the rest are requantized (docs/package-format.md,
+"Formats at pack time").
+
+    pack(Path("model.gguf"), Path("out"))                 # or: webinfer pack model.gguf -o out
+    pack(Path("hf_folder"), Path("out"), quant="q4k_m")   # or: webinfer pack hf_folder -o out --quant q4k_m
 """
 
 from __future__ import annotations
@@ -49,7 +53,9 @@ def open_source(source: Path):
 # are). "q4k_m" is llama.cpp's Q4_K_M recipe: q4k, with q6k for the output head and for attn_v / ffn_down in the
 # layers where llama.cpp spends more bits (first and last eighth, every third in between).
 QUANT_CHOICES = ("q4", "q4a", "q4k", "q5k", "q6k", "q8", "q4k_m")
-DEFAULT_QUANT = "q4"
+# Chosen by measurement (docs/package-format.md, "Requantization quality"): on SmolLM2-135M requantized from f32,
+# the smallest choice within 5 % of the unquantized perplexity (q4 +20 %, q4k +5.7 %, q5k +0.6 %).
+DEFAULT_QUANT = "q5k"
 # A K-quant needs K % 256 == 0; otherwise llama.cpp's fallback of similar precision with 32-element groups
 _K_FALLBACK = {"q4k": "q5_0", "q5k": "q5_1", "q6k": "q8"}
 
@@ -80,12 +86,14 @@ def requant_dtype(name: str, k: int, quant_name: str, embedding: str | None, n_l
 def _target_dtype(name: str, shape: list[int], src_type: str, *, quant_name: str, group_size: int,
                   embedding: str | None, n_layers: int):
     """(dtype, group_size, repack) for one canonical tensor: GGUF blocks of a package format are repacked as they
-    are (bit-exactly); norms and biases stay f32; everything else is requantized."""
+    are (bit-exactly) unless --embedding names another dtype for embed / lm_head; norms and biases stay f32;
+    everything else is requantized."""
     part = name.rsplit(".", 1)[-1]
     if part.endswith("norm") or part in ("q_bias", "k_bias", "v_bias"):
         return "f32", None, False
     lossless = quant.GGUF_REPACK.get(src_type)
-    if lossless:
+    explicit = embedding if name in ("embed", "lm_head") else None  # the user's --embedding wins over the source's
+    if lossless and explicit in (None, lossless):
         return lossless, FORMATS[lossless].fixed_group or quant.GGUF_BLOCK, True
     dtype = requant_dtype(name, shape[1], quant_name, embedding, n_layers)
     return dtype, FORMATS[dtype].fixed_group or group_size, False
@@ -262,6 +270,8 @@ def print_summary(manifest: dict, file=sys.stdout, worst: int = 8) -> None:
         print(f"{t['name']:<24} {t['dtype']:<5} {t['source_type']:<6} {str(t['lossless']):<8} "
               f"{e['max_rel']:9.5f} {e['rms_rel']:9.5f}", file=file)
     n_lossless = sum(t["lossless"] for t in manifest["tensors"])
+    dtypes = manifest["quantization"]["dtypes"]
+    print("dtypes: " + ", ".join(f"{d} {c}" for d, c in dtypes.items()), file=file)
     tot = manifest["totals"]
     print(f"overall: {len(manifest['tensors'])} tensors ({n_lossless} lossless), {tot['params']:,} params, "
           f"{tot['bytes'] / 2**20:.1f} MiB in {tot['files']} files, {tot['bits_per_weight']} bits/weight; "

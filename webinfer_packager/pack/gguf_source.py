@@ -1,9 +1,9 @@
 """Reading a GGUF file (v2/v3) as a pack source.
 
-`gguf.GGUFReader` memory-maps the file but trusts every length it reads, so `validate_gguf_header` first walks
-the header with explicit bounds checks (magic, version, counts, string/array lengths, tensor infos, data offsets
-in bounds and non-overlapping) and raises FormatError naming the field. Only then is GGUFReader used, and any
-exception it still raises is converted to FormatError too.
+`read_gguf_header` walks the header with explicit bounds checks (magic, version, counts, string/array lengths,
+tensor infos, data offsets in bounds and non-overlapping), raising FormatError naming the field, and returns the
+metadata values and tensor infos; tensor data is then memory-mapped (gguf.GGUFReader is not used: it trusts every
+length it reads and is slow on large vocabularies).
 
 Conventions are normalised here: llama.cpp permutes the Q/K rows of `llama`/`mistral` GGUFs for adjacent-pair
 RoPE; `unpermute_rows` gives the row order of the half-split (Hugging Face) convention the runtime uses. Gemma
@@ -16,6 +16,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -45,7 +46,7 @@ class HeaderTensor:
 
 def validate_gguf_header(path: Path | str, data: bytes | memoryview | None = None) -> list[HeaderTensor]:
     """Walk a GGUF header with bounds checks; return the tensor infos. Raises only FormatError."""
-    return _read_gguf_header(path, data)[0]
+    return read_gguf_header(path, data)[0]
 
 
 def gguf_tensor_blocks(path: Path | str) -> dict[str, tuple[HeaderTensor, np.ndarray]]:
@@ -54,7 +55,7 @@ def gguf_tensor_blocks(path: Path | str) -> dict[str, tuple[HeaderTensor, np.nda
     takes minutes on a 262k-token vocabulary."""
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-    infos, data_start = _read_gguf_header(path)
+    infos, data_start, _ = read_gguf_header(path)
     mm = np.memmap(path, np.uint8, mode="r")
     out = {}
     for t in infos:
@@ -65,7 +66,8 @@ def gguf_tensor_blocks(path: Path | str) -> dict[str, tuple[HeaderTensor, np.nda
     return out
 
 
-def _read_gguf_header(path: Path | str, data: bytes | memoryview | None = None) -> tuple[list[HeaderTensor], int]:
+def read_gguf_header(path: Path | str, data: bytes | memoryview | None = None) -> tuple[list[HeaderTensor], int, dict]:
+    """(tensor infos, absolute offset of the data section, metadata key -> Python value); raises only FormatError."""
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
     path = str(path)
@@ -120,11 +122,10 @@ def _read_gguf_header(path: Path | str, data: bytes | memoryview | None = None) 
             if count * min_item > size - pos:  # checked before any loop or allocation
                 raise FormatError(path, field, f"array length {count} exceeds the {size - pos} bytes left")
             if item in _SCALARS:
+                items = np.frombuffer(buf, _SCALARS[item][0], count, pos).tolist()
                 pos += count * min_item
-                return None
-            for i in range(count):
-                value(item, f"{field}[{i}]", depth + 1)
-            return None
+                return items
+            return [value(item, f"{field}[{i}]", depth + 1) for i in range(count)]
         raise FormatError(path, field, f"unknown value type {type_id}", "a GGUF value type 0-12 (arrays not nested)")
 
     magic = bytes(buf[:4]) if size >= 4 else bytes(buf)
@@ -141,10 +142,11 @@ def _read_gguf_header(path: Path | str, data: bytes | memoryview | None = None) 
     if n_kv * 13 > size - pos:
         raise FormatError(path, "kv_count", f"{n_kv} key-value pairs cannot fit in {size} bytes")
     alignment = 32
+    fields = {}
     for i in range(n_kv):
         key = string(f"kv[{i}].key")
         type_id = scalar("<I", 4, f"{key} (type)")
-        v = value(type_id, key)
+        v = fields[key] = value(type_id, key)
         if key == "general.alignment":
             if not isinstance(v, int) or v <= 0 or v & (v - 1) or v % 8:
                 raise FormatError(path, key, f"is {v!r}", "a power of two >= 8")
@@ -189,7 +191,7 @@ def _read_gguf_header(path: Path | str, data: bytes | memoryview | None = None) 
             raise FormatError(path, f"tensor_info[{t.name}].offset",
                               f"data [{t.offset}, {end}) lies outside the data section ({data_size} bytes)",
                               "tensor data inside the file (truncated?)")
-    return infos, data_start
+    return infos, data_start, fields
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -245,29 +247,44 @@ def gguf_tensor_name(canonical: str) -> str:
     return f"blk.{i}.{n}" if n.endswith(".bias") else f"blk.{i}.{n}.weight"
 
 
+@dataclass(frozen=True, eq=False)
+class GGUFTensor:
+    """One tensor of a GGUFSource, with the attributes of gguf.ReaderTensor that the packer uses."""
+
+    name: str
+    tensor_type: Any          # gguf GGMLQuantizationType
+    shape: np.ndarray         # GGUF order: ne0 (K, the contiguous axis) first
+    n_bytes: int
+    data: np.ndarray          # memory-mapped: F32/F16 typed [.., K]; other types raw block bytes [rows, row_bytes]
+
+    @classmethod
+    def of(cls, t: HeaderTensor, mm: np.ndarray, data_start: int) -> "GGUFTensor":
+        from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+        qtype = GGMLQuantizationType(t.type_id)
+        raw = mm[data_start + t.offset: data_start + t.offset + t.nbytes]
+        if qtype.name in ("F32", "F16"):
+            data = raw.view("<f4" if qtype.name == "F32" else "<f2").reshape(tuple(reversed(t.dims)))
+        else:
+            block, type_size = GGML_QUANT_SIZES[qtype]
+            data = raw.reshape(-1, t.dims[0] // block * type_size)
+        return cls(t.name, qtype, np.array(t.dims, np.uint64), t.nbytes, data)
+
+
 class GGUFSource:
+    """A GGUF file as a pack source: metadata from the bounds-checked header walk, tensors memory-mapped.
+    (gguf.GGUFReader is not used: it parses every element of the metadata arrays into its own numpy view, which
+    takes minutes for a 150k-262k-token vocabulary.)"""
+
     kind = "gguf"
 
     def __init__(self, path: Path):
-        from gguf import GGUFReader
-
         self.path = Path(path)
         self.name = self.path.name
         self.default_name = self.path.name.split(".")[0]
-        validate_gguf_header(self.path)
-        try:
-            self.reader = GGUFReader(self.path)
-            self.fields = {}
-            for k, f in self.reader.fields.items():
-                try:
-                    self.fields[k] = f.contents()
-                except Exception:  # noqa: BLE001 - a field GGUFReader cannot decode is simply unusable
-                    self.fields[k] = None
-            self.tensors = {t.name: t for t in self.reader.tensors}
-        except FormatError:
-            raise
-        except Exception as e:  # noqa: BLE001 - GGUFReader raises ValueError/IndexError/... on bad input
-            raise FormatError(self.path, "(GGUFReader)", f"{type(e).__name__}: {e}") from None
+        infos, data_start, self.fields = read_gguf_header(self.path)
+        self._mm = np.memmap(self.path, np.uint8, mode="r")
+        self.tensors = {t.name: GGUFTensor.of(t, self._mm, data_start) for t in infos}
         self.config = self._config()
 
     def _get(self, key: str, default=None, *, required=False):
@@ -383,7 +400,7 @@ class GGUFSource:
         """Drop the mapped pages read so far: file-backed pages count towards resident memory otherwise."""
         import mmap
 
-        mm = getattr(self.reader.data, "_mmap", None)
+        mm = getattr(self._mm, "_mmap", None)
         if mm is not None and hasattr(mmap, "MADV_DONTNEED"):
             mm.madvise(mmap.MADV_DONTNEED)
 

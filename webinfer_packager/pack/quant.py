@@ -232,20 +232,26 @@ def repack_gguf(type_name: str, raw: np.ndarray, n: int, k: int) -> dict[str, np
 # encoders from float weights: scales (and mins) chosen by minimizing the weighted squared error
 
 
+def _rowdot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per-row sum of a * b in one pass (no temporary array)."""
+    return np.einsum("ij,ij->i", a, b)
+
+
 def _fit_symmetric(x: np.ndarray, w: np.ndarray, nmax: int) -> np.ndarray:
     """Scale per row of x [M, n] for codes L in [-nmax, nmax-1], value = scale * L (llama.cpp make_qx_quants'
     search): candidate scales put the signed extreme at -(nmax + t/10), t in -9..9; for each candidate's rounding L
     the weighted least-squares scale sum(w x L) / sum(w L^2) is taken, and the one with the least error wins."""
     ext = np.take_along_axis(x, np.abs(x).argmax(axis=-1)[:, None], axis=-1)[:, 0]
     safe = np.where(ext == 0, 1, ext)
+    wx = w * x
     best = np.zeros(x.shape[0], np.float32)
     best_score = np.full(x.shape[0], -1.0, np.float32)
+    lv = np.empty_like(x)
     for t in range(-9, 10):
         iscale = (-(nmax + 0.1 * t) / safe).astype(np.float32)
-        lv = np.clip(np.rint(x * iscale[:, None]), -nmax, nmax - 1)
-        wl = w * lv
-        sumlx = (wl * x).sum(-1)
-        suml2 = (wl * lv).sum(-1)
+        np.clip(np.rint(np.multiply(x, iscale[:, None], out=lv), out=lv), -nmax, nmax - 1, out=lv)
+        sumlx = _rowdot(wx, lv)
+        suml2 = _rowdot(w * lv, lv)
         ok = suml2 > 0
         score = np.where(ok, sumlx * sumlx / np.where(ok, suml2, 1), 0)  # error = sum(w x^2) - score
         better = ok & (score > best_score)
@@ -265,19 +271,24 @@ def _fit_affine(x: np.ndarray, w: np.ndarray, nmax: int, *, min_le_zero: bool) -
     span = hi - lo
     flat = span <= 0
     safe = np.where(flat, 1, span).astype(np.float32)
-    sw, sx = w.sum(-1), (w * x).sum(-1)
+    xs = x - lo[:, None]
+    wx = w * x
+    # the error of (s, m) from per-row sums, in float64: sum w (s L + m - x)^2
+    sw, sx, sxx = (v.astype(np.float64) for v in (w.sum(-1), wx.sum(-1), _rowdot(wx, x)))
+    lv = np.empty_like(x)
 
-    def err(s, m, lv):
-        r = s[:, None] * lv + m[:, None] - x
-        return (w * r * r).sum(-1)
-
-    best_s, best_m = (span / nmax).astype(np.float32), lo.astype(np.float32)
-    best_e = err(best_s, best_m, np.clip(np.rint((x - lo[:, None]) * (nmax / safe)[:, None]), 0, nmax))
-    for t in range(21):
-        iscale = ((nmax - 1 + 0.1 * t) / safe).astype(np.float32)
-        lv = np.clip(np.rint((x - lo[:, None]) * iscale[:, None]), 0, nmax)
+    def fit(iscale):
+        np.clip(np.rint(np.multiply(xs, iscale[:, None], out=lv), out=lv), 0, nmax, out=lv)
         wl = w * lv
-        sl, sl2, sxl = wl.sum(-1), (wl * lv).sum(-1), (wl * x).sum(-1)
+        return (v.astype(np.float64) for v in (wl.sum(-1), _rowdot(wl, lv), _rowdot(wx, lv)))
+
+    def err(s, m, sl, sl2, sxl):
+        return sxx - 2 * s * sxl - 2 * m * sx + s * s * sl2 + 2 * s * m * sl + m * m * sw
+
+    best_s, best_m = (span / nmax).astype(np.float64), lo.astype(np.float64)
+    best_e = err(best_s, best_m, *fit((nmax / safe).astype(np.float32)))
+    for t in range(21):
+        sl, sl2, sxl = fit(((nmax - 1 + 0.1 * t) / safe).astype(np.float32))
         det = sw * sl2 - sl * sl
         ok = det > 0
         sdet = np.where(ok, det, 1)
@@ -287,7 +298,7 @@ def _fit_affine(x: np.ndarray, w: np.ndarray, nmax: int, *, min_le_zero: bool) -
             pos = m > 0
             m = np.where(pos, 0, m)
             s = np.where(pos, sxl / np.where(sl2 > 0, sl2, 1), s)
-        e = err(s, m, lv)
+        e = err(s, m, sl, sl2, sxl)
         better = ok & (e < best_e)
         best_s, best_m, best_e = np.where(better, s, best_s), np.where(better, m, best_m), np.where(better, e, best_e)
     return np.where(flat, 0, best_s).astype(np.float32), np.where(flat, lo, best_m).astype(np.float32)
