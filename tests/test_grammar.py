@@ -281,6 +281,9 @@ def small_vocab() -> TokenVocab:
     pieces += [s.encode() for s in ['{"', '":', '": "', '", "', '"}', '},', '}]', '[{', '"]', ', ', 'name', 'age',
                                     '": 1', '12', '3.5', 'true', 'false', 'null', '"a', 'a"', '\\"', '\\n', '  ',
                                     '\n ', ' "', '"name": "', 'é', '},{"', 'tr', 'ue', '-1', 'e+', '0.', '1e']]
+    # deep subtrees of plain characters (the matcher takes such a subtree whole when its bytes loop in a string)
+    pieces += [s.encode() for s in ['th', 'the', 'then', 'there', 'these', ' the', ' then', ' there"', 'ab', 'abc',
+                                    'abcd', 'é1', '123', '12345', '1234"', 'the\\', 'thé']]
     pieces += ["é".encode()[:1], "€".encode()[:2]]
     return TokenVocab(pieces + [None, b""])  # a special token and an empty one: never allowed
 

@@ -51,6 +51,28 @@ class TokenVocab:
                     ends.append([])
                 node = nxt
             ends[node].append(tid)
+        # Tokens in depth-first order, so that every subtree's tokens are one slice: order[below[n]:end[n]] are the
+        # tokens strictly below trie node n; sub_bytes[n] has bit b set when byte b labels an edge below n.
+        n_nodes = len(children)
+        self.order: list[int] = []
+        self.below = [0] * n_nodes
+        self.end = [0] * n_nodes
+        self.sub_bytes = [0] * n_nodes
+        stack = [(0, False)]
+        while stack:
+            node, done = stack.pop()
+            if done:
+                self.end[node] = len(self.order)
+                acc = 0
+                for b, c in children[node].items():
+                    acc |= (1 << b) | self.sub_bytes[c]
+                self.sub_bytes[node] = acc
+                continue
+            self.order.extend(ends[node])
+            self.below[node] = len(self.order)
+            stack.append((node, True))
+            for c in children[node].values():
+                stack.append((c, False))
 
     @classmethod
     def from_tokenizer(cls, tok, vocab_size: int | None = None) -> "TokenVocab":
@@ -90,18 +112,40 @@ class TokenMasks:
         self.g, self.vocab = grammar, vocab
         self._node: dict[int, tuple[int, list[int]]] = {}
         self._state: dict[int, int] = {}
+        self._loops: dict[int, int] = {}
+
+    def _loop_bytes(self, sid: int) -> int:
+        """Bytes that lead from state sid back to itself (inside a string: every ordinary character)."""
+        m = self._loops.get(sid)
+        if m is None:
+            step = self.g.step
+            m = 0
+            for b in range(256):
+                if step(sid, b) == sid:
+                    m |= 1 << b
+            self._loops[sid] = m
+        return m
 
     def _walk(self, sid: int, roots, ids: list, unc: list | None) -> None:
         """Walk the trie below each node of `roots` from state sid: token ids readable to their end go to ids; with
-        `unc`, the trie nodes (with children) where the state may end go there instead of being read further."""
-        g = self.g
+        `unc`, the trie nodes (with children) where the state may end go there instead of being read further.
+        A subtree whose bytes all loop back to the current state is taken whole (one slice of the DFS order)."""
+        g, v = self.g, self.vocab
         step, nexts, can_end = g.step, g._next, g.state_can_end
-        children, ends = self.vocab.children, self.vocab.ends
+        children, ends, sub_bytes, order, below, end = v.children, v.ends, v.sub_bytes, v.order, v.below, v.end
+        loops = self._loops
         todo = [(t, sid) for t in roots]
         while todo:
             tn, s = todo.pop()
             if unc is not None and can_end[s]:
                 unc.append(tn)
+            elif len(children[tn]) > 1:
+                lp = loops.get(s)
+                if lp is None:
+                    lp = self._loop_bytes(s)
+                if lp and not sub_bytes[tn] & ~lp:
+                    ids.extend(order[below[tn] : end[tn]])
+                    continue
             nx = nexts[s]
             for b, child in children[tn].items():
                 s2 = nx.get(b)
