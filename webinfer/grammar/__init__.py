@@ -64,10 +64,12 @@ def grammar_from_response_format(rf) -> Grammar | None:
 
 class GrammarCache:
     """Compiled grammars bound to one vocabulary, kept by content (LRU): requests with the same schema share the
-    mask caches, so the second request costs nothing to compile and starts with warm masks."""
+    mask caches, so the second request costs nothing to compile and starts with warm masks. With `warm` (default)
+    get() also computes every node's context-independent mask (TokenMasks.warm): compile time instead of a slow
+    first step; the engine can run get() off the decoding loop."""
 
-    def __init__(self, vocab: TokenVocab, capacity: int = 32):
-        self.vocab, self.capacity = vocab, capacity
+    def __init__(self, vocab: TokenVocab, capacity: int = 32, warm: bool = True):
+        self.vocab, self.capacity, self.warm = vocab, capacity, warm
         self._lru: OrderedDict[str, TokenMasks] = OrderedDict()
 
     def get(self, response_format) -> TokenMasks | None:
@@ -81,6 +83,8 @@ class GrammarCache:
         if masks is None:
             g = grammar_from_response_format(response_format)
             masks = TokenMasks(g.compile(), self.vocab)
+            if self.warm:  # every node's context-independent mask now, so that no decoding step pays for one
+                masks.warm()
             self._lru[key] = masks
             if len(self._lru) > self.capacity:
                 self._lru.popitem(last=False)

@@ -52,21 +52,24 @@ class TokenVocab:
                 node = nxt
             ends[node].append(tid)
         # Tokens in depth-first order, so that every subtree's tokens are one slice: order[below[n]:end[n]] are the
-        # tokens strictly below trie node n; sub_bytes[n] has bit b set when byte b labels an edge below n.
+        # tokens strictly below trie node n; sub_bytes[n] has bit b set when byte b labels an edge below n;
+        # depth[n] is the longest path below n.
         n_nodes = len(children)
         self.order: list[int] = []
         self.below = [0] * n_nodes
         self.end = [0] * n_nodes
         self.sub_bytes = [0] * n_nodes
+        self.depth = [0] * n_nodes
         stack = [(0, False)]
         while stack:
             node, done = stack.pop()
             if done:
                 self.end[node] = len(self.order)
-                acc = 0
+                acc, d = 0, 0
                 for b, c in children[node].items():
                     acc |= (1 << b) | self.sub_bytes[c]
-                self.sub_bytes[node] = acc
+                    d = max(d, 1 + self.depth[c])
+                self.sub_bytes[node], self.depth[node] = acc, d
                 continue
             self.order.extend(ends[node])
             self.below[node] = len(self.order)
@@ -112,51 +115,78 @@ class TokenMasks:
         self.g, self.vocab = grammar, vocab
         self._node: dict[int, tuple[int, list[int]]] = {}
         self._state: dict[int, int] = {}
-        self._loops: dict[int, int] = {}
+        self._mv: dict[int, tuple] = {}
+        self.warmed = False
 
-    def _loop_bytes(self, sid: int) -> int:
-        """Bytes that lead from state sid back to itself (inside a string: every ordinary character)."""
-        m = self._loops.get(sid)
-        if m is None:
-            step = self.g.step
-            m = 0
-            for b in range(256):
-                if step(sid, b) == sid:
-                    m |= 1 << b
-            self._loops[sid] = m
-        return m
+    def _moves(self, sid: int) -> tuple[list[tuple[int, int]], int, int]:
+        """(every (byte, next state) from sid, the largest set of bytes that share one next state, that state).
+        Inside a string the shared set is every ordinary character (and the next state sid itself, or the next
+        count when the length is bounded)."""
+        mv = self._mv.get(sid)
+        if mv is None:
+            g = self.g
+            cand, moves, m = g.allowed_bytes(sid), [], 0
+            while cand:
+                low = cand & -cand
+                b = low.bit_length() - 1
+                cand ^= low
+                t = g.step(sid, b)
+                if t >= 0:
+                    moves.append((b, t))
+                    m |= low
+            nx = g._next[sid]
+            for b in range(256):  # every byte now has an entry: the walk reads nx[b] directly
+                if not m >> b & 1:
+                    nx[b] = -1
+            groups: dict[int, int] = {}
+            for b, t in moves:
+                groups[t] = groups.get(t, 0) | (1 << b)
+            best = max(groups.items(), key=lambda kv: kv[1].bit_count(), default=(-1, 0))
+            mv = self._mv[sid] = (moves, best[1], best[0])
+        return mv
 
     def _walk(self, sid: int, roots, ids: list, unc: list | None) -> None:
         """Walk the trie below each node of `roots` from state sid: token ids readable to their end go to ids; with
         `unc`, the trie nodes (with children) where the state may end go there instead of being read further.
-        A subtree whose bytes all loop back to the current state is taken whole (one slice of the DFS order)."""
+
+        Two shortcuts keep this fast in Python: a subtree is taken whole (one slice of the DFS order) when, level by
+        level down to its depth, all its bytes lead to one shared next state (ordinary characters inside a string,
+        bounded or not); and where a state allows fewer bytes than a trie node has children, the allowed bytes are
+        looked up instead of the children being scanned."""
         g, v = self.g, self.vocab
-        step, nexts, can_end = g.step, g._next, g.state_can_end
-        children, ends, sub_bytes, order, below, end = v.children, v.ends, v.sub_bytes, v.order, v.below, v.end
-        loops = self._loops
+        nexts, can_end = g._next, g.state_can_end
+        children, ends, sub_bytes, depth = v.children, v.ends, v.sub_bytes, v.depth
+        order, below, end = v.order, v.below, v.end
+        mvs, moves = self._mv, self._moves
         todo = [(t, sid) for t in roots]
         while todo:
             tn, s = todo.pop()
+            kids = children[tn]
+            mv = mvs.get(s) or moves(s)
             if unc is not None and can_end[s]:
                 unc.append(tn)
-            elif len(children[tn]) > 1:
-                lp = loops.get(s)
-                if lp is None:
-                    lp = self._loop_bytes(s)
-                if lp and not sub_bytes[tn] & ~lp:
+            elif len(kids) > 1 and mv[1]:
+                sb, cur, d = sub_bytes[tn], s, depth[tn]
+                while d:
+                    m = mvs.get(cur) or moves(cur)
+                    if sb & ~m[1] or (unc is not None and can_end[m[2]]):
+                        break
+                    cur = m[2]
+                    d -= 1
+                if not d:
                     ids.extend(order[below[tn] : end[tn]])
                     continue
-            nx = nexts[s]
-            for b, child in children[tn].items():
-                s2 = nx.get(b)
-                if s2 is None:
-                    s2 = step(s, b)
-                if s2 >= 0:
-                    e = ends[child]
-                    if e:
-                        ids.extend(e)
-                    if children[child]:
-                        todo.append((child, s2))
+            if len(mv[0]) < len(kids):
+                pairs = [(c, t) for b, t in mv[0] if (c := kids.get(b)) is not None]
+            else:
+                nx = nexts[s]
+                pairs = [(c, t) for b, c in kids.items() if (t := nx[b]) >= 0]
+            for child, s2 in pairs:
+                e = ends[child]
+                if e:
+                    ids.extend(e)
+                if children[child]:
+                    todo.append((child, s2))
 
     def node_info(self, node: int) -> tuple[int, list[int]]:
         """(context-independent accepted tokens as a mask, trie nodes where the node's rule may end)."""
@@ -172,6 +202,7 @@ class TokenMasks:
         """Compute every node's context-independent mask now (compile time) instead of on first use."""
         for n in range(self.g.n_nodes):
             self.node_info(n)
+        self.warmed = True
 
     def mask(self, sid: int) -> int:
         """Tokens whose bytes can be read in state sid (end-of-sequence tokens are the matcher's business)."""
