@@ -357,3 +357,21 @@ def test_grammar_mask_constrains_sampling(gpu_f32, lib):
             break
         text += vocab.token_bytes[t]
     json.loads(text)  # a prefix walk may end early (40 steps); when it ended it parses
+
+
+def test_pack_and_counts_slot_init():
+    from webinfer.kernels.sampling import ROW_BYTES, counts_slot_init
+
+    p = pack([SampleRow(0, logit_bias={7: 1.5, 3: -2.0}, mask=b"\xff" * 8), SampleRow(1, logprobs=2)], 50)
+    assert len(p.params) == 2 * ROW_BYTES
+    words = np.frombuffer(p.aux, np.uint32)
+    assert words[:2].tolist() == [0xFFFFFFFF] * 2 and words[2::2].tolist() == [3, 7]  # mask, then bias by id
+    assert np.frombuffer(p.aux, np.float32)[3::2].tolist() == [-2.0, 1.5]
+    for bad in [SampleRow(0, mask=b"\0" * 4), SampleRow(0, frequency_penalty=0.5), SampleRow(0, logprobs=21),
+                SampleRow(0, logit_bias={50: 1.0}), SampleRow(0, min_p=1.5)]:
+        with pytest.raises(ValueError):
+            pack([bad], 50)
+    with pytest.raises(ValueError, match="need pack"):
+        pack_rows([SampleRow(0, logit_bias={1: 1.0})])
+    c = np.frombuffer(counts_slot_init(10, [1, 2, 2], [2, 5, 5]), np.uint32)
+    assert c.tolist() == [0, PROMPT_BIT, PROMPT_BIT + 1, 0, 0, 2, 0, 0, 0, 0]

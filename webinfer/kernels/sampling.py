@@ -126,12 +126,16 @@ def pack_rows(rows: list[SampleRow]) -> bytes:
     return pack(rows).params
 
 
-def counts_slot_init(vocab: int, prompt_ids=()) -> bytes:
-    """A fresh counts slot (write it at offset slot * vocab * 4): zero, with the prompt's tokens marked."""
+def counts_slot_init(vocab: int, prompt_ids=(), output_ids=()) -> bytes:
+    """A counts slot's contents (write it at offset slot * vocab * 4): the prompt's tokens marked, and the output
+    so far counted (a request that resumes after preemption continues with the same penalties)."""
     words = [0] * vocab
     for t in prompt_ids:
         if 0 <= t < vocab:
             words[t] = PROMPT_BIT
+    for t in output_ids:
+        if 0 <= t < vocab:
+            words[t] += 1
     return struct.pack(f"<{vocab}I", *words)
 
 

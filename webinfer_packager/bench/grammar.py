@@ -13,14 +13,20 @@ Each workload runs on a fresh grammar cache ("cold": node masks are computed on 
 and again on the same cache ("warm": a second request with the same schema). Reported: compile ms, then p50 / p99 /
 max ms per token over every timed step of each mode. The budget (issue 11): p50 <= 2 ms, p99 <= 10 ms.
 The machine may be shared: say so when quoting the numbers.
+
+--pyodide also runs the same measurement inside Pyodide under Node (web/node_modules/pyodide, or
+WEBINFER_PYODIDE_DIR): the webinfer sources and both tokenizer.json files are copied into its file system.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
+import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -76,7 +82,7 @@ def package_tokenizer_json(package: Path) -> dict:
     return Package.open(package).tokenizer_json()
 
 
-def synthetic_tokenizer(base: dict, size: int = SYNTH_VOCAB, seed: int = 0) -> Tokenizer:
+def synthetic_tokenizer(base: dict, size: int = SYNTH_VOCAB, seed: int = 0) -> dict:
     """base's (a byte-level BPE tokenizer.json) vocabulary extended to `size` tokens by merges of random pairs of its tokens (a byte-level BPE built
     with the `tokenizers` library, so vocabulary and merges are consistent), read back by webinfer's tokenizer."""
     from tokenizers import Tokenizer as HFTokenizer
@@ -94,7 +100,7 @@ def synthetic_tokenizer(base: dict, size: int = SYNTH_VOCAB, seed: int = 0) -> T
     hf = HFTokenizer(models.BPE(vocab=vocab, merges=merges))
     hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     hf.decoder = decoders.ByteLevel()
-    return Tokenizer.from_json(json.loads(hf.to_str()))
+    return json.loads(hf.to_str())
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -168,19 +174,80 @@ def bench_vocab(tok: Tokenizer, quick: bool) -> dict:
     return out
 
 
-def run(package: Path, quick: bool = False) -> dict:
+def run(package: Path, quick: bool = False, pyodide: bool = False) -> dict:
     base_json = package_tokenizer_json(package)
     base = Tokenizer.from_json(base_json)
     t0 = time.perf_counter()
-    synth = synthetic_tokenizer(base_json)
+    synth_json = synthetic_tokenizer(base_json)
+    synth = Tokenizer.from_json(synth_json)
     synth_ms = (time.perf_counter() - t0) * 1000
     res = {"budget": {"p50_ms": 2.0, "p99_ms": 10.0}, "python": "CPython",
            "vocabularies": {"package": bench_vocab(base, quick), "synthetic_152k": bench_vocab(synth, quick)}}
     res["vocabularies"]["synthetic_152k"]["build_tokenizer_ms"] = round(synth_ms, 1)
+    if pyodide:
+        res["pyodide"] = run_pyodide(base_json, synth_json, quick)
     return res
 
 
+_NODE_SCRIPT = r"""
+import { readFileSync, readdirSync, statSync } from "node:fs";
+import { join } from "node:path";
+const [pyodideDir, srcRoot, work, quick] = process.argv.slice(2);
+const { loadPyodide } = await import(join(pyodideDir, "pyodide.mjs"));
+const py = await loadPyodide({ indexURL: pyodideDir + "/" });
+function copy(dir, to) {
+  py.FS.mkdirTree(to);
+  for (const f of readdirSync(dir)) {
+    const p = join(dir, f);
+    if (statSync(p).isDirectory()) { if (f !== "__pycache__") copy(p, to + "/" + f); }
+    else if (f.endsWith(".py")) py.FS.writeFile(to + "/" + f, readFileSync(p));
+  }
+}
+copy(join(srcRoot, "webinfer"), "/src/webinfer");
+py.FS.writeFile("/src/grammar_bench.py", readFileSync(join(srcRoot, "webinfer_packager", "bench", "grammar.py")));
+for (const f of ["base.json", "synth.json"]) py.FS.writeFile("/" + f, readFileSync(join(work, f)));
+const out = await py.runPythonAsync(`
+import sys, json
+sys.path.insert(0, "/src")
+from grammar_bench import bench_vocab
+from webinfer.tokenizer import Tokenizer
+res = {name: bench_vocab(Tokenizer.from_json(json.load(open("/" + f))), ${quick === "1" ? "True" : "False"})
+       for name, f in (("package", "base.json"), ("synthetic_152k", "synth.json"))}
+json.dumps({"python": "Pyodide " + sys.version.split()[0], "vocabularies": res})
+`);
+console.log(out);
+"""
+
+
+def run_pyodide(base_json: dict, synth_json: dict, quick: bool) -> dict:
+    """bench_vocab for both vocabularies inside Pyodide (Node); {"error": ...} when Node or Pyodide is missing."""
+    root = Path(__file__).resolve().parents[2]
+    pdir = Path(os.environ.get("WEBINFER_PYODIDE_DIR") or root / "web" / "node_modules" / "pyodide")
+    if not (pdir / "pyodide.mjs").is_file():
+        return {"error": f"no Pyodide at {pdir} (npm install in web/, or set WEBINFER_PYODIDE_DIR)"}
+    with tempfile.TemporaryDirectory() as tmp:
+        Path(tmp, "base.json").write_text(json.dumps(base_json), encoding="utf-8")
+        Path(tmp, "synth.json").write_text(json.dumps(synth_json), encoding="utf-8")
+        script = Path(tmp, "run.mjs")
+        script.write_text(_NODE_SCRIPT, encoding="utf-8")
+        try:
+            p = subprocess.run(["node", str(script), str(pdir), str(root), tmp, "1" if quick else "0"],
+                               capture_output=True, text=True, timeout=3600)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return {"error": f"node failed: {e}"}
+    if p.returncode != 0:
+        return {"error": f"node exited {p.returncode}: {p.stderr[-2000:]}"}
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
 def format_table(res: dict) -> str:
+    tables = [_table(res)]
+    if isinstance(res.get("pyodide"), dict) and "vocabularies" in res["pyodide"]:
+        tables.append(res["pyodide"]["python"] + ":\n" + _table(res["pyodide"]))
+    return "\n".join(tables)
+
+
+def _table(res: dict) -> str:
     lines = [f"{'vocab':>8} {'workload':<12} {'compile ms':>10} {'cold p50':>9} {'p99':>7} {'max':>8} "
              f"{'warm p50':>9} {'p99':>7} {'max':>8}"]
     for vname, v in res["vocabularies"].items():
@@ -195,7 +262,7 @@ def format_table(res: dict) -> str:
 def cli_main(args) -> int:
     from webinfer_packager.paths import resolve_package
 
-    res = run(resolve_package(args.package), quick=args.quick)
+    res = run(resolve_package(args.package), quick=args.quick, pyodide=getattr(args, "pyodide", False))
     text = json.dumps(res, indent=2)
     if getattr(args, "output", None):
         Path(args.output).write_text(text + "\n", encoding="utf-8")
@@ -211,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer texts and random steps")
     ap.add_argument("--json", action="store_true", help="print only JSON")
     ap.add_argument("--output", help="also write the JSON here")
+    ap.add_argument("--pyodide", action="store_true", help="also measure inside Pyodide (Node)")
     return cli_main(ap.parse_args(argv))
 
 
