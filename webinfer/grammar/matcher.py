@@ -286,7 +286,7 @@ class GrammarMatcher:
         """The allowed next tokens as an int bitmask (bit i = token i); 0 once terminated."""
         if self.terminated:
             return 0
-        m = self.masks.mask(self.sid)
+        m = self.masks.mask(self.sid) & ~self._stop_mask  # a stop token that also spells text is only a stop
         return m | self._stop_mask if self.g.state_can_end[self.sid] else m
 
     def mask_words(self) -> bytes:
