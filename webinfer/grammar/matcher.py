@@ -20,10 +20,12 @@ into the little-endian u32 words the GPU sampler reads.
 
 from __future__ import annotations
 
+import operator
 import re
 
 from .grammar import CompiledGrammar
 
+_BITS = bytes.maketrans(b"\x00\x01", b"01")
 MASK_CACHE_STATES = 4096  # masks kept per grammar (each up to vocab/8 bytes); the cache restarts when full
 
 
@@ -35,6 +37,8 @@ class TokenVocab:
         self.token_bytes = token_bytes
         self.size = len(token_bytes)
         self.n_words = (self.size + 31) // 32
+        self._gather = None
+        self._pos: dict[int, int] | None = None
         self.children: list[dict[int, int]] = [{}]
         self.ends: list[list[int]] = [[]]
         children, ends = self.children, self.ends
@@ -102,6 +106,33 @@ class TokenVocab:
             ba[t >> 3] |= 1 << (t & 7)
         return int.from_bytes(ba, "little")
 
+    def mask_from(self, ids: list[int], spans: list[tuple[int, int]]) -> int:
+        """The mask of token ids plus the tokens of DFS-order slices order[lo:hi]. Large sets go through a byte per
+        token in DFS order (slices set at C speed) that one precomputed gather puts back in id order."""
+        n = len(ids) + sum(hi - lo for lo, hi in spans)
+        if n * 16 < self.size:
+            for lo, hi in spans:
+                ids.extend(self.order[lo:hi])
+            return self.ids_to_mask(ids)
+        if self._gather is None:
+            pos = [len(self.order)] * self.size  # tokens outside the trie read the extra zero byte at the end
+            for k, t in enumerate(self.order):
+                pos[t] = k
+            self._gather = operator.itemgetter(*pos)
+        buf = bytearray(len(self.order) + 1)
+        for lo, hi in spans:
+            buf[lo:hi] = b"\x01" * (hi - lo)
+        if ids:
+            for t in ids:  # (rare for large sets: most of them come as slices)
+                buf[self.pos_of(t)] = 1
+        bits = bytes(self._gather(buf))[::-1].translate(_BITS)
+        return int(bits, 2)
+
+    def pos_of(self, t: int) -> int:
+        if self._pos is None:
+            self._pos = {tok: k for k, tok in enumerate(self.order)}
+        return self._pos[t]
+
 
 def mask_to_words(mask: int, n_words: int) -> bytes:
     """A mask as n_words little-endian u32 words (word w bit j = token 32 w + j): the GPU sampler's layout."""
@@ -145,7 +176,7 @@ class TokenMasks:
             mv = self._mv[sid] = (moves, best[1], best[0])
         return mv
 
-    def _walk(self, sid: int, roots, ids: list, unc: list | None) -> None:
+    def _walk(self, sid: int, roots, ids: list, unc: list | None, spans: list) -> None:
         """Walk the trie below each node of `roots` from state sid: token ids readable to their end go to ids; with
         `unc`, the trie nodes (with children) where the state may end go there instead of being read further.
 
@@ -156,7 +187,7 @@ class TokenMasks:
         g, v = self.g, self.vocab
         nexts, can_end = g._next, g.state_can_end
         children, ends, sub_bytes, depth = v.children, v.ends, v.sub_bytes, v.depth
-        order, below, end = v.order, v.below, v.end
+        below, end = v.below, v.end
         mvs, moves = self._mv, self._moves
         todo = [(t, sid) for t in roots]
         while todo:
@@ -174,7 +205,7 @@ class TokenMasks:
                     cur = m[2]
                     d -= 1
                 if not d:
-                    ids.extend(order[below[tn] : end[tn]])
+                    spans.append((below[tn], end[tn]))
                     continue
             if len(mv[0]) < len(kids):
                 pairs = [(c, t) for b, t in mv[0] if (c := kids.get(b)) is not None]
@@ -194,8 +225,9 @@ class TokenMasks:
         if info is None:
             ids: list[int] = []
             unc: list[int] = []
-            self._walk(self.g.intern(frozenset([(node,)])), (0,), ids, unc)
-            info = self._node[node] = (self.vocab.ids_to_mask(ids), sorted(set(unc)))
+            spans: list[tuple[int, int]] = []
+            self._walk(self.g.intern(frozenset([(node,)])), (0,), ids, unc, spans)
+            info = self._node[node] = (self.vocab.mask_from(ids, spans), sorted(set(unc)))
         return info
 
     def warm(self) -> None:
@@ -211,13 +243,14 @@ class TokenMasks:
             return m
         m = 0
         ids: list[int] = []
+        spans: list[tuple[int, int]] = []
         for st in self.g.states[sid]:
             acc, unc = self.node_info(st[-1])
             m |= acc
             if unc and len(st) > 1:
-                self._walk(self.g.intern(frozenset([st[:-1]])), unc, ids, None)
-        if ids:
-            m |= self.vocab.ids_to_mask(ids)
+                self._walk(self.g.intern(frozenset([st[:-1]])), unc, ids, None, spans)
+        if ids or spans:
+            m |= self.vocab.mask_from(ids, spans)
         if len(self._state) >= MASK_CACHE_STATES:
             self._state.clear()
         self._state[sid] = m
