@@ -448,3 +448,12 @@ def test_tool_call_grammar():
             obj = json.loads(body)
             schema = next(t["function"]["parameters"] for t in tools if t["function"]["name"] == obj["name"])
             jsonschema.validate(obj["arguments"], schema)
+
+
+def test_grammar_bench_smoke(tiny_tok):
+    """webinfer bench --grammar runs end to end (tiny vocabulary; the numbers themselves are not asserted)."""
+    from webinfer_packager.bench.grammar import bench_vocab
+
+    res = bench_vocab(tiny_tok, quick=True)
+    assert set(res["workloads"]) == {"json_schema", "json_object", "regex", "gbnf"}
+    assert res["all"]["cold"]["steps"] > 50 and res["all"]["warm"]["p99_ms"] >= 0

@@ -142,7 +142,8 @@ def bench_vocab(tok: Tokenizer, quick: bool) -> dict:
     vocab = TokenVocab.from_tokenizer(tok)
     out: dict = {"vocab": vocab.size, "trie_nodes": len(vocab.children),
                  "vocab_build_ms": round((time.perf_counter() - t0) * 1000, 1), "workloads": {}}
-    stop = 0  # <|endoftext|> in SmolLM2's vocabulary: the stop token, allowed only where a document may end
+    # the stop token (allowed only where a document may end): a special token (no bytes) if there is one
+    stop = next((i for i, b in enumerate(vocab.token_bytes) if b is None), 0)
     work = [
         ("json_schema", {"type": "json_schema", "json_schema": {"schema": SCHEMA}},
          [json.dumps(d, ensure_ascii=False, indent=i) for d in DOCS for i in (None, 2)]),
