@@ -38,7 +38,6 @@ class TokenVocab:
         self.size = len(token_bytes)
         self.n_words = (self.size + 31) // 32
         self._gather = None
-        self._pos: dict[int, int] | None = None
         self.children: list[dict[int, int]] = [{}]
         self.ends: list[list[int]] = [[]]
         children, ends = self.children, self.ends
@@ -60,6 +59,7 @@ class TokenVocab:
         # depth[n] is the longest path below n.
         n_nodes = len(children)
         self.order: list[int] = []
+        self.first = [0] * n_nodes
         self.below = [0] * n_nodes
         self.end = [0] * n_nodes
         self.sub_bytes = [0] * n_nodes
@@ -75,6 +75,7 @@ class TokenVocab:
                     d = max(d, 1 + self.depth[c])
                 self.sub_bytes[node], self.depth[node] = acc, d
                 continue
+            self.first[node] = len(self.order)  # order[first[n]:below[n]]: the tokens that end at node n
             self.order.extend(ends[node])
             self.below[node] = len(self.order)
             stack.append((node, True))
@@ -106,11 +107,12 @@ class TokenVocab:
             ba[t >> 3] |= 1 << (t & 7)
         return int.from_bytes(ba, "little")
 
-    def mask_from(self, ids: list[int], spans: list[tuple[int, int]]) -> int:
-        """The mask of token ids plus the tokens of DFS-order slices order[lo:hi]. Large sets go through a byte per
-        token in DFS order (slices set at C speed) that one precomputed gather puts back in id order."""
-        n = len(ids) + sum(hi - lo for lo, hi in spans)
+    def mask_from(self, spans: list[tuple[int, int]]) -> int:
+        """The mask of the tokens of DFS-order slices order[lo:hi]. Large sets go through a byte per token in DFS
+        order (slices set at C speed) that one precomputed gather puts back in id order."""
+        n = sum(hi - lo for lo, hi in spans)
         if n * 16 < self.size:
+            ids: list[int] = []
             for lo, hi in spans:
                 ids.extend(self.order[lo:hi])
             return self.ids_to_mask(ids)
@@ -120,18 +122,11 @@ class TokenVocab:
                 pos[t] = k
             self._gather = operator.itemgetter(*pos)
         buf = bytearray(len(self.order) + 1)
+        one = memoryview(b"\x01" * len(buf))
         for lo, hi in spans:
-            buf[lo:hi] = b"\x01" * (hi - lo)
-        if ids:
-            for t in ids:  # (rare for large sets: most of them come as slices)
-                buf[self.pos_of(t)] = 1
+            buf[lo:hi] = one[: hi - lo]
         bits = bytes(self._gather(buf))[::-1].translate(_BITS)
         return int(bits, 2)
-
-    def pos_of(self, t: int) -> int:
-        if self._pos is None:
-            self._pos = {tok: k for k, tok in enumerate(self.order)}
-        return self._pos[t]
 
 
 def mask_to_words(mask: int, n_words: int) -> bytes:
@@ -176,9 +171,10 @@ class TokenMasks:
             mv = self._mv[sid] = (moves, best[1], best[0])
         return mv
 
-    def _walk(self, sid: int, roots, ids: list, unc: list | None, spans: list) -> None:
-        """Walk the trie below each node of `roots` from state sid: token ids readable to their end go to ids; with
-        `unc`, the trie nodes (with children) where the state may end go there instead of being read further.
+    def _walk(self, sid: int, roots, spans: list, unc: list | None) -> None:
+        """Walk the trie below each node of `roots` from state sid: tokens readable to their end go to spans (as
+        DFS-order slices); with `unc`, the trie nodes (with children) where the state may end go there instead of
+        being read further.
 
         Two shortcuts keep this fast in Python: a subtree is taken whole (one slice of the DFS order) when, level by
         level down to its depth, all its bytes lead to one shared next state (ordinary characters inside a string,
@@ -186,8 +182,8 @@ class TokenMasks:
         looked up instead of the children being scanned."""
         g, v = self.g, self.vocab
         nexts, can_end = g._next, g.state_can_end
-        children, ends, sub_bytes, depth = v.children, v.ends, v.sub_bytes, v.depth
-        below, end = v.below, v.end
+        children, sub_bytes, depth = v.children, v.sub_bytes, v.depth
+        first, below, end = v.first, v.below, v.end
         mvs, moves = self._mv, self._moves
         todo = [(t, sid) for t in roots]
         while todo:
@@ -213,9 +209,8 @@ class TokenMasks:
                 nx = nexts[s]
                 pairs = [(c, t) for b, c in kids.items() if (t := nx[b]) >= 0]
             for child, s2 in pairs:
-                e = ends[child]
-                if e:
-                    ids.extend(e)
+                if first[child] < below[child]:
+                    spans.append((first[child], below[child]))
                 if children[child]:
                     todo.append((child, s2))
 
@@ -223,11 +218,10 @@ class TokenMasks:
         """(context-independent accepted tokens as a mask, trie nodes where the node's rule may end)."""
         info = self._node.get(node)
         if info is None:
-            ids: list[int] = []
             unc: list[int] = []
             spans: list[tuple[int, int]] = []
-            self._walk(self.g.intern(frozenset([(node,)])), (0,), ids, unc, spans)
-            info = self._node[node] = (self.vocab.mask_from(ids, spans), sorted(set(unc)))
+            self._walk(self.g.intern(frozenset([(node,)])), (0,), spans, unc)
+            info = self._node[node] = (self.vocab.mask_from(spans), sorted(set(unc)))
         return info
 
     def warm(self) -> None:
@@ -242,15 +236,14 @@ class TokenMasks:
         if m is not None:
             return m
         m = 0
-        ids: list[int] = []
         spans: list[tuple[int, int]] = []
         for st in self.g.states[sid]:
             acc, unc = self.node_info(st[-1])
             m |= acc
             if unc and len(st) > 1:
-                self._walk(self.g.intern(frozenset([st[:-1]])), unc, ids, None, spans)
-        if ids or spans:
-            m |= self.vocab.mask_from(ids, spans)
+                self._walk(self.g.intern(frozenset([st[:-1]])), unc, spans, None)
+        if spans:
+            m |= self.vocab.mask_from(spans)
         if len(self._state) >= MASK_CACHE_STATES:
             self._state.clear()
         self._state[sid] = m
