@@ -191,7 +191,7 @@ def run(package: Path, quick: bool = False, pyodide: bool = False) -> dict:
 
 
 _NODE_SCRIPT = r"""
-import { readFileSync, readdirSync, statSync } from "node:fs";
+import { existsSync, readFileSync, readdirSync, statSync } from "node:fs";
 import { join } from "node:path";
 const [pyodideDir, srcRoot, work, quick] = process.argv.slice(2);
 const { loadPyodide } = await import(join(pyodideDir, "pyodide.mjs"));
@@ -206,29 +206,32 @@ function copy(dir, to) {
 }
 copy(join(srcRoot, "webinfer"), "/src/webinfer");
 py.FS.writeFile("/src/grammar_bench.py", readFileSync(join(srcRoot, "webinfer_packager", "bench", "grammar.py")));
-for (const f of ["base.json", "synth.json"]) py.FS.writeFile("/" + f, readFileSync(join(work, f)));
+const files = ["base.json", "synth.json"].filter((f) => existsSync(join(work, f)));
+for (const f of files) py.FS.writeFile("/" + f, readFileSync(join(work, f)));
 const out = await py.runPythonAsync(`
 import sys, json
 sys.path.insert(0, "/src")
 from grammar_bench import bench_vocab
 from webinfer.tokenizer import Tokenizer
 res = {name: bench_vocab(Tokenizer.from_json(json.load(open("/" + f))), ${quick === "1" ? "True" : "False"})
-       for name, f in (("package", "base.json"), ("synthetic_152k", "synth.json"))}
+       for name, f in (("package", "base.json"), ("synthetic_152k", "synth.json")) if f in ${JSON.stringify(files)}}
 json.dumps({"python": "Pyodide " + sys.version.split()[0], "vocabularies": res})
 `);
 console.log(out);
 """
 
 
-def run_pyodide(base_json: dict, synth_json: dict, quick: bool) -> dict:
-    """bench_vocab for both vocabularies inside Pyodide (Node); {"error": ...} when Node or Pyodide is missing."""
+def run_pyodide(base_json: dict, synth_json: dict | None, quick: bool) -> dict:
+    """bench_vocab for the vocabularies inside Pyodide (Node; synth_json None: the package's only); {"error": ...}
+    when Node or Pyodide is missing."""
     root = Path(__file__).resolve().parents[2]
     pdir = Path(os.environ.get("WEBINFER_PYODIDE_DIR") or root / "web" / "node_modules" / "pyodide")
     if not (pdir / "pyodide.mjs").is_file():
         return {"error": f"no Pyodide at {pdir} (npm install in web/, or set WEBINFER_PYODIDE_DIR)"}
     with tempfile.TemporaryDirectory() as tmp:
         Path(tmp, "base.json").write_text(json.dumps(base_json), encoding="utf-8")
-        Path(tmp, "synth.json").write_text(json.dumps(synth_json), encoding="utf-8")
+        if synth_json is not None:
+            Path(tmp, "synth.json").write_text(json.dumps(synth_json), encoding="utf-8")
         script = Path(tmp, "run.mjs")
         script.write_text(_NODE_SCRIPT, encoding="utf-8")
         try:
