@@ -1,5 +1,14 @@
 // Token sampling on the GPU, so that only token ids come back to the host. One workgroup per row.
 //
+// Per-row controls, applied first (rows without them read the logits as they are and pay nothing):
+//   l_i -> l_i / rep (l_i > 0) or l_i * rep (l_i <= 0)  if token i occurred (prompt or output): repetition penalty
+//   l_i -> l_i - freq * n_i - pres * [n_i > 0]          n_i = times token i was sampled (OpenAI's penalties)
+//   l_i -> l_i + bias_i                                 sparse logit_bias entries (distinct ids)
+//   l_i -> -inf where bit i of the row's token mask is 0 (structured output; the grammar engine's words)
+// into this row's slice of the scratch buffer, and then min_p (keep p_i >= min_p * p_max after temperature) as a
+// logit threshold. Token counts live on the GPU (a u32 per token per sequence slot: bit 31 = in the prompt, low bits
+// = times sampled) and the kernel adds the sampled id itself. With logprobs requested, the row also gets the
+// log-softmax (no temperature) of the processed logits at the sampled id and the top-n (<= 20) ids and values.
 // For a row with parameters (logit_row, top_k, seed, index, temperature, top_p) over logits l[0..VOCAB):
 //   greedy (temperature <= 0 or top_k == 1): the argmax, the lowest id among equal maxima.
 //   otherwise, with e_i = exp((l_i - max) / temperature):
@@ -39,15 +48,30 @@ struct RowParams {
     index: u32,        // sample counter of the request: (seed, index) -> one uniform draw
     temperature: f32,  // <= 0: greedy
     top_p: f32,        // >= 1: off
-    _pad0: u32,
-    _pad1: u32,
+    mask_off: u32,     // word offset of the token mask in aux (VOCAB/32 words, rounded up); NONE: no mask
+    bias_off: u32,     // word offset of bias_n (id, f32 bits) pairs in aux
+    bias_n: u32,
+    counts_slot: u32,  // which sequence's token counts; NONE: no counts
+    freq: f32,         // frequency penalty
+    pres: f32,         // presence penalty
+    rep: f32,          // repetition penalty (1 = off)
+    min_p: f32,        // 0 = off
+    n_logprobs: u32,   // NONE: no logprobs; else the sampled token's logprob and the top n_logprobs (<= 20)
+    _pad: u32,
 }
+
+const NONE = 0xffffffffu;
+const LPW = 42u;  // logprob words per row: sampled logprob, n, then n x (id, logprob)
 
 @group(0) @binding(0) var<storage, read> logits: array<f32>;
 @group(0) @binding(1) var<storage, read> params: array<RowParams>;
 @group(0) @binding(2) var<storage, read_write> out_ids: array<u32>;
-// candidates of row r at [r * VOCAB, r * VOCAB + n): (id, logit bits), ids ascending
+// per row r, at r * (VOCAB + PV): candidates [0, n): (id, logit bits), ids ascending; then from VOCAB on the
+// processed logits (PV = ceil(VOCAB / 2) entries, two f32 bit patterns each)
 @group(0) @binding(3) var<storage, read_write> cand: array<vec2<u32>>;
+@group(0) @binding(4) var<storage, read> aux: array<u32>;                // token masks and logit_bias entries
+@group(0) @binding(5) var<storage, read_write> counts: array<u32>;       // [slot * VOCAB + id]
+@group(0) @binding(6) var<storage, read_write> logprobs: array<u32>;     // [row * LPW + ...]
 
 var<workgroup> red_f: array<f32, WG>;
 var<workgroup> red_u: array<u32, WG>;
@@ -63,7 +87,27 @@ var<workgroup> lane_n: array<u32, WG>;
 
 var<private> lbase: u32 = 0u;  // this row's logits
 var<private> cbase: u32 = 0u;  // this row's candidate slice
+var<private> pbase: u32 = 0u;  // this row's processed logits (in cand)
 var<private> n_elems: u32 = 0u;  // candidates in it
+var<private> use_proc: bool = false;  // read the processed logits instead of the input row
+var<private> thr: f32 = 0.0;  // min_p: logits below thr count as -inf (set in main)
+
+const PV: u32 = (u32(VOCAB) + 1u) / 2u;
+
+fn neg_inf() -> f32 {
+    return bitcast<f32>(0xff800000u);
+}
+
+// logit i of this row as sampling sees it: the controls applied, then the min_p threshold
+fn lg(i: u32) -> f32 {
+    var v: f32;
+    if (use_proc) {
+        v = bitcast<f32>(cand[pbase + (i >> 1u)][i & 1u]);
+    } else {
+        v = logits[lbase + i];
+    }
+    return select(neg_inf(), v, v >= thr);
+}
 
 // candidate j of this row: (id, logit bits)
 fn elem(j: u32) -> vec2<u32> {
@@ -270,7 +314,7 @@ fn compact_candidates(lid: u32, mx: f32, inv_t: f32, top_k: u32, use_k: bool, to
     let scale = f32(1u << MASS_SHIFT);
     var m = 0.0;
     for (var i = lid; i < VOCAB; i += WG) {
-        let l = logits[lbase + i];
+        let l = lg(i);
         let b = bucket(l, mx, inv_t);
         if (b < NB - 1u) {  // the last bucket is the rest: never counted
             atomicAdd(&hist[b], 1u);
@@ -306,7 +350,7 @@ fn compact_candidates(lid: u32, mx: f32, inv_t: f32, top_k: u32, use_k: bool, to
     let r1 = min(r0 + span, VOCAB);
     var c = 0u;
     for (var i = r0; i < r1; i++) {
-        if (bucket(logits[lbase + i], mx, inv_t) <= cut) { c++; }
+        if (bucket(lg(i), mx, inv_t) <= cut) { c++; }
     }
     lane_n[lid] = c;
     workgroupBarrier();
@@ -322,7 +366,7 @@ fn compact_candidates(lid: u32, mx: f32, inv_t: f32, top_k: u32, use_k: bool, to
     let total = workgroupUniformLoad(&res_u);
     var o = cbase + lane_n[lid];
     for (var i = r0; i < r1; i++) {
-        let l = logits[lbase + i];
+        let l = lg(i);
         if (bucket(l, mx, inv_t) <= cut) {
             cand[o] = vec2<u32>(i, bitcast<u32>(l));
             o++;
@@ -338,12 +382,12 @@ fn compact_candidates(lid: u32, mx: f32, inv_t: f32, top_k: u32, use_k: bool, to
 // its contiguous id range; lane 0 finds the range where the running total passes r = u * mass and walks it,
 // re-adding that range's terms in the order the lane summed them, so the crossing found there is consistent
 // with the range totals. Two passes over the row (after the max) instead of six.
-fn sample_plain(row: u32, lid: u32, mx: f32, inv_t: f32, u: f32) {
+fn sample_plain(lid: u32, mx: f32, inv_t: f32, u: f32) -> u32 {
     let span = (VOCAB + WG - 1u) / WG;
     let r0 = min(lid * span, VOCAB);
     let r1 = min(r0 + span, VOCAB);
     var m = 0.0;
-    for (var i = r0; i < r1; i++) { m += exp((logits[lbase + i] - mx) * inv_t); }
+    for (var i = r0; i < r1; i++) { m += exp((lg(i) - mx) * inv_t); }
     red_f[lid] = m;
     workgroupBarrier();
     if (lid == 0u) {
@@ -362,14 +406,111 @@ fn sample_plain(row: u32, lid: u32, mx: f32, inv_t: f32, u: f32) {
             let a1 = min(a0 + span, VOCAB);
             var part = 0.0;
             for (var i = a0; i < a1; i++) {
-                part += exp((logits[lbase + i] - mx) * inv_t);
+                part += exp((lg(i) - mx) * inv_t);
                 if (before + part > r) {
                     id = i;
                     break;
                 }
             }
         }
+        res_u = id;
+    }
+    return workgroupUniformLoad(&res_u);
+}
+
+// The controls of the header: penalties and the mask in one pass over the row, then the sparse bias entries.
+fn process(p: RowParams, lid: u32) {
+    let penal = p.counts_slot != NONE && (p.freq != 0.0 || p.pres != 0.0 || p.rep != 1.0);
+    for (var i = lid; i < VOCAB; i += WG) {
+        var v = logits[lbase + i];
+        if (penal) {
+            let c = counts[p.counts_slot * VOCAB + i];
+            let n = f32(c & 0x7fffffffu);
+            if (c != 0u) {
+                v = select(v * p.rep, v / p.rep, v > 0.0);
+            }
+            v -= n * p.freq + select(0.0, p.pres, n > 0.0);
+        }
+        if (p.mask_off != NONE && ((aux[p.mask_off + (i >> 5u)] >> (i & 31u)) & 1u) == 0u) {
+            v = neg_inf();
+        }
+        cand[pbase + (i >> 1u)][i & 1u] = bitcast<u32>(v);
+    }
+    storageBarrier();
+    workgroupBarrier();
+    for (var j = lid; j < p.bias_n; j += WG) {
+        let id = aux[p.bias_off + 2u * j];
+        if (id < VOCAB) {
+            let k = pbase + (id >> 1u);
+            let v = bitcast<f32>(cand[k][id & 1u]) + bitcast<f32>(aux[p.bias_off + 2u * j + 1u]);
+            cand[k][id & 1u] = bitcast<u32>(v);
+        }
+    }
+    storageBarrier();
+    workgroupBarrier();
+}
+
+// log-softmax of the processed logits (no temperature, no filters) at the sampled id, and the top n ids and values
+// (logit descending, id ascending): each lane keeps its own top n (ids ascend within a lane, so an equal logit
+// never displaces an earlier id), then n rounds of a workgroup argmax over the lanes' heads.
+fn write_logprobs(row: u32, p: RowParams, id: u32, am: u32, lid: u32) {
+    thr = neg_inf();
+    let mx = lg(am);
+    var m = 0.0;
+    for (var i = lid; i < VOCAB; i += WG) { m += exp(lg(i) - mx); }
+    let lse = mx + log(sum_f(m, lid));
+    let n = min(min(p.n_logprobs, 20u), VOCAB);
+    var tk: array<u32, 20>;
+    var ti: array<u32, 20>;
+    var cnt = 0u;
+    if (n > 0u) {
+        for (var i = lid; i < VOCAB; i += WG) {
+            let k = okey(lg(i));
+            if (cnt < n || k > tk[n - 1u]) {
+                var j = min(cnt, n - 1u);
+                while (j > 0u && tk[j - 1u] < k) {
+                    tk[j] = tk[j - 1u];
+                    ti[j] = ti[j - 1u];
+                    j--;
+                }
+                tk[j] = k;
+                ti[j] = i;
+                cnt = min(cnt + 1u, n);
+            }
+        }
+    }
+    let o = row * LPW;
+    var head = 0u;
+    for (var r = 0u; r < n; r++) {
+        var k = 0u;
+        var i = 0xffffffffu;
+        if (head < cnt) {
+            k = tk[head];
+            i = ti[head];
+        }
+        let w = argmax(k, i, lid);
+        if (head < cnt && i == w) { head++; }
+        if (lid == 0u) {
+            logprobs[o + 2u + 2u * r] = w;
+            logprobs[o + 3u + 2u * r] = bitcast<u32>(lg(w) - lse);
+        }
+    }
+    if (lid == 0u) {
+        logprobs[o] = bitcast<u32>(lg(id) - lse);
+        logprobs[o + 1u] = n;
+    }
+}
+
+// the sampled id: out, counted, and its logprobs when asked
+fn finish(row: u32, p: RowParams, id: u32, am: u32, lid: u32) {
+    if (lid == 0u) {
         out_ids[row] = id;
+        if (p.counts_slot != NONE) {
+            counts[p.counts_slot * VOCAB + id] += 1u;
+        }
+    }
+    if (p.n_logprobs != NONE) {
+        write_logprobs(row, p, id, am, lid);
     }
 }
 
@@ -381,24 +522,34 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let row = wid.x;
     let p = params[row];
     lbase = p.logit_row * VOCAB;
-    cbase = row * VOCAB;
+    cbase = row * (VOCAB + PV);
+    pbase = cbase + VOCAB;
+    thr = neg_inf();
+    if (p.mask_off != NONE || p.bias_n > 0u
+        || (p.counts_slot != NONE && (p.freq != 0.0 || p.pres != 0.0 || p.rep != 1.0))) {
+        process(p, lid);
+        use_proc = true;
+    }
 
     var bk = 0u;
     var bi = 0xffffffffu;
     for (var i = lid; i < VOCAB; i += WG) {
-        let k = okey(logits[lbase + i]);
+        let k = okey(lg(i));
         if (k > bk || bi == 0xffffffffu) { bk = k; bi = i; }  // ids ascend within an invocation: first wins ties
     }
     let am = argmax(bk, bi, lid);
     if (p.temperature <= 0.0 || p.top_k == 1u) {
-        if (lid == 0u) { out_ids[row] = am; }
+        finish(row, p, am, am, lid);
         return;
     }
-    let mx = logits[lbase + am];
+    let mx = lg(am);
     let inv_t = 1.0 / p.temperature;
+    if (p.min_p > 0.0) {
+        thr = mx + log(p.min_p) * p.temperature;  // p_i >= min_p * p_max  <=>  l_i >= max + T ln(min_p)
+    }
     let use_k = p.top_k > 0u && p.top_k < VOCAB;
     if (!use_k && p.top_p >= 1.0) {
-        sample_plain(row, lid, mx, inv_t, uniform01(p.seed, p.index));
+        finish(row, p, sample_plain(lid, mx, inv_t, uniform01(p.seed, p.index)), am, lid);
         return;
     }
     let vocab_mass = compact_candidates(lid, mx, inv_t, p.top_k, use_k, p.top_p);
@@ -477,5 +628,5 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         if (kept(okey(bitcast<f32>(e.y)), e.x)) { last = max(last, e.x); }
     }
     let last_kept = max_u(last, lid);
-    if (lid == 0u) { out_ids[row] = min(x, last_kept); }
+    finish(row, p, min(x, last_kept), am, lid);
 }

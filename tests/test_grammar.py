@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 
 from tests.synthetic import tiny_tokenizer_json
 from webinfer.grammar import (GrammarCache, GrammarError, GrammarMatcher, TokenMasks, TokenVocab, ebnf_grammar,
-                              grammar_from_response_format, json_object_grammar, json_schema_grammar, regex_grammar)
+                              grammar_from_response_format, json_object_grammar, json_schema_grammar, regex_grammar,
+                              tool_call_grammar)
 from webinfer.grammar.json_schema import int_range
 from webinfer.grammar.grammar import Grammar
 from webinfer.tokenizer import Tokenizer
@@ -281,6 +282,9 @@ def small_vocab() -> TokenVocab:
     pieces += [s.encode() for s in ['{"', '":', '": "', '", "', '"}', '},', '}]', '[{', '"]', ', ', 'name', 'age',
                                     '": 1', '12', '3.5', 'true', 'false', 'null', '"a', 'a"', '\\"', '\\n', '  ',
                                     '\n ', ' "', '"name": "', 'é', '},{"', 'tr', 'ue', '-1', 'e+', '0.', '1e']]
+    # deep subtrees of plain characters (the matcher takes such a subtree whole when its bytes loop in a string)
+    pieces += [s.encode() for s in ['th', 'the', 'then', 'there', 'these', ' the', ' then', ' there"', 'ab', 'abc',
+                                    'abcd', 'é1', '123', '12345', '1234"', 'the\\', 'thé']]
     pieces += ["é".encode()[:1], "€".encode()[:2]]
     return TokenVocab(pieces + [None, b""])  # a special token and an empty one: never allowed
 
@@ -422,3 +426,34 @@ def test_grammar_cache_shares_masks(tiny_tok):
     cache.get({"type": "regex", "regex": "a+"})
     cache.get({"type": "regex", "regex": "b+"})
     assert cache.get(rf) is not None and len(cache._lru) == 2
+
+
+def test_tool_call_grammar():
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+                "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1}},
+                "required": ["city"], "additionalProperties": False}}},
+             {"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}}]
+    g = tool_call_grammar(tools).compile()
+    call = b'<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>'
+    assert accepts(g, call) and accepts(g, call + b"\n" + call.replace(b'"get_weather", "arguments": {"city": "Paris", "days": 2}', b'"now", "arguments": {}'))
+    assert not accepts(g, call.replace(b'"days": 2', b'"days": 0'))
+    assert not accepts(g, call.replace(b"get_weather", b"get_time"))
+    assert not accepts(tool_call_grammar(tools, parallel=False).compile(), call + b"\n" + call)
+    forced = tool_call_grammar(tools[1:]).compile()
+    assert not accepts(forced, call)
+    rng = random.Random(2)
+    for _ in range(10):
+        text = random_document(g, rng, 150).decode()
+        for body in re.findall(r"<tool_call>\n(.*?)\n</tool_call>", text, re.S):
+            obj = json.loads(body)
+            schema = next(t["function"]["parameters"] for t in tools if t["function"]["name"] == obj["name"])
+            jsonschema.validate(obj["arguments"], schema)
+
+
+def test_grammar_bench_smoke(tiny_tok):
+    """webinfer bench --grammar runs end to end (tiny vocabulary; the numbers themselves are not asserted)."""
+    from webinfer_packager.bench.grammar import bench_vocab
+
+    res = bench_vocab(tiny_tok, quick=True)
+    assert set(res["workloads"]) == {"json_schema", "json_object", "regex", "gbnf"}
+    assert res["all"]["cold"]["steps"] > 50 and res["all"]["warm"]["p99_ms"] >= 0

@@ -10,6 +10,8 @@ are skipped (and counted: they must be rare). A chi-square test over many seeds 
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -194,3 +196,182 @@ def test_sampling_hypothesis(gpu_f32, lib, V, temp, top_k, top_p, seed):
     want, sure = _expected(logits[0].astype(np.float64), r)
     if sure:
         assert g == want, f"{r}: got {g}, want {want}"
+
+
+# -- per-row controls: mask, logit_bias, penalties (GPU token counts), min_p, logprobs ---------------------------------
+
+from webinfer.kernels.sampling import LOGPROB_WORDS, PROMPT_BIT, pack, unpack_logprobs  # noqa: E402
+
+V_CTL = 3000
+
+
+def _sample_ctl(dev, lib, logits: np.ndarray, rows: list[SampleRow], counts: np.ndarray | None = None):
+    """Run the sampler with aux / counts / logprobs bound: (ids, counts after, [(logprob, top)] per row)."""
+    logits = np.ascontiguousarray(logits, np.float32).reshape(-1, logits.shape[-1])
+    V = logits.shape[1]
+    s = GpuSampler(lib, V)
+    packed = pack(rows, V)
+    gl = GpuArray.upload(dev, logits)
+    gp = GpuArray.upload(dev, np.frombuffer(packed.params, np.uint8))
+    ga = GpuArray.upload(dev, np.frombuffer(packed.aux, np.uint8))
+    gc = GpuArray.upload(dev, np.zeros((1, V), np.uint32) if counts is None else counts.astype(np.uint32))
+    glp = GpuArray.empty(dev, (len(rows), LOGPROB_WORDS), np.uint32)
+    out = GpuArray.empty(dev, (len(rows),), np.uint32)
+    b = s.bind(gl.binding, gp.binding, out.binding, ga.binding, gc.binding, glp.binding)
+    run(dev, lambda c: s.encode(c, b, len(rows)))
+    lp = glp.read()  # guards checked; rows without logprobs leave the guard pattern
+    return out.read(), gc.read(), unpack_logprobs(lp.tobytes(), len(rows))
+
+
+def _reference(r: SampleRow, logits: np.ndarray, counts: np.ndarray | None) -> tuple[Sampler, np.ndarray]:
+    """The reference sampler for row r and its processed logits (float64)."""
+    ref = Sampler(r.temperature, r.top_k, r.top_p, min_p=r.min_p, frequency_penalty=r.frequency_penalty,
+                  presence_penalty=r.presence_penalty, repetition_penalty=r.repetition_penalty,
+                  logit_bias=dict(r.logit_bias))
+    allowed = None
+    if r.mask is not None:
+        words, ids = np.frombuffer(r.mask, np.uint32), np.arange(logits.shape[-1])
+        allowed = ((words[ids // 32] >> (ids % 32)) & 1).astype(bool)
+    c = counts[r.counts_slot] if r.counts_slot is not None else None
+    z = ref.process(logits[r.logit_row].astype(np.float64), None if c is None else c & 0x7FFFFFFF,
+                    [] if c is None else np.nonzero(c & PROMPT_BIT)[0].tolist(), allowed)
+    return ref, z
+
+
+def _expected_ctl(r: SampleRow, logits, counts) -> tuple[int, bool]:
+    ref, z = _reference(r, logits, counts)
+    if r.temperature == 0 or r.top_k == 1:
+        return int(np.argmax(z)), True
+    p = ref.probs(z)
+    cdf = np.cumsum(p)
+    x = uniform(r.seed, r.index) * cdf[-1]
+    j = int(np.searchsorted(cdf, x, side="right"))
+    return min(j, len(p) - 1), not np.min(np.abs(cdf[p > 0] - x)) < 1e-5
+
+
+def _mask_words(allowed: np.ndarray) -> bytes:
+    V = allowed.size
+    bits = np.zeros(((V + 31) // 32) * 32, np.uint64)
+    bits[:V] = allowed
+    words = (bits.reshape(-1, 32) << np.arange(32, dtype=np.uint64)).sum(axis=1).astype(np.uint32)
+    return words.tobytes()
+
+
+def _control_rows(rng, n_rows: int, n_slots: int) -> list[SampleRow]:
+    rows = []
+    for i in range(n_rows):
+        t = [0.0, 0.8, 1.2][i % 3]
+        allowed = rng.random(V_CTL) < [1.0, 0.3, 0.02, 0.001][i % 4]
+        allowed[rng.integers(0, V_CTL)] = True
+        bias = {int(k): float(rng.normal() * 5) for k in rng.integers(0, V_CTL, size=[0, 3, 40][i % 3])}
+        rows.append(SampleRow(i % 4, t, [0, 40, 0][i % 3], [1.0, 0.9, 1.0][i % 3], seed=77 + i, index=i,
+                              min_p=[0.0, 0.05, 0.2][(i // 3) % 3], frequency_penalty=[0.0, 0.7, -0.3][i % 3],
+                              presence_penalty=[0.0, 0.5, 1.5][(i + 1) % 3], repetition_penalty=[1.0, 1.3, 0.8][i % 3],
+                              logit_bias=tuple(bias.items()), counts_slot=i % n_slots,
+                              mask=_mask_words(allowed) if i % 4 else None))
+    return rows
+
+
+def test_controls_match_reference(gpu_f32, lib):
+    """Mask, logit_bias, the three penalties (prompt bits and output counts on the GPU), min_p, with greedy and
+    sampled rows: exact ids vs the numpy reference; counts gain exactly the sampled ids."""
+    rng = np.random.default_rng(3)
+    logits = (rng.standard_normal((4, V_CTL)) * 3).astype(np.float32)
+    n_slots = 24
+    counts = rng.integers(0, 3, size=(n_slots, V_CTL)).astype(np.uint32) * (rng.random((n_slots, V_CTL)) < 0.05)
+    counts |= (rng.random((n_slots, V_CTL)) < 0.02).astype(np.uint32) * PROMPT_BIT
+    rows = _control_rows(rng, n_slots, n_slots)  # one row per slot: no two rows count into the same slot
+    ids, after, _ = _sample_ctl(gpu_f32, lib, logits, rows, counts)
+    unsure = 0
+    for r, g in zip(rows, ids):
+        want, sure = _expected_ctl(r, logits, counts)
+        unsure += not sure
+        assert g == want or not sure, f"{r}: got {g}, want {want}"
+        if r.mask is not None:
+            assert np.frombuffer(r.mask, np.uint32)[g // 32] >> (g % 32) & 1, "sampled a masked token"
+    assert unsure <= 2
+    expect = counts.copy()
+    for r, g in zip(rows, ids):
+        expect[r.counts_slot, g] += 1
+    assert np.array_equal(after, expect)
+
+
+@pytest.mark.parametrize("V", [257, V_CTL])  # 257: lanes hold fewer tokens than top_logprobs asks for
+def test_logprobs_match_numpy(gpu_f32, lib, V):
+    rng = np.random.default_rng(4)
+    logits = (rng.standard_normal((2, V)) * 2).astype(np.float32)
+    logits[1, 10:30] = logits[1].max()  # ties at the top: lowest ids first
+    allowed = rng.random(V) < 0.5
+    allowed[5] = True
+    rows = [SampleRow(0, 0.0, logprobs=5), SampleRow(0, 1.0, seed=5, logprobs=20), SampleRow(1, 0.7, 30, 0.9, seed=6,
+            logprobs=20), SampleRow(1, 0.0, logprobs=0), SampleRow(0, 1.0, seed=7, logprobs=3, mask=_mask_words(allowed),
+            logit_bias=((5, 30.0),)), SampleRow(1, 0.0)]
+    ids, _, lps = _sample_ctl(gpu_f32, lib, logits, rows)
+    for r, g, (lp, top) in zip(rows, ids, lps):
+        if r.logprobs is None:
+            continue
+        _, z = _reference(r, logits, None)
+        lsm, best = Sampler.logprobs(z, r.logprobs)
+        assert abs(lp - lsm[g]) < 1e-4, (r, lp, lsm[g])
+        assert [i for i, _ in top] == best.tolist(), r
+        assert np.allclose([v for _, v in top], lsm[best], atol=1e-4)
+    assert lps[4][1][0][0] == 5 and ids[4] == 5  # a bias of +30 makes token 5 the best by far
+    assert all(allowed[i] for i, _ in lps[4][1]), "top_logprobs of a constrained row list only allowed tokens"
+
+
+def test_controls_batch_invariance(gpu_f32, lib):
+    """A mixed batch (constrained, penalized, logprob and plain rows): every row equals its run alone."""
+    rng = np.random.default_rng(5)
+    logits = (rng.standard_normal((4, V_CTL)) * 3).astype(np.float32)
+    counts = (rng.random((8, V_CTL)) < 0.05).astype(np.uint32) * 2
+    rows = _control_rows(rng, 8, 8)
+    rows = [SampleRow(**{**r.__dict__, "logprobs": [None, 4, 20][i % 3]}) for i, r in enumerate(rows)]
+    rows.append(SampleRow(2, 0.9, 0, 1.0, seed=3))  # plain
+    ids, after, lps = _sample_ctl(gpu_f32, lib, logits, rows, counts)
+    for i in (0, 3, 5, 8):
+        one, after1, lp1 = _sample_ctl(gpu_f32, lib, logits, [rows[i]], counts)
+        assert one[0] == ids[i]
+        if rows[i].logprobs is not None:
+            assert lp1[0] == lps[i]
+        if rows[i].counts_slot is not None:
+            assert np.array_equal(after1[rows[i].counts_slot], after[rows[i].counts_slot])
+
+
+def test_grammar_mask_constrains_sampling(gpu_f32, lib):
+    """The grammar engine's mask words, uploaded as they are: every sampled token is one the grammar allows."""
+    from webinfer.grammar import GrammarMatcher, TokenMasks, TokenVocab, json_schema_grammar
+
+    pieces = [bytes([b]) for b in range(256)] + [b'{"', b'":', b'"}', b"true", b"false", b"12", b", "]
+    vocab = TokenVocab(pieces + [None] * (V_CTL - len(pieces)))
+    stop = V_CTL - 1
+    m = GrammarMatcher(TokenMasks(json_schema_grammar({"type": "object", "properties": {
+        "a": {"type": "boolean"}, "b": {"type": "integer"}}, "required": ["a", "b"]}).compile(), vocab), [stop])
+    rng = np.random.default_rng(6)
+    text = b""
+    for step in range(40):
+        logits = (rng.standard_normal((1, V_CTL)) * 2).astype(np.float32)
+        ids, _, _ = _sample_ctl(gpu_f32, lib, logits, [SampleRow(0, 1.0, seed=step, mask=m.mask_words())])
+        t = int(ids[0])
+        assert m.accept(t), f"sampled {t}, which the grammar forbids after {text!r}"
+        if m.is_terminated():
+            break
+        text += vocab.token_bytes[t]
+    json.loads(text)  # a prefix walk may end early (40 steps); when it ended it parses
+
+
+def test_pack_and_counts_slot_init():
+    from webinfer.kernels.sampling import ROW_BYTES, counts_slot_init
+
+    p = pack([SampleRow(0, logit_bias={7: 1.5, 3: -2.0}, mask=b"\xff" * 8), SampleRow(1, logprobs=2)], 50)
+    assert len(p.params) == 2 * ROW_BYTES
+    words = np.frombuffer(p.aux, np.uint32)
+    assert words[:2].tolist() == [0xFFFFFFFF] * 2 and words[2::2].tolist() == [3, 7]  # mask, then bias by id
+    assert np.frombuffer(p.aux, np.float32)[3::2].tolist() == [-2.0, 1.5]
+    for bad in [SampleRow(0, mask=b"\0" * 4), SampleRow(0, frequency_penalty=0.5), SampleRow(0, logprobs=21),
+                SampleRow(0, logit_bias={50: 1.0}), SampleRow(0, min_p=1.5)]:
+        with pytest.raises(ValueError):
+            pack([bad], 50)
+    with pytest.raises(ValueError, match="need pack"):
+        pack_rows([SampleRow(0, logit_bias={1: 1.0})])
+    c = np.frombuffer(counts_slot_init(10, [1, 2, 2], [2, 5, 5]), np.uint32)
+    assert c.tolist() == [0, PROMPT_BIT, PROMPT_BIT + 1, 0, 0, 2, 0, 0, 0, 0]

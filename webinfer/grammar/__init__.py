@@ -20,12 +20,12 @@ from .ebnf import ebnf_grammar
 from .errors import GrammarError
 from .expr import regex
 from .grammar import CompiledGrammar, Grammar
-from .json_schema import json_object_grammar, json_schema_grammar
+from .json_schema import json_object_grammar, json_schema_grammar, tool_call_grammar
 from .matcher import GrammarMatcher, TokenMasks, TokenVocab, mask_to_words
 
 __all__ = ["CompiledGrammar", "Grammar", "GrammarCache", "GrammarError", "GrammarMatcher", "TokenMasks", "TokenVocab",
            "ebnf_grammar", "grammar_from_response_format", "json_object_grammar", "json_schema_grammar",
-           "mask_to_words", "regex_grammar"]
+           "mask_to_words", "regex_grammar", "tool_call_grammar"]
 
 
 def regex_grammar(pattern: str, where: str = "response_format.regex") -> Grammar:
@@ -62,12 +62,17 @@ def grammar_from_response_format(rf) -> Grammar | None:
     raise GrammarError("response_format.type", f"is {kind!r}, expected text, json_object, json_schema, regex or grammar")
 
 
+WARM_MAX_NODES = 20_000  # bigger grammars (huge repetition counts) compute node masks on first use instead
+
+
 class GrammarCache:
     """Compiled grammars bound to one vocabulary, kept by content (LRU): requests with the same schema share the
-    mask caches, so the second request costs nothing to compile and starts with warm masks."""
+    mask caches, so the second request costs nothing to compile and starts with warm masks. With `warm` (default)
+    get() also computes every node's context-independent mask (TokenMasks.warm): compile time instead of a slow
+    first step; the engine can run get() off the decoding loop."""
 
-    def __init__(self, vocab: TokenVocab, capacity: int = 32):
-        self.vocab, self.capacity = vocab, capacity
+    def __init__(self, vocab: TokenVocab, capacity: int = 32, warm: bool = True):
+        self.vocab, self.capacity, self.warm = vocab, capacity, warm
         self._lru: OrderedDict[str, TokenMasks] = OrderedDict()
 
     def get(self, response_format) -> TokenMasks | None:
@@ -81,6 +86,8 @@ class GrammarCache:
         if masks is None:
             g = grammar_from_response_format(response_format)
             masks = TokenMasks(g.compile(), self.vocab)
+            if self.warm and masks.g.n_nodes <= WARM_MAX_NODES:  # now, so that no decoding step pays for one
+                masks.warm()
             self._lru[key] = masks
             if len(self._lru) > self.capacity:
                 self._lru.popitem(last=False)

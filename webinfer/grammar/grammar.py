@@ -192,6 +192,7 @@ class CompiledGrammar:
         self._eps: dict[int, tuple[int, ...]] = {}
         self.can_end = [any(self.accept[m] for m in self.eps(k)) for k in range(self.n_nodes)]
         self._trans: list[dict[int, tuple]] = [dict() for _ in range(self.n_nodes)]
+        self._first: list[int | None] = [None] * self.n_nodes
         self._busy: set = set()
         # interned stack sets
         self.states: list[frozenset] = []
@@ -288,6 +289,27 @@ class CompiledGrammar:
         self._busy.discard(key)
         t = self._trans[n][b] = tuple(out)
         return t
+
+    def first_bytes(self, n: int) -> int:
+        """Bytes node n can read without its rule ending first (a 256-bit mask)."""
+        m = self._first[n]
+        if m is None:
+            m = 0
+            for b in range(256):
+                if self.trans(n, b):
+                    m |= 1 << b
+            self._first[n] = m
+        return m
+
+    def allowed_bytes(self, sid: int) -> int:
+        """A superset of the bytes allowed in state sid (exact unless a byte dies deeper in a stack)."""
+        m = 0
+        for st in self.states[sid]:
+            for n in reversed(st):
+                m |= self.first_bytes(n)
+                if not self.can_end[n]:
+                    break
+        return m
 
     def check(self) -> None:
         """Visit every (node, byte) transition: raises GrammarError for left recursion now rather than mid-request."""

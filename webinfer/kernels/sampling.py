@@ -7,10 +7,24 @@ What it computes (exactly `webinfer_packager.reference.model.Sampler`'s distribu
 The draw is a pure function of (logits, parameters, seed, index): a request that resamples index i gets the same
 token, and a row's result never depends on the other rows in the dispatch.
 
-Built once at load (`GpuSampler(lib, vocab)`, `bind(...)`); per step the host writes `pack_rows(...)` into the
-params buffer and records `encode(cmds, binding, n_rows)`. With top-k / top-p the kernel copies each row's
-candidate tokens to a scratch buffer (8 bytes x vocab per row) that `bind` allocates for as many rows as out_ids
-holds. Pure Python (it runs in Pyodide).
+Per-row controls (SampleRow fields; rows that use none of them cost nothing extra), applied before the above in
+this order: repetition_penalty (on tokens of the prompt or the output), frequency_penalty / presence_penalty (on
+output counts), logit_bias (sparse), the token mask (structured output: `GrammarMatcher.mask_words()`); then
+min_p after temperature. logprobs=k also returns the sampled token's log-softmax and the top k (<= 20) ids and
+values of the processed logits (no temperature), computed in the same dispatch from the same logits.
+
+Built once at load (`GpuSampler(lib, vocab)`, `bind(...)`); per step the host writes `pack(rows, vocab)` (params and
+aux: the masks and bias entries) and records `encode(cmds, binding, n_rows)`. The kernel uses a scratch buffer of
+12 bytes x vocab per row (candidates for top-k / top-p, processed logits) that `bind` allocates for as many rows as
+out_ids holds. Token counts (penalties) live in a GPU buffer with one vocab-sized u32 slice per sequence slot:
+the host fills a slot once per request (`counts_slot_init`: the prompt marked), the kernel adds each sampled id.
+Pure Python (it runs in Pyodide).
+
+Per step, for a batch with controls:
+    packed = pack(rows, vocab)                            # rows: one SampleRow per sampled sequence
+    device.write_buffer(params, 0, packed.params); device.write_buffer(aux, 0, packed.aux)
+    sampler.encode(cmds, binding, len(rows)); submit; read out_ids (4 bytes per row)
+    if any row asked for logprobs: read LOGPROB_BYTES per row of the logprobs buffer -> unpack_logprobs(...)
 """
 
 from __future__ import annotations
@@ -21,9 +35,16 @@ from typing import Any
 
 from ..gpu.device import COPY_DST, COPY_SRC, STORAGE, BufferBinding
 
-ROW_BYTES = 32  # RowParams in sample.wgsl
-_ROW = "<4I2f2I"
+ROW_BYTES = 64  # RowParams in sample.wgsl
+SCRATCH_BYTES_PER_TOKEN = 12  # per row: 8 (candidate id + logit) + 4 (processed logit)
+MAX_TOP_LOGPROBS = 20
+MAX_LOGIT_BIAS = 1024  # entries per row (aux_buffer sizes for this many)
+LOGPROB_WORDS = 42  # per row: sampled logprob, n, then 20 x (id, logprob)
+LOGPROB_BYTES = 4 * LOGPROB_WORDS
+_ROW = "<4I2f4I4f2I"
 _MASK = 0xFFFFFFFF
+NONE = 0xFFFFFFFF
+PROMPT_BIT = 0x80000000  # in a counts slot: the token occurs in the prompt (repetition_penalty)
 
 
 @dataclass(frozen=True)
@@ -34,16 +55,98 @@ class SampleRow:
     top_p: float = 1.0
     seed: int = 0
     index: int = 0  # how many tokens the request sampled before this one
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple = ()  # ((token id, bias), ...) or a dict; later entries for the same id win
+    counts_slot: int | None = None  # the sequence's slice of the counts buffer (needed by the three penalties)
+    mask: bytes | None = None  # allowed tokens: ceil(vocab/32) little-endian u32 words (GrammarMatcher.mask_words)
+    logprobs: int | None = None  # None: no logprobs; k: the sampled token's logprob and the top k (0..20)
+
+
+@dataclass(frozen=True)
+class Packed:
+    """What one step writes: `params` (ROW_BYTES per row) and `aux` (masks, then bias entries; u32 words)."""
+
+    params: bytes
+    aux: bytes
+
+
+def _check(r: SampleRow, vocab: int | None) -> None:
+    if r.temperature < 0 or r.top_k < 0 or not (0.0 < r.top_p <= 1.0):
+        raise ValueError(f"sampling: need temperature >= 0, top_k >= 0, 0 < top_p <= 1; got {r}")
+    if not 0.0 <= r.min_p <= 1.0 or r.repetition_penalty <= 0:
+        raise ValueError(f"sampling: need 0 <= min_p <= 1 and repetition_penalty > 0; got {r}")
+    if r.logprobs is not None and not 0 <= r.logprobs <= MAX_TOP_LOGPROBS:
+        raise ValueError(f"sampling: logprobs must be 0..{MAX_TOP_LOGPROBS}, got {r.logprobs}")
+    penalized = r.frequency_penalty != 0 or r.presence_penalty != 0 or r.repetition_penalty != 1
+    if penalized and r.counts_slot is None:
+        raise ValueError("sampling: frequency / presence / repetition penalties need a counts_slot")
+    if vocab is not None and r.mask is not None and len(r.mask) != 4 * ((vocab + 31) // 32):
+        raise ValueError(f"sampling: a mask has {len(r.mask)} bytes, expected {4 * ((vocab + 31) // 32)} "
+                         f"(one bit per token of the vocabulary of {vocab}, in u32 words)")
+
+
+def _bias_items(r: SampleRow, vocab: int | None) -> list[tuple[int, float]]:
+    items = dict(r.logit_bias.items() if isinstance(r.logit_bias, dict) else r.logit_bias)
+    if len(items) > MAX_LOGIT_BIAS:
+        raise ValueError(f"sampling: {len(items)} logit_bias entries, at most {MAX_LOGIT_BIAS}")
+    for t in items:
+        if not isinstance(t, int) or t < 0 or (vocab is not None and t >= vocab):
+            raise ValueError(f"sampling: logit_bias token id {t!r} is outside the vocabulary")
+    return sorted(items.items())
+
+
+def pack(rows: list[SampleRow], vocab: int | None = None) -> Packed:
+    """params and aux contents for `rows` (validated like the reference Sampler; vocab checks masks and bias ids)."""
+    params, aux = bytearray(), bytearray()
+    for r in rows:
+        _check(r, vocab)
+        mask_off = NONE
+        if r.mask is not None:
+            mask_off = len(aux) // 4
+            aux += r.mask
+        bias = _bias_items(r, vocab)
+        bias_off = len(aux) // 4
+        for t, b in bias:
+            aux += struct.pack("<If", t, b)
+        params += struct.pack(_ROW, r.logit_row, r.top_k, r.seed & _MASK, r.index & _MASK, r.temperature, r.top_p,
+                              mask_off, bias_off, len(bias), NONE if r.counts_slot is None else r.counts_slot,
+                              r.frequency_penalty, r.presence_penalty, r.repetition_penalty, r.min_p,
+                              NONE if r.logprobs is None else r.logprobs, 0)
+    return Packed(bytes(params), bytes(aux or b"\0\0\0\0"))
 
 
 def pack_rows(rows: list[SampleRow]) -> bytes:
-    """The params buffer contents for `rows` (validated like the reference Sampler)."""
-    out = bytearray()
-    for r in rows:
-        if r.temperature < 0 or r.top_k < 0 or not (0.0 < r.top_p <= 1.0):
-            raise ValueError(f"sampling: need temperature >= 0, top_k >= 0, 0 < top_p <= 1; got {r}")
-        out += struct.pack(_ROW, r.logit_row, r.top_k, r.seed & _MASK, r.index & _MASK, r.temperature, r.top_p, 0, 0)
-    return bytes(out)
+    """The params buffer contents for rows that need no aux data (no mask, no logit_bias)."""
+    if any(r.mask is not None or r.logit_bias for r in rows):
+        raise ValueError("sampling: rows with a mask or logit_bias need pack() (params and aux)")
+    return pack(rows).params
+
+
+def counts_slot_init(vocab: int, prompt_ids=(), output_ids=()) -> bytes:
+    """A counts slot's contents (write it at offset slot * vocab * 4): the prompt's tokens marked, and the output
+    so far counted (a request that resumes after preemption continues with the same penalties)."""
+    words = [0] * vocab
+    for t in prompt_ids:
+        if 0 <= t < vocab:
+            words[t] = PROMPT_BIT
+    for t in output_ids:
+        if 0 <= t < vocab:
+            words[t] += 1
+    return struct.pack(f"<{vocab}I", *words)
+
+
+def unpack_logprobs(raw: bytes, n_rows: int) -> list[tuple[float, list[tuple[int, float]]]]:
+    """Per row: (logprob of the sampled token, [(id, logprob)] of the top n, best first)."""
+    out = []
+    for r in range(n_rows):
+        w = raw[r * LOGPROB_BYTES : (r + 1) * LOGPROB_BYTES]
+        lp, n = struct.unpack_from("<fI", w, 0)
+        top = [struct.unpack_from("<If", w, 8 + 8 * k) for k in range(min(n, MAX_TOP_LOGPROBS))]
+        out.append((lp, [(int(i), float(v)) for i, v in top]))
+    return out
 
 
 def _pcg(v: int) -> int:
@@ -79,18 +182,24 @@ class GpuSampler:
         self.pipeline = lib.pipeline("sample", defines={"VOCAB": f"{vocab}u", "ID_BITS": f"{vocab.bit_length()}i",
                                                         "MASS_SHIFT": f"{32 - vocab.bit_length()}u"}, use_f16=False)
 
-    def bind(self, logits, params, out_ids) -> SamplerBinding:
-        """logits: f32 [rows, vocab]; params: ROW_BYTES per row; out_ids: u32 per row (buffers or BufferBindings).
-        Allocates the candidate scratch (vocab x 8 bytes per out_ids slot)."""
+    def bind(self, logits, params, out_ids, aux=None, counts=None, logprobs=None) -> SamplerBinding:
+        """logits: f32 [rows, vocab]; params: ROW_BYTES per row; out_ids: u32 per row; aux: the packed masks and
+        bias entries (`aux_buffer`); counts: `counts_buffer`; logprobs: `logprobs_buffer` (buffers or
+        BufferBindings; the last three may be None when no row uses them). Allocates the scratch (12 bytes x vocab
+        per out_ids slot)."""
         rows = max(_bound_bytes(out_ids) // 4, 1)
+        nbytes = rows * (self.vocab + (self.vocab + 1) // 2) * 8
         dev = self.lib.device
         limit = dev.caps.max_binding_bytes
-        if rows * self.vocab * 8 > limit:
+        if nbytes > limit:
             raise ValueError(f"sampling: candidate space for {rows} rows x vocab {self.vocab} is "
-                             f"{rows * self.vocab * 8} bytes (> {limit} per binding on this device); sample fewer "
-                             f"rows per dispatch (out_ids holds {rows})")
-        cand = dev.create_buffer(rows * self.vocab * 8, STORAGE, label=f"{self.label}.candidates")
-        return SamplerBinding(dev.create_bind_group(self.pipeline, [logits, params, out_ids, cand]), rows, cand)
+                             f"{nbytes} bytes (> {limit} per binding on this device); sample fewer rows "
+                             f"per dispatch (out_ids holds {rows})")
+        cand = dev.create_buffer(nbytes, STORAGE, label=f"{self.label}.candidates")
+        spare = [dev.create_buffer(16, STORAGE, label=f"{self.label}.unused") if b is None else b
+                 for b in (aux, counts, logprobs)]
+        return SamplerBinding(dev.create_bind_group(self.pipeline, [logits, params, out_ids, cand, *spare]), rows,
+                              cand)
 
     def encode(self, cmds, binding: SamplerBinding, n_rows: int) -> None:
         if n_rows > binding.rows:
@@ -104,3 +213,19 @@ def buffers(device, max_rows: int) -> tuple[Any, Any]:
     params = device.create_buffer(ROW_BYTES * max_rows, STORAGE | COPY_DST, label="sample.params")
     ids = device.create_buffer(4 * max_rows, STORAGE | COPY_SRC, label="sample.ids")
     return params, ids
+
+
+def aux_buffer(device, max_rows: int, vocab: int, max_bias: int = MAX_LOGIT_BIAS) -> Any:
+    """Room for a mask and max_bias logit_bias entries per row."""
+    words = max_rows * ((vocab + 31) // 32 + 2 * max_bias)
+    return device.create_buffer(4 * words, STORAGE | COPY_DST, label="sample.aux")
+
+
+def counts_buffer(device, n_slots: int, vocab: int) -> Any:
+    """Token counts of n_slots sequences (vocab u32 each); fill a slot with counts_slot_init when it is assigned."""
+    return device.create_buffer(4 * vocab * n_slots, STORAGE | COPY_DST | COPY_SRC, label="sample.counts")
+
+
+def logprobs_buffer(device, max_rows: int) -> Any:
+    """LOGPROB_BYTES per row; read back only for steps where some row asked for logprobs."""
+    return device.create_buffer(LOGPROB_BYTES * max_rows, STORAGE | COPY_SRC, label="sample.logprobs")

@@ -381,6 +381,11 @@ def format_table(r: dict) -> str:
 def cli_main(args) -> int:
     from webinfer_packager.paths import resolve_package
 
+    if getattr(args, "grammar", False):
+        from webinfer_packager.bench.grammar import cli_main as grammar_main
+
+        return grammar_main(args)
+
     res = run_bench(resolve_package(args.package), quick=args.quick, skip_hf=args.skip_hf,
                     skip_serving=args.skip_serving)
     text = json.dumps(res, indent=2, sort_keys=False)

@@ -93,6 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="fewer repetitions and shorter prompts")
     p.add_argument("--skip-hf", action="store_true", help="skip the HF transformers comparison")
     p.add_argument("--skip-serving", action="store_true", help="skip the concurrency / prefix-cache / mixed-load part")
+    p.add_argument("--grammar", action="store_true",
+                   help="only the structured-output mask benchmark (CPU; webinfer_packager/bench/grammar.py)")
     p.set_defaults(handler="webinfer_packager.bench.run:cli_main")
 
     p = sub.add_parser("serve", help="OpenAI-compatible API and the chat site")

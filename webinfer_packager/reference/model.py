@@ -349,15 +349,49 @@ class ReferenceModel:
 
 
 class Sampler:
-    def __init__(self, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0):
+    """The reference sampler: the GPU sampler (shaders/sample.wgsl) draws from exactly this distribution.
+
+    process(): repetition_penalty (tokens of the prompt or the output: l / rep if l > 0 else l * rep), then
+    frequency / presence penalties (l - freq * count - pres * [count > 0], output counts only), then logit_bias,
+    then the allowed-token mask (-inf elsewhere). probs(): temperature, min_p (keep p >= min_p * p_max), top-k,
+    top-p, on processed logits. logprobs(): log-softmax of processed logits (no temperature) and the top n.
+    """
+
+    def __init__(self, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0, *,
+                 min_p: float = 0.0, frequency_penalty: float = 0.0, presence_penalty: float = 0.0,
+                 repetition_penalty: float = 1.0, logit_bias: dict[int, float] | None = None):
         if temperature < 0 or top_k < 0 or not (0.0 < top_p <= 1.0):
             raise ValueError(f"need temperature >= 0, top_k >= 0, 0 < top_p <= 1; got {temperature}, {top_k}, {top_p}")
-        self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
+        if not 0.0 <= min_p <= 1.0 or repetition_penalty <= 0:
+            raise ValueError(f"need 0 <= min_p <= 1 and repetition_penalty > 0; got {min_p}, {repetition_penalty}")
+        self.temperature, self.top_k, self.top_p, self.min_p = temperature, top_k, top_p, min_p
+        self.frequency_penalty, self.presence_penalty = frequency_penalty, presence_penalty
+        self.repetition_penalty, self.logit_bias = repetition_penalty, dict(logit_bias or {})
         self.rng = np.random.default_rng(seed)
 
+    def process(self, logits: np.ndarray, output_counts: np.ndarray | None = None, prompt_ids=(),
+                allowed: np.ndarray | None = None) -> np.ndarray:
+        """Logits [V] after penalties, bias and the mask (float64). output_counts [V]: times each token was sampled;
+        allowed [V] bool (None: all)."""
+        z = logits.astype(np.float64).copy()                              # [V]
+        counts = np.zeros(z.size) if output_counts is None else np.asarray(output_counts, np.float64)
+        if self.repetition_penalty != 1.0:
+            seen = counts > 0
+            seen[[t for t in prompt_ids if 0 <= t < z.size]] = True
+            z[seen] = np.where(z[seen] > 0, z[seen] / self.repetition_penalty, z[seen] * self.repetition_penalty)
+        z -= counts * self.frequency_penalty + (counts > 0) * self.presence_penalty
+        for t, b in self.logit_bias.items():
+            z[t] += b
+        if allowed is not None:
+            z[~np.asarray(allowed, bool)] = -np.inf
+        return z
+
     def probs(self, logits: np.ndarray) -> np.ndarray:
-        """The distribution sample() draws from [V] (after temperature, top-k and top-p); temperature > 0 only."""
+        """The distribution sample() draws from [V] (after temperature, min_p, top-k and top-p); temperature > 0 only.
+        `logits` are processed ones (process())."""
         z = logits.astype(np.float64) / self.temperature                  # [V]
+        if self.min_p > 0.0:
+            z = np.where(z >= z.max() + np.log(self.min_p), z, -np.inf)
         # order by descending logit, ties by ascending id, so the kept set never depends on sort instability
         order = np.lexsort((np.arange(z.size), -z))                       # [V]
         if self.top_k:
@@ -371,13 +405,22 @@ class Sampler:
         out[order] = p
         return out
 
-    def sample(self, logits: np.ndarray) -> int:
-        """logits [V] -> one token id."""
+    def sample(self, logits: np.ndarray, **context) -> int:
+        """logits [V] -> one token id; context: process()'s output_counts, prompt_ids, allowed."""
+        z = self.process(logits, **context)
         if self.temperature == 0.0:
-            return int(np.argmax(logits))   # np.argmax returns the first (lowest) id among equal maxima
-        p = self.probs(logits)
+            return int(np.argmax(z))        # np.argmax returns the first (lowest) id among equal maxima
+        p = self.probs(z)
         cdf = np.cumsum(p)
         return int(min(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right"), p.size - 1))
+
+    @staticmethod
+    def logprobs(processed: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """(log-softmax [V] of processed logits, the n best ids: logit descending, id ascending)."""
+        z = processed.astype(np.float64)
+        m = z.max()
+        lsm = z - (m + np.log(np.exp(z - m).sum()))
+        return lsm, np.lexsort((np.arange(z.size), -z))[:n]
 
 
 # ----------------------------------------------------------------------------------------------------------------
