@@ -12,6 +12,7 @@ import asyncio
 import hashlib
 
 from webinfer.engine.batch import StepBatch
+from webinfer.tokenizer import Tokenizer
 
 
 def next_token(history: list[int], vocab: int, temperature: float = 0.0, seed: int = 0, sample_index: int = 0) -> int:
@@ -86,17 +87,13 @@ def generate_alone(prompt: list[int], max_tokens: int, vocab: int, eos_ids=(), m
             return out, "length"
 
 
-class FakeTokenizer:
-    """id i <-> one character; enough to test text deltas and stop strings without a real vocabulary."""
+class FakeTokenizer(Tokenizer):
+    """id i <-> one character: a real webinfer Tokenizer (so the engine streams through the real decoder) over a
+    tiny vocabulary without merges; enough to test text deltas and stop strings."""
 
     ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789 .,!?ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
     def __init__(self, vocab: int = 50):
         assert vocab <= len(self.ALPHABET)
-        self.vocab = vocab
-
-    def encode(self, text: str) -> list[int]:
-        return [self.ALPHABET.index(ch) for ch in text if ch in self.ALPHABET[: self.vocab]]
-
-    def decode(self, ids: list[int]) -> str:
-        return "".join(self.ALPHABET[i] for i in ids)
+        super().__init__({"model": {"type": "BPE", "vocab": {c: i for i, c in enumerate(self.ALPHABET[:vocab])},
+                                    "merges": []}, "decoder": {"type": "Fuse"}})

@@ -10,8 +10,10 @@ import pytest
 
 from tests.fake_model import FakeRunner, FakeTokenizer, generate_alone
 from webinfer.engine.engine import AsyncEngine, EngineStepError
-from webinfer.engine.stopping import RedecodeDecoder, SamplingParams, TextStream
+from webinfer.engine.stopping import SamplingParams, TextStream
 from webinfer.errors import ContextOverflowError
+from webinfer.tokenizer import Tokenizer
+from webinfer.tokenizer.common import BYTE_TO_CHAR
 
 VOCAB, EOS = 40, (0,)
 
@@ -91,14 +93,17 @@ def test_stop_string_is_trimmed_and_never_streamed():
 
 
 def test_text_stream_holds_back_partial_stop_strings():
-    ts = TextStream(RedecodeDecoder(lambda ids: "".join(chr(i) for i in ids)), ["END"])
+    # id b <-> byte b, so ASCII ids are the characters' code points
+    byte_tok = Tokenizer.from_json({"model": {"type": "BPE", "vocab": {BYTE_TO_CHAR[b]: b for b in range(256)}, "merges": []},
+                                    "decoder": {"type": "ByteLevel"}})
+    ts = TextStream(byte_tok.decode_stream(), ["END"])
     deltas = [ts.push([ord(c)])[0] for c in "abcEN"]
     assert "".join(deltas) == "abc"  # "EN" may still become "END"
     assert ts.push([ord("X")]) == ("ENX", False)
     assert ts.push([ord(c) for c in "yEND"])[0] == "y" and ts.stopped
     # U+FFFD of a split UTF-8 character is held until complete
     raw = "é".encode()
-    dec = RedecodeDecoder(lambda ids: bytes(ids).decode("utf-8", errors="replace"))
+    dec = byte_tok.decode_stream()
     assert dec.add(raw[0]) == "" and dec.add(raw[1]) == "é"
 
 

@@ -1,4 +1,4 @@
-"""Pre-tokenizer scanners for the known byte-level BPE split patterns, written by hand.
+"""Pre-tokenizer scanners for the known split patterns, written by hand.
 
 Hugging Face tokenizer.json files carry their split pattern as an Oniguruma regex using `\\p{L}`, `\\p{N}` and
 lookahead, which Python's `re` cannot express (and `regex` is not in Pyodide). Running a pattern from a file would
@@ -7,6 +7,10 @@ follows the regex alternation order at each position, using `unicodedata` catego
 FormatError, never a guess.
 
 Each scanner returns the list of pieces whose concatenation is the input (the regex's matches, "Isolated").
+
+`LLAMA_CPP_PRE` maps every `tokenizer.ggml.pre` name llama.cpp gives a byte-level BPE vocabulary of the supported
+families to the pre-tokenizer that splits text as llama.cpp does (`webinfer_packager.pack.tokenizer_convert` writes it
+into the package's tokenizer.json); the patterns are the ones llama.cpp's llama-vocab.cpp runs, one Split per regex.
 """
 
 from __future__ import annotations
@@ -132,4 +136,199 @@ def split_digits(text: str) -> list[str]:
     return out
 
 
-KNOWN_PATTERNS = {GPT2_PATTERN: split_gpt2, LLAMA3_PATTERN: split_llama3, QWEN2_PATTERN: split_qwen2}
+
+# -- single-regex scanners for the patterns llama.cpp chains for DeepSeek and Falcon ------------------------------
+
+
+def _isolate(text: str, match_at) -> list[str]:
+    """Split Isolated on a pattern given as match_at(text, i) -> end of the match starting at i, or -1. Every
+    match_at below fails in O(1) and succeeds in O(match length), so a scan is linear."""
+    out, gap, i, n = [], 0, 0, len(text)
+    while i < n:
+        j = match_at(text, i)
+        if j > i:
+            if gap < i:
+                out.append(text[gap:i])
+            out.append(text[i:j])
+            gap = i = j
+        else:
+            i += 1
+    if gap < n:
+        out.append(text[gap:])
+    return out
+
+
+def _opt_space_run(member):
+    """`\\s?C+` for the character class `member`: Oniguruma first tries the optional space, then backtracks."""
+
+    def match_at(text: str, i: int) -> int:
+        n = len(text)
+        if text[i] in _SPACE and i + 1 < n and member(text[i + 1]):
+            j = i + 1
+        elif member(text[i]):
+            j = i
+        else:
+            return -1
+        while j < n and member(text[j]):
+            j += 1
+        return j
+
+    return match_at
+
+
+def _run_of(member):
+    def match_at(text: str, i: int) -> int:
+        j, n = i, len(text)
+        while j < n and member(text[j]):
+            j += 1
+        return j if j > i else -1
+
+    return match_at
+
+
+def _one_of(member):
+    return lambda text, i: i + 1 if member(text[i]) else -1
+
+
+def _ranges(spec: str) -> list[tuple[int, int]]:
+    """The code point ranges of a regex character class body made of literal characters and `a-b` ranges."""
+    out, i = [], 0
+    while i < len(spec):
+        if i + 2 < len(spec) and spec[i + 1] == "-":
+            out.append((ord(spec[i]), ord(spec[i + 2])))
+            i += 3
+        else:
+            out.append((ord(spec[i]), ord(spec[i])))
+            i += 1
+    return out
+
+
+def _in_ranges(ranges: list[tuple[int, int]]):
+    table = frozenset(o for lo, hi in ranges for o in range(lo, hi + 1))
+    return lambda c: ord(c) in table
+
+
+_DS_LETTERS = ("A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄ"
+               "ῆ-ῌῐ-ΐῖ-Ίῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻"
+               "𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃")
+_DS_PUNCT = "!-/:-~！-／：-～‘-‟　-。"
+_CJK = "一-龥ࠀ-一가-퟿"
+_is_letter = lambda c: unicodedata.category(c)[0] == "L"  # noqa: E731
+_is_number = lambda c: unicodedata.category(c)[0] == "N"  # noqa: E731
+_is_punct = lambda c: unicodedata.category(c)[0] == "P"  # noqa: E731
+_is_falcon_punct = lambda c: c in "$+<=>^~|`" or unicodedata.category(c)[0] == "P"  # noqa: E731
+_is_cjk = _in_ranges(_ranges(_CJK))
+
+
+def _ascii_digits3(text: str, i: int) -> int:
+    return i + 3 if all("0" <= c <= "9" for c in text[i:i + 3]) and i + 3 <= len(text) else -1
+
+
+def _space_to_line_end(text: str, i: int) -> int:
+    """`\\s+$`, `$` being Oniguruma's end of line (end of text or before a \\n): the white space run at i when it ends
+    the text, else up to its last \\n after i; -1 otherwise (and -1 inside a run, whose start already decided)."""
+    if text[i] not in _SPACE or (i > 0 and text[i - 1] in _SPACE):
+        return -1
+    k = i
+    while k < len(text) and text[k] in _SPACE:
+        k += 1
+    if k == len(text):
+        return k
+    nl = text.rfind("\n", i + 1, k)
+    return nl if nl > i else -1
+
+
+def _isolated(match_at):
+    return lambda text: _isolate(text, match_at)
+
+
+DEEPSEEK_LLM_PATTERNS = ("[\r\n]", "\\s?[" + _DS_LETTERS + "]+", "\\s?[" + _DS_PUNCT + "]+", "\\s+$", "[" + _CJK + "]+",
+                         "\\p{N}+")
+DEEPSEEK_CODER_PATTERNS = ("[\r\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", "[" + _CJK + "]+", "\\p{N}")
+FALCON_PATTERNS = ("[\\p{P}\\$\\+<=>\\^~\\|`]+",
+                   "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)", "[0-9][0-9][0-9]")
+
+_SCANNERS = {
+    "[\r\n]": _isolated(_one_of(lambda c: c in "\r\n")),
+    DEEPSEEK_LLM_PATTERNS[1]: _isolated(_opt_space_run(_in_ranges(_ranges(_DS_LETTERS)))),
+    DEEPSEEK_LLM_PATTERNS[2]: _isolated(_opt_space_run(_in_ranges(_ranges(_DS_PUNCT)))),
+    "\\s+$": _isolated(_space_to_line_end),
+    "[" + _CJK + "]+": _isolated(_run_of(_is_cjk)),
+    "\\p{N}+": _isolated(_run_of(_is_number)),
+    "\\p{N}": _isolated(_one_of(_is_number)),
+    "\\s?\\p{L}+": _isolated(_opt_space_run(_is_letter)),
+    "\\s?\\p{P}+": _isolated(_opt_space_run(_is_punct)),
+    FALCON_PATTERNS[0]: _isolated(_run_of(_is_falcon_punct)),
+    # llama.cpp's GPT-2 pattern lacks the final `|\s+`; the only text `\s+` would take is a single white space
+    # character before a non-space, which Isolated splitting leaves as a piece of its own anyway
+    FALCON_PATTERNS[1]: split_gpt2,
+    FALCON_PATTERNS[2]: _isolated(_ascii_digits3),
+}
+
+
+def _split(pattern: str) -> dict:
+    return {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False}
+
+
+def _byte_level(use_regex: bool) -> dict:
+    return {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": use_regex}
+
+
+def _seq(*steps: dict) -> dict:
+    return {"type": "Sequence", "pretokenizers": list(steps)}
+
+
+_GPT2 = _byte_level(True)  # ByteLevel's own regex is GPT2_PATTERN
+_STARCODER = _seq({"type": "Digits", "individual_digits": True}, _byte_level(True))  # llama.cpp: `\p{N}`, then GPT-2
+_LLAMA3 = _seq(_split(LLAMA3_PATTERN), _byte_level(False))
+_QWEN2 = _seq(_split(QWEN2_PATTERN), _byte_level(False))
+
+LLAMA_CPP_PRE: dict[str, tuple[dict | None, dict]] = {
+    # tokenizer.ggml.pre -> (normalizer, pre_tokenizer) in tokenizer.json form, as llama-vocab.cpp groups them
+    **dict.fromkeys(["default", "gpt2", "gpt-2", "mpt", "olmo", "jais", "phi-2"], (None, _GPT2)),
+    **dict.fromkeys(["starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva"], (None, _STARCODER)),
+    **dict.fromkeys(["llama3", "llama-v3", "llama-bpe", "falcon3", "dbrx", "smaug-bpe"], (None, _LLAMA3)),
+    # HF's Qwen2 tokenizer.json normalizes to NFC first
+    **dict.fromkeys(["qwen2", "deepseek-r1-qwen", "megrez"], ({"type": "NFC"}, _QWEN2)),
+    "deepseek-llm": (None, _seq(*map(_split, DEEPSEEK_LLM_PATTERNS), _byte_level(False))),
+    "deepseek-coder": (None, _seq(*map(_split, DEEPSEEK_CODER_PATTERNS), _byte_level(False))),
+    "falcon": (None, _seq(*map(_split, FALCON_PATTERNS), _byte_level(False))),
+}
+
+
+def split_string(text: str, pattern: str, behavior: str) -> list[str]:
+    """HF's Split on a literal string: Isolated, Removed, MergedWithPrevious or MergedWithNext (a match joins the
+    neighbouring non-match, as tokenizers' SplitDelimiterBehavior does)."""
+    parts, pos = [], 0  # (piece, is_match)
+    while (j := text.find(pattern, pos)) >= 0:
+        if pos < j:
+            parts.append((text[pos:j], False))
+        parts.append((pattern, True))
+        pos = j + len(pattern)
+    if pos < len(text):
+        parts.append((text[pos:], False))
+    if behavior == "Isolated":
+        return [p for p, _ in parts]
+    if behavior == "Removed":
+        return [p for p, m in parts if not m]
+    if behavior == "MergedWithNext":
+        parts.reverse()
+    out, prev_match = [], False
+    for p, m in parts:
+        if m and not prev_match and out:
+            out[-1] = out[-1] + p if behavior == "MergedWithPrevious" else p + out[-1]
+        else:
+            out.append(p)
+        prev_match = m
+    if behavior == "MergedWithNext":
+        out.reverse()
+    return out
+
+
+KNOWN_PATTERNS = {GPT2_PATTERN: split_gpt2, LLAMA3_PATTERN: split_llama3, QWEN2_PATTERN: split_qwen2, **_SCANNERS}
+"""Regex string -> its scanner: the only split patterns a tokenizer.json may use."""
+
+
+def split_digit_runs(text: str) -> list[str]:
+    """HF `Digits(individual_digits=false)`: every run of numeric characters becomes its own piece."""
+    return _isolate(text, _run_of(_is_number))
