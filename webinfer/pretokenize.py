@@ -58,6 +58,16 @@ def _contraction(text: str, i: int, ignore_case: bool) -> int:
     return -1
 
 
+def _last_of(text: str, chars: str, i: int, k: int) -> int:
+    """Last position in [i, k) holding one of chars, or -1. A loop over the run, not str.rfind(sub, i, k), whose cost
+    grows with the whole text on CPython (quadratic over many short runs)."""
+    while k > i:
+        k -= 1
+        if text[k] in chars:
+            return k
+    return -1
+
+
 def _space_tail(text: str, classes: str, i: int) -> int:
     """`\\s+(?!\\S)|\\s+` at i (i is white space): the whole run when it ends the text or is a single character,
     else all but its last character (which then prefixes the next word)."""
@@ -97,15 +107,17 @@ def _split_llama3_family(text: str, max_digits: int) -> list[str]:
             j = _run(classes, i, "L")
         elif c != "N" and text[i] not in "\r\n" and i + 1 < n and classes[i + 1] == "L":  # ... with it
             j = _run(classes, i + 1, "L")
-        elif c == "N":  # `\p{N}{1,3}` (Llama 3) or `\p{N}` (Qwen2)
-            j = min(_run(classes, i, "N"), i + max_digits)
+        elif c == "N":  # `\p{N}{1,3}` (Llama 3) or `\p{N}` (Qwen2); bounded scan, so a digit run stays linear
+            j, stop = i + 1, min(n, i + max_digits)
+            while j < stop and classes[j] == "N":
+                j += 1
         elif c == "P" or (text[i] == " " and i + 1 < n and classes[i + 1] == "P"):  # ` ?[^\s\p{L}\p{N}]+[\r\n]*`
             j = _run(classes, i + 1 if c == "S" else i, "P")
             while j < n and text[j] in "\r\n":
                 j += 1
         else:  # white space: `\s*[\r\n]+`, then `\s+(?!\S)`, then `\s+`
             k = _run(classes, i, "S")
-            last_nl = max(text.rfind("\r", i, k), text.rfind("\n", i, k))
+            last_nl = _last_of(text, "\r\n", i, k)
             j = last_nl + 1 if last_nl >= 0 else _space_tail(text, classes, i)
         out.append(text[i:j])
         i = j
@@ -208,9 +220,20 @@ def _in_ranges(ranges: list[tuple[int, int]]):
     return lambda c: ord(c) in table
 
 
-_DS_LETTERS = ("A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄ"
-               "ῆ-ῌῐ-ΐῖ-Ίῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻"
-               "𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃")
+# llama.cpp's DeepSeek LLM letter class (the cased letters), escaped: several of its characters are canonical
+# singletons (U+1F7D, U+1FBE, U+212A, ...) that an editor's NFC would silently turn into other code points
+_DS_LETTERS = ("A-Za-z\u00b5\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u01ba\u01bc-\u01bf\u01c4-\u0293\u0295-\u02af"
+               "\u0370-\u0373\u0376\u0377\u037b-\u037d\u037f\u0386\u0388-\u038a\u038c\u038e-\u03a1\u03a3-\u03f5"
+               "\u03f7-\u0481\u048a-\u052f\u0531-\u0556\u10a0-\u10c5\u13a0-\u13f5\u13f8-\u13fd\u1c90-\u1cba"
+               "\u1cbd-\u1cbf\u1d00-\u1d2b\u1d6b-\u1d77\u1d79-\u1d9a\u1e00-\u1f15\u1f18-\u1f1d\u1f20-\u1f45"
+               "\u1f48-\u1f4d\u1f50-\u1f57\u1f59\u1f5b\u1f5d\u1f5f-\u1f7d\u1f80-\u1fb4\u1fb6-\u1fbc\u1fbe"
+               "\u1fc2-\u1fc4\u1fc6-\u1fcc\u1fd0-\u1fd3\u1fd6-\u1fdb\u1fe0-\u1fec\u1ff2-\u1ff4\u1ff6-\u1ffc\u2102"
+               "\u2107\u210a-\u2113\u2115\u2119-\u211d\u2124\u2126\u2128\u212a-\u212d\u212f-\u2134\u2139"
+               "\u213c-\u213f\u2145-\u2149\u214e\u2183\u2184\u2c00-\u2c7b\u2c7e-\u2ce4\u2ceb-\u2cee\u2cf2\u2cf3"
+               "\ua640-\ua66d\ua680-\ua69b\ua722-\ua76f\ua771-\ua787\ua78b-\ua78e\uab70-\uabbf\ufb00-\ufb06"
+               "\ufb13-\ufb17\uff21-\uff3a\uff41-\uff5a\U00010400-\U0001044f\U000104b0-\U000104d3"
+               "\U000104d8-\U000104fb\U00010c80-\U00010cb2\U00010cc0-\U00010cf2\U000118a0-\U000118df"
+               "\U0001e900-\U0001e943")
 _DS_PUNCT = "!-/:-~！-／：-～‘-‟　-。"
 _CJK = "一-龥ࠀ-一가-퟿"
 _is_letter = lambda c: unicodedata.category(c)[0] == "L"  # noqa: E731
@@ -234,7 +257,7 @@ def _space_to_line_end(text: str, i: int) -> int:
         k += 1
     if k == len(text):
         return k
-    nl = text.rfind("\n", i + 1, k)
+    nl = _last_of(text, "\n", i + 1, k)
     return nl if nl > i else -1
 
 

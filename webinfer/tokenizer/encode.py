@@ -393,7 +393,7 @@ def _split_added(text: str, matcher: _Matcher | None, trust: _Trust | None = Non
     return out
 
 
-def _build_post(obj, field: str, token_id: Callable[[str], int | None]):
+def build_post(obj, field: str = "post_processor") -> tuple[list[int], list[int]]:
     """(prefix ids, suffix ids) added around a single sequence by add_special_tokens=True."""
     if obj is None:
         return [], []
@@ -403,7 +403,7 @@ def _build_post(obj, field: str, token_id: Callable[[str], int | None]):
     if kind == "Sequence":
         pre, post = [], []
         for i, p in enumerate(obj.get("processors") or []):
-            a, b = _build_post(p, f"{field}.processors[{i}]", token_id)
+            a, b = build_post(p, f"{field}.processors[{i}]")
             pre, post = pre + a, post + b
         return pre, post
     if kind == "ByteLevel":
@@ -462,7 +462,7 @@ class Encoder:
         self._norm_matcher = _matcher([t for t in self.added if t.normalized])
         self.special_ids = frozenset(t.id for t in self.added if t.special)
         self.model.forbid(self.special_ids)
-        self.pre_ids, self.post_ids = _build_post(obj.get("post_processor"), "post_processor", self.token_to_id)
+        self.pre_ids, self.post_ids = build_post(obj.get("post_processor"))
 
     def token_to_id(self, token: str) -> int | None:
         t = self.added_by_content.get(token)

@@ -29,7 +29,7 @@ def _gguf_tokenizer_json(path: Path) -> dict:
         raise FormatError(path, "(GGUFReader)", f"{type(e).__name__}: {e}") from None
     fields = {}
     for k, f in reader.fields.items():
-        if k.startswith("tokenizer."):
+        if k.startswith("tokenizer.") or k == "general.architecture":  # Gemma converts differently
             try:
                 fields[k] = f.contents()
             except Exception:  # noqa: BLE001 - an undecodable field is treated as absent
