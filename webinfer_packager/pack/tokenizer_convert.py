@@ -8,9 +8,10 @@ gguf_tokenizer_mapping.py), so the `tokenizers` library loads our output unchang
 - `tokenizer.ggml.model == "llama"`: SentencePiece-style BPE with byte fallback, merges recovered from the
   vocabulary and ranked by score (Gemma: by position, with its all-space tokens respelled with "▁"); a Metaspace
   pre-tokenizer that follows `tokenizer.ggml.add_space_prefix` (Llama 2), or Gemma's Replace(" ", "▁").
-- BOS/EOS: the post-processor adds them as HF's tokenizer does for that model (`add_bos_token`, which a llama
-  vocabulary without the flag defaults to true), so `Tokenizer.encode(text, add_special_tokens=True)` equals
-  transformers' `tokenizer(text)`.
+- BOS/EOS: the post-processor adds them as HF's tokenizer does for that model (from a GGUF: `add_bos_token`, which a
+  llama vocabulary without the flag defaults to true; from an HF folder: tokenizer.json's own post-processor), so
+  `Tokenizer.encode(text, add_special_tokens=True)` equals transformers' `tokenizer(text)`. special_tokens'
+  add_bos_token / add_eos_token record what the post-processor does.
 """
 
 from __future__ import annotations
@@ -202,17 +203,9 @@ def tokenizer_from_hf(folder: Path) -> tuple[dict, str | None, dict]:
     if template is None and (folder / "chat_template.jinja").exists():
         template = (folder / "chat_template.jinja").read_text()
     bos, eos = _token_text(cfg.get("bos_token")), _token_text(cfg.get("eos_token"))
-    # transformers rebuilds the post-processor from add_bos_token / add_eos_token when the config names either
-    # or tokenizer.json has none; otherwise tokenizer.json's own (e.g. Llama 3's BOS template) is what it runs
-    if "add_bos_token" in cfg or "add_eos_token" in cfg or tj.get("post_processor") is None:
-        ids = {t: i for t, i in model["vocab"].items()}
-        ids.update({a.get("content"): a.get("id") for a in tj.get("added_tokens", []) if isinstance(a, dict)})
-        tj["post_processor"] = template_post(bos, ids.get(bos), eos, ids.get(eos), bool(cfg.get("add_bos_token", False)),
-                                             bool(cfg.get("add_eos_token", False)))
-    try:
-        pre_ids, post_ids = build_post(tj["post_processor"])
-    except FormatError as e:
-        raise FormatError(folder / "tokenizer.json", "post_processor", str(e)) from None
+    # transformers (5.x) ignores add_bos_token / add_eos_token in tokenizer_config.json when there is a
+    # tokenizer.json: its post-processor alone decides, and so it does here; the flags we record are its effect
+    pre_ids, post_ids = build_post(tj.get("post_processor"))
     special = {"bos_token": bos, "eos_token": eos,
                "unk_token": _token_text(cfg.get("unk_token")), "pad_token": _token_text(cfg.get("pad_token")),
                "add_bos_token": bool(pre_ids), "add_eos_token": bool(post_ids)}
