@@ -17,6 +17,7 @@ import unicodedata
 from typing import Callable
 
 from webinfer import pretokenize
+from webinfer.errors import InvalidRequestError
 from webinfer.tokenizer.common import BYTE_TO_CHAR, byte_token, err, pattern_string
 
 MAX_VOCAB = 1 << 22  # 4M tokens: far above any real vocabulary, low enough to refuse a hostile file early
@@ -25,6 +26,7 @@ _CACHE_LIMIT = 1 << 16  # words cached per tokenizer before the cache is cleared
 _CACHE_MAX_WORD = 256  # longer words are not cached (they are rare and would pin memory)
 _BYTE_PIECE = {b: BYTE_TO_CHAR[b] for b in range(256)}
 _WS = pretokenize._SPACE
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 # ---------------------------------------------------------------------------------------------------------------
 # normalizers: str -> str
@@ -504,6 +506,9 @@ class Encoder:
             bounds.append(bounds[-1] + len(seg[0]))
             trusted.append(bool(seg[1]))
         text = "".join(texts)
+        if (bad := _SURROGATE.search(text)) is not None:
+            raise InvalidRequestError("text", f"holds a lone surrogate U+{ord(bad.group()):04X} at character "
+                                      f"{bad.start()} (expected Unicode text, which UTF-8 can encode)")
         trust = None if all(trusted) else _Trust(bounds, trusted)
         out: list[int] = list(self.pre_ids) if add_special_tokens else []
         pos = 0
