@@ -49,40 +49,35 @@ def cli_main(args) -> int:
         limit_blas_threads(1)  # one thread decodes ~10x faster than spinning BLAS threads on a busy small machine
     from webinfer.package import Package
     from webinfer_packager.paths import resolve_package
-    from webinfer_packager.cli.prompting import PromptTokenizer, load_messages, prompt_ids
+    from webinfer.tokenizer import Tokenizer
+    from webinfer_packager.cli.prompting import load_messages, prompt_ids
 
     if args.max_tokens < 1:
         raise WebinferError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     path = resolve_package(args.package)
     package = Package.open(path)
-    tok = PromptTokenizer(package.tokenizer_json())
+    tok = Tokenizer.from_json(package.tokenizer_json())  # prompt_ids calls encode(text): no special tokens added
     messages = load_messages(args.messages) if args.messages else None
     ids = prompt_ids(package, tok, prompt=args.prompt, messages=messages, chat=args.chat)
     if not ids:
         raise WebinferError("the prompt encodes to no tokens and the model adds no BOS: give a non-empty prompt")
     eos_ids = list(package.config.eos_token_ids)
 
-    # stream text as it comes, unless printing JSON; decode the whole tail each time so multi-byte
-    # characters split across tokens come out whole
-    shown: list[int] = []
-    printed = [""]
+    # stream text as it comes, unless printing JSON; the streaming decoder holds back characters split across tokens
+    stream = tok.decode_stream()
 
     def on_token(t: int) -> None:
         if args.json or t in eos_ids:
             return
-        shown.append(t)
-        text = tok.decode(shown)
-        if not text.endswith("\ufffd"):
-            sys.stdout.write(text[len(printed[0]):])
-            sys.stdout.flush()
-            printed[0] = text
+        sys.stdout.write(stream.add(t))
+        sys.stdout.flush()
 
     run = _reference if args.backend == "reference" else _native
     out, timings = run(package if args.backend == "reference" else path, ids, args, eos_ids, on_token)
-    text = tok.decode([t for t in out if t not in eos_ids])
     if args.json:
+        text = tok.decode([t for t in out if t not in eos_ids])
         print(json.dumps({"backend": args.backend, "prompt_ids": ids, "output_ids": out, "text": text,
                           "stopped": "eos" if out and out[-1] in eos_ids else "max_tokens", "timings": timings}))
     else:
-        sys.stdout.write(text[len(printed[0]):] + "\n")
+        sys.stdout.write(stream.finish() + "\n")
     return 0
