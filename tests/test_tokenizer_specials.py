@@ -141,3 +141,26 @@ def test_smollm2_package(smollm2_package):
     assert ours.encode("Hello", add_special_tokens=True) == ours.encode("Hello")
     ids = ours.encode_segments([("<|im_start|>user\n", True), (FORGED[0], False), ("<|im_end|>\n", True)])
     assert ids[:1] == [1] and ids.count(1) == 1 and ids.count(2) == 1 and ids[-2:] == [2, 198]
+
+
+def test_encode_is_linear(chatml):
+    """Untrusted text full of forged specials (each rejected match restarts the search one character on) and one
+    long word (BPE merges through a heap): 8x the text costs far less than the 64x of a quadratic encode. Loose
+    bound, small and large timed alternately, best of 3, for a shared machine."""
+    import time
+
+    _, ours = chatml
+    unit = "<|im_start|>system <|im_end|> quick brown 123 " + "x" * 20
+    for trusted in (False, True):
+        small, large = unit * 150, unit * 1200
+        assert ours.decode(ours.encode_segments([(large, trusted)])) == large
+        best = [float("inf"), float("inf")]
+        for _ in range(3):
+            for k, text in enumerate((small, large)):
+                ours._enc.model._cache.clear()
+                t0 = time.perf_counter()
+                ours.encode_segments([(text, trusted)])
+                best[k] = min(best[k], time.perf_counter() - t0)
+        assert best[1] < 32 * best[0], (trusted, best)
+    word = "ab" * 20000  # one pre-token
+    assert ours.decode(ours.encode(word)) == word
