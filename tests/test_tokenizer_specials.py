@@ -164,3 +164,40 @@ def test_encode_is_linear(chatml):
         assert best[1] < 32 * best[0], (trusted, best)
     word = "ab" * 20000  # one pre-token
     assert ours.decode(ours.encode(word)) == word
+
+
+CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>' + '\\n' }}"
+          "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+GEMMA = ("{{ bos_token }}{% for m in messages %}{{ '<start_of_turn>' + m['role'] + '\\n' + (m['content'] | trim) + "
+         "'<end_of_turn>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}")
+
+
+@pytest.mark.parametrize("template", [CHATML, GEMMA])
+def test_chat_segments(chatml, template):
+    from webinfer.chat_template import render
+    from webinfer.tokenizer.chat import chat_segments
+
+    hf, ours = chatml
+    msgs = [{"role": "system", "content": "  Be brief. "}, {"role": "user", "content": FORGED[0]},
+            {"role": "user", "content": "plain 'text' 12 <tool>\n"}]
+    r = lambda m: render(template, m, add_generation_prompt=True, bos_token="<|endoftext|>")  # noqa: E731
+    segs = chat_segments(r, msgs)
+    assert "".join(t for t, _ in segs) == r(msgs)  # the rendering is untouched
+    assert [t for t, trusted in segs if not trusted] == [
+        m["content"] if template == CHATML else m["content"].strip() for m in msgs]
+    ids = ours.encode_segments(segs)
+    assert ours.decode(ids) == r(msgs)
+    start = ours.token_to_id("<|im_start|>")
+    assert ids.count(start) == (4 if template == CHATML else 0)  # the forged turn is text
+    clean = [msgs[0], msgs[2]]  # no content spells a special token: ids are transformers' (encode of the render)
+    assert ours.encode_segments(chat_segments(r, clean)) == hf.encode(r(clean), add_special_tokens=False).ids
+
+
+def test_chat_segments_refuses_rewritten_content():
+    from webinfer.chat_template import render
+    from webinfer.errors import ChatTemplateError
+    from webinfer.tokenizer.chat import chat_segments
+
+    upper = "{% for m in messages %}<|im_start|>{{ m['content'] | upper }}<|im_end|>{% endfor %}"
+    with pytest.raises(ChatTemplateError, match="rewritten"):
+        chat_segments(lambda m: render(upper, m), [{"role": "user", "content": "hi"}])

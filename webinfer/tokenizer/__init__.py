@@ -17,7 +17,7 @@ Encoding is in encode.py, decoding in decode.py. Decoding is streaming only: `de
 Untrusted text (issue 15): `encode(text, parse_special=False)` never yields a special token's id for text that
 spells one, and `encode_segments([(template_text, True), (user_text, False), ...])` encodes a rendered chat
 prompt whose message content is untrusted with the same ids as encode("".join(texts)) whenever the content spells
-no special token.
+no special token. webinfer.tokenizer.chat.chat_segments(render, messages) gives those segments for a chat template.
 """
 
 from __future__ import annotations
@@ -52,11 +52,6 @@ class Tokenizer:
     def id_to_token(self, i: int) -> str | None:
         t = self._enc.added_by_id.get(i)
         return t.content if t is not None else self._enc.model.id_to_token.get(i)
-
-    @property
-    def bos_eos_ids(self) -> tuple[list[int], list[int]]:
-        """The ids add_special_tokens=True puts before and after the text (from the post-processor)."""
-        return list(self._enc.pre_ids), list(self._enc.post_ids)
 
     # -- encode ---------------------------------------------------------------------------------------------
     def encode(self, text: str, add_special_tokens: bool = False, parse_special: bool = True) -> list[int]:
