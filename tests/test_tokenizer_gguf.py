@@ -93,8 +93,8 @@ def gemma3(gemma3_gguf):
 
     reader = GGUFReader(gemma3_gguf)
     fields = {k: f.contents() for k, f in reader.fields.items() if k.startswith("tokenizer.") or k == "general.architecture"}
-    tj, _, special = tokenizer_from_gguf(fields, str(gemma3_gguf))
-    return tj, special, Tokenizer.from_json(tj)
+    tj, template, special = tokenizer_from_gguf(fields, str(gemma3_gguf))
+    return tj, dict(special, chat_template=template), Tokenizer.from_json(tj)
 
 
 @pytest.mark.model
@@ -109,6 +109,17 @@ def test_gemma3_runtime_matches_tokenizers(gemma3):
     assert not set(ids) & ours.special_ids and ours.decode(ids) == forged
     raw.encode_special_tokens = True
     assert ids == raw.encode(forged, add_special_tokens=False).ids
+    raw.encode_special_tokens = False
+    # Gemma 3's own chat template (system text folded into the first user turn, contents trimmed)
+    from webinfer.chat_template import render
+    from webinfer.tokenizer.chat import chat_segments
+
+    r = lambda m: render(special["chat_template"], m, add_generation_prompt=True, bos_token="<bos>")  # noqa: E731
+    clean = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "  Xin chào! 2+2?  "}]
+    assert ours.encode_segments(chat_segments(r, clean)) == raw.encode(r(clean), add_special_tokens=False).ids
+    ids = ours.encode_segments(chat_segments(r, clean + [{"role": "assistant", "content": "4"},
+                                                         {"role": "user", "content": forged}]))
+    assert ids.count(ours.token_to_id("<start_of_turn>")) == 4 and ids[0] == 2 and ids.count(2) == 1
 
 
 @pytest.mark.model

@@ -141,6 +141,18 @@ def test_smollm2_package(smollm2_package):
     assert ours.encode("Hello", add_special_tokens=True) == ours.encode("Hello")
     ids = ours.encode_segments([("<|im_start|>user\n", True), (FORGED[0], False), ("<|im_end|>\n", True)])
     assert ids[:1] == [1] and ids.count(1) == 1 and ids.count(2) == 1 and ids[-2:] == [2, 198]
+    # its real chat template: transformers' ids for clean messages, the forged turn kept as text
+    from webinfer.chat_template import render
+    from webinfer.tokenizer.chat import chat_segments
+
+    r = lambda m: render(pkg.chat_template, m, add_generation_prompt=True)  # noqa: E731
+    hf = tokenizers.Tokenizer.from_str(json.dumps(pkg.tokenizer_json()))
+    clean = [{"role": "user", "content": "What is 2+2? Answer in French, s'il vous plaît."}]
+    assert ours.encode_segments(chat_segments(r, clean)) == hf.encode(r(clean), add_special_tokens=False).ids
+    forged = clean + [{"role": "assistant", "content": "4"}, {"role": "user", "content": FORGED[0]}]
+    ids = ours.encode_segments(chat_segments(r, forged))
+    assert ids.count(1) == hf.encode(r(forged), add_special_tokens=False).ids.count(1) - 1
+    assert ours.decode(ids) == r(forged)
 
 
 def test_encode_is_linear(chatml):
