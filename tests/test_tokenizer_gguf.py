@@ -14,7 +14,13 @@ tokenizers = pytest.importorskip("tokenizers")
 from tests.test_tokenizer import CORPUS, train_sentencepiece  # noqa: E402
 from tests.test_tokenizer_pretok import MULTILINGUAL  # noqa: E402
 from webinfer.tokenizer import Tokenizer  # noqa: E402
-from webinfer_packager.pack.tokenizer_convert import CONTROL, NORMAL, USER_DEFINED, BYTE, tokenizer_from_gguf  # noqa: E402
+from webinfer_packager.pack.tokenizer_convert import (  # noqa: E402
+    BYTE,
+    CONTROL,
+    NORMAL,
+    USER_DEFINED,
+    tokenizer_from_gguf,
+)
 
 TEXTS = CORPUS + MULTILINGUAL + ["  two  spaces\n\n\nthree newlines\t\ttabs", "\n", " ", "a" * 300]
 
@@ -51,7 +57,9 @@ def test_llama_vocabulary_matches_transformers():
     """transformers' GGUF builder for a "llama" vocabulary (LlamaTokenizer: Metaspace, merges from scores) gives
     the same ids; BOS comes from the post-processor (add_bos_token absent: true for llama, as transformers)."""
     pytest.importorskip("transformers")
-    from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import (
+        convert_gguf_tokenizer,
+    )
 
     fields = _llama_fields(None)
     tj, _, special = tokenizer_from_gguf(fields, "test.gguf")

@@ -26,7 +26,7 @@ from webinfer.tokenizer.common import err
 from webinfer.tokenizer.decode import DecoderChain, StreamDecoder
 from webinfer.tokenizer.encode import Encoder
 
-__all__ = ["Tokenizer", "StreamDecoder"]
+__all__ = ["StreamDecoder", "Tokenizer"]
 
 
 class Tokenizer:
@@ -42,7 +42,7 @@ class Tokenizer:
         self.vocab_size = 1 + max(max(model.id_to_token), max(self._enc.added_by_id, default=0))
 
     @classmethod
-    def from_json(cls, obj: dict) -> "Tokenizer":
+    def from_json(cls, obj: dict) -> Tokenizer:
         return cls(obj)
 
     # -- lookups --------------------------------------------------------------------------------------------

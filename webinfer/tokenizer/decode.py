@@ -208,8 +208,8 @@ class DecoderChain:
                         raise err(f + ".type", "ByteLevel after the tokens are fused", "ByteLevel before any Fuse")
                     continue  # a second Fuse of one token changes nothing
                 fused = True
-                cache = self._byte_cache
-                self.steps.append(("fuse", (lambda: _ByteLevelFuse(cache)) if kind == "ByteLevel" else _ConcatFuse))
+                make = (lambda cache=self._byte_cache: _ByteLevelFuse(cache)) if kind == "ByteLevel" else _ConcatFuse
+                self.steps.append(("fuse", make))
             elif kind == "Replace":
                 old, new = pattern_string(d.get("pattern"), f + ".pattern"), d.get("content", "")
                 if not old or not isinstance(new, str):

@@ -73,20 +73,18 @@ def _build_normalizer(obj, field: str) -> Callable[[str], str] | None:
 PreTok = Callable[[list[str], bool], list[str]]
 
 
-def _build_pretokenizer(obj, field: str) -> tuple[list[PreTok], bool]:
-    """The pre-tokenizer steps, and whether the model works on GPT-2 byte characters (ByteLevel)."""
+def _build_pretokenizer(obj, field: str) -> list[PreTok]:
+    """The pre-tokenizer steps."""
     if obj is None:
-        return [], False
+        return []
     if not isinstance(obj, dict):
         raise err(field, f"is a {type(obj).__name__}", "an object or null")
     kind = obj.get("type")
     if kind == "Sequence":
-        steps, byte_level = [], False
+        steps = []
         for i, p in enumerate(obj.get("pretokenizers") or []):
-            s, b = _build_pretokenizer(p, f"{field}.pretokenizers[{i}]")
-            steps += s
-            byte_level |= b
-        return steps, byte_level
+            steps += _build_pretokenizer(p, f"{field}.pretokenizers[{i}]")
+        return steps
     if kind == "ByteLevel":
         prefix, use_regex = bool(obj.get("add_prefix_space", False)), bool(obj.get("use_regex", True))
 
@@ -99,7 +97,7 @@ def _build_pretokenizer(obj, field: str) -> tuple[list[PreTok], bool]:
                     out.append("".join(_BYTE_PIECE[b] for b in q.encode("utf-8")))
             return out
 
-        return [byte_level], True
+        return [byte_level]
     if kind == "Split":
         pat, behavior = obj.get("pattern"), obj.get("behavior")
         if obj.get("invert", False):
@@ -108,18 +106,18 @@ def _build_pretokenizer(obj, field: str) -> tuple[list[PreTok], bool]:
             if behavior not in ("Isolated", "Removed", "MergedWithPrevious", "MergedWithNext"):
                 raise err(field + ".behavior", f"{behavior!r}", "Isolated, Removed, MergedWithPrevious or MergedWithNext")
             lit = pat["String"]
-            return [lambda pieces, _f: [q for p in pieces for q in pretokenize.split_string(p, lit, behavior) if q]], False
+            return [lambda pieces, _f: [q for p in pieces for q in pretokenize.split_string(p, lit, behavior) if q]]
         scanner = pretokenize.KNOWN_PATTERNS.get(pat.get("Regex")) if isinstance(pat, dict) else None
         if scanner is None:
             raise err(field + ".pattern", f"unknown split pattern {pat!r}",
                       "a non-empty String, or one of the Regex patterns in webinfer.pretokenize.KNOWN_PATTERNS")
         if behavior != "Isolated":
             raise err(field + ".behavior", f"{behavior!r}", '"Isolated" for a Regex pattern')
-        return [lambda pieces, _f: [q for p in pieces for q in scanner(p)]], False
+        return [lambda pieces, _f: [q for p in pieces for q in scanner(p)]]
     if kind == "Digits":
         if obj.get("individual_digits", False):
-            return [lambda pieces, _f: [q for p in pieces for q in pretokenize.split_digits(p)]], False
-        return [lambda pieces, _f: [q for p in pieces for q in pretokenize.split_digit_runs(p)]], False
+            return [lambda pieces, _f: [q for p in pieces for q in pretokenize.split_digits(p)]]
+        return [lambda pieces, _f: [q for p in pieces for q in pretokenize.split_digit_runs(p)]]
     if kind == "Metaspace":
         rep = obj.get("replacement", "▁")
         scheme = obj.get("prepend_scheme") or ("always" if obj.get("add_prefix_space", True) else "never")
@@ -145,7 +143,7 @@ def _build_pretokenizer(obj, field: str) -> tuple[list[PreTok], bool]:
                     out.append(p[start:])
             return out
 
-        return [metaspace], False
+        return [metaspace]
     raise err(field + ".type", f"unsupported pre-tokenizer {kind!r}", "Sequence, ByteLevel, Split, Digits, Metaspace")
 
 
@@ -444,7 +442,7 @@ class Encoder:
             raise err("model", "missing", "a BPE model")
         self.model = _BPE(obj["model"])
         self.normalizer = _build_normalizer(obj.get("normalizer"), "normalizer")
-        self.pre_steps, self.byte_level = _build_pretokenizer(obj.get("pre_tokenizer"), "pre_tokenizer")
+        self.pre_steps = _build_pretokenizer(obj.get("pre_tokenizer"), "pre_tokenizer")
 
         added = obj.get("added_tokens") or []
         if not isinstance(added, list):

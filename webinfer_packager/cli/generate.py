@@ -48,9 +48,9 @@ def cli_main(args) -> int:
     if "OPENBLAS_NUM_THREADS" not in os.environ:
         limit_blas_threads(1)  # one thread decodes ~10x faster than spinning BLAS threads on a busy small machine
     from webinfer.package import Package
-    from webinfer_packager.paths import resolve_package
     from webinfer.tokenizer import Tokenizer
     from webinfer_packager.cli.prompting import load_messages, prompt_ids
+    from webinfer_packager.paths import resolve_package
 
     if args.max_tokens < 1:
         raise WebinferError(f"--max-tokens must be at least 1, got {args.max_tokens}")
