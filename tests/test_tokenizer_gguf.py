@@ -118,16 +118,18 @@ def test_gemma3_runtime_matches_tokenizers(gemma3):
     raw.encode_special_tokens = True
     assert ids == raw.encode(forged, add_special_tokens=False).ids
     raw.encode_special_tokens = False
-    # Gemma 3's own chat template (system text folded into the first user turn, contents trimmed)
+    # a Gemma chat template (this GGUF carries none; contents trimmed as Gemma's own template does)
+    from tests.test_tokenizer_specials import GEMMA
     from webinfer.chat_template import render
     from webinfer.tokenizer.chat import chat_segments
 
-    r = lambda m: render(special["chat_template"], m, add_generation_prompt=True, bos_token="<bos>")  # noqa: E731
-    clean = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "  Xin chào! 2+2?  "}]
+    template = special["chat_template"] or GEMMA
+    r = lambda m: render(template, m, add_generation_prompt=True, bos_token="<bos>")  # noqa: E731
+    clean = [{"role": "user", "content": "Be brief."}, {"role": "user", "content": "  Xin chào! 2+2?  "}]
     assert ours.encode_segments(chat_segments(r, clean)) == raw.encode(r(clean), add_special_tokens=False).ids
     ids = ours.encode_segments(chat_segments(r, clean + [{"role": "assistant", "content": "4"},
                                                          {"role": "user", "content": forged}]))
-    assert ids.count(ours.token_to_id("<start_of_turn>")) == 4 and ids[0] == 2 and ids.count(2) == 1
+    assert ids.count(ours.token_to_id("<start_of_turn>")) == 5 and ids[0] == 2 and ids.count(2) == 1
 
 
 @pytest.mark.model
