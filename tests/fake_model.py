@@ -12,6 +12,7 @@ import asyncio
 import hashlib
 
 from webinfer.engine.batch import StepBatch
+from webinfer.tokenizer import Tokenizer
 
 
 def next_token(history: list[int], vocab: int, temperature: float = 0.0, seed: int = 0, sample_index: int = 0) -> int:
@@ -86,34 +87,16 @@ def generate_alone(prompt: list[int], max_tokens: int, vocab: int, eos_ids=(), m
             return out, "length"
 
 
-class FakeTokenizer:
-    """id i <-> one character; enough to test text deltas and stop strings without a real vocabulary."""
+class FakeTokenizer(Tokenizer):
+    """id i <-> one character: a real webinfer Tokenizer (so the engine streams through the real decoder) over a
+    tiny vocabulary without merges; enough to test text deltas and stop strings."""
 
     ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789 .,!?ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
     def __init__(self, vocab: int = 50):
         assert vocab <= len(self.ALPHABET)
-        self.vocab = vocab
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        return [self.ALPHABET.index(ch) for ch in text if ch in self.ALPHABET[: self.vocab]]
-
-    def decode(self, ids: list[int]) -> str:
-        return "".join(self.ALPHABET[i] for i in ids)
-
-    def decode_stream(self, skip_special_tokens: bool = False) -> "_CharStream":
-        return _CharStream(self.ALPHABET)
-
-
-class _CharStream:
-    def __init__(self, alphabet: str):
-        self.alphabet = alphabet
-
-    def add(self, token_id: int) -> str:
-        return self.alphabet[token_id]
-
-    def finish(self) -> str:
-        return ""
+        super().__init__({"model": {"type": "BPE", "vocab": {c: i for i, c in enumerate(self.ALPHABET[:vocab])},
+                                    "merges": []}, "decoder": {"type": "Fuse"}})
 
 
 def fake_llm(runner, vocab: int, eos_ids=(), chat_template: str | None = None, name: str = "fake", limits=None,

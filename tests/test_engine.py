@@ -12,6 +12,8 @@ from tests.fake_model import FakeRunner, FakeTokenizer, generate_alone
 from webinfer.engine.engine import AsyncEngine, EngineStepError
 from webinfer.engine.stopping import SamplingParams, TextStream
 from webinfer.errors import ContextOverflowError
+from webinfer.tokenizer import Tokenizer
+from webinfer.tokenizer.common import BYTE_TO_CHAR
 
 VOCAB, EOS = 40, (0,)
 
@@ -96,22 +98,19 @@ def test_stop_string_is_trimmed_and_never_streamed():
     asyncio.run(main())
 
 
-class _Chars:
-    """id -> chr(id), one character per id (the streaming decoder's contract: add(id) -> delta, finish())."""
-
-    def add(self, i):
-        return chr(i)
-
-    def finish(self):
-        return ""
-
-
 def test_text_stream_holds_back_partial_stop_strings():
-    ts = TextStream(_Chars(), ["END"])
+    # id b <-> byte b, so ASCII ids are the characters' code points
+    byte_tok = Tokenizer.from_json({"model": {"type": "BPE", "vocab": {BYTE_TO_CHAR[b]: b for b in range(256)}, "merges": []},
+                                    "decoder": {"type": "ByteLevel"}})
+    ts = TextStream(byte_tok.decode_stream(), ["END"])
     deltas = [ts.push([ord(c)])[0] for c in "abcEN"]
     assert "".join(deltas) == "abc"  # "EN" may still become "END"
     assert ts.push([ord("X")]) == ("ENX", False)
     assert ts.push([ord(c) for c in "yEND"])[0] == "y" and ts.stopped
+    # U+FFFD of a split UTF-8 character is held until complete
+    raw = "é".encode()
+    dec = byte_tok.decode_stream()
+    assert dec.add(raw[0]) == "" and dec.add(raw[1]) == "é"
 
 
 def test_overflow_and_failing_runner():

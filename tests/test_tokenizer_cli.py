@@ -45,6 +45,15 @@ def test_bad_input_line(tmp_path, capsys, monkeypatch):
     assert rc == 2 and len(out) == 1 and "line 2" in err and "JSON string" in err
 
 
+def test_lone_surrogate_line(tmp_path, capsys, monkeypatch):
+    tj = tmp_path / "tokenizer.json"
+    tj.write_text(train_byte_level().to_str(), encoding="utf-8")
+    f = tmp_path / "in.jsonl"
+    f.write_text('"ok"\n"a\\ud800b"\n', encoding="utf-8")
+    rc, out, err = _run(capsys, monkeypatch, ["tokenize", str(tj), "--file", str(f)])
+    assert rc == 2 and len(out) == 1 and "line 2" in err and "U+D800" in err and "Traceback" not in err
+
+
 def test_not_a_tokenizer(tmp_path):
     from webinfer_packager.cli.tokenize import load_tokenizer
 

@@ -8,7 +8,6 @@ text that could still become a stop string is held back, and a matched stop stri
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
 
 FINISH_STOP, FINISH_LENGTH, FINISH_ABORT = "stop", "length", "abort"
 
@@ -49,32 +48,10 @@ def token_stop_reason(token_id: int, num_output: int, num_total: int, params: Sa
     return None
 
 
-class RedecodeDecoder:
-    """Incremental decoder over a plain decode(ids) -> str (for tokenizers without decode_stream): re-decodes
-    everything each id (O(n) per id) and holds back a trailing U+FFFD, an incomplete UTF-8 sequence."""
-
-    def __init__(self, decode: Callable[[list[int]], str]):
-        self.decode, self.ids, self.emitted = decode, [], ""
-
-    def _delta(self, text: str) -> str:
-        if not text.startswith(self.emitted):
-            return ""  # a later id changed earlier text: wait until it agrees again
-        d, self.emitted = text[len(self.emitted):], text
-        return d
-
-    def add(self, token_id: int) -> str:
-        self.ids.append(token_id)
-        return self._delta(self.decode(self.ids).rstrip("\ufffd"))
-
-    def finish(self) -> str:
-        return self._delta(self.decode(self.ids))
-
-
 def incremental_decoder(tokenizer):
-    """The tokenizer's own streaming decoder (webinfer.tokenizer.Tokenizer.decode_stream) when it has one."""
-    if hasattr(tokenizer, "decode_stream"):
-        return tokenizer.decode_stream(skip_special_tokens=True)
-    return RedecodeDecoder(tokenizer.decode)
+    """The tokenizer's streaming decoder (webinfer.tokenizer.Tokenizer.decode_stream), special tokens skipped: the
+    one decoder every text stream uses."""
+    return tokenizer.decode_stream(skip_special_tokens=True)
 
 
 class TextStream:

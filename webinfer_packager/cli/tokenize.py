@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from webinfer.errors import FormatError, WebinferError
+from webinfer.errors import FormatError, InvalidRequestError, WebinferError
 from webinfer.tokenizer import Tokenizer
 
 
@@ -29,7 +29,7 @@ def _gguf_tokenizer_json(path: Path) -> dict:
         raise FormatError(path, "(GGUFReader)", f"{type(e).__name__}: {e}") from None
     fields = {}
     for k, f in reader.fields.items():
-        if k.startswith("tokenizer."):
+        if k.startswith("tokenizer.") or k == "general.architecture":  # Gemma converts differently
             try:
                 fields[k] = f.contents()
             except Exception:  # noqa: BLE001 - an undecodable field is treated as absent
@@ -73,7 +73,11 @@ def cli_main(args) -> int:
                 raise FormatError(args.file, f"line {lineno}", f"not JSON: {e}", "one JSON string per line") from e
             if not isinstance(text, str):
                 raise FormatError(args.file, f"line {lineno}", f"a JSON {type(text).__name__}", "a JSON string")
-            out.write(json.dumps(tok.encode(text, add_special_tokens=False)) + "\n")
+            try:
+                ids = tok.encode(text, add_special_tokens=False)
+            except InvalidRequestError as e:  # a lone surrogate: JSON can spell it, Unicode text cannot hold it
+                raise FormatError(args.file, f"line {lineno}", str(e), "a JSON string of Unicode text") from None
+            out.write(json.dumps(ids) + "\n")
     finally:
         if stream is not sys.stdin:
             stream.close()
