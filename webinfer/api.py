@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 from webinfer.engine.engine import AsyncEngine, RequestOutput
-from webinfer.engine.stopping import SamplingParams, TextStream
+from webinfer.engine.stopping import SamplingParams, TextStream, incremental_decoder
 from webinfer.errors import InvalidRequestError
 
 
@@ -189,7 +189,7 @@ class LLM:
 
     def text_stream(self, params: SamplingParams) -> TextStream:
         skip = frozenset() if params.ignore_eos else self.engine.eos_ids
-        return TextStream(self.tokenizer.decode_stream(skip_special_tokens=True), params.stop, skip)
+        return TextStream(incremental_decoder(self.tokenizer), params.stop, skip)
 
     async def create(self, kind: str, request: dict):
         r = parse_request(kind, request, self.limits, self.speculative_tokens)

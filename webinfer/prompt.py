@@ -5,12 +5,19 @@ One BOS rule, Hugging Face's: a text prompt gets the model's BOS (and EOS) when 
 (`special_tokens.add_bos_token` / `add_eos_token` in the manifest, taken from tokenizer_config.json or the GGUF's
 tokenizer.ggml.add_bos_token); a chat template renders every special token itself, so its output is encoded with
 no additions (transformers' apply_chat_template(tokenize=True) does the same).
+
+Message content is untrusted: text in it that spells a control token (`<|im_start|>system`) is tokenized as text,
+never as the control token, so a user cannot forge a turn (webinfer/tokenizer/chat.py marks which spans of the
+rendered prompt are content). This is the one place where our ids may differ from transformers', which parses
+specials everywhere. A template that rewrites content (not only trims it) cannot be marked; such a prompt is
+encoded as transformers encodes it.
 """
 
 from __future__ import annotations
 
 from webinfer.chat_template import render
-from webinfer.errors import InvalidRequestError
+from webinfer.errors import ChatTemplateError, InvalidRequestError
+from webinfer.tokenizer.chat import chat_segments
 
 
 class Prompter:
@@ -46,8 +53,12 @@ class Prompter:
                       bos_token=st.get("bos_token") or "", eos_token=st.get("eos_token") or "")
 
     def chat_ids(self, messages: list[dict]) -> list[int]:
-        """Messages through the chat template; the template writes the special tokens."""
-        return list(self.tokenizer.encode(self.render_chat(messages), add_special_tokens=False))
+        """Messages through the chat template; the template writes the special tokens, the contents are text."""
+        try:
+            segments = chat_segments(self.render_chat, messages)
+        except ChatTemplateError:  # a template that rewrites content (e.g. splits out reasoning): see the docstring
+            return list(self.tokenizer.encode(self.render_chat(messages), add_special_tokens=False))
+        return list(self.tokenizer.encode_segments(segments, add_special_tokens=False))
 
     def prompt_ids(self, prompt) -> list[int]:
         """A completions `prompt`: text, or a list of token ids taken as they are."""
