@@ -18,6 +18,8 @@ the first chunk of a stream).
 
 from __future__ import annotations
 
+import asyncio
+import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -44,9 +46,9 @@ class Limits:
 
 # OpenAI request fields that ask for something not implemented: accepted only with their neutral values.
 _NEUTRAL: dict[str, tuple] = {
-    "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "logit_bias": ({},), "logprobs": (False,),
+    "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "logprobs": (False,),
     "top_logprobs": (0,), "n": (1,), "best_of": (1,), "echo": (False,), "suffix": ("",),
-    "response_format": ({"type": "text"},), "tools": ([],), "tool_choice": ("none", "auto"),
+    "tools": ([],), "tool_choice": ("none", "auto"),
     "functions": ([],), "function_call": ("none", "auto"), "audio": (), "modalities": (["text"],),
     "prediction": (), "reasoning_effort": (), "verbosity": (), "web_search_options": (), "store": (False,),
     "service_tier": ("auto", "default"),
@@ -55,7 +57,8 @@ _NEUTRAL: dict[str, tuple] = {
 _INERT = {"model": str, "user": str, "safety_identifier": str, "prompt_cache_key": str, "metadata": dict,
           "parallel_tool_calls": bool}
 _SAMPLING = ("max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop",
-             "stop_token_ids", "ignore_eos", "stream", "stream_options", "speculative_tokens")
+             "stop_token_ids", "ignore_eos", "stream", "stream_options", "speculative_tokens", "min_p", "logit_bias",
+             "response_format")
 CHAT_FIELDS = frozenset(("messages",) + _SAMPLING) | set(_NEUTRAL) | set(_INERT)
 COMPLETION_FIELDS = frozenset(("prompt",) + _SAMPLING) | set(_NEUTRAL) | set(_INERT)
 
@@ -95,6 +98,7 @@ class ParsedRequest:
     params: SamplingParams
     stream: bool
     include_usage: bool            # stream_options.include_usage: a last chunk with usage and no choices
+    response_format: Any = None    # checked shape; compiled to a grammar by the LLM
     continuous_usage: bool = False # stream_options.continuous_usage_stats (vLLM's extension): usage on every chunk
 
 
@@ -141,8 +145,17 @@ def parse_request(kind: str, req: dict, limits: Limits, speculative_tokens: int 
         raise InvalidRequestError("ignore_eos", "must be true or false")
     spec = speculative_tokens if g("speculative_tokens") is None else _num(
         "speculative_tokens", g("speculative_tokens"), 0, limits.max_speculative_tokens, integer=True)
+    min_p = 0.0 if g("min_p") is None else _num("min_p", g("min_p"), 0.0, 1.0)
+    bias = _logit_bias(g("logit_bias"))
+    rf = g("response_format")
+    if rf is not None and not (isinstance(rf, dict) and isinstance(rf.get("type"), str)):
+        raise InvalidRequestError("response_format", "must be {\"type\": \"text\" | \"json_object\" | \"json_schema\" | "
+                                                     "\"regex\" | \"grammar\", ...}")
+    if rf is not None and rf["type"] != "text":
+        spec = 0  # a constrained request's mask depends on each accepted token: no speculation
     params = SamplingParams(max_tokens=mt, temperature=float(t), top_p=float(p), top_k=k, seed=s, stop=stop,
-                            stop_token_ids=list(stop_ids), ignore_eos=ignore_eos, speculative_tokens=spec)
+                            stop_token_ids=list(stop_ids), ignore_eos=ignore_eos, speculative_tokens=spec,
+                            min_p=float(min_p), logit_bias=bias)
     if kind == "chat":
         prompt = check_messages(g("messages"), limits)
     else:
@@ -150,7 +163,25 @@ def parse_request(kind: str, req: dict, limits: Limits, speculative_tokens: int 
         if isinstance(prompt, str) and len(prompt) > limits.max_prompt_chars:
             raise InvalidRequestError("prompt", f"at most {limits.max_prompt_chars} characters, got {len(prompt)}")
     return ParsedRequest(kind, prompt, params, stream, bool(opts and opts.get("include_usage")),
-                         bool(opts and opts.get("continuous_usage_stats")))
+                         None if rf is None or rf["type"] == "text" else rf, bool(opts and opts.get("continuous_usage_stats")))
+
+
+def _logit_bias(v) -> dict:
+    """OpenAI's logit_bias: {token id (a JSON key, so a string): bias in [-100, 100]}."""
+    if v is None:
+        return {}
+    if not isinstance(v, dict) or len(v) > 1024:
+        raise InvalidRequestError("logit_bias", "must be an object of at most 1024 {token id: bias} entries")
+    out = {}
+    for key, b in v.items():
+        try:
+            t = int(key)
+        except (TypeError, ValueError):
+            raise InvalidRequestError("logit_bias", f"key {key!r} is not a token id") from None
+        if t < 0:
+            raise InvalidRequestError("logit_bias", f"token id {t} is negative")
+        out[t] = float(_num(f"logit_bias[{key}]", b, -100, 100))
+    return out
 
 
 def usage(last: RequestOutput | None, n_prompt: int) -> dict:
@@ -174,6 +205,7 @@ class LLM:
         self.engine, self.tokenizer, self.prompter = engine, tokenizer, prompter
         self.model_name, self.limits = model_name, limits or Limits()
         self.speculative_tokens = speculative_tokens
+        self._grammars = None  # grammar.GrammarCache over this tokenizer, built on the first constrained request
         self.chat = _Chat(self)
         self.completions = _Completions(self)
 
@@ -196,10 +228,14 @@ class LLM:
         if r.params.speculative_tokens and self.engine.proposer is None:
             raise InvalidRequestError("speculative_tokens", "this engine has no speculative proposer (start it with "
                                                             "speculative decoding on, e.g. --speculative prompt-lookup)")
+        vocab = self.engine.runner.vocab_size
+        if any(not 0 <= t < vocab for t in r.params.logit_bias):
+            raise InvalidRequestError("logit_bias", f"token ids must be in [0, {vocab})")
         ids = self.prompt_ids(r)
         self.engine.scheduler.check_prompt(len(ids))  # ContextOverflowError before any output
+        matcher = await self._matcher(r.response_format) if r.response_format is not None else None
         rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
-        gen = self.engine.generate(ids, r.params, self.text_stream(r.params))
+        gen = self.engine.generate(ids, r.params, self.text_stream(r.params), matcher)
         head = {"id": rid, "created": int(time.time()), "model": self.model_name}
         if r.stream:
             return self._stream(r, head, gen, ids)
@@ -218,6 +254,19 @@ class LLM:
             choice["text"] = "".join(text)
         return {**head, "object": "chat.completion" if kind == "chat" else "text_completion", "choices": [choice],
                 "usage": usage(last, len(ids)), "prompt_token_ids": ids}
+
+    async def _matcher(self, response_format):
+        """A GrammarMatcher for response_format (GrammarError, a 400 naming the field, when it cannot be enforced).
+        Compiling a schema can take seconds: CPython does it in a thread, off the event loop."""
+        from webinfer.grammar import GrammarCache, GrammarMatcher, TokenVocab
+
+        if self._grammars is None:
+            self._grammars = GrammarCache(TokenVocab.from_tokenizer(self.tokenizer, self.engine.runner.vocab_size))
+        if sys.platform == "emscripten":  # Pyodide: no threads
+            masks = self._grammars.get(response_format)
+        else:
+            masks = await asyncio.to_thread(self._grammars.get, response_format)
+        return GrammarMatcher(masks, stop_ids=self.engine.eos_ids)
 
     async def _stream(self, r: ParsedRequest, head: dict, gen, prompt_ids: list[int]) -> AsyncIterator[dict]:
         chat = r.kind == "chat"

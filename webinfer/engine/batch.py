@@ -29,6 +29,9 @@ class SeqChunk:
     top_k: int = 0           # 0 = off
     seed: int = 0
     sample_index: int = 0    # how many tokens this request has sampled so far (RNG counter: seed+index -> same draw)
+    min_p: float = 0.0
+    logit_bias: tuple = ()   # ((token id, bias), ...)
+    mask: bytes | None = None  # allowed tokens (structured output): ceil(vocab/32) little-endian u32 words
 
 
 @dataclass

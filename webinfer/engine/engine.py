@@ -87,11 +87,13 @@ class AsyncEngine:
     # ---- requests
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams | None = None,
-                       text: TextStream | None = None) -> AsyncIterator[RequestOutput]:
+                       text: TextStream | None = None, matcher=None) -> AsyncIterator[RequestOutput]:
         """Stream outputs of one request. Raises ContextOverflowError at once if the prompt can never fit.
-        text: turns the ids into text deltas and ends the request at a stop string."""
+        text: turns the ids into text deltas and ends the request at a stop string.
+        matcher: a grammar.GrammarMatcher: each step samples only tokens it allows; the request stops when the
+        grammar is complete."""
         params = params or SamplingParams()
-        req = Request(next(self._ids), list(prompt_ids), params)
+        req = Request(next(self._ids), list(prompt_ids), params, matcher=matcher)
         self.scheduler.add_request(req)
         st = _Stream(req, text, self.clock())
         self._streams[req.request_id] = st

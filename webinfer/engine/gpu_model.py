@@ -510,21 +510,27 @@ class GPUModel:
 
 
 class _StepSampler:
-    """Binds the GPU sampler to the logits buffer once; per step writes the rows' parameters and reads the ids."""
+    """Binds the GPU sampler to the logits buffer once; per step writes the rows' parameters (and the aux words of
+    structured-output masks and logit biases) and reads the ids."""
 
     def __init__(self, lib, vocab: int, logits_buf, max_rows: int):
-        from ..kernels.sampling import GpuSampler, buffers
+        from ..kernels.sampling import GpuSampler, aux_buffer, buffers
 
-        self.device = lib.device
+        self.device, self.vocab = lib.device, vocab
         self.kernel = GpuSampler(lib, vocab)
         self.params, self.ids = buffers(lib.device, max_rows)
-        self.binding = self.kernel.bind(logits_buf, self.params, self.ids)
+        self.aux = aux_buffer(lib.device, max_rows, vocab)
+        self.binding = self.kernel.bind(logits_buf, self.params, self.ids, aux=self.aux)
 
     def encode(self, cmds, sampled) -> None:
-        from ..kernels.sampling import SampleRow, pack_rows
+        from ..kernels.sampling import SampleRow, pack
 
-        rows = [SampleRow(j, c.temperature, c.top_k, c.top_p, c.seed, c.sample_index) for j, c in enumerate(sampled)]
-        self.device.write_buffer(self.params, 0, pack_rows(rows))
+        rows = [SampleRow(j, c.temperature, c.top_k, c.top_p, c.seed, c.sample_index, min_p=c.min_p,
+                          logit_bias=c.logit_bias, mask=c.mask) for j, c in enumerate(sampled)]
+        packed = pack(rows, self.vocab)
+        self.device.write_buffer(self.params, 0, packed.params)
+        if any(c.mask is not None or c.logit_bias for c in sampled):
+            self.device.write_buffer(self.aux, 0, packed.aux)
         self.kernel.encode(cmds, self.binding, len(rows))
 
     async def read(self, n: int) -> list[int]:

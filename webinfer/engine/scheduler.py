@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from webinfer.engine.batch import SeqChunk, StepBatch
 from webinfer.engine.kv_cache import KVCacheManager
-from webinfer.engine.stopping import FINISH_ABORT, SamplingParams, token_stop_reason
+from webinfer.engine.stopping import FINISH_ABORT, FINISH_STOP, SamplingParams, token_stop_reason
 from webinfer.errors import ContextOverflowError
 
 WAITING, RUNNING, FINISHED = "waiting", "running", "finished"
@@ -46,6 +46,7 @@ class Request:
     finish_reason: str | None = None
     num_preemptions: int = 0
     proposal: list[int] = field(default_factory=list)   # speculative next tokens for the coming step only
+    matcher: object = None        # structured output: a grammar.GrammarMatcher over this request's output
     num_proposed: int = 0         # proposals verified so far
     num_accepted: int = 0         # ... and accepted
     # prompt + output, kept up to date by add_output(): the scheduler reads it every step, so it is not rebuilt
@@ -145,20 +146,25 @@ class Scheduler:
         start = req.num_computed_tokens
         p = req.params
         table = list(self.kv.block_table(req.request_id))
+        bias = tuple(sorted(p.logit_bias.items()))
         if k == 0:
+            sample = start + n == req.num_tokens
             return [SeqChunk(seq_id=req.request_id, token_ids=req.all_token_ids[start:start + n], start_pos=start,
-                             block_table=table, sample=start + n == req.num_tokens, temperature=p.temperature,
-                             top_p=p.top_p, top_k=p.top_k, seed=p.seed, sample_index=len(req.output_ids))]
+                             block_table=table, sample=sample, temperature=p.temperature,
+                             top_p=p.top_p, top_k=p.top_k, seed=p.seed, sample_index=len(req.output_ids),
+                             min_p=p.min_p, logit_bias=bias,
+                             mask=req.matcher.mask_words() if sample and req.matcher is not None else None)]
         fed = [req.all_token_ids[start]] + req.proposal[:k]
         return [SeqChunk(seq_id=req.request_id, token_ids=[t], start_pos=start + j, block_table=table, sample=True,
                          temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, seed=p.seed,
-                         sample_index=len(req.output_ids) + j) for j, t in enumerate(fed)]
+                         sample_index=len(req.output_ids) + j, min_p=p.min_p, logit_bias=bias)
+                for j, t in enumerate(fed)]
 
     def _num_proposals(self, req: Request, budget: int, room: int) -> int:
         """How many of req's proposals this step verifies: they fit the token budget, the chunk room, max_tokens
         (each accepted proposal is an output token, and one more comes after it) and the context."""
-        if not req.proposal or req.num_tokens - req.num_computed_tokens != 1:
-            return 0
+        if not req.proposal or req.num_tokens - req.num_computed_tokens != 1 or req.matcher is not None:
+            return 0  # a constrained request's mask depends on the accepted tokens: it does not speculate
         return max(0, min(len(req.proposal), budget - 1, room, req.params.max_tokens - len(req.output_ids) - 1,
                           self.max_len - req.num_tokens - 1))
 
@@ -230,6 +236,11 @@ class Scheduler:
                 new.append(tok)
                 req.add_output(tok)
                 reason = token_stop_reason(tok, len(req.output_ids), req.num_tokens, req.params, self.eos_ids, self.max_len)
+                if req.matcher is not None and reason is None:
+                    if not req.matcher.accept(tok):  # the runner ignored the mask (a bug): end, do not emit junk
+                        reason = FINISH_ABORT
+                    elif req.matcher.is_terminated():
+                        reason = FINISH_STOP  # the grammar is complete: nothing more may follow
                 if reason is not None or j == k or tok != fed[j + 1].token_ids[0]:
                     break
             req.num_proposed += k

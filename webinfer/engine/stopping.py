@@ -23,6 +23,8 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)  # extra ids that end the request like EOS
     ignore_eos: bool = False
     speculative_tokens: int = 0  # at most this many proposed tokens verified per step (0: no speculation)
+    min_p: float = 0.0            # keep tokens with p >= min_p * p_max (after temperature)
+    logit_bias: dict = field(default_factory=dict)  # token id -> added to its logit
 
     def __post_init__(self):
         if isinstance(self.stop, str):

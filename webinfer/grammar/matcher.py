@@ -87,19 +87,7 @@ class TokenVocab:
         """From a webinfer Tokenizer: ByteLevel vocabularies map characters back to bytes; SentencePiece-style ones
         read "▁" as a space and "<0xNN>" as byte NN. Special (added) tokens get no bytes."""
         n = max(vocab_size or 0, tok.vocab_size)
-        byte_level = tok._is_plain_byte_level_decoder()
-        out: list[bytes | None] = []
-        for i in range(n):
-            s = tok.id_to_token(i)
-            if s is None or i in tok.added_by_id:
-                out.append(None)
-            elif byte_level:
-                out.append(tok._token_bytes(i))
-            elif re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", s):
-                out.append(bytes([int(s[3:5], 16)]))
-            else:
-                out.append(s.replace("\u2581", " ").encode("utf-8"))
-        return cls(out)
+        return cls([tok.token_bytes(i) for i in range(n)])
 
     def ids_to_mask(self, ids) -> int:
         ba = bytearray((self.size + 7) // 8)

@@ -22,7 +22,7 @@ no special token. webinfer.tokenizer.chat.chat_segments(render, messages) gives 
 
 from __future__ import annotations
 
-from webinfer.tokenizer.common import err
+from webinfer.tokenizer.common import CHAR_TO_BYTE, err
 from webinfer.tokenizer.decode import DecoderChain, StreamDecoder
 from webinfer.tokenizer.encode import Encoder
 
@@ -37,6 +37,7 @@ class Tokenizer:
             raise err("(root)", f"is a {type(obj).__name__}", "a JSON object")
         self._enc = Encoder(obj)
         self._chain = DecoderChain(obj.get("decoder"))
+        self._byte_level = _is_byte_level(obj.get("decoder"))
         model = self._enc.model
         self.special_ids: frozenset[int] = self._enc.special_ids
         self.vocab_size = 1 + max(max(model.id_to_token), max(self._enc.added_by_id, default=0))
@@ -52,6 +53,25 @@ class Tokenizer:
     def id_to_token(self, i: int) -> str | None:
         t = self._enc.added_by_id.get(i)
         return t.content if t is not None else self._enc.model.id_to_token.get(i)
+
+    def token_bytes(self, i: int) -> bytes | None:
+        """The bytes token i contributes inside a text (what structured output's token trie matches); None for
+        special (added) tokens and unknown ids. ByteLevel vocabularies map characters back to bytes;
+        SentencePiece-style ones read "\u2581" as a space and "<0xNN>" as byte NN."""
+        s = self.id_to_token(i)
+        if s is None or i in self._enc.added_by_id:
+            return None
+        if self._byte_level:
+            try:
+                return bytes(CHAR_TO_BYTE[c] for c in s)
+            except KeyError:
+                return s.encode("utf-8")
+        if len(s) == 6 and s.startswith("<0x") and s.endswith(">"):
+            try:
+                return bytes([int(s[3:5], 16)])
+            except ValueError:
+                pass
+        return s.replace("\u2581", " ").encode("utf-8")
 
     # -- encode ---------------------------------------------------------------------------------------------
     def encode(self, text: str, add_special_tokens: bool = False, parse_special: bool = True) -> list[int]:
@@ -76,3 +96,9 @@ class Tokenizer:
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         d = self.decode_stream(skip_special_tokens)
         return d.push(ids) + d.finish()
+
+
+def _is_byte_level(d) -> bool:
+    while isinstance(d, dict) and d.get("type") == "Sequence" and len(d.get("decoders") or []) == 1:
+        d = d["decoders"][0]
+    return isinstance(d, dict) and d.get("type") == "ByteLevel"

@@ -23,11 +23,18 @@ from webinfer.kernels.sampling import uniform
 from webinfer_packager.reference.model import ReferenceModel, Sampler
 
 
-def sample(logits: np.ndarray, temperature: float, top_p: float, top_k: int, seed: int, sample_index: int) -> int:
-    """logits [V] -> token id."""
+def sample(logits: np.ndarray, temperature: float, top_p: float, top_k: int, seed: int, sample_index: int, *,
+           min_p: float = 0.0, logit_bias=(), mask: bytes | None = None) -> int:
+    """logits [V] -> token id; mask: allowed tokens as little-endian u32 words (structured output)."""
+    sm = Sampler(temperature, top_k, top_p, seed, min_p=min_p, logit_bias=dict(logit_bias))
+    allowed = None
+    if mask is not None:
+        bits = np.unpackbits(np.frombuffer(mask, np.uint8), bitorder="little")  # bit t of word t/32 = token t
+        allowed = bits[: logits.size].astype(bool)
+    logits = sm.process(logits, allowed=allowed)                          # [V] float64
     if temperature == 0.0:
         return int(np.argmax(logits))
-    p = Sampler(temperature, top_k, top_p, seed).probs(logits)           # [V]
+    p = sm.probs(logits)                                                  # [V]
     cdf = np.cumsum(p)
     u = uniform(seed, sample_index)
     return int(min(np.searchsorted(cdf, u * cdf[-1], side="right"), p.size - 1))
@@ -77,7 +84,8 @@ class ReferenceRunner:
                             np.stack([v[c.start_pos:] for v in m.v_cache])])  # [2, L, T, Hkv, hd]
             self._scatter(c.block_table, c.start_pos, new)
             if c.sample:
-                out.append(sample(logits[-1], c.temperature, c.top_p, c.top_k, c.seed, c.sample_index))
+                out.append(sample(logits[-1], c.temperature, c.top_p, c.top_k, c.seed, c.sample_index,
+                                  min_p=c.min_p, logit_bias=c.logit_bias, mask=c.mask))
         m.reset()
         return out
 
