@@ -75,14 +75,14 @@ def packed_gguf(tmp_path_factory):
     """family -> (transformers model holding the GGUF package's weights, Package), packed from a GGUF."""
     from webinfer.package import Package
     from webinfer_packager.pack.build import pack
-    from tests.families import GEMMA3_GGUF, build, load_package_weights, write_gguf_from_hf
+    from tests.families import GGUF_OVERRIDES, build, load_package_weights, write_gguf_from_hf
 
     out = {}
 
     def get(family):
         if family not in out:
             tmp = tmp_path_factory.mktemp(family + "-gguf")
-            hf = build(family, **(GEMMA3_GGUF if family == "gemma3" else {}))
+            hf = build(family, **GGUF_OVERRIDES.get(family, {}))
             pkg = Package.open(pack(write_gguf_from_hf(hf, family, tmp / "m.gguf"), tmp / "pkg", progress=False))
             load_package_weights(hf, pkg)
             out[family] = (hf, pkg)
@@ -91,7 +91,7 @@ def packed_gguf(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("family", ["llama3", "qwen3", "gemma3"])
+@pytest.mark.parametrize("family", ["llama3", "qwen3", "gemma2", "gemma3"])
 def test_gguf_reference_equals_transformers(packed_gguf, family):
     """The same families packed from a GGUF (llama.cpp's names, Q/K permutation, Gemma's 1 + w norms, Llama 3.1's
     rope_freqs tensor, Gemma 3's fixed layer pattern) give the model transformers runs."""
@@ -100,6 +100,9 @@ def test_gguf_reference_equals_transformers(packed_gguf, family):
         assert pkg.config.rope_scaling["rope_type"] == "freq_factors"
     if family == "gemma3":
         assert pkg.config.layer_types[5] == "full_attention" and pkg.config.is_sliding(4)
+    if family == "gemma2":
+        assert (pkg.config.attn_logit_softcapping, pkg.config.final_logit_softcapping) == (2.0, 5.0)
+        assert pkg.config.layer_types == ("sliding_attention", "full_attention", "sliding_attention")
     ids, logits = reference_greedy(pkg, PROMPT, N)
     want = hf_logits(hf, PROMPT + ids)[len(PROMPT) - 1: len(PROMPT) - 1 + N]
     diff = float(np.abs(logits - want).max())
