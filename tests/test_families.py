@@ -91,15 +91,18 @@ def packed_gguf(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("family", ["llama3", "qwen3", "gemma2", "gemma3"])
+@pytest.mark.parametrize("family", ["llama3", "qwen3", "gemma2", "gemma3", "phi3"])
 def test_gguf_reference_equals_transformers(packed_gguf, family):
     """The same families packed from a GGUF (llama.cpp's names, Q/K permutation, Gemma's 1 + w norms, Llama 3.1's
-    rope_freqs tensor, Gemma 3's fixed layer pattern) give the model transformers runs."""
+    rope_freqs tensor, Gemma's fixed layer patterns, Phi-3's fused attn_qkv / ffn_up and LongRoPE factor tensors)
+    give the model transformers runs."""
     hf, pkg = packed_gguf(family)
     if family == "llama3":
         assert pkg.config.rope_scaling["rope_type"] == "freq_factors"
     if family == "gemma3":
         assert pkg.config.layer_types[5] == "full_attention" and pkg.config.is_sliding(4)
+    if family == "phi3":
+        assert pkg.config.rope_scaling["rope_type"] == "longrope" and pkg.config.max_position_embeddings == 128
     if family == "gemma2":
         assert (pkg.config.attn_logit_softcapping, pkg.config.final_logit_softcapping) == (2.0, 5.0)
         assert pkg.config.layer_types == ("sliding_attention", "full_attention", "sliding_attention")

@@ -106,6 +106,34 @@ def test_reference_greedy_equals_transformers(gemma_package, transformers_gemma)
         assert got == want, text
 
 
+def test_reference_on_the_gguf_weights_equals_transformers(gemma_gguf, transformers_gemma):
+    """The model math alone: the reference model on the GGUF's own dequantized weights (gguf.quants, no packing)
+    gives transformers' greedy ids and logits. Passes whatever the packer does with K-quants."""
+    import numpy as np
+    import torch
+
+    from webinfer.package import ModelConfig, expected_tensors
+    from webinfer_packager.pack.gguf_source import GGUFSource
+    from webinfer_packager.reference.model import Config, LayerWeights, ReferenceModel, Sampler, Weights, generate
+
+    src = GGUFSource(gemma_gguf)
+    mc = ModelConfig.from_dict(src.config)
+    w = {n: src.tensor(n, shape).float_all() for n, shape in expected_tensors(mc)}
+    fields = ("attn_norm", "q", "k", "v", "o", "ffn_norm", "gate", "up", "down", "q_norm", "k_norm",
+              "post_attn_norm", "post_ffn_norm")
+    layers = [LayerWeights(**{f: w[f"layers.{i}.{f}"] for f in fields}) for i in range(mc.num_hidden_layers)]
+    ref = ReferenceModel(Config.from_any(mc), Weights(embed=w["embed"], layers=layers, norm=w["norm"], lm_head=None),
+                         max_seq_len=256)
+    model = transformers_gemma[0]
+    for text, (ids, want) in zip(PROMPTS, transformers_gemma[2]):
+        got = generate(ref, ids, N, Sampler(0.0))
+        assert got == want, text
+        ref.reset()
+        with torch.no_grad():
+            hf_logits = model(torch.tensor([ids + got])).logits[0].numpy()
+        assert float(np.abs(ref.forward(ids + got, 0) - hf_logits).max()) < 1e-2, text
+
+
 @pytest.mark.gpu
 def test_native_greedy_equals_transformers(gpu, gemma_package, transformers_gemma):
     from webinfer_packager.native import generate_native, load_runner
