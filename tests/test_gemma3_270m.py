@@ -131,7 +131,7 @@ def test_reference_on_the_gguf_weights_equals_transformers(gemma_gguf, transform
         ref.reset()
         with torch.no_grad():
             hf_logits = model(torch.tensor([ids + got])).logits[0].numpy()
-        assert float(np.abs(ref.forward(ids + got, 0) - hf_logits).max()) < 1e-2, text
+        assert float(np.abs(ref.forward(ids + got, 0) - hf_logits).max()) < 1e-3, text  # 3e-5 measured
 
 
 @pytest.mark.gpu
