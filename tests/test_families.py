@@ -127,7 +127,7 @@ def test_family_configs(packed):
     assert g3.qk_norm and g3.rope_local_theta == 10000.0 and g3.rope_theta == 1e6 and g3.sliding_window == 6
     assert c["phi3"].rope_scaling["rope_type"] == "longrope" and c["phi3"].max_position_embeddings == 128
     assert c["mistral"].layer_types == ("sliding_attention",) * 3 and c["mistral"].sliding_window == 6
-    assert PROMPT.__len__() + N > 6  # windows are shorter than the generation
+    assert len(PROMPT) + N > c["mistral"].sliding_window  # windows are shorter than the generation
 
 
 def test_reference_rope_matches_transformers_init():
@@ -135,7 +135,6 @@ def test_reference_rope_matches_transformers_init():
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     from tests.families import config
-    from webinfer_packager.pack.hf_source import HFSource  # noqa: F401 (the packer's normalisation is what we test)
     from webinfer_packager.reference.model import rope_attention_factor, rope_inv_freq
 
     cfg = config("phi3")
@@ -147,11 +146,12 @@ def test_reference_rope_matches_transformers_init():
     assert att > 1.0 and rope_attention_factor(scaling) == att
     cfg = config("llama3")
     inv, _ = ROPE_INIT_FUNCTIONS["llama3"](cfg, "cpu")
-    np.testing.assert_allclose(rope_inv_freq(500000.0, 16, {k: v for k, v in LLAMA3_KEYS(cfg).items()}), inv.numpy(),
-                               rtol=1e-6)
-
-
-def LLAMA3_KEYS(cfg):  # noqa: N802
     rp = cfg.rope_parameters
-    return {"rope_type": "llama3", **{k: rp[k] for k in ("factor", "low_freq_factor", "high_freq_factor",
-                                                         "original_max_position_embeddings")}}
+    scaling = {"rope_type": "llama3", **{k: rp[k] for k in ("factor", "low_freq_factor", "high_freq_factor",
+                                                            "original_max_position_embeddings")}}
+    np.testing.assert_allclose(rope_inv_freq(500000.0, 16, scaling), inv.numpy(), rtol=1e-6)
+    # a GGUF's rope_freqs (llama.cpp's precomputed divisors) give the same frequencies
+    from tests.families import llama3_rope_freqs
+
+    factors = {"rope_type": "freq_factors", "factors": llama3_rope_freqs(rp, 16)}
+    np.testing.assert_allclose(rope_inv_freq(500000.0, 16, factors), inv.numpy(), rtol=1e-6)
