@@ -69,3 +69,22 @@ def test_hf_source_refuses_unknown_rope_and_activation(tmp_path):
         with pytest.raises(FormatError) as e:
             HFSource(src)
         assert e.value.field == field and "config.json" in e.value.file
+
+
+def test_pack_chat_template_file_replaces_the_sources(tmp_path):
+    """`webinfer pack SRC --chat-template FILE` stores FILE's template; a template that does not compile is refused
+    before anything is written."""
+    from webinfer.errors import ChatTemplateError
+    from webinfer.package import Package
+    from webinfer_packager.cli.main import main
+    from webinfer_packager.pack.build import pack
+    from tests.synthetic import write_hf
+
+    src = write_hf(tmp_path / "hf")
+    tpl = tmp_path / "t.jinja"
+    tpl.write_text("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}", encoding="utf-8")
+    assert main(["pack", str(src), "-o", str(tmp_path / "pkg"), "--chat-template", str(tpl), "--quiet"]) == 0
+    assert Package.open(tmp_path / "pkg").chat_template == tpl.read_text(encoding="utf-8")
+    with pytest.raises(ChatTemplateError):
+        pack(src, tmp_path / "bad", progress=False, chat_template="{% for %}")
+    assert not (tmp_path / "bad").exists()
