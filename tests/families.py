@@ -32,8 +32,8 @@ def config(family: str, **overrides):
     if family == "qwen3":
         return tf.Qwen3Config(rope_parameters={"rope_type": "default", "rope_theta": 1e6}, tie_word_embeddings=True, **c)
     if family == "gemma2":
-        return tf.Gemma2Config(sliding_window=WINDOW, query_pre_attn_scalar=24, attn_logit_softcapping=2.0,
-                               final_logit_softcapping=5.0, **c)
+        return tf.Gemma2Config(**{"sliding_window": WINDOW, "query_pre_attn_scalar": 24, "attn_logit_softcapping": 2.0,
+                                  "final_logit_softcapping": 5.0, **c})
     if family == "gemma3":
         return tf.Gemma3TextConfig(
             **{"sliding_window": WINDOW, "query_pre_attn_scalar": 20,
@@ -109,9 +109,10 @@ def load_package_weights(model, package) -> None:
 # ----------------------------------------------------------------------------------------------------------
 # GGUF, written the way llama.cpp's convert_hf_to_gguf.py does (F32 tensors; the packer quantizes the linears)
 
-GGUF_ARCH = {"llama3": "llama", "qwen3": "qwen3", "gemma3": "gemma3"}
-# Gemma 3 in a GGUF: llama.cpp fixes the layer pattern (every 6th global) and scales queries by head_dim
-GEMMA3_GGUF = dict(num_hidden_layers=6, query_pre_attn_scalar=16, layer_types=None)
+GGUF_ARCH = {"llama3": "llama", "qwen3": "qwen3", "gemma2": "gemma2", "gemma3": "gemma3", "phi3": "phi3"}
+# Gemma in a GGUF: llama.cpp fixes the layer pattern (every 2nd / 6th layer global) and scales queries by head_dim
+GGUF_OVERRIDES = {"gemma2": dict(query_pre_attn_scalar=16),
+                  "gemma3": dict(num_hidden_layers=6, query_pre_attn_scalar=16, layer_types=None)}
 
 
 def llama3_rope_freqs(rp: dict, head_dim: int) -> list[float]:
@@ -157,8 +158,13 @@ def write_gguf_from_hf(model, family: str, path: Path) -> Path:
     wr.add_rope_freq_base(rp["rope_theta"])
     wr.add_layer_norm_rms_eps(c.rms_norm_eps)
     wr.add_vocab_size(c.vocab_size)
-    if family == "gemma3":
+    if family.startswith("gemma"):
         wr.add_sliding_window(c.sliding_window)
+    if family == "phi3":  # LongRoPE: factors as tensors (below), the original context as metadata
+        wr.add_rope_scaling_orig_ctx_len(c.original_max_position_embeddings)
+    if family == "gemma2":
+        wr.add_attn_logit_softcapping(c.attn_logit_softcapping)
+        wr.add_final_logit_softcapping(c.final_logit_softcapping)
     tokens, merges = tiny_vocab(c.vocab_size)
     wr.add_tokenizer_model("gpt2")
     wr.add_tokenizer_pre("gpt2")
@@ -169,7 +175,7 @@ def write_gguf_from_hf(model, family: str, path: Path) -> Path:
     wr.add_eos_token_id(len(tokens) - 1)
     wr.add_add_bos_token(False)
     wr.add_chat_template(CHATML)
-    norm_shift = 1.0 if family == "gemma3" else 0.0  # llama.cpp stores Gemma's 1 + w
+    norm_shift = 1.0 if family.startswith("gemma") else 0.0  # llama.cpp stores Gemma's 1 + w
 
     def put(name, hf_name, permute_heads=None):
         w = sd[hf_name]
@@ -181,7 +187,7 @@ def write_gguf_from_hf(model, family: str, path: Path) -> Path:
 
     put("token_embd.weight", "model.embed_tokens.weight")
     names = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
-    if family == "gemma3":
+    if family.startswith("gemma"):
         names = {"attn_norm": "input_layernorm", "post_attention_norm": "post_attention_layernorm",
                  "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
     for i in range(c.num_hidden_layers):
@@ -189,21 +195,30 @@ def write_gguf_from_hf(model, family: str, path: Path) -> Path:
         for g, h in names.items():
             put(b + g + ".weight", p + h + ".weight")
         perm = family == "llama3"
-        put(b + "attn_q.weight", p + "self_attn.q_proj.weight", c.num_attention_heads if perm else None)
-        put(b + "attn_k.weight", p + "self_attn.k_proj.weight", c.num_key_value_heads if perm else None)
-        put(b + "attn_v.weight", p + "self_attn.v_proj.weight")
+        if family == "phi3":  # fused as in the HF checkpoint
+            put(b + "attn_qkv.weight", p + "self_attn.qkv_proj.weight")
+        else:
+            put(b + "attn_q.weight", p + "self_attn.q_proj.weight", c.num_attention_heads if perm else None)
+            put(b + "attn_k.weight", p + "self_attn.k_proj.weight", c.num_key_value_heads if perm else None)
+            put(b + "attn_v.weight", p + "self_attn.v_proj.weight")
         if family in ("qwen3", "gemma3"):
             put(b + "attn_q_norm.weight", p + "self_attn.q_norm.weight")
             put(b + "attn_k_norm.weight", p + "self_attn.k_norm.weight")
         put(b + "attn_output.weight", p + "self_attn.o_proj.weight")
-        put(b + "ffn_gate.weight", p + "mlp.gate_proj.weight")
-        put(b + "ffn_up.weight", p + "mlp.up_proj.weight")
+        if family == "phi3":
+            put(b + "ffn_up.weight", p + "mlp.gate_up_proj.weight")
+        else:
+            put(b + "ffn_gate.weight", p + "mlp.gate_proj.weight")
+            put(b + "ffn_up.weight", p + "mlp.up_proj.weight")
         put(b + "ffn_down.weight", p + "mlp.down_proj.weight")
     put("output_norm.weight", "model.norm.weight")
     if "lm_head.weight" in sd and not c.tie_word_embeddings:
         put("output.weight", "lm_head.weight")
     if family == "llama3":
         wr.add_tensor("rope_freqs.weight", np.asarray(llama3_rope_freqs(rp, c.head_dim), np.float32))
+    if family == "phi3":
+        wr.add_tensor("rope_factors_long.weight", np.asarray(rp["long_factor"], np.float32))
+        wr.add_tensor("rope_factors_short.weight", np.asarray(rp["short_factor"], np.float32))
     wr.write_header_to_file()
     wr.write_kv_data_to_file()
     wr.write_tensors_to_file()

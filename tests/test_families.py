@@ -75,14 +75,14 @@ def packed_gguf(tmp_path_factory):
     """family -> (transformers model holding the GGUF package's weights, Package), packed from a GGUF."""
     from webinfer.package import Package
     from webinfer_packager.pack.build import pack
-    from tests.families import GEMMA3_GGUF, build, load_package_weights, write_gguf_from_hf
+    from tests.families import GGUF_OVERRIDES, build, load_package_weights, write_gguf_from_hf
 
     out = {}
 
     def get(family):
         if family not in out:
             tmp = tmp_path_factory.mktemp(family + "-gguf")
-            hf = build(family, **(GEMMA3_GGUF if family == "gemma3" else {}))
+            hf = build(family, **GGUF_OVERRIDES.get(family, {}))
             pkg = Package.open(pack(write_gguf_from_hf(hf, family, tmp / "m.gguf"), tmp / "pkg", progress=False))
             load_package_weights(hf, pkg)
             out[family] = (hf, pkg)
@@ -91,15 +91,21 @@ def packed_gguf(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("family", ["llama3", "qwen3", "gemma3"])
+@pytest.mark.parametrize("family", ["llama3", "qwen3", "gemma2", "gemma3", "phi3"])
 def test_gguf_reference_equals_transformers(packed_gguf, family):
     """The same families packed from a GGUF (llama.cpp's names, Q/K permutation, Gemma's 1 + w norms, Llama 3.1's
-    rope_freqs tensor, Gemma 3's fixed layer pattern) give the model transformers runs."""
+    rope_freqs tensor, Gemma's fixed layer patterns, Phi-3's fused attn_qkv / ffn_up and LongRoPE factor tensors)
+    give the model transformers runs."""
     hf, pkg = packed_gguf(family)
     if family == "llama3":
         assert pkg.config.rope_scaling["rope_type"] == "freq_factors"
     if family == "gemma3":
         assert pkg.config.layer_types[5] == "full_attention" and pkg.config.is_sliding(4)
+    if family == "phi3":
+        assert pkg.config.rope_scaling["rope_type"] == "longrope" and pkg.config.max_position_embeddings == 128
+    if family == "gemma2":
+        assert (pkg.config.attn_logit_softcapping, pkg.config.final_logit_softcapping) == (2.0, 5.0)
+        assert pkg.config.layer_types == ("sliding_attention", "full_attention", "sliding_attention")
     ids, logits = reference_greedy(pkg, PROMPT, N)
     want = hf_logits(hf, PROMPT + ids)[len(PROMPT) - 1: len(PROMPT) - 1 + N]
     diff = float(np.abs(logits - want).max())
@@ -121,7 +127,7 @@ def test_family_configs(packed):
     assert g3.qk_norm and g3.rope_local_theta == 10000.0 and g3.rope_theta == 1e6 and g3.sliding_window == 6
     assert c["phi3"].rope_scaling["rope_type"] == "longrope" and c["phi3"].max_position_embeddings == 128
     assert c["mistral"].layer_types == ("sliding_attention",) * 3 and c["mistral"].sliding_window == 6
-    assert PROMPT.__len__() + N > 6  # windows are shorter than the generation
+    assert len(PROMPT) + N > c["mistral"].sliding_window  # windows are shorter than the generation
 
 
 def test_reference_rope_matches_transformers_init():
@@ -129,7 +135,6 @@ def test_reference_rope_matches_transformers_init():
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     from tests.families import config
-    from webinfer_packager.pack.hf_source import HFSource  # noqa: F401 (the packer's normalisation is what we test)
     from webinfer_packager.reference.model import rope_attention_factor, rope_inv_freq
 
     cfg = config("phi3")
@@ -141,11 +146,12 @@ def test_reference_rope_matches_transformers_init():
     assert att > 1.0 and rope_attention_factor(scaling) == att
     cfg = config("llama3")
     inv, _ = ROPE_INIT_FUNCTIONS["llama3"](cfg, "cpu")
-    np.testing.assert_allclose(rope_inv_freq(500000.0, 16, {k: v for k, v in LLAMA3_KEYS(cfg).items()}), inv.numpy(),
-                               rtol=1e-6)
-
-
-def LLAMA3_KEYS(cfg):  # noqa: N802
     rp = cfg.rope_parameters
-    return {"rope_type": "llama3", **{k: rp[k] for k in ("factor", "low_freq_factor", "high_freq_factor",
-                                                         "original_max_position_embeddings")}}
+    scaling = {"rope_type": "llama3", **{k: rp[k] for k in ("factor", "low_freq_factor", "high_freq_factor",
+                                                            "original_max_position_embeddings")}}
+    np.testing.assert_allclose(rope_inv_freq(500000.0, 16, scaling), inv.numpy(), rtol=1e-6)
+    # a GGUF's rope_freqs (llama.cpp's precomputed divisors) give the same frequencies
+    from tests.families import llama3_rope_freqs
+
+    factors = {"rope_type": "freq_factors", "factors": llama3_rope_freqs(rp, 16)}
+    np.testing.assert_allclose(rope_inv_freq(500000.0, 16, factors), inv.numpy(), rtol=1e-6)

