@@ -29,7 +29,6 @@ def test_16_concurrent_streams_on_the_gpu_equal_alone(smollm2_package, gpu):
     from webinfer_packager.server.app import create_app
 
     llm = open_llm(smollm2_package, "native", device=gpu, options=EngineOptions(context_tokens=2048))
-    engine = llm.engine
     rng = random.Random(7)
     jobs = [(p, rng.choice([0.0, 0.0, 0.9]), i, rng.randrange(1, 4) if rng.random() < 0.35 else None)
             for i, p in enumerate(PROMPTS)]

@@ -25,7 +25,6 @@ def test_real_model_over_http_matches_reference(smollm2_package):
 
     limit_blas_threads(1)
     llm = open_llm(smollm2_package, "reference")
-    engine = llm.engine
     pkg = Package.open(smollm2_package)
     hf = HFTokenizer.from_str(json.dumps(pkg.tokenizer_json()))
     plain = ReferenceModel.from_package(pkg)

@@ -21,7 +21,6 @@ into the little-endian u32 words the GPU sampler reads.
 from __future__ import annotations
 
 import operator
-import re
 
 from .grammar import CompiledGrammar
 

@@ -21,7 +21,6 @@ from typing import Any
 import numpy as np
 
 from webinfer.errors import FormatError, UnsupportedArchitectureError
-from webinfer.package import SUPPORTED_ARCHITECTURES
 
 # what llama.cpp names the architectures we read
 GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
