@@ -72,6 +72,7 @@ class AsyncEngine:
         self.tokens_generated = 0
         self.requests_aborted = 0
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) of recent steps, for tokens/s
+        self.dead: BaseException | None = None  # what stopped the loop for good (health checks report it)
 
     @property
     def max_model_len(self) -> int:
@@ -82,6 +83,8 @@ class AsyncEngine:
     async def generate(self, prompt_ids: list[int], params: SamplingParams | None = None) -> AsyncIterator[RequestOutput]:
         """Stream outputs of one request. Raises ContextOverflowError at once if the prompt can never fit."""
         params = params or SamplingParams()
+        if self.dead is not None:
+            raise EngineStepError(f"the engine stopped: {type(self.dead).__name__}: {self.dead}")
         req = Request(next(self._ids), list(prompt_ids), params)
         self.scheduler.add_request(req)
         text = TextStream(incremental_decoder(self.tokenizer), params.stop,
@@ -128,7 +131,25 @@ class AsyncEngine:
             except asyncio.CancelledError:
                 pass
 
+    def _fail(self, request_ids, e: BaseException, what: str) -> None:
+        for rid in request_ids:
+            self.scheduler.finish_request(rid, FINISH_ABORT)
+            st = self._streams.pop(rid, None)
+            if st is not None:
+                st.done = True
+                st.queue.put_nowait(EngineStepError(f"{what}: {type(e).__name__}: {e}"))
+
     async def _loop(self) -> None:
+        try:
+            await self._steps()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:  # a bug outside any one request: say so to everyone waiting, and to /health
+            self.dead = e
+            self._fail(list(self._streams), e, "the engine stopped")
+            raise
+
+    async def _steps(self) -> None:
         while True:
             if not self.scheduler.has_work():
                 self._wake.clear()
@@ -144,15 +165,16 @@ class AsyncEngine:
                 self.scheduler.step_failed()
                 raise
             except Exception as e:  # one failing step must not kill the engine: fail only its requests
-                for rid in self.scheduler.step_failed():
-                    st = self._streams.pop(rid, None)
-                    if st is not None:
-                        st.done = True
-                        st.queue.put_nowait(EngineStepError(f"the model failed in a step: {type(e).__name__}: {e}"))
+                self._fail(self.scheduler.step_failed(), e, "the model failed in a step")
                 continue
             self.steps += 1
             now = self.clock()
-            self._emit(self.scheduler.update(batch, sampled), now)
+            try:
+                outs = self.scheduler.update(batch, sampled)
+            except Exception as e:  # the runner's output does not fit the batch: fail this step's requests only
+                self._fail([c.seq_id for c in batch.chunks], e, "the step's output could not be used")
+                continue
+            self._emit(outs, now)
             self._recent.append((now, len(sampled)))
             while self._recent and now - self._recent[0][0] > 10.0:
                 self._recent.popleft()
@@ -160,27 +182,33 @@ class AsyncEngine:
 
     def _emit(self, outs, now: float) -> None:
         for o in outs:
-            st = self._streams.get(o.request.request_id)
-            if st is None or o.new_token is None:
-                continue
-            self.tokens_generated += 1
-            if st.t_first is None:
-                st.t_first = now
-            else:
-                st.gaps.append(now - st.t_last)
-            st.t_last = now
-            reason = o.finish_reason
-            delta, stopped = st.text.push([o.new_token], final=reason is not None)
-            if stopped and reason is None:
-                reason = FINISH_STOP
-                self.scheduler.finish_request(st.req.request_id, FINISH_STOP)
-            if reason is not None:
-                st.done = True
-                del self._streams[st.req.request_id]
-            r = st.req
-            st.queue.put_nowait(RequestOutput(
-                r.request_id, [o.new_token], delta, reason, len(r.prompt_ids), len(r.output_ids),
-                max(r.num_cached_tokens, 0), st.t_first - st.t0, st.gaps))
+            try:
+                self._emit_one(o, now)
+            except Exception as e:  # e.g. a sampled id outside the vocabulary: only this request fails
+                self._fail([o.request.request_id], e, "its output could not be decoded")
+
+    def _emit_one(self, o, now: float) -> None:
+        st = self._streams.get(o.request.request_id)
+        if st is None or o.new_token is None:
+            return
+        self.tokens_generated += 1
+        if st.t_first is None:
+            st.t_first = now
+        else:
+            st.gaps.append(now - st.t_last)
+        st.t_last = now
+        reason = o.finish_reason
+        delta, stopped = st.text.push([o.new_token], final=reason is not None)
+        if stopped and reason is None:
+            reason = FINISH_STOP
+            self.scheduler.finish_request(st.req.request_id, FINISH_STOP)
+        if reason is not None:
+            st.done = True
+            del self._streams[st.req.request_id]
+        r = st.req
+        st.queue.put_nowait(RequestOutput(
+            r.request_id, [o.new_token], delta, reason, len(r.prompt_ids), len(r.output_ids),
+            max(r.num_cached_tokens, 0), st.t_first - st.t0, st.gaps))
 
     def stats(self) -> dict:
         s = self.scheduler.stats()
