@@ -379,6 +379,12 @@ class VerifiedFiles:
             raise IntegrityError(path, f"sha256 {entry['sha256']}", f"sha256 {digest}")
         _INTACT[key] = digest
 
+    def check_all(self) -> None:
+        """Check every file of the package now (IntegrityError naming the first bad one)."""
+        for name in self.files:
+            with self.open(name) as fh:
+                self.check(name, fh)
+
     def open(self, name: str):
         path = os.path.join(self.root, name)
         if name not in self.files:
@@ -544,6 +550,16 @@ class Package:
         if name != MANIFEST and name not in self.files:
             raise KeyError(f"{name} is not a file of this package")
         return os.path.join(self.root, name)
+
+    def check_files(self) -> None:
+        """Check every listed file against its size and sha256 now (IntegrityError naming the first bad one); a
+        package opened from a folder otherwise checks each file on its first read."""
+        if isinstance(self._reader, VerifiedFiles):
+            return self._reader.check_all()
+        for name, e in self.files.items():
+            digest = hashlib.sha256(self.read_file(name)).hexdigest()
+            if digest != e["sha256"]:
+                raise IntegrityError(name, f"sha256 {e['sha256']}", f"sha256 {digest}")
 
     def read_file(self, name: str) -> bytes:
         return self._reader(name, 0, self.files[name]["bytes"])

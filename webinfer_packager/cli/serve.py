@@ -1,6 +1,12 @@
 """`webinfer serve`: the OpenAI-compatible API (and optionally a static site) on 127.0.0.1.
 
-    webinfer serve [PACKAGE] [--host 127.0.0.1] [--port 8000] [--site FOLDER]
+    webinfer serve [PACKAGE] [--host 127.0.0.1] [--port 8000] [--site FOLDER] [--allow-origin ORIGIN ...]
+                   [--api-key KEY] [--max-waiting N]
+
+Who may ask: pages from other origins are refused unless listed with --allow-origin or WEBINFER_ORIGINS
+(comma-separated; fnmatch patterns such as `chrome-extension://*` allowed, as OLLAMA_ORIGINS); --api-key or
+WEBINFER_API_KEY makes /v1/* and /metrics require `Authorization: Bearer KEY`, and is required to bind beyond
+loopback (--host 0.0.0.0).
 
 The runner is the native GPU model (webinfer_packager.native.load_runner); if that cannot be imported, the numpy
 reference runner takes over with a warning (correct, but slow).
@@ -51,32 +57,62 @@ def cli_main(args) -> int:
     from webinfer_packager.server.app import serve
     from webinfer_packager.paths import resolve_package
 
+    import os
+
+    from webinfer_packager.server.app import LOOPBACK, MAX_WAITING
+
+    origins = list(getattr(args, "allow_origin", None) or [])
+    origins += [o.strip() for o in os.environ.get("WEBINFER_ORIGINS", "").split(",") if o.strip()]
+    api_key = getattr(args, "api_key", None) or os.environ.get("WEBINFER_API_KEY") or None
+    max_waiting = getattr(args, "max_waiting", None) or MAX_WAITING
+    if args.host not in LOOPBACK and not api_key:  # before minutes of loading, not after
+        raise WebinferError(f"serving on {args.host} (beyond loopback) needs an API key: pass --api-key or set "
+                            "WEBINFER_API_KEY")
+    if max_waiting < 1:
+        raise WebinferError(f"--max-waiting must be at least 1, got {max_waiting}")
     path = resolve_package(args.package)
+    engine = load_engine(path, backend=args.backend, kv_budget_mb=args.kv_budget_mb)  # verifies the shards
     site = None if args.no_site else (args.site or default_site(path))
-    engine = load_engine(path, backend=args.backend, kv_budget_mb=args.kv_budget_mb)
     print(f"webinfer serve: {engine.model_name} on http://{args.host}:{args.port}/v1 "
           f"(KV: {engine.scheduler.kv.pool.num_usable} blocks of {engine.scheduler.kv.block_size})", file=sys.stderr)
     if site:
         print(f"webinfer serve: chat site at http://{args.host}:{args.port}/ (from {site})", file=sys.stderr)
-    serve(LLM(engine), host=args.host, port=args.port, site=site)
+    serve(LLM(engine), host=args.host, port=args.port, site=site, allowed_origins=origins, api_key=api_key,
+          max_waiting=max_waiting)
     return 0
 
 
 def default_site(package_path) -> str | None:
-    """The chat site for this package, built once into $WEBINFER_HOME/sites/ (keyed by the manifest's hash)."""
+    """The chat site for this package, built once into $WEBINFER_HOME/sites/, keyed by content: the manifest's
+    hash (which pins every file's sha256) and the hash of the site's other inputs. A cached site is reused only
+    after its copy of the package passes the hash check; otherwise it is rebuilt. The package itself must have
+    been verified already (load_engine reads every shard through the hash check), so the API and the page always
+    serve the same weights."""
     import hashlib
     from pathlib import Path
 
+    from webinfer.errors import IntegrityError
+    from webinfer.package import Package
     from webinfer_packager.paths import webinfer_home
-    from webinfer_packager.site.build import SiteBuildError, build_site
+    from webinfer_packager.site.build import SiteBuildError, build_site, site_inputs_key
 
     manifest = Path(package_path) / "manifest.json"
-    key = hashlib.sha256(manifest.read_bytes()).hexdigest()[:16]
+    try:
+        key = hashlib.sha256(manifest.read_bytes() + site_inputs_key().encode()).hexdigest()[:16]
+    except SiteBuildError as e:
+        print(f"webinfer serve: warning: no chat site ({e}); serving the API only", file=sys.stderr)
+        return None
     out = webinfer_home() / "sites" / f"{Path(package_path).name}-{key}"
-    if not (out / "index.html").is_file():
+    if (out / "index.html").is_file():
         try:
-            build_site([Path(package_path)], out)
-        except SiteBuildError as e:  # the API still works without the page
-            print(f"webinfer serve: warning: no chat site ({e}); serving the API only", file=sys.stderr)
-            return None
+            for m in (out / "models").iterdir():
+                Package.open(m).check_files()
+            return str(out)
+        except (IntegrityError, WebinferError, OSError) as e:
+            print(f"webinfer serve: the cached site failed its check ({e}); rebuilding it", file=sys.stderr)
+    try:
+        build_site([Path(package_path)], out)
+    except SiteBuildError as e:  # the API still works without the page
+        print(f"webinfer serve: warning: no chat site ({e}); serving the API only", file=sys.stderr)
+        return None
     return str(out)

@@ -97,7 +97,7 @@ class GuardMiddleware:
         try:
             reply, cors = self._check(scope)
         except _Reject as r:
-            return await _error(r.status, r.message, r.param, headers=r.headers)(scope, receive, send)
+            return await r.response()(scope, receive, send)
         if reply is not None:
             return await reply(scope, receive, send)
         if cors:
@@ -106,7 +106,7 @@ class GuardMiddleware:
             try:
                 body = await self._read_body(receive)
             except _Reject as r:
-                return await _error(r.status, r.message, r.param, headers=r.headers)(scope, receive, send)
+                return await r.response()(scope, receive, send)
             if body is None:
                 return  # the client left
             sent = False
@@ -198,6 +198,10 @@ class GuardMiddleware:
 class _Reject(Exception):
     def __init__(self, status: int, message: str, param: str | None = None, headers: dict | None = None):
         self.status, self.message, self.param, self.headers = status, message, param, headers
+
+    def response(self) -> JSONResponse:
+        # Connection: close, so the server stops reading whatever the client still sends (the rest of a 200 MB body)
+        return _error(self.status, self.message, self.param, headers={**(self.headers or {}), "Connection": "close"})
 
 
 def _with_headers(send, extra: list[tuple[bytes, bytes]]):
