@@ -5,6 +5,10 @@ the header with explicit bounds checks (magic, version, counts, string/array len
 in bounds and non-overlapping) and raises FormatError naming the field. Only then is GGUFReader used, and any
 exception it still raises is converted to FormatError too.
 
+Metadata is never parsed by GGUFReader: it builds a numpy object per array element (~200 bytes each, so an 8 MB
+array of bytes needed 1.6 GB). `GGUFFields` instead decodes a key only when it is asked for, from the offsets the
+validating walk recorded, so memory stays proportional to the values actually used (the tokenizer's).
+
 Conventions are normalised here: llama.cpp permutes the Q/K rows of `llama`/`mistral` GGUFs for adjacent-pair
 RoPE; `unpermute_rows` gives the row order of the half-split (Hugging Face) convention the runtime uses.
 """
@@ -12,6 +16,7 @@ RoPE; `unpermute_rows` gives the row order of the half-split (Hugging Face) conv
 from __future__ import annotations
 
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,8 +43,10 @@ class HeaderTensor:
     nbytes: int
 
 
-def validate_gguf_header(path: Path | str, data: bytes | memoryview | None = None) -> list[HeaderTensor]:
-    """Walk a GGUF header with bounds checks; return the tensor infos. Raises only FormatError."""
+def validate_gguf_header(path: Path | str, data: bytes | memoryview | None = None,
+                         layout: dict | None = None) -> list[HeaderTensor]:
+    """Walk a GGUF header with bounds checks; return the tensor infos. Raises only FormatError.
+    `layout`, when given, receives "kv" ({key: (value type, offset of the value)}), "kv_end" and "alignment"."""
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
     path = str(path)
@@ -96,6 +103,12 @@ def validate_gguf_header(path: Path | str, data: bytes | memoryview | None = Non
             if item in _SCALARS:
                 pos += count * min_item
                 return None
+            if item == _STRING:  # lengths only: the text is decoded (and its UTF-8 checked) if the key is used
+                for i in range(count):
+                    n = scalar("<Q", 8, f"{field}[{i}] (string length)")
+                    need(n, f"{field}[{i}]")
+                    pos += n
+                return None
             for i in range(count):
                 value(item, f"{field}[{i}]", depth + 1)
             return None
@@ -115,14 +128,20 @@ def validate_gguf_header(path: Path | str, data: bytes | memoryview | None = Non
     if n_kv * 13 > size - pos:
         raise FormatError(path, "kv_count", f"{n_kv} key-value pairs cannot fit in {size} bytes")
     alignment = 32
+    kv: dict[str, tuple[int, int]] = {}
     for i in range(n_kv):
         key = string(f"kv[{i}].key")
+        if key in kv:
+            raise FormatError(path, key, "duplicate metadata key")
         type_id = scalar("<I", 4, f"{key} (type)")
+        kv[key] = (type_id, pos)
         v = value(type_id, key)
         if key == "general.alignment":
             if not isinstance(v, int) or v <= 0 or v & (v - 1) or v % 8:
                 raise FormatError(path, key, f"is {v!r}", "a power of two >= 8")
             alignment = v
+    if layout is not None:
+        layout.update(kv=kv, kv_end=pos, alignment=alignment)
     infos = []
     names = set()
     for i in range(n_tensors):
@@ -164,6 +183,72 @@ def validate_gguf_header(path: Path | str, data: bytes | memoryview | None = Non
                               f"data [{t.offset}, {end}) lies outside the data section ({data_size} bytes)",
                               "tensor data inside the file (truncated?)")
     return infos
+
+
+class GGUFFields(Mapping):
+    """A GGUF's metadata as {key: value}, each value decoded from the mapped file when first asked for (arrays
+    as lists). Built from a validated layout, so every offset and length is already known to be in bounds."""
+
+    _NP = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8",
+           12: "<f8"}
+
+    def __init__(self, buf, kv: dict[str, tuple[int, int]], path: str = "(gguf)"):
+        self._buf, self._kv, self._cache, self._path = memoryview(buf).cast("B"), kv, {}, path
+
+    def __len__(self):
+        return len(self._kv)
+
+    def __iter__(self):
+        return iter(self._kv)
+
+    def __getitem__(self, key):
+        if key not in self._cache:
+            type_id, pos = self._kv[key]
+            try:
+                self._cache[key] = self._decode(type_id, pos)[0]
+            except UnicodeDecodeError:
+                raise FormatError(self._path, key, "holds a string that is not valid UTF-8") from None
+        return self._cache[key]
+
+    def _decode(self, type_id: int, pos: int):
+        buf = self._buf
+        if type_id in _SCALARS:
+            fmt, n = _SCALARS[type_id]
+            return struct.unpack_from(fmt, buf, pos)[0], pos + n
+        if type_id == _STRING:
+            (n,) = struct.unpack_from("<Q", buf, pos)
+            return bytes(buf[pos + 8:pos + 8 + n]).decode("utf-8"), pos + 8 + n
+        item, count = struct.unpack_from("<IQ", buf, pos)
+        pos += 12
+        if item in self._NP:
+            return np.frombuffer(buf, self._NP[item], count, pos).tolist(), pos + count * _SCALARS[item][1]
+        out = []
+        for _ in range(count):
+            v, pos = self._decode(item, pos)
+            out.append(v)
+        return out, pos
+
+
+def read_gguf_fields(path: Path | str) -> GGUFFields:
+    """The validated metadata of a GGUF file (no tensors needed: a vocab-only GGUF works)."""
+    import mmap
+
+    layout: dict = {}
+    validate_gguf_header(path, layout=layout)
+    with open(path, "rb") as fh:
+        mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    return GGUFFields(mm, layout["kv"], str(path))
+
+
+def _tensor_reader(path: Path, layout: dict):
+    """GGUFReader for the tensors only: its metadata parser is skipped (we know where the metadata ends)."""
+    from gguf import GGUFReader
+
+    class TensorReader(GGUFReader):
+        def _build_fields(self, offs, count):  # gguf 0.19's hook; fields stay empty, alignment comes from the walk
+            self.alignment = layout["alignment"]
+            return layout["kv_end"]
+    return TensorReader(path)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -221,20 +306,14 @@ class GGUFSource:
     kind = "gguf"
 
     def __init__(self, path: Path):
-        from gguf import GGUFReader
-
         self.path = Path(path)
         self.name = self.path.name
         self.default_name = self.path.name.split(".")[0]
-        validate_gguf_header(self.path)
+        layout: dict = {}
+        validate_gguf_header(self.path, layout=layout)
         try:
-            self.reader = GGUFReader(self.path)
-            self.fields = {}
-            for k, f in self.reader.fields.items():
-                try:
-                    self.fields[k] = f.contents()
-                except Exception:  # noqa: BLE001 - a field GGUFReader cannot decode is simply unusable
-                    self.fields[k] = None
+            self.reader = _tensor_reader(self.path, layout)
+            self.fields = GGUFFields(self.reader.data, layout["kv"], str(self.path))
             self.tensors = {t.name: t for t in self.reader.tensors}
         except FormatError:
             raise
@@ -273,12 +352,16 @@ class GGUFSource:
                               "rope_scaling is supported)")
         hidden = num("embedding_length")
         heads = num("attention.head_count")
+        layers = num("block_count")
+        if layers > len(self.tensors) // 9:  # 9 tensors per layer at least: checked before anything is sized by it
+            raise FormatError(self.path, f"{arch}.block_count", f"is {layers} but the file holds "
+                              f"{len(self.tensors)} tensors", "at most (tensors // 9) layers")
         tokens = self._get("tokenizer.ggml.tokens")
         vocab = num("vocab_size", len(tokens) if tokens else None)
         eos = self._get("tokenizer.ggml.eos_token_id")
         return {
             "architecture": arch, "vocab_size": vocab, "hidden_size": hidden,
-            "intermediate_size": num("feed_forward_length"), "num_hidden_layers": num("block_count"),
+            "intermediate_size": num("feed_forward_length"), "num_hidden_layers": layers,
             "num_attention_heads": heads, "num_key_value_heads": num("attention.head_count_kv", heads),
             "head_dim": num("attention.key_length", hidden // heads if heads else 0),
             "rms_norm_eps": num("attention.layer_norm_rms_epsilon", kind=float),
