@@ -356,3 +356,33 @@ def test_pack_removes_its_temp_folder_on_sigterm(tmp_path):
 
 def test_error_types_are_webinfer_errors():
     assert issubclass(IntegrityError, WebinferError) and issubclass(FormatError, WebinferError)
+
+
+def _rehash_file(pkg: Path, old: str) -> None:
+    """Give an edited shard its new content name everywhere in the manifest, as a hostile packer would."""
+    data = (pkg / old).read_bytes()
+    sha = hashlib.sha256(data).hexdigest()
+    new = f"{sha}.bin"
+    (pkg / old).rename(pkg / new)
+    text = (pkg / "manifest.json").read_text().replace(old.split(".")[0], sha)
+    (pkg / "manifest.json").write_text(text)
+
+
+@pytest.mark.parametrize("component, value", [("scales", b"\x00\x7c"), ("scales", b"\x00\x7e"), ("data", None)])
+def test_non_finite_values_with_matching_hashes_fail_verify_and_pack_checks(pkg, component, value):
+    import struct
+
+    p = Package.open(pkg)
+    t = next(t for t in p.tensors.values() if component in t.components)
+    ref = t.bindings[0].parts[0].components[component]
+    data = bytearray((pkg / ref.file).read_bytes())
+    data[ref.offset:ref.offset + (len(value) if value else 4)] = value or struct.pack("<f", math.inf)
+    (pkg / ref.file).write_bytes(bytes(data))
+    _rehash_file(pkg, ref.file)
+    p = Package.open(pkg)
+    _read_all(p)  # the hashes match: only the value check can tell
+    with pytest.raises(FormatError) as e:
+        p.validate()
+    assert e.value.field == f"tensors[{t.name}].{component}"
+    problems = verify_package(pkg)
+    assert len(problems) == 1 and f"tensors[{t.name}].{component}" in problems[0]

@@ -428,6 +428,32 @@ def check_tokenizer(tok: dict, cfg: ModelConfig, file: str):
     return t
 
 
+# f16 components, per format (webinfer/formats.py); f32 tensors hold f32 `data`
+_F16_COMPONENTS = {"scales": ("q4", "q4a", "q8", "q5_0", "q5_1"), "mins": ("q4a", "q5_1"),
+                   "super": ("q4k", "q5k", "q6k")}
+# high byte of a little-endian f16 -> 1 when its exponent bits are all ones (infinity or NaN)
+_F16_NONFINITE = bytes(1 if (b & 0x7C) == 0x7C else 0 for b in range(256))
+
+
+def check_finite(pkg: "Package") -> None:
+    """Every f16 scale/min and f32 value of the package is finite: an infinite scale passes every hash (a
+    re-hashed edit, an overflow when quantizing huge weights) and makes the model emit token 0 forever."""
+    for name, t in pkg.tensors.items():
+        for c in t.components:
+            half = t.dtype in _F16_COMPONENTS.get(c, ())
+            if not half and t.dtype != "f32":
+                continue
+            for b in range(len(t.bindings)):
+                data = pkg.read_component(name, c, b)
+                if half:
+                    bad = 1 in data[1::2].translate(_F16_NONFINITE)
+                else:
+                    bad = any(x != x or x in (math.inf, -math.inf) for x in memoryview(data).cast("f"))
+                if bad:
+                    raise FormatError(pkg.where, f"tensors[{name}].{c}", f"binding {b} holds infinity or NaN",
+                                      "finite values")
+
+
 # a small conversation every chat template must render within the template bounds
 STANDARD_CONVERSATION = [{"role": "user", "content": "Hello!"}, {"role": "assistant", "content": "Hi. How can I help?"},
                          {"role": "user", "content": "Tell me a short story."}]
@@ -589,6 +615,8 @@ class Package:
 
     def validate(self) -> None:
         """The checks that read more than the manifest (pack and verify run them; loading runs the tokenizer's):
-        tokenizer ids within config.vocab_size, and a chat template that renders a small conversation."""
+        tokenizer ids within config.vocab_size, finite scales and f32 values, and a chat template that renders a
+        small conversation."""
         self.tokenizer_json()
+        check_finite(self)
         check_chat_template(self.chat_template, self.special_tokens, f"{self.where}")
