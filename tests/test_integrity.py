@@ -245,10 +245,15 @@ TOKENIZER_CASES = {  # name: (edit, field fragment)
 def test_bad_tokenizer_is_refused_at_load_and_verify(pkg, case):
     edit, field = TOKENIZER_CASES[case]
     _replace_tokenizer(pkg, edit)
+    from webinfer.tokenizer import Tokenizer
+
     p = Package.open(pkg)
-    with pytest.raises(FormatError) as e:
-        p.tokenizer_json()
+    with pytest.raises(FormatError) as e:  # loading: ids past vocab_size in tokenizer_json(), the rest when built
+        Tokenizer.from_json(p.tokenizer_json())
     assert field in e.value.field and e.value.file.endswith(".json"), str(e.value)
+    with pytest.raises(FormatError) as e:
+        p.validate()
+    assert field in e.value.field and e.value.file == p.manifest["tokenizer"]["file"], str(e.value)
     problems = verify_package(pkg)
     assert len(problems) == 1 and field in problems[0], problems
 

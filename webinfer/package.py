@@ -410,22 +410,30 @@ class VerifiedFiles:
 # checks that need more than the manifest: the tokenizer against the config, the chat template by rendering
 
 
-def check_tokenizer(tok: dict, cfg: ModelConfig, file: str):
-    """The Tokenizer for `tok` (parsed tokenizer.json), after checking that every id it can produce is below
-    config.vocab_size. Negative or duplicate ids and merges naming unknown tokens are refused by the Tokenizer
-    itself; its FormatError is re-raised naming `file`."""
+def check_token_ids(tok: dict, cfg: ModelConfig, file: str) -> None:
+    """Every id in model.vocab and added_tokens is an integer in [0, config.vocab_size): ids past the embedding
+    would read outside it. Cheap (one pass, no tokenizer built), so loading runs it too."""
+    vocab = tok["model"].get("vocab")
+    entries = list(vocab.items()) if isinstance(vocab, dict) else []
+    added = tok.get("added_tokens") if isinstance(tok.get("added_tokens"), list) else []
+    entries += [(a.get("content"), a.get("id")) for a in added if isinstance(a, dict)]
+    for n, (text, i) in enumerate(entries):
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < cfg.vocab_size:
+            where = f"model.vocab[{text!r}]" if n < len(entries) - len(added) else f"added_tokens[id={i}]"
+            raise FormatError(file, where, f"token id {i!r} is outside the model's vocabulary",
+                              f"an integer id in [0, config.vocab_size = {cfg.vocab_size})")
+
+
+def check_tokenizer(tok: dict, cfg: ModelConfig, file: str) -> None:
+    """check_token_ids, then the whole tokenizer built as the runtime builds it: negative or duplicate ids and
+    merges naming unknown tokens are refused there; its FormatError is re-raised naming `file`."""
     from webinfer.tokenizer import Tokenizer  # noqa: PLC0415
 
+    check_token_ids(tok, cfg, file)
     try:
-        t = Tokenizer.from_json(tok)
+        Tokenizer.from_json(tok)
     except FormatError as e:
         raise FormatError(file, e.field, e.problem, e.expected) from None
-    if t.vocab_size > cfg.vocab_size:
-        i = t.vocab_size - 1
-        where = f"added_tokens[id={i}]" if i in t.added_by_id else f"model.vocab[{t.id_to_token(i)!r}]"
-        raise FormatError(file, where, f"token id {i} is outside the model's vocabulary",
-                          f"ids < config.vocab_size = {cfg.vocab_size}")
-    return t
 
 
 # f16 components, per format (webinfer/formats.py); f32 tensors hold f32 `data`
@@ -610,13 +618,13 @@ class Package:
             raise FormatError(tok["file"], "(json)", f"is not valid JSON: {e}") from None
         if not isinstance(out, dict) or not isinstance(out.get("model"), dict):
             raise FormatError(tok["file"], "model", "missing", "a Hugging Face tokenizer.json")
-        check_tokenizer(out, self.config, tok["file"])
+        check_token_ids(out, self.config, tok["file"])  # the rest is checked when the Tokenizer is built
         return out
 
     def validate(self) -> None:
         """The checks that read more than the manifest (pack and verify run them; loading runs the tokenizer's):
         tokenizer ids within config.vocab_size, finite scales and f32 values, and a chat template that renders a
         small conversation."""
-        self.tokenizer_json()
+        check_tokenizer(self.tokenizer_json(), self.config, self.manifest["tokenizer"]["file"])
         check_finite(self)
         check_chat_template(self.chat_template, self.special_tokens, f"{self.where}")
