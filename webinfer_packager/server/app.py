@@ -294,7 +294,10 @@ def create_app(llm: LLM, site: str | Path | None = None, allowed_hosts=DEFAULT_H
     async def lifespan(app):
         yield
         pool.shutdown(wait=False, cancel_futures=True)
-        await engine.close()  # open streams end at once, so a SIGTERM'd server stops
+        try:
+            await engine.close()  # open streams end at once, so a SIGTERM'd server stops
+        except Exception:  # noqa: BLE001 - a dead engine re-raises what killed it: already reported by /health
+            log.warning("the engine had stopped with an error", exc_info=True)
 
     app = FastAPI(title="webinfer", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
 
