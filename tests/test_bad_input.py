@@ -219,3 +219,100 @@ def test_gguf_rope_frequency_factors_are_read_and_bad_ones_refused(tmp_path):
     scaling = Package.open(out).config.rope_scaling
     assert scaling["rope_type"] == "freq_factors"
     np.testing.assert_allclose(scaling["factors"], np.linspace(1.0, 8.0, 8), rtol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# declared sizes and metadata memory (issue 15)
+
+
+def _insert_kv(data: bytes, key: bytes, type_and_value: bytes) -> bytes:
+    """A GGUF with one more metadata entry, padded so the data section moves by a multiple of the alignment
+    (tensor offsets are relative to it and stay valid)."""
+    kv = struct.pack("<Q", len(key)) + key + type_and_value
+    assert len(kv) % 32 == 0, len(kv)
+    n_kv = struct.unpack_from("<Q", data, 16)[0]
+    return data[:16] + struct.pack("<Q", n_kv + 1) + kv + data[24:]
+
+
+def _gguf_with_big_arrays(tmp_path, mb: int = 4) -> Path:
+    data = synthetic.write_gguf(tmp_path / "m.gguf").read_bytes()
+    key = b"junk.bytes"
+    fixed = 8 + len(key) + 4 + 4 + 8
+    count = (mb << 20) - fixed - ((mb << 20) - fixed) % 32 + (32 - fixed % 32) % 32
+    count -= (fixed + count) % 32
+    data = _insert_kv(data, key, struct.pack("<IIQ", 9, 0, count) + b"\x07" * count)  # array of u8
+    key = b"junk.strings"
+    fixed = 8 + len(key) + 4 + 4 + 8
+    n = (mb << 20) // 9
+    while (fixed + 9 * n) % 32:
+        n -= 1
+    data = _insert_kv(data, key, struct.pack("<IIQ", 9, 8, n) + (struct.pack("<Q", 1) + b"x") * n)
+    p = tmp_path / "big-meta.gguf"
+    p.write_bytes(data)
+    return p
+
+
+def test_gguf_metadata_arrays_cost_memory_in_proportion(tmp_path):
+    """8 MB of array elements used to take 1.6 GB in GGUFReader's per-element objects (~200x); now unused keys
+    cost nothing (here 2 x 4 MB of arrays)."""
+    import subprocess
+    import sys
+
+    from webinfer_packager.pack.gguf_source import GGUFSource
+
+    p = _gguf_with_big_arrays(tmp_path)
+    # peak RSS of a fresh process around opening the source (tracemalloc would slow the walk 30x)
+    code = ("import resource; from webinfer_packager.pack.gguf_source import GGUFSource; "
+            "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss; "
+            f"GGUFSource({str(p)!r}); print(base, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    base, peak = (int(v) * 1024 for v in r.stdout.split()[-2:])
+    assert peak - base < 48 << 20, f"{(peak - base) / 2**20:.0f} MiB"  # was ~200x the 8 MB of arrays
+    GGUFSource(p)
+    out = pack(p, tmp_path / "out", progress=False)  # and the model still packs
+    assert (out / "manifest.json").is_file()
+
+
+def test_gguf_fields_match_gguf_reader(tmp_path):
+    """The lazy decoder gives exactly what GGUFReader's field contents give, key for key."""
+    from gguf import GGUFReader
+
+    from webinfer_packager.pack.gguf_source import read_gguf_fields
+
+    p = synthetic.write_gguf(tmp_path / "m.gguf")
+    ref = {k: f.contents() for k, f in GGUFReader(p).fields.items() if not k.startswith("GGUF.")}
+    got = read_gguf_fields(p)
+    assert set(got) == set(ref) and all(got[k] == ref[k] for k in ref)
+
+
+def test_gguf_huge_block_count_fails_at_once(tmp_path):
+    import time
+
+    p = synthetic.write_gguf(tmp_path / "m.gguf")
+    data = p.read_bytes()
+    at = data.index(b"llama.block_count") + len(b"llama.block_count") + 4
+    struct.pack_into("<I", data := bytearray(data), at, 5_000_000)
+    p.write_bytes(bytes(data))
+    t0 = time.perf_counter()
+    with pytest.raises(FormatError) as e:
+        pack(p, tmp_path / "out", progress=False)
+    assert e.value.field == "llama.block_count" and "5000000" in str(e.value)
+    assert time.perf_counter() - t0 < 10  # was: MemoryError after 25-40 s
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["m.gguf"]  # no OUT.tmp-*
+
+
+def test_tokenize_cli_lone_surrogate_is_a_typed_error(tmp_path):
+    import subprocess
+    import sys
+
+    tj = tmp_path / "tokenizer.json"
+    tj.write_text(json.dumps(synthetic.tiny_tokenizer_json()))
+    f = tmp_path / "in.jsonl"
+    f.write_text('"fine"\n"bad \\ud800 text"\n')
+    r = subprocess.run([sys.executable, "-m", "webinfer_packager.cli.main", "tokenize", str(tj), "--file", str(f)],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "line 2" in r.stderr and "surrogate" in r.stderr
+    f.write_bytes(b'"ok"\n"\xff\xfe"\n')
+    r = subprocess.run([sys.executable, "-m", "webinfer_packager.cli.main", "tokenize", str(tj), "--file", str(f)],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "UTF-8" in r.stderr, r.stderr

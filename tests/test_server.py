@@ -134,7 +134,8 @@ def test_overflow_bad_json_huge_body_and_host(server):
     c.send(b"{")
     assert c.getresponse().status == 413
     # chunked body over the cap
-    r = httpx.post(url + "/v1/completions", content=iter([b" " * 3000, b" " * 3000]))
+    r = httpx.post(url + "/v1/completions", content=iter([b" " * 3000, b" " * 3000]),
+                   headers={"content-type": "application/json"})
     assert r.status_code == 413
     r = httpx.get(url + "/health", headers={"Host": "evil.example:8000"})
     assert r.status_code == 403

@@ -223,7 +223,9 @@ class LLM:
         skip = frozenset() if params.ignore_eos else self.engine.eos_ids
         return TextStream(incremental_decoder(self.tokenizer), params.stop, skip)
 
-    async def create(self, kind: str, request: dict):
+    def prepare(self, kind: str, request: dict) -> tuple[ParsedRequest, list[int]]:
+        """The checked request and its prompt ids (template rendering and tokenization: the costly, synchronous
+        part, which a server runs in a worker thread)."""
         r = parse_request(kind, request, self.limits, self.speculative_tokens)
         if r.params.speculative_tokens and self.engine.proposer is None:
             raise InvalidRequestError("speculative_tokens", "this engine has no speculative proposer (start it with "
@@ -233,6 +235,15 @@ class LLM:
             raise InvalidRequestError("logit_bias", f"token ids must be in [0, {vocab})")
         ids = self.prompt_ids(r)
         self.engine.scheduler.check_prompt(len(ids))  # ContextOverflowError before any output
+        return r, ids
+
+    async def create(self, kind: str, request: dict, executor=None):
+        """A completion (kind "completion") or chat completion for an OpenAI request body: the result dict, or an
+        async iterator of chunks when request["stream"]. executor: where prepare() runs (None: inline)."""
+        if executor is not None:
+            r, ids = await asyncio.get_running_loop().run_in_executor(executor, self.prepare, kind, request)
+        else:
+            r, ids = self.prepare(kind, request)
         matcher = await self._matcher(r.response_format) if r.response_format is not None else None
         rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
         gen = self.engine.generate(ids, r.params, self.text_stream(r.params), matcher)

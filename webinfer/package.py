@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -138,6 +139,7 @@ class ModelConfig:
         for key, v in (("bos_token_id", bos), ("pad_token_id", pad)):
             if v is not None and not 0 <= v < ints["vocab_size"]:
                 raise FormatError(file, f"{prefix}.{key}", f"{v} is out of range", f"0 <= id < {ints['vocab_size']}")
+        check_config_ranges(d, file, prefix)
         _check_rope_scaling(scaling, ints["head_dim"], file, f"{prefix}.rope_scaling")
 
         def opt(key, types, default=None, *, positive=False):
@@ -201,6 +203,46 @@ def _check_rope_scaling(scaling: dict | None, head_dim: int, file: str, field: s
                 or not isinstance(v, (int, float)) or not v > 0:
             raise FormatError(file, f"{field}.{key}", f"is {v!r}", f"a positive number for {kind} scaling"
                               if key not in ("factors", "short_factor", "long_factor") else "a list of numbers")
+
+
+def _finite_positive(v, file: str, field: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+        raise FormatError(file, field, f"is {v!r}", "a finite number > 0")
+    return float(v)
+
+
+def check_config_ranges(d: dict, file: str, prefix: str = "config") -> None:
+    """Values that parse but cannot run: non-finite or non-positive rms_norm_eps / rope_theta, and a rope_scaling
+    that divides by zero (factor 0, llama3 with low_freq_factor == high_freq_factor). Raised here, at pack, verify
+    and load, rather than as wrong numbers at generation time. (_check_rope_scaling checks the type and keys.)"""
+    for key in ("rms_norm_eps", "rope_theta"):
+        _finite_positive(d.get(key), file, f"{prefix}.{key}")
+    sc = d.get("rope_scaling")
+    if sc is None:
+        return
+    f = f"{prefix}.rope_scaling"
+    if not isinstance(sc, dict):
+        raise FormatError(file, f, f"is {sc!r}", "null or an object")
+    kind = sc.get("rope_type", sc.get("type"))
+    if kind in ("linear", "llama3"):
+        _finite_positive(sc.get("factor"), file, f"{f}.factor")
+    if kind == "llama3":
+        lo = _finite_positive(sc.get("low_freq_factor"), file, f"{f}.low_freq_factor")
+        hi = _finite_positive(sc.get("high_freq_factor"), file, f"{f}.high_freq_factor")
+        if hi <= lo:
+            raise FormatError(file, f"{f}.high_freq_factor", f"is {hi}, not above low_freq_factor={lo}",
+                              "high_freq_factor > low_freq_factor (llama3 divides by their difference)")
+        old = sc.get("original_max_position_embeddings")
+        if isinstance(old, bool) or not isinstance(old, int) or old <= 0:
+            raise FormatError(file, f"{f}.original_max_position_embeddings", f"is {old!r}", "an integer > 0")
+
+
+def expected_tensor_count(cfg: ModelConfig) -> int:
+    """len(expected_tensors(cfg)), without building the list: checked against what a file holds before anything
+    is sized by num_hidden_layers (a manifest or GGUF declaring 10**9 layers must fail at once, not run out of
+    memory)."""
+    per_layer = 9 + 3 * cfg.attention_bias + 2 * cfg.qk_norm + 2 * cfg.post_norms
+    return 2 + cfg.num_hidden_layers * per_layer + (0 if cfg.tie_word_embeddings else 1)
 
 
 def expected_tensors(cfg: ModelConfig) -> list[tuple[str, list[int]]]:
@@ -358,7 +400,7 @@ def _tensor_from_dict(t: Any, idx: int, files: dict[str, int], file: str) -> Ten
                 if not isinstance(r, dict):
                     raise FormatError(file, cf, "is not an object")
                 fname = r.get("file")
-                if fname not in files:
+                if not isinstance(fname, str) or fname not in files:
                     raise FormatError(file, f"{cf}.file", f"{fname!r} is not in the files list")
                 off = _int(r.get("offset"), file, f"{cf}.offset")
                 if off % OFFSET_ALIGN:
@@ -382,6 +424,155 @@ def _tensor_from_dict(t: Any, idx: int, files: dict[str, int], file: str) -> Ten
     if next_row != shape[0]:
         raise FormatError(file, f"{field}.bindings", f"cover rows up to {next_row}", f"all {shape[0]} rows")
     return TensorInfo(**{**info.__dict__, "bindings": tuple(bindings)})
+
+
+# ----------------------------------------------------------------------------------------------------------
+# local files, checked against their hashes
+
+_HASH_CHUNK = 8 << 20
+# files hashed and found intact in this process: (real path, size, mtime_ns, inode) -> sha256
+_INTACT: dict[tuple[str, int, int, int], str] = {}
+
+
+def sha256_file(fh) -> str:
+    h = hashlib.sha256()
+    fh.seek(0)
+    while block := fh.read(_HASH_CHUNK):
+        h.update(block)
+    return h.hexdigest()
+
+
+class VerifiedFiles:
+    """The reader of a package folder: a file's bytes are served only once its sha256 matched the manifest.
+
+    Each file is hashed on first use (about 0.1-0.3 s per 100 MB) and remembered for the process, keyed by its
+    size, mtime and inode, so it is hashed again only when it changes. Nothing is written into the package. A
+    missing, resized or altered file raises IntegrityError naming it."""
+
+    def __init__(self, root: str, files: dict[str, dict] | None = None):
+        self.root, self.files = root, files or {}
+
+    def check(self, name: str, fh) -> None:
+        """Raise IntegrityError unless the open file `fh` (the package's `name`) is intact."""
+        entry = self.files[name]
+        path = os.path.join(self.root, name)
+        st = os.fstat(fh.fileno())
+        key = (os.path.realpath(path), st.st_size, st.st_mtime_ns, st.st_ino)
+        if _INTACT.get(key) == entry["sha256"]:
+            return
+        if st.st_size != entry["bytes"]:
+            raise IntegrityError(path, f"{entry['bytes']} bytes", f"{st.st_size} bytes")
+        digest = sha256_file(fh)
+        if digest != entry["sha256"]:
+            raise IntegrityError(path, f"sha256 {entry['sha256']}", f"sha256 {digest}")
+        _INTACT[key] = digest
+
+    def check_all(self) -> None:
+        """Check every file of the package now (IntegrityError naming the first bad one)."""
+        for name in self.files:
+            with self.open(name) as fh:
+                self.check(name, fh)
+
+    def open(self, name: str):
+        path = os.path.join(self.root, name)
+        if name not in self.files:
+            raise KeyError(f"{name} is not a file of this package")
+        try:
+            return open(path, "rb")
+        except FileNotFoundError:
+            e = self.files[name]
+            raise IntegrityError(path, f"a file of {e['bytes']} bytes, sha256 {e['sha256']}", "no such file") from None
+
+    def __call__(self, name: str, offset: int, size: int) -> bytes:
+        with self.open(name) as fh:
+            self.check(name, fh)
+            fh.seek(offset)
+            data = fh.read(size)
+        if len(data) != size:
+            raise IntegrityError(os.path.join(self.root, name), f"at least {offset + size} bytes",
+                                 f"{offset + len(data)} bytes")
+        return data
+
+
+# ----------------------------------------------------------------------------------------------------------
+# checks that need more than the manifest: the tokenizer against the config, the chat template by rendering
+
+
+def check_token_ids(tok: dict, cfg: ModelConfig, file: str) -> None:
+    """Every id in model.vocab and added_tokens is an integer in [0, config.vocab_size): ids past the embedding
+    would read outside it. Cheap (one pass, no tokenizer built), so loading runs it too."""
+    vocab = tok["model"].get("vocab")
+    entries = list(vocab.items()) if isinstance(vocab, dict) else []
+    added = tok.get("added_tokens") if isinstance(tok.get("added_tokens"), list) else []
+    entries += [(a.get("content"), a.get("id")) for a in added if isinstance(a, dict)]
+    for n, (text, i) in enumerate(entries):
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < cfg.vocab_size:
+            where = f"model.vocab[{text!r}]" if n < len(entries) - len(added) else f"added_tokens[id={i}]"
+            raise FormatError(file, where, f"token id {i!r} is outside the model's vocabulary",
+                              f"an integer id in [0, config.vocab_size = {cfg.vocab_size})")
+
+
+def check_tokenizer(tok: dict, cfg: ModelConfig, file: str) -> None:
+    """check_token_ids, then the whole tokenizer built as the runtime builds it: negative or duplicate ids and
+    merges naming unknown tokens are refused there; its FormatError is re-raised naming `file`."""
+    from webinfer.tokenizer import Tokenizer  # noqa: PLC0415
+
+    check_token_ids(tok, cfg, file)
+    try:
+        Tokenizer.from_json(tok)
+    except FormatError as e:
+        raise FormatError(file, e.field, e.problem, e.expected) from None
+
+
+# f16 components, per format (webinfer/formats.py); f32 tensors hold f32 `data`
+_F16_COMPONENTS = {"scales": ("q4", "q4a", "q8", "q5_0", "q5_1"), "mins": ("q4a", "q5_1"),
+                   "super": ("q4k", "q5k", "q6k")}
+# high byte of a little-endian f16 -> 1 when its exponent bits are all ones (infinity or NaN)
+_F16_NONFINITE = bytes(1 if (b & 0x7C) == 0x7C else 0 for b in range(256))
+
+
+def check_finite(pkg: "Package") -> None:
+    """Every f16 scale/min and f32 value of the package is finite: an infinite scale passes every hash (a
+    re-hashed edit, an overflow when quantizing huge weights) and makes the model emit token 0 forever."""
+    for name, t in pkg.tensors.items():
+        for c in t.components:
+            half = t.dtype in _F16_COMPONENTS.get(c, ())
+            if not half and t.dtype != "f32":
+                continue
+            for b in range(len(t.bindings)):
+                data = pkg.read_component(name, c, b)
+                if half:
+                    bad = 1 in data[1::2].translate(_F16_NONFINITE)
+                else:
+                    bad = any(x != x or x in (math.inf, -math.inf) for x in memoryview(data).cast("f"))
+                if bad:
+                    raise FormatError(pkg.where, f"tensors[{name}].{c}", f"binding {b} holds infinity or NaN",
+                                      "finite values")
+
+
+# a small conversation every chat template must render within the template bounds
+STANDARD_CONVERSATION = [{"role": "user", "content": "Hello!"}, {"role": "assistant", "content": "Hi. How can I help?"},
+                         {"role": "user", "content": "Tell me a short story."}]
+
+
+def check_chat_template(template: str | None, special_tokens: dict, file: str) -> None:
+    """Render STANDARD_CONVERSATION (with the generation prompt) under the default template bounds; a template
+    that does not compile, fails or overruns a bound is refused here, at pack and verify, not at serve time."""
+    if template is None:
+        return
+    from webinfer.chat_template import render  # noqa: PLC0415
+    from webinfer.errors import ChatTemplateError  # noqa: PLC0415
+
+    sp = special_tokens if isinstance(special_tokens, dict) else {}
+    try:
+        render(template, STANDARD_CONVERSATION, add_generation_prompt=True, bos_token=sp.get("bos_token") or "",
+               eos_token=sp.get("eos_token") or "")
+    except ChatTemplateError as e:
+        raise FormatError(file, "chat_template", f"cannot render a three-message conversation: {e}",
+                          "a template that renders within the bounds") from None
+    except Exception as e:  # noqa: BLE001 - jinja2's SecurityError and the like: the template is unusable
+        raise FormatError(file, "chat_template", f"cannot render a three-message conversation: "
+                          f"{type(e).__name__}: {e}") from None
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -423,6 +614,9 @@ class Package:
         raw_tensors = m.get("tensors")
         if not isinstance(raw_tensors, list):
             raise FormatError(f, "tensors", f"is {raw_tensors!r}", "a list")
+        if len(raw_tensors) != expected_tensor_count(self.config):
+            raise FormatError(f, "tensors", f"lists {len(raw_tensors)} tensors", f"{expected_tensor_count(self.config)} "
+                              f"for num_hidden_layers={self.config.num_hidden_layers}")
         self.tensors: dict[str, TensorInfo] = {}
         for i, t in enumerate(raw_tensors):
             info = _tensor_from_dict(t, i, sizes, f)
@@ -465,18 +659,22 @@ class Package:
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise FormatError(mpath, "(json)", f"is not valid JSON: {e}") from None
 
-        def reader(name: str, offset: int, size: int) -> bytes:
-            with open(os.path.join(root, name), "rb") as fh:
-                fh.seek(offset)
-                data = fh.read(size)
-            if len(data) != size:
-                raise IntegrityError(os.path.join(root, name), f"at least {offset + size} bytes",
-                                     f"{offset + len(data)} bytes")
-            return data
-
-        return cls(manifest, reader, mpath, root)
+        files = VerifiedFiles(root)
+        pkg = cls(manifest, files, mpath, root)
+        files.files = pkg.files  # the validated file list: known only once the manifest passed
+        return pkg
 
     # -- access
+
+    def check_files(self) -> None:
+        """Check every listed file against its size and sha256 now (IntegrityError naming the first bad one); a
+        package opened from a folder otherwise checks each file on its first read."""
+        if isinstance(self._reader, VerifiedFiles):
+            return self._reader.check_all()
+        for name, e in self.files.items():
+            digest = hashlib.sha256(self.read_file(name)).hexdigest()
+            if digest != e["sha256"]:
+                raise IntegrityError(name, f"sha256 {e['sha256']}", f"sha256 {digest}")
 
     def read_file(self, name: str) -> bytes:
         return self._reader(name, 0, self.files[name]["bytes"])
@@ -501,4 +699,13 @@ class Package:
             raise FormatError(tok["file"], "(json)", f"is not valid JSON: {e}") from None
         if not isinstance(out, dict) or not isinstance(out.get("model"), dict):
             raise FormatError(tok["file"], "model", "missing", "a Hugging Face tokenizer.json")
+        check_token_ids(out, self.config, tok["file"])  # the rest is checked when the Tokenizer is built
         return out
+
+    def validate(self) -> None:
+        """The checks that read more than the manifest (pack and verify run them; loading runs the tokenizer's):
+        tokenizer ids within config.vocab_size, finite scales and f32 values, and a chat template that renders a
+        small conversation."""
+        check_tokenizer(self.tokenizer_json(), self.config, self.manifest["tokenizer"]["file"])
+        check_finite(self)
+        check_chat_template(self.chat_template, self.special_tokens, f"{self.where}")

@@ -79,6 +79,7 @@ class AsyncEngine:
         self.tokens_generated = 0
         self.requests_aborted = 0
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) of recent steps, for tokens/s
+        self.dead: BaseException | None = None  # what stopped the loop for good (health checks report it)
 
     @property
     def max_model_len(self) -> int:
@@ -93,6 +94,8 @@ class AsyncEngine:
         matcher: a grammar.GrammarMatcher: each step samples only tokens it allows; the request stops when the
         grammar is complete."""
         params = params or SamplingParams()
+        if self.dead is not None:
+            raise EngineStepError(f"the engine stopped: {type(self.dead).__name__}: {self.dead}")
         req = Request(next(self._ids), list(prompt_ids), params, matcher=matcher)
         self.scheduler.add_request(req)
         st = _Stream(req, text, self.clock())
@@ -139,7 +142,25 @@ class AsyncEngine:
             except asyncio.CancelledError:
                 pass
 
+    def _fail(self, request_ids, e: BaseException, what: str) -> None:
+        for rid in request_ids:
+            self.scheduler.finish_request(rid, FINISH_ABORT)
+            st = self._streams.pop(rid, None)
+            if st is not None:
+                st.done = True
+                st.queue.put_nowait(EngineStepError(f"{what}: {type(e).__name__}: {e}"))
+
     async def _loop(self) -> None:
+        try:
+            await self._steps()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:  # a bug outside any one request: say so to everyone waiting, and to /health
+            self.dead = e
+            self._fail(list(self._streams), e, "the engine stopped")
+            raise
+
+    async def _steps(self) -> None:
         while True:
             if not self.scheduler.has_work():
                 self._wake.clear()
@@ -157,15 +178,16 @@ class AsyncEngine:
                 self.scheduler.step_failed()
                 raise
             except Exception as e:  # one failing step must not kill the engine: fail only its requests
-                for rid in self.scheduler.step_failed():
-                    st = self._streams.pop(rid, None)
-                    if st is not None:
-                        st.done = True
-                        st.queue.put_nowait(EngineStepError(f"the model failed in a step: {type(e).__name__}: {e}"))
+                self._fail(self.scheduler.step_failed(), e, "the model failed in a step")
                 continue
             self.steps += 1
             now = self.clock()
-            self._emit(self.scheduler.update(batch, sampled), now)
+            try:
+                outs = self.scheduler.update(batch, sampled)
+            except Exception as e:  # the runner's output does not fit the batch: fail this step's requests only
+                self._fail([c.seq_id for c in batch.chunks], e, "the step's output could not be used")
+                continue
+            self._emit(outs, now)
             self._recent.append((now, len(sampled)))
             while self._recent and now - self._recent[0][0] > 10.0:
                 self._recent.popleft()
@@ -180,35 +202,41 @@ class AsyncEngine:
 
     def _emit(self, outs, now: float) -> None:
         for o in outs:
-            st = self._streams.get(o.request.request_id)
-            if st is None or not o.new_tokens:
-                continue
-            if st.t_first is None:
-                st.t_first = now
-            reason = o.finish_reason
-            toks, delta, dropped = o.new_tokens, "", 0
-            if st.text is not None:
-                # one token at a time, so that a stop string ends the output at the token that completed it,
-                # also when one step produced several tokens (accepted proposals)
-                for j, t in enumerate(toks):
-                    d, stopped = st.text.push([t], final=reason is not None and j == len(toks) - 1)
-                    delta += d
-                    if stopped:
-                        dropped, toks = len(toks) - j - 1, toks[:j + 1]
-                        if reason is None or dropped:
-                            reason = FINISH_STOP
-                            self.scheduler.finish_request(st.req.request_id, FINISH_STOP)
-                        break
-            self.tokens_generated += len(toks)
-            if reason is not None:
-                st.done = True
-                del self._streams[st.req.request_id]
-                if self.proposer is not None:
-                    self.proposer.forget(st.req.request_id)
-            r = st.req
-            st.queue.put_nowait(RequestOutput(
-                r.request_id, toks, delta, reason, len(r.prompt_ids), len(r.output_ids) - dropped,
-                max(r.num_cached_tokens, 0), st.t_first - st.t0, now - st.t_first, r.num_proposed, r.num_accepted))
+            try:
+                self._emit_one(o, now)
+            except Exception as e:  # e.g. a sampled id outside the vocabulary: only this request fails
+                self._fail([o.request.request_id], e, "its output could not be decoded")
+
+    def _emit_one(self, o, now: float) -> None:
+        st = self._streams.get(o.request.request_id)
+        if st is None or not o.new_tokens:
+            return
+        if st.t_first is None:
+            st.t_first = now
+        reason = o.finish_reason
+        toks, delta, dropped = o.new_tokens, "", 0
+        if st.text is not None:
+            # one token at a time, so that a stop string ends the output at the token that completed it,
+            # also when one step produced several tokens (accepted proposals)
+            for j, t in enumerate(toks):
+                d, stopped = st.text.push([t], final=reason is not None and j == len(toks) - 1)
+                delta += d
+                if stopped:
+                    dropped, toks = len(toks) - j - 1, toks[:j + 1]
+                    if reason is None or dropped:
+                        reason = FINISH_STOP
+                        self.scheduler.finish_request(st.req.request_id, FINISH_STOP)
+                    break
+        self.tokens_generated += len(toks)
+        if reason is not None:
+            st.done = True
+            del self._streams[st.req.request_id]
+            if self.proposer is not None:
+                self.proposer.forget(st.req.request_id)
+        r = st.req
+        st.queue.put_nowait(RequestOutput(
+            r.request_id, toks, delta, reason, len(r.prompt_ids), len(r.output_ids) - dropped,
+            max(r.num_cached_tokens, 0), st.t_first - st.t0, now - st.t_first, r.num_proposed, r.num_accepted))
 
     def stats(self) -> dict:
         s = self.scheduler.stats()

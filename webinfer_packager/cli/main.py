@@ -105,6 +105,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-site", action="store_true", help="serve only the API")
     _add_backend(p, "auto")
     p.add_argument("--kv-budget-mb", type=float, default=128.0, help="GPU memory for the KV cache (default 128)")
+    p.add_argument("--allow-origin", action="append", metavar="ORIGIN",
+                   help="also accept requests from this web origin (repeatable; fnmatch patterns; env WEBINFER_ORIGINS)")
+    p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1 and /metrics (env WEBINFER_API_KEY; "
+                   "required beyond loopback)")
+    p.add_argument("--max-waiting", type=int, help="requests that may wait for the engine before 503 (default 64)")
     p.set_defaults(handler="webinfer_packager.cli.serve:cli_main")
 
     p = sub.add_parser("site", help="build the static offline chat site")

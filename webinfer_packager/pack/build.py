@@ -18,14 +18,17 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
 
 from webinfer.errors import FormatError, WebinferError
 from webinfer.formats import FORMATS, GROUP_SIZES, QUANT_DTYPES
-from webinfer.package import (FORMAT, FORMAT_VERSION, MAX_BINDING_BYTES, ModelConfig, Package, expected_tensors)
+from webinfer.package import (FORMAT, FORMAT_VERSION, MAX_BINDING_BYTES, ModelConfig, Package, check_chat_template,
+                              check_tokenizer, expected_tensor_count, expected_tensors)
 from webinfer_packager.pack import quant
 from webinfer_packager.pack.shards import ShardWriter
 
@@ -147,8 +150,15 @@ def _build(src, folder: Path, *, quant_name, group_size, embedding, shard_mb, na
         cfg = ModelConfig.from_dict(src.config, str(src.path), "config")
     except FormatError as e:
         raise FormatError(src.path, e.field, e.problem, e.expected) from None
+    # declared sizes against what the source holds, before anything is sized by them (10**6 layers)
+    available = len(getattr(src, "tensors", None) or getattr(src, "index", None) or ())
+    if expected_tensor_count(cfg) > available:
+        raise FormatError(src.path, "num_hidden_layers", f"{cfg.num_hidden_layers} layers need "
+                          f"{expected_tensor_count(cfg)} tensors but the source holds {available}")
     tok_json, src_template, special = src.tokenizer()
     chat_template = chat_template or src_template
+    check_tokenizer(tok_json, cfg, f"{src.path} (tokenizer)")  # fail before hours of packing, not after
+    check_chat_template(chat_template, special, f"{src.path} (chat template)")
     want = expected_tensors(cfg)
     sources = [(n, shape, src.tensor(n, shape)) for n, shape in want]  # checks every tensor before writing any
     writer = ShardWriter(folder, shard_mb << 20)
@@ -210,8 +220,21 @@ def _build(src, folder: Path, *, quant_name, group_size, embedding, shard_mb, na
     }
     data = json.dumps(manifest, ensure_ascii=False, sort_keys=True, indent=1).encode("utf-8")
     (folder / "manifest.json").write_bytes(data)
-    Package.open(folder)  # the reader's validation is the final check of what we wrote
+    Package.open(folder).validate()  # the reader's validation is the final check of what we wrote
     return manifest
+
+
+def _exit_on_sigterm():
+    """Turn SIGTERM into SystemExit while packing, so the temp folder is removed as on Ctrl-C (SIGINT already
+    raises KeyboardInterrupt); returns the function that restores the previous handler. Only the main thread can
+    install handlers: elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def on_term(signum, frame):
+        raise SystemExit(128 + signum)
+    old = signal.signal(signal.SIGTERM, on_term)
+    return lambda: signal.signal(signal.SIGTERM, old)
 
 
 def pack(source: Path, out: Path, *, quant: str | None = None, group_size: int = 32, asymmetric: bool = False,
@@ -242,6 +265,7 @@ def pack(source: Path, out: Path, *, quant: str | None = None, group_size: int =
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f"{out.name}.tmp-{secrets.token_hex(4)}"
     tmp.mkdir()
+    restore = _exit_on_sigterm()
     try:
         src = open_source(source)
         manifest = _build(src, tmp, quant_name=quant_name, group_size=group_size, embedding=embedding,
@@ -256,6 +280,8 @@ def pack(source: Path, out: Path, *, quant: str | None = None, group_size: int =
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        restore()
     if progress:
         print_summary(manifest, file=sys.stderr)
     return out

@@ -5,6 +5,10 @@ tensor infos, data offsets in bounds and non-overlapping), raising FormatError n
 metadata values and tensor infos; tensor data is then memory-mapped (gguf.GGUFReader is not used: it trusts every
 length it reads and is slow on large vocabularies).
 
+Metadata is never parsed by GGUFReader: it builds a numpy object per array element (~200 bytes each, so an 8 MB
+array of bytes needed 1.6 GB). `GGUFFields` instead decodes a key only when it is asked for, from the offsets the
+validating walk recorded, so memory stays proportional to the values actually used (the tokenizer's).
+
 Conventions are normalised here: llama.cpp permutes the Q/K rows of `llama`/`mistral` GGUFs for adjacent-pair
 RoPE; `unpermute_rows` gives the row order of the half-split (Hugging Face) convention the runtime uses. Gemma
 GGUFs already hold 1 + w in their norm weights (llama.cpp's converter adds it), which is the package's convention.
@@ -14,6 +18,7 @@ A Llama 3.1+ `rope_freqs` tensor (per-frequency divisors) becomes `rope_scaling:
 from __future__ import annotations
 
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,30 +48,11 @@ class HeaderTensor:
     nbytes: int
 
 
-def validate_gguf_header(path: Path | str, data: bytes | memoryview | None = None) -> list[HeaderTensor]:
-    """Walk a GGUF header with bounds checks; return the tensor infos. Raises only FormatError."""
-    return read_gguf_header(path, data)[0]
-
-
-def gguf_tensor_blocks(path: Path | str) -> dict[str, tuple[HeaderTensor, np.ndarray]]:
-    """Every tensor of a GGUF as (info, its raw bytes memory-mapped: uint8 [rows, row_bytes]), after the bounds-checked
-    header walk. Reading a few tensors this way skips GGUFReader's per-element parsing of metadata arrays, which
-    takes minutes on a 262k-token vocabulary."""
-    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-
-    infos, data_start, _ = read_gguf_header(path)
-    mm = np.memmap(path, np.uint8, mode="r")
-    out = {}
-    for t in infos:
-        block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(t.type_id)]
-        row = t.dims[0] // block * type_size
-        a = mm[data_start + t.offset: data_start + t.offset + t.nbytes]
-        out[t.name] = (t, a.reshape(-1, row))
-    return out
-
-
-def read_gguf_header(path: Path | str, data: bytes | memoryview | None = None) -> tuple[list[HeaderTensor], int, dict]:
-    """(tensor infos, absolute offset of the data section, metadata key -> Python value); raises only FormatError."""
+def validate_gguf_header(path: Path | str, data: bytes | memoryview | None = None,
+                         layout: dict | None = None) -> list[HeaderTensor]:
+    """Walk a GGUF header with bounds checks; return the tensor infos. Raises only FormatError.
+    `layout`, when given, receives "kv" ({key: (value type, offset of the value)}), "kv_end", "alignment" and
+    "data_start" (the absolute offset of the tensor data section)."""
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
     path = str(path)
@@ -121,10 +107,17 @@ def read_gguf_header(path: Path | str, data: bytes | memoryview | None = None) -
             if count * min_item > size - pos:  # checked before any loop or allocation
                 raise FormatError(path, field, f"array length {count} exceeds the {size - pos} bytes left")
             if item in _SCALARS:
-                items = np.frombuffer(buf, _SCALARS[item][0], count, pos).tolist()
                 pos += count * min_item
-                return items
-            return [value(item, f"{field}[{i}]", depth + 1) for i in range(count)]
+                return None
+            if item == _STRING:  # lengths only: the text is decoded (and its UTF-8 checked) if the key is used
+                for i in range(count):
+                    n = scalar("<Q", 8, f"{field}[{i}] (string length)")
+                    need(n, f"{field}[{i}]")
+                    pos += n
+                return None
+            for i in range(count):
+                value(item, f"{field}[{i}]", depth + 1)
+            return None
         raise FormatError(path, field, f"unknown value type {type_id}", "a GGUF value type 0-12 (arrays not nested)")
 
     magic = bytes(buf[:4]) if size >= 4 else bytes(buf)
@@ -141,15 +134,20 @@ def read_gguf_header(path: Path | str, data: bytes | memoryview | None = None) -
     if n_kv * 13 > size - pos:
         raise FormatError(path, "kv_count", f"{n_kv} key-value pairs cannot fit in {size} bytes")
     alignment = 32
-    fields = {}
+    kv: dict[str, tuple[int, int]] = {}
     for i in range(n_kv):
         key = string(f"kv[{i}].key")
+        if key in kv:
+            raise FormatError(path, key, "duplicate metadata key")
         type_id = scalar("<I", 4, f"{key} (type)")
-        v = fields[key] = value(type_id, key)
+        kv[key] = (type_id, pos)
+        v = value(type_id, key)
         if key == "general.alignment":
             if not isinstance(v, int) or v <= 0 or v & (v - 1) or v % 8:
                 raise FormatError(path, key, f"is {v!r}", "a power of two >= 8")
             alignment = v
+    if layout is not None:
+        layout.update(kv=kv, kv_end=pos, alignment=alignment)
     infos = []
     names = set()
     for i in range(n_tensors):
@@ -190,7 +188,90 @@ def read_gguf_header(path: Path | str, data: bytes | memoryview | None = None) -
             raise FormatError(path, f"tensor_info[{t.name}].offset",
                               f"data [{t.offset}, {end}) lies outside the data section ({data_size} bytes)",
                               "tensor data inside the file (truncated?)")
-    return infos, data_start, fields
+    if layout is not None:
+        layout["data_start"] = data_start
+    return infos
+
+
+class GGUFFields(Mapping):
+    """A GGUF's metadata as {key: value}, each value decoded from the mapped file when first asked for (arrays
+    as lists). Built from a validated layout, so every offset and length is already known to be in bounds."""
+
+    _NP = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8",
+           12: "<f8"}
+
+    def __init__(self, buf, kv: dict[str, tuple[int, int]], path: str = "(gguf)"):
+        self._buf, self._kv, self._cache, self._path = memoryview(buf).cast("B"), kv, {}, path
+
+    def __len__(self):
+        return len(self._kv)
+
+    def __iter__(self):
+        return iter(self._kv)
+
+    def __getitem__(self, key):
+        if key not in self._cache:
+            type_id, pos = self._kv[key]
+            try:
+                self._cache[key] = self._decode(type_id, pos)[0]
+            except UnicodeDecodeError:
+                raise FormatError(self._path, key, "holds a string that is not valid UTF-8") from None
+        return self._cache[key]
+
+    def _decode(self, type_id: int, pos: int):
+        buf = self._buf
+        if type_id in _SCALARS:
+            fmt, n = _SCALARS[type_id]
+            return struct.unpack_from(fmt, buf, pos)[0], pos + n
+        if type_id == _STRING:
+            (n,) = struct.unpack_from("<Q", buf, pos)
+            return bytes(buf[pos + 8:pos + 8 + n]).decode("utf-8"), pos + 8 + n
+        item, count = struct.unpack_from("<IQ", buf, pos)
+        pos += 12
+        if item in self._NP:
+            return np.frombuffer(buf, self._NP[item], count, pos).tolist(), pos + count * _SCALARS[item][1]
+        out = []
+        for _ in range(count):
+            v, pos = self._decode(item, pos)
+            out.append(v)
+        return out, pos
+
+
+def read_gguf_fields(path: Path | str) -> GGUFFields:
+    """The validated metadata of a GGUF file (no tensors needed: a vocab-only GGUF works)."""
+    import mmap
+
+    layout: dict = {}
+    validate_gguf_header(path, layout=layout)
+    with open(path, "rb") as fh:
+        mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    return GGUFFields(mm, layout["kv"], str(path))
+
+
+def read_gguf_header(path: Path | str) -> tuple[list[HeaderTensor], int, GGUFFields]:
+    """(tensor infos, absolute offset of the data section, metadata decoded on demand); raises only FormatError."""
+    layout: dict = {}
+    infos = validate_gguf_header(path, layout=layout)
+    import mmap
+
+    with open(path, "rb") as fh:
+        mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    return infos, layout["data_start"], GGUFFields(mm, layout["kv"], str(path))
+
+
+def gguf_tensor_blocks(path: Path | str) -> dict[str, tuple[HeaderTensor, np.ndarray]]:
+    """Every tensor of a GGUF as (info, its raw bytes memory-mapped: uint8 [rows, row_bytes]), after the bounds-checked
+    header walk (GGUFReader's per-element parsing of metadata takes minutes on a 262k-token vocabulary)."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    infos, data_start, _ = read_gguf_header(path)
+    mm = np.memmap(path, np.uint8, mode="r")
+    out = {}
+    for t in infos:
+        block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(t.type_id)]
+        row = t.dims[0] // block * type_size
+        out[t.name] = (t, mm[data_start + t.offset: data_start + t.offset + t.nbytes].reshape(-1, row))
+    return out
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -311,6 +392,9 @@ class GGUFSource:
         heads = num("attention.head_count")
         head_dim = num("attention.key_length", hidden // heads if heads else 0)
         n_layers = num("block_count")
+        if n_layers > len(self.tensors) // 9:  # 9 tensors per layer at least: checked before anything is sized by it
+            raise FormatError(self.path, f"{arch}.block_count", f"is {n_layers} but the file holds "
+                              f"{len(self.tensors)} tensors", "at most (tensors // 9) layers")
         tokens = self._get("tokenizer.ggml.tokens")
         vocab = num("vocab_size", len(tokens) if tokens else None)
         eos = self._get("tokenizer.ggml.eos_token_id")

@@ -1,5 +1,7 @@
 """`webinfer verify PACKAGE`: validate the manifest, re-hash every file, check sizes and that every tensor part
-lies inside its file. Prints one line per problem and exits non-zero naming each bad file.
+lies inside its file, then run the checks that read more than the manifest (Package.validate: tokenizer ids within
+vocab_size, a chat template that renders a small conversation within its bounds). Prints one line per problem and
+exits non-zero naming each bad file.
 
     verify_package(Path("pkg"))  # -> [] when the package is intact
 """
@@ -49,10 +51,10 @@ def verify_package(path: Path) -> list[str]:
     for f in sorted(path.iterdir()):
         if f.name not in listed:
             problems.append(f"{f}: not listed in the manifest")
-    try:
-        pkg.tokenizer_json()
-    except (WebinferError, json.JSONDecodeError) as e:
-        if not any(pkg.manifest["tokenizer"]["file"] in p for p in problems):
+    if not problems:  # validate() reads every file: only meaningful once they are all intact
+        try:
+            pkg.validate()
+        except (WebinferError, json.JSONDecodeError) as e:
             problems.append(str(e))
     return problems
 

@@ -154,6 +154,20 @@ def _folder_name(name: str, taken: set[str]) -> str:
 # ----------------------------------------------------------------------------------------------- the site
 
 
+def site_inputs_key() -> str:
+    """A hash of everything a site is built from besides the packages (runtime wheel, page files, dependency
+    wheels, Pyodide version): with the manifest's hash it keys a cached site by content, so a changed runtime or
+    page never reuses an old build."""
+    h = hashlib.sha256(PYODIDE_VERSION.encode())
+    h.update(build_runtime_wheel()[1])
+    for f in (*STATIC_FILES, "index.html.j2"):
+        h.update(f.encode() + b"\0" + (WEB / f).read_bytes())
+    for p in dependency_wheels():
+        h.update(p.name.encode())
+    return h.hexdigest()
+
+
+
 def build_site(packages: list[Path], output: Path, *, force: bool = True) -> dict:
     """Build the site into `output` (replaced atomically). Returns the site.json contents."""
     import jinja2  # noqa: PLC0415
