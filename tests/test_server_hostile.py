@@ -23,6 +23,7 @@ from tests.fake_model import FakeRunner, FakeTokenizer
 from tests.test_server import ServerThread, metrics
 from webinfer.api import LLM, Limits
 from webinfer.engine.engine import AsyncEngine
+from webinfer.prompt import Prompter
 from webinfer.errors import WebinferError
 from webinfer_packager.server.app import create_app, serve
 
@@ -44,26 +45,29 @@ class PoisonRunner(FakeRunner):
 class SlowTokenizer(FakeTokenizer):
     """Encoding a text containing '!' takes a second (a huge prompt, or a slow template, stands for it)."""
 
-    def encode(self, text):
-        if "!" in text:
+    def encode_segments(self, segments, add_special_tokens=False):
+        if any("!" in t for t, _ in segments):
             time.sleep(1.0)
-        return super().encode(text)
+        return super().encode_segments(segments, add_special_tokens)
+
+    def encode(self, text, add_special_tokens=False, parse_special=True):
+        return self.encode_segments([(text, parse_special)], add_special_tokens)
 
 
 def make(delay_s=0.002, model_name="fake", **kw):
     runner = PoisonRunner(num_blocks=64, block_size=4, max_model_len=96, vocab=VOCAB, delay_s=delay_s)
-    engine = AsyncEngine(runner, SlowTokenizer(VOCAB), eos_ids=EOS, chat_template=TEMPLATE, model_name=model_name,
-                         max_num_batched_tokens=32, max_num_seqs=kw.pop("max_num_seqs", 16))
-    app = create_app(LLM(engine, Limits(max_tokens=64, max_messages=4)), max_body_bytes=4096,
-                     allowed_origins=ORIGINS, **kw)
-    return app, engine
+    engine = AsyncEngine(runner, eos_ids=EOS, max_num_batched_tokens=32, max_num_seqs=kw.pop("max_num_seqs", 16))
+    tok = SlowTokenizer(VOCAB)
+    llm = LLM(engine, tok, Prompter(tok, TEMPLATE, {}, None, EOS, VOCAB), model_name, Limits(max_tokens=64, max_messages=4))
+    app = create_app(llm, max_body_bytes=4096, allowed_origins=ORIGINS, **kw)
+    return app, llm
 
 
 @pytest.fixture(scope="module")
 def server():
-    app, engine = make(body_timeout_s=1.0, max_waiting=64)
+    app, llm = make(body_timeout_s=1.0, max_waiting=64)
     with ServerThread(app) as url:
-        yield url, engine
+        yield url, llm.engine
 
 
 def port(url) -> int:
@@ -177,7 +181,7 @@ def test_api_key():
         assert r.status_code == 200 and r.json()["choices"][0]["token_ids"]
         assert httpx.get(url + "/health").status_code == 200
     with pytest.raises(WebinferError, match="API key"):
-        serve(LLM(make()[1]), host="0.0.0.0", port=1)
+        serve(make()[1], host="0.0.0.0", port=1)
 
 
 @pytest.mark.parametrize("host", ["localhost:8000:1", "127.0.0.1@evil.example", "localhost.", "[::1]x",
@@ -231,7 +235,7 @@ def test_long_url_gives_414_without_paths(server, tmp_path):
     assert status(r) == 414 and b"/tmp" not in r and b"/work" not in r
     # a site's long file names: 404, never a 500 that shows the site folder
     (tmp_path / "index.html").write_text("hi")
-    app = create_app(LLM(make()[1]), site=tmp_path)
+    app = create_app(make()[1], site=tmp_path)
     with ServerThread(app) as url2:
         r = httpx.get(url2 + "/" + "b" * 300 + "/" + "c" * 1500)
         assert r.status_code == 404 and str(tmp_path) not in r.text
@@ -253,9 +257,10 @@ def test_metrics_label_injection_is_escaped():
 
 
 def test_non_streaming_request_is_aborted_when_its_client_leaves():
-    app, engine = make(delay_s=0.03)
+    app, llm = make(delay_s=0.03)
+    engine = llm.engine
     with ServerThread(app) as url:
-        body = json.dumps({"prompt": "abcdef", "max_tokens": 64, "temperature": 0}).encode()
+        body = json.dumps({"prompt": "abcdef", "max_tokens": 64, "temperature": 0, "ignore_eos": True}).encode()
         socks = []
         for _ in range(8):
             s = socket.create_connection(("127.0.0.1", port(url)))
@@ -278,12 +283,13 @@ def test_non_streaming_request_is_aborted_when_its_client_leaves():
 
 
 def test_waiting_queue_is_bounded_with_retry_after():
-    app, engine = make(delay_s=0.02, max_waiting=4, max_num_seqs=2)
+    app, llm = make(delay_s=0.02, max_waiting=4, max_num_seqs=2)
+    engine = llm.engine
     with ServerThread(app) as url:
         async def main():
             async with httpx.AsyncClient(timeout=60) as c:
                 return await asyncio.gather(*(c.post(url + "/v1/completions", json={
-                    "prompt": "abc" + "d" * i, "max_tokens": 16, "temperature": 0}) for i in range(30)))
+                    "prompt": "abc" + "d" * i, "max_tokens": 16, "temperature": 0, "ignore_eos": True}) for i in range(30)))
         rs = asyncio.run(main())
         codes = [r.status_code for r in rs]
         assert set(codes) <= {200, 503} and codes.count(503) >= 10 and codes.count(200) >= 4, codes
@@ -307,7 +313,8 @@ def test_slow_prompt_preparation_does_not_stall_the_event_loop(server):
 
 
 def test_a_failing_step_fails_only_its_request_and_a_dead_engine_shows_in_health():
-    app, engine = make(delay_s=0.005)
+    app, llm = make(delay_s=0.005)
+    engine = llm.engine
     with ServerThread(app) as url:
         async def main():
             async with httpx.AsyncClient(timeout=30) as c:
@@ -316,7 +323,7 @@ def test_a_failing_step_fails_only_its_request_and_a_dead_engine_shows_in_health
                     *(c.post(url + "/v1/completions", json={"prompt": "abc" * (i + 1), "max_tokens": 8})
                       for i in range(4)))
         bad, *good = asyncio.run(main())
-        assert bad.status_code == 500 and "IndexError" in bad.json()["error"]["message"]
+        assert bad.status_code == 500 and "outside the vocabulary" in bad.json()["error"]["message"]
         assert [r.status_code for r in good] == [200] * 4
         assert httpx.get(url + "/health").status_code == 200
         # now a bug outside any one request kills the loop: health says so, requests get 503, not a hang

@@ -244,6 +244,11 @@ class LLM:
             r, ids = await asyncio.get_running_loop().run_in_executor(executor, self.prepare, kind, request)
         else:
             r, ids = self.prepare(kind, request)
+        return await self.run(r, ids)
+
+    async def run(self, r: ParsedRequest, ids: list[int]):
+        """Generate for a prepared request (see create)."""
+        kind = r.kind
         matcher = await self._matcher(r.response_format) if r.response_format is not None else None
         rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
         gen = self.engine.generate(ids, r.params, self.text_stream(r.params), matcher)

@@ -182,6 +182,12 @@ class AsyncEngine:
                 continue
             self.steps += 1
             now = self.clock()
+            vocab = getattr(self.runner, "vocab_size", 0)
+            bad = sorted({c.seq_id for c, t in zip([c for c in batch.chunks if c.sample], sampled)
+                          if vocab and not 0 <= t < vocab})
+            if bad:  # a runner bug must not reach the text: fail those requests, keep the others
+                self._fail(bad, ValueError(f"the runner sampled a token id outside the vocabulary of {vocab}"),
+                           "the model failed in a step")
             try:
                 outs = self.scheduler.update(batch, sampled)
             except Exception as e:  # the runner's output does not fit the batch: fail this step's requests only

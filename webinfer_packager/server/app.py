@@ -289,7 +289,7 @@ def create_app(llm: LLM, site: str | Path | None = None, allowed_hosts=DEFAULT_H
     model_name = llm.model_name
     # one thread: templates and tokenization leave the event loop, and are bounded (chat_template's limits)
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="webinfer-prompt")
-    pending = 0  # requests being prepared, or answered without streaming (bounded with the engine's queue)
+    pending = 0  # requests whose prompt is being prepared (bounded together with the engine's queue)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -344,15 +344,16 @@ def create_app(llm: LLM, site: str | Path | None = None, allowed_hosts=DEFAULT_H
                 return _error(503, f"the server is busy ({max_waiting} requests waiting); retry later",
                               kind="server_busy", headers={"Retry-After": str(RETRY_AFTER_S)})
             pending += 1
-            try:
-                # the prompt is built in `pool` (templates and tokenization off the event loop)
-                work = llm.create("chat" if chat else "completion", body, executor=pool)
-                if not body.get("stream", False):
-                    result = await _unless_disconnected(request, work)  # a client that left aborts its request
-                    return JSONResponse(result) if result is not None else PlainTextResponse("", 499)
-                result = await work
+            try:  # the prompt is built in `pool`: templates and tokenization off the event loop
+                prepared = await asyncio.get_running_loop().run_in_executor(
+                    pool, llm.prepare, "chat" if chat else "completion", body)
             finally:
                 pending -= 1
+            work = llm.run(*prepared)
+            if not body.get("stream", False):
+                result = await _unless_disconnected(request, work)  # a client that left aborts its request
+                return JSONResponse(result) if result is not None else PlainTextResponse("", 499)
+            result = await work
         except InvalidRequestError as e:
             return _error(400, str(e), e.param)
         except ContextOverflowError as e:
