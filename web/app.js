@@ -4,6 +4,7 @@ import * as webinfer from "./webinfer.js";
 import { renderMarkdown, copyText } from "./markdown.js";
 import * as store from "./store.js";
 import { cacheStatus, removeCachedPackage, storageState } from "./loader.js";
+import { explain } from "./errors.js";
 
 const $ = (id) => document.getElementById(id);
 const site = JSON.parse($("site").textContent);
@@ -25,47 +26,6 @@ const selectedModel = () => modelBySha($("model").selectedOptions[0]?.dataset.sh
 // ------------------------------------------------------------------------------------------ status and errors
 
 function status(text) { $("status").textContent = text; }
-
-// Errors in plain words: what happened and what to do. `e` is an Error from webinfer.js / the worker.
-function explain(e, model) {
-  const name = e?.name || "Error";
-  const msg = String(e?.message || e);
-  const what = model ? model.name : "the model";
-  if (name === "PreflightError" && /no WebGPU/i.test(msg)) {
-    return ["This browser cannot run models here: it has no WebGPU.",
-      "Open this page in a recent Chrome or Edge (113 or later) or Safari 26, or turn WebGPU on in the browser's settings."];
-  }
-  if (name === "PreflightError" && /no GPU adapter/i.test(msg)) {
-    return ["WebGPU is on, but the browser offers it no GPU.",
-      "Turn on hardware acceleration in the browser's settings, update the graphics driver, or try another browser."];
-  }
-  if (name === "PreflightError" || /maxStorage|maxBuffer|limit|too large|exceeds|out of memory|OutOfMemory/i.test(msg) &&
-      /GPU|Validation|Operation|Preflight/.test(name)) {
-    return [`This device's GPU is too small for ${what}.`,
-      `Pick a smaller model, close other tabs that use the GPU, or use a device with more GPU memory. (${msg})`];
-  }
-  if (name === "QuotaExceededError" || /quota|storage is full/i.test(msg)) {
-    return ["This device's storage for this site is full.",
-      "Remove models you no longer use (Remove from device), free disk space, or allow this site more storage."];
-  }
-  if (name === "IntegrityError") {
-    return [`The downloaded files of ${what} are damaged or do not match this site (checksum mismatch).`,
-      "Press Load to try again. If it keeps failing, the site's files are out of date: rebuild it with `webinfer site`."];
-  }
-  if (name === "DownloadError") {
-    return [`${what} could not be downloaded.`,
-      `Check the network connection and press Load again; files already downloaded are kept. (${msg})`];
-  }
-  if (name === "DeviceLostError") {
-    return ["The GPU was reset (driver restart, sleep or lack of memory).",
-      "Your conversation is kept. Send again, or press Regenerate: the model is rebuilt on the GPU first."];
-  }
-  if (name === "ContextOverflowError") {
-    return ["This conversation is longer than the model can read at once.",
-      "Start a new chat, or edit an earlier message to shorten the conversation."];
-  }
-  return [`Something went wrong (${name}).`, msg];
-}
 
 function showError(e, model = null) {
   const [title, todo] = explain(e, model);
@@ -283,7 +243,7 @@ function messageEl(m, i) {
   content.className = "content";
   art.append(who, content);
   renderContent(art, m);
-  const note = m.stopped ? "Stopped." : m.truncated ? "Cut at the max tokens setting." : "";
+  const note = m.stopped ? "Stopped." : m.truncated ? "Cut at the length limit (max tokens or the model's context)." : "";
   if (note || m.stats) {
     const s = document.createElement("div");
     s.className = "note muted";
@@ -482,6 +442,7 @@ document.addEventListener("keydown", (ev) => {
   if (ui.busy) { ui.engine?.stop(); return; }
   if (document.body.classList.contains("nav-open")) { closeSidebar(); $("menu").focus(); }
 });
+$("nav-close").onclick = () => { closeSidebar(); $("menu").focus(); };
 $("load").onclick = () => loadModel();
 $("uncache").onclick = uncache;
 $("model").onchange = () => refreshCache();
