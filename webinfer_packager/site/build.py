@@ -155,17 +155,16 @@ def _pyodide_complete(d: Path) -> bool:
 
 
 def pyodide_dir(*, fetch: bool = True) -> Path:
-    """The folder holding the pinned Pyodide runtime's files, in this order: $WEBINFER_PYODIDE_DIR, the checkout's
-    web/node_modules/pyodide (from `npm ci`), the user cache $WEBINFER_HOME/pyodide/<version>/; when none has it
-    and fetch is true, the user cache is filled from the npm registry ($WEBINFER_NPM_REGISTRY, default
+    """The folder holding the pinned Pyodide runtime's files: $WEBINFER_PYODIDE_DIR when set (only there), else the
+    checkout's web/node_modules/pyodide (from `npm ci`) or the user cache $WEBINFER_HOME/pyodide/<version>/; when
+    neither has it and fetch is true, the user cache is filled from the npm registry ($WEBINFER_NPM_REGISTRY, default
     registry.npmjs.org) after the tarball's sha512 matched the pinned integrity."""
     from webinfer_packager.paths import webinfer_home  # noqa: PLC0415
 
     version, integrity = pyodide_pin()
     explicit = os.environ.get("WEBINFER_PYODIDE_DIR")
-    candidates = [Path(explicit)] if explicit else [web_dir() / "node_modules" / "pyodide"]
     cache = webinfer_home() / "pyodide" / version
-    candidates.append(cache)
+    candidates = [Path(explicit)] if explicit else [web_dir() / "node_modules" / "pyodide", cache]
     for d in candidates:
         if _pyodide_complete(d):
             ver = json.loads((d / "package.json").read_text()).get("version") if (d / "package.json").is_file() else None
