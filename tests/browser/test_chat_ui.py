@@ -135,6 +135,8 @@ def test_chat_flow_history_switch_and_cache(site, browser):
     assert "Stopped." in page.inner_text(".msg.assistant:last-of-type .note")
 
     # regenerate replaces the last answer; edit-and-resend drops everything after the edited message
+    # (short answers from here on: the tiny model's context is small, and a long history would overflow it)
+    _set_max_tokens(page, 8)
     page.click("text=Regenerate")
     page.wait_for_function(ANSWERED + " && document.querySelectorAll('.msg').length === 4")
     assert "Stopped." not in page.inner_text(".msg.assistant:last-of-type")
@@ -151,7 +153,7 @@ def test_chat_flow_history_switch_and_cache(site, browser):
     assert _texts(page, ".msg .content") == conv_before
     assert _texts(page, "#history .conv") == ["Hello again"]
     page.click("#settings-open")
-    assert page.input_value("#set-max-tokens") == "400"
+    assert page.input_value("#set-max-tokens") == "8"
     page.keyboard.press("Escape")
     page.evaluate("window.__sameDocument = 1")
 
@@ -231,7 +233,7 @@ def test_keyboard_only_on_a_phone(site, browser):
     assert not [l for l in logs if l.startswith("pageerror")], logs
 
 
-def test_errors_in_plain_words(site, browser, tmp_path):
+def test_damaged_file_is_explained(site, browser):
     m1, _ = _models(site)
     # a file damaged on the server, twice (download and the one retry): the loader's IntegrityError, explained
     f = json.loads((site.root / m1["manifest"]).read_text())["files"][0]
@@ -249,7 +251,10 @@ def test_errors_in_plain_words(site, browser, tmp_path):
     assert page.is_enabled("#load") and page.is_enabled("#send")
     _shot(page, "desktop-error")
 
-    # no WebGPU adapter: Chromium without --enable-unsafe-webgpu
+
+
+def test_no_webgpu_is_explained(site):
+    """Chromium without --enable-unsafe-webgpu has no adapter: the page says so, and what to do, before any download."""
     _require_browser()
     from playwright.sync_api import sync_playwright
 
@@ -264,6 +269,7 @@ def test_errors_in_plain_words(site, browser, tmp_path):
             text = page.inner_text("#error")
             assert "WebGPU" in text and ("settings" in text or "driver" in text), text
             assert page.get_attribute("#error", "data-kind") == "PreflightError"
+            assert site.requests_for("/models/") == []
             _shot(page, "phone-no-webgpu")
         finally:
             b.close()
