@@ -392,3 +392,30 @@ def test_accessibility_axe_desktop_and_phone(site, browser):
     page.evaluate("""() => { const p = document.createElement("p"); p.textContent = "faint"; p.style.color = "#aaa";
                              p.style.background = "#fff"; document.querySelector("#log").append(p); }""")
     assert [v["id"] for v in _axe(page)] == ["color-contrast"]
+
+
+def test_every_error_kind_has_plain_words(site, browser):
+    """The mapping from the worker's error names to what the user reads (errors.js), for the kinds a test cannot
+    provoke cheaply here (quota, device loss, GPU limits, context overflow): each says what happened and what to do."""
+    page = _open(browser, site, [])
+    out = page.evaluate("""async () => {
+        const {explain} = await import("./errors.js");
+        const err = (name, message) => Object.assign(new Error(message), {name});
+        const model = {name: "SmolLM2"};
+        return Object.fromEntries([
+            ["quota", err("QuotaExceededError", "The quota has been exceeded.")],
+            ["lost", err("DeviceLostError", "the GPU device was lost during generation")],
+            ["limits", err("GPUError", "buffer size 300000000 exceeds the limit maxBufferSize")],
+            ["small", err("PreflightError", "The GPU allows only 4 storage buffers per shader; 8 are needed.")],
+            ["context", err("ContextOverflowError", "prompt of 9000 tokens > context 8192")],
+            ["download", err("DownloadError", "models/x/a.bin: HTTP 503 Service Unavailable")],
+            ["other", err("TypeError", "x is undefined")],
+        ].map(([k, e]) => [k, explain(e, model)]));
+    }""")
+    assert "storage" in out["quota"][0] and "Remove models" in out["quota"][1]
+    assert "GPU was reset" in out["lost"][0] and "Send again" in out["lost"][1]
+    assert "too small for SmolLM2" in out["limits"][0] and "maxBufferSize" in out["limits"][1]
+    assert "too small for SmolLM2" in out["small"][0]
+    assert "longer than the model can read" in out["context"][0] and "new chat" in out["context"][1]
+    assert "could not be downloaded" in out["download"][0] and "HTTP 503" in out["download"][1]
+    assert out["other"] == ["Something went wrong (TypeError).", "x is undefined"]
