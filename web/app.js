@@ -104,7 +104,6 @@ async function loadModel(model = selectedModel()) {
   if (ui.loading) return ui.loading;
   ui.loading = (async () => {
     clearError();
-    setBusy(ui.busy);
     try {
       ui.engine?.unload();  // its worker and GPU memory go; the files stay cached for switching back
       ui.engine = null;
@@ -132,6 +131,7 @@ async function loadModel(model = selectedModel()) {
       refreshCache();
     }
   })();
+  setBusy(ui.busy);  // now that ui.loading is set: Send, Load and the picker wait for it
   return ui.loading;
 }
 
@@ -214,7 +214,8 @@ async function exportAll() {
 
 // ------------------------------------------------------------------------------------------ messages
 
-function renderLog() {
+// scrollTo: where to leave the log (default: at the end, the newest message)
+function renderLog(scrollTo = null) {
   const els = ui.conv.messages.map((m, i) => messageEl(m, i));
   if (!els.length) {
     const empty = document.createElement("p");
@@ -223,7 +224,7 @@ function renderLog() {
     els.push(empty);
   }
   $("log").replaceChildren(...els);
-  $("log").scrollTop = $("log").scrollHeight;
+  $("log").scrollTop = scrollTo ?? $("log").scrollHeight;
 }
 
 function renderContent(el, m) {
@@ -255,6 +256,8 @@ function messageEl(m, i) {
   const last = i === ui.conv.messages.length - 1;
   if (m.role === "user") {
     actions.append(button("Edit", `Edit message ${i + 1} and send again`, () => editMessage(art, i)));
+    // a message left without an answer (the load or the answer failed): answer it without retyping
+    if (last) actions.append(button("Answer", "Answer this message", regenerate));
   } else {
     actions.append(button("Copy", `Copy answer ${i + 1}`, (ev) => copyText(m.content, ev.currentTarget)));
     if (last) actions.append(button("Regenerate", "Regenerate the last answer", regenerate));
@@ -270,12 +273,12 @@ function button(text, label, onclick) {
   b.textContent = text;
   b.setAttribute("aria-label", label);
   b.onclick = onclick;
-  b.disabled = ui.busy;
+  b.disabled = ui.busy || !!ui.loading;
   return b;
 }
 
 function editMessage(art, i) {
-  if (ui.busy) return;
+  if (ui.busy || ui.loading) return;
   const m = ui.conv.messages[i];
   const content = art.querySelector(".content");
   const ta = document.createElement("textarea");
@@ -303,7 +306,7 @@ function editMessage(art, i) {
 }
 
 async function regenerate() {
-  if (ui.busy) return;
+  if (ui.busy || ui.loading) return;
   const msgs = ui.conv.messages;
   if (msgs.at(-1)?.role === "assistant") msgs.pop();
   renderLog();
@@ -317,7 +320,7 @@ function setBusy(busy) {
   $("load").disabled = busy || !!ui.loading;
   $("model").disabled = busy || !!ui.loading;
   $("uncache").disabled = busy || !!ui.loading;
-  for (const b of $("log").querySelectorAll(".actions button")) b.disabled = busy;
+  for (const b of $("log").querySelectorAll(".actions button")) b.disabled = busy || !!ui.loading;
 }
 
 function requestMessages(conv) {
@@ -392,7 +395,7 @@ async function generate() {
     log.onscroll = null;
     setBusy(false);
     await store.saveConversation(conv);
-    renderLog();
+    renderLog(follow ? null : log.scrollTop);  // a reader who scrolled up stays where they are
     renderHistory();
   }
 }

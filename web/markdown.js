@@ -4,7 +4,7 @@
 // streaming) renders as the block it is becoming, so the layout does not jump when the fence closes.
 //
 // Blocks: fenced code (with a Copy button), headings, paragraphs, bullet and numbered lists, block quotes,
-// horizontal rules. Inline: `code`, **bold**, *italic* / _italic_, [text](url).
+// tables (a header row, a |---| rule, body rows), horizontal rules. Inline: `code`, **bold**, *italic* / _italic_, [text](url).
 
 const SAFE_URL = /^(https?:|mailto:)/i;
 
@@ -43,6 +43,14 @@ export function renderMarkdown(text, doc = document) {
       frag.append(q);
       continue;
     }
+    if (isTableRow(line) && i + 1 < lines.length && TABLE_RULE.test(lines[i + 1])) {
+      const head = cells(line);
+      i += 2;
+      const rows = [];
+      while (i < lines.length && isTableRow(lines[i])) rows.push(cells(lines[i++]));
+      frag.append(table(head, rows, doc));
+      continue;
+    }
     const item = listItem(line);
     if (item) {
       const list = doc.createElement(item.ordered ? "ol" : "ul");
@@ -74,6 +82,30 @@ export function renderMarkdown(text, doc = document) {
     frag.append(p);
   }
   return frag;
+}
+
+const TABLE_RULE = /^\s*\|?\s*:?-{3,}:?\s*(\|\s*:?-{3,}:?\s*)*\|?\s*$/;
+const isTableRow = (line) => line.includes("|") && line.trim() !== "";
+const cells = (line) => line.trim().replace(/^\|/, "").replace(/\|$/, "").split("|").map((c) => c.trim());
+
+function table(head, rows, doc) {
+  const wrap = doc.createElement("div");
+  wrap.className = "table";
+  wrap.tabIndex = 0;  // wide tables scroll sideways
+  const t = doc.createElement("table");
+  const tr = doc.createElement("tr");
+  for (const h of head) { const th = doc.createElement("th"); th.scope = "col"; inline(th, h, doc); tr.append(th); }
+  const thead = doc.createElement("thead");
+  thead.append(tr);
+  const tbody = doc.createElement("tbody");
+  for (const r of rows) {
+    const row = doc.createElement("tr");
+    head.forEach((_, k) => { const td = doc.createElement("td"); inline(td, r[k] ?? "", doc); row.append(td); });
+    tbody.append(row);
+  }
+  t.append(thead, tbody);
+  wrap.append(t);
+  return wrap;
 }
 
 function listItem(line) {

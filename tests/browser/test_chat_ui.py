@@ -190,45 +190,69 @@ def test_keyboard_only_on_a_phone(site, browser):
     logs: list[str] = []
     page = _open(browser, site, logs, PHONE)
     kb = page.keyboard
+    focused = lambda: page.evaluate("document.activeElement.id || document.activeElement.className")  # noqa: E731
     _shot(page, "phone-empty")
     kb.press("Tab")
-    assert page.evaluate("document.activeElement.className") == "skip"
+    assert focused() == "skip"
     kb.press("Enter")  # skip link -> the message box
-    assert page.evaluate("document.activeElement.id") == "input"
+    assert focused() == "input"
+
+    # settings by keyboard: Tab past Send (Stop is disabled) to Settings; greedy, so the answer is reproducible
+    kb.press("Tab")
+    kb.press("Tab")
+    assert focused() == "settings-open"
+    kb.press("Enter")
+    assert focused() == "set-system"
+    _shot(page, "phone-settings")
+    kb.press("Tab")
+    assert focused() == "set-temperature"
+    kb.press("Control+A")
+    kb.type("0")
+    kb.press("Enter")  # submits the dialog's form with its first button, Save
+    assert focused() == "settings-open" and not page.is_visible("#settings")
+    kb.press("Shift+Tab")
+    kb.press("Shift+Tab")
+    assert focused() == "input"
     kb.type("Hi there")
     kb.press("Enter")  # sends, loading the model first
-    page.wait_for_function(ANSWERED, timeout=300_000)
+    # streaming without yanking the reader: scrolled up mid-answer, the log stays put while the answer grows
+    page.wait_for_function("document.querySelector('.msg.streaming .content')?.textContent.length > 0",
+                           timeout=300_000)
+    mid = page.evaluate("""() => { const log = document.getElementById("log"); log.scrollTop = 0;
+        return {streaming: !!document.querySelector(".msg.streaming"),
+                len: document.querySelector(".msg.streaming .content").textContent.length}; }""")
+    page.wait_for_function(ANSWERED)
+    end = page.evaluate("""() => ({top: document.getElementById("log").scrollTop,
+        len: document.querySelector(".msg.assistant .content").textContent.length,
+        overflow: document.getElementById("log").scrollHeight > document.getElementById("log").clientHeight})""")
+    assert mid["streaming"] and end["len"] > mid["len"] and end["overflow"], (mid, end)
+    assert end["top"] == 0, end
     assert _texts(page, ".msg.user .content") == ["Hi there"]
+    page.evaluate("document.getElementById('log').scrollTop = 1e9")
     _shot(page, "phone-answer")
 
-    # settings dialog by keyboard: focus lands inside, Escape closes it, focus returns to its button
-    page.focus("#settings-open")
-    kb.press("Enter")
-    assert page.evaluate("document.activeElement.closest('dialog') !== null")
-    _shot(page, "phone-settings")
-    kb.press("Escape")
-    assert page.evaluate("document.activeElement.id") == "settings-open"
-
     # the conversation list slides in from the menu button and closes with Escape
-    page.focus("#menu")
+    assert focused() == "input"  # sending kept the focus in the message box
+    for _ in range(30):  # back up through the answer's buttons and the picker to the menu button
+        kb.press("Shift+Tab")
+        if focused() == "menu":
+            break
+    assert focused() == "menu"
     kb.press("Enter")
-    assert page.get_attribute("#menu", "aria-expanded") == "true"
-    assert page.evaluate("document.activeElement.id") == "new"
+    assert page.get_attribute("#menu", "aria-expanded") == "true" and focused() == "new"
     _shot(page, "phone-sidebar")
     kb.press("Tab")
-    assert page.evaluate("document.activeElement.className") == "conv"
+    assert focused() == "conv"
     kb.press("Escape")
-    assert page.get_attribute("#menu", "aria-expanded") == "false"
-    assert page.evaluate("document.activeElement.id") == "menu"
+    assert page.get_attribute("#menu", "aria-expanded") == "false" and focused() == "menu"
     assert not page.is_visible("#sidebar")
 
-    # Tab order reaches every control of the header and the form, each with an accessible name
-    page.focus("#menu")
+    # Tab order then runs through the picker, the answer's buttons and the form
     seen = []
     for _ in range(12):
         kb.press("Tab")
-        seen.append(page.evaluate("document.activeElement.id || document.activeElement.className"))
-    for want in ("model", "load", "uncache", "settings-open", "input", "send"):
+        seen.append(focused())
+    for want in ("model", "load", "uncache", "input", "send", "settings-open"):
         assert want in seen, seen
     assert not [l for l in logs if l.startswith("pageerror")], logs
 
@@ -294,6 +318,10 @@ Some **bold** and *em* text with `<b>code</b>` and a [good link](https://example
 2. second
 
 > quoted <svg onload="window.__pwned=6">
+
+| name | value |
+|------|------:|
+| **a** | <b>1</b> |
 """
 
 
@@ -329,7 +357,9 @@ def test_untrusted_markdown_stays_text_and_history_export(site, browser):
     }""")
     assert out["pwned"] is None and out["bad"] == 0, out
     assert out["user"] == "<b>not bold</b> & <script>window.__pwned = 7</script>" and out["userTags"] == 0
-    assert {"h3", "strong", "em", "code", "a", "pre", "ul", "ol", "li", "blockquote", "button"} <= set(out["tags"]), out
+    assert {"h3", "strong", "em", "code", "a", "pre", "ul", "ol", "li", "blockquote", "button", "table", "th", "td"} <= set(out["tags"]), out
+    cells = page.evaluate("[...document.querySelectorAll('.msg.assistant td')].map((e) => e.innerHTML)")
+    assert cells == ["<strong>a</strong>", "&lt;b&gt;1&lt;/b&gt;"], cells
     assert out["links"] == [["good link", "https://example.org/", "noopener noreferrer nofollow"]]
     assert "[bad one](javascript:window.__pwned=2)" in out["text"]
     assert "<script>window.__pwned = 3</script>" in out["text"] and '<svg onload="window.__pwned=6">' in out["text"]
@@ -360,6 +390,11 @@ def test_untrusted_markdown_stays_text_and_history_export(site, browser):
     page.wait_for_function("document.querySelectorAll('#history li').length === 1")
     n = page.evaluate("async () => (await (await import('./store.js')).listConversations()).length")
     assert n == 1
+    # New chat: an empty conversation, kept only once it has a message
+    page.click("#new")
+    assert page.query_selector_all(".msg") == [] and page.is_visible(".empty")
+    assert page.evaluate("document.activeElement.id") == "input"
+    assert len(page.query_selector_all("#history li")) == 1
     assert not [l for l in logs if l.startswith("pageerror")], logs
 
 
