@@ -126,17 +126,18 @@ def dependency_wheel(name: str) -> tuple[str, bytes]:
         dist = importlib.metadata.distribution(name)
     except importlib.metadata.PackageNotFoundError:
         raise SiteBuildError(f"{name} is not installed (the browser needs it): pip install {name}") from None
+    dist_name = dist.metadata["Name"].lower().replace("-", "_")
     tops = (dist.read_text("top_level.txt") or "").split() or [name]
     files = []
     for f in dist.files or []:
         parts = f.parts
         keep = (parts[0] in tops and f.suffix in (".py", ".typed")) or (".dist-info" in parts[0] and "licenses" in parts)
         if keep and "__pycache__" not in parts:
-            files.append((f.as_posix().replace(parts[0], f"{dist.name.lower()}-{dist.version}.dist-info", 1)
-                          if ".dist-info" in parts[0] else f.as_posix(), Path(f.locate()).read_bytes()))
+            arcname = "/".join((f"{dist_name}-{dist.version}.dist-info",) + parts[1:]) if ".dist-info" in parts[0] \
+                else f.as_posix()
+            files.append((arcname, Path(f.locate()).read_bytes()))
     if not any(n.endswith("/__init__.py") for n, _ in files):
         raise SiteBuildError(f"the installed {name} has no Python sources to put in a wheel ({dist.locate_file('')})")
-    dist_name = dist.metadata["Name"].lower().replace("-", "_")
     return _wheel(dist_name, dist.version, files, dist.read_text("METADATA").encode(), tops)
 
 
