@@ -133,10 +133,11 @@ def test_pip_path_pack_generate_site_serve(wheel, tmp_path):
     bin_ = _venv(tmp_path / "venv", wheel, with_deps=True)
     work = tmp_path / "work"  # not a checkout: nothing here to find web/ or shaders/ in
     work.mkdir()
-    env = {**os.environ, "WEBINFER_HOME": str(tmp_path / "home"), "PYTHONPATH": "", "CI": ""}
+    env = {**os.environ, "WEBINFER_HOME": str(tmp_path / "home"), "PYTHONPATH": ""}
     env.pop("WEBINFER_PYODIDE_DIR", None)
-    where = _run([bin_ / "python", "-c", "import webinfer, webinfer_packager, webinfer_web, webinfer_shaders as s; "
-                  "print(webinfer.__file__, webinfer_packager.__file__, list(s.__path__)[0])"], cwd=work, env=env)
+    code = ("import webinfer, webinfer_packager, webinfer_web, webinfer_shaders as s; "
+            "print(webinfer.__file__, webinfer_packager.__file__, list(s.__path__)[0])")
+    where = _run([bin_ / "python", "-c", code], cwd=work, env=env)
     assert where.returncode == 0 and str(REPO) not in where.stdout and str(tmp_path / "venv") in where.stdout, where
 
     write_hf(work / "hf")

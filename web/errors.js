@@ -8,7 +8,8 @@ export function explain(e, model = null) {
   const what = model ? model.name : "the model";
   if (name === "PreflightError" && /no WebGPU/i.test(msg)) {
     return ["This browser cannot run models here: it has no WebGPU.",
-      "Open this page in a recent Chrome or Edge (version 113 or later), or turn WebGPU on in your browser's settings (Safari and Firefox have it behind a setting in some versions)."];
+      "Open this page in a recent Chrome or Edge (version 113 or later), or turn WebGPU on in your browser's " +
+      "settings (Safari and Firefox have it behind a setting in some versions)."];
   }
   if (name === "PreflightError" && /no GPU adapter/i.test(msg)) {
     return ["WebGPU is on, but the browser offers it no GPU.",

@@ -30,10 +30,9 @@ ANSWERED = "document.getElementById('stats').textContent.includes('tokens/s') &&
 
 @pytest.fixture(scope="module")
 def two_model_site(tmp_path_factory, tiny_package) -> Path:
+    from tests.synthetic import write_hf
     from webinfer_packager.pack.build import pack
     from webinfer_packager.site.build import build_site
-
-    from tests.synthetic import write_hf
 
     d = tmp_path_factory.mktemp("two")
     write_hf(d / "hf")  # the same seed as tiny_package: identical shards, another name, another manifest

@@ -81,8 +81,8 @@ def _wheel(dist: str, version: str, files: list[tuple[str, bytes]], metadata: by
     """A py3-none-any wheel built in memory with fixed timestamps and sorted entries (same input, same bytes)."""
     info = f"{dist}-{version}.dist-info"
     files = sorted(files) + [(f"{info}/METADATA", metadata),
-                             (f"{info}/WHEEL", b"Wheel-Version: 1.0\nGenerator: webinfer-site\nRoot-Is-Purelib: true\n"
-                                               b"Tag: py3-none-any\n"),
+                             (f"{info}/WHEEL", (b"Wheel-Version: 1.0\nGenerator: webinfer-site\n"
+                                                b"Root-Is-Purelib: true\nTag: py3-none-any\n")),
                              (f"{info}/top_level.txt", "".join(t + "\n" for t in top_level).encode())]
     record = []
     for name, data in files:
