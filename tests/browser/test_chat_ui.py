@@ -125,11 +125,12 @@ def test_chat_flow_history_switch_and_cache(site, browser):
 
     # stop: a long answer stopped after its first tokens is kept and marked
     _set_max_tokens(page, 400)
+    # (the page presses Stop itself at the first streamed text: the tiny model's whole answer takes a few seconds)
+    page.evaluate("""() => new MutationObserver((_, obs) => {
+        if (document.querySelector(".msg.streaming .content")?.textContent) { obs.disconnect(); document.getElementById("stop").click(); }
+    }).observe(document.getElementById("log"), {childList: true, subtree: true, characterData: true})""")
     page.fill("#input", "Tell me more")
     page.press("#input", "Enter")
-    page.wait_for_selector(".msg.streaming")
-    page.wait_for_function("document.querySelector('.msg.streaming .content').textContent.length > 0")
-    page.click("#stop")
     page.wait_for_function(ANSWERED)
     assert "Stopped." in page.inner_text(".msg.assistant:last-of-type .note")
 
@@ -212,21 +213,29 @@ def test_keyboard_only_on_a_phone(site, browser):
     kb.press("Shift+Tab")
     kb.press("Shift+Tab")
     assert focused() == "input"
-    kb.type("Hi there")
+    lines = [f"line {i}" for i in range(16)]  # a tall message, so that the answer makes the log scroll
+    for i, line in enumerate(lines):
+        kb.type(line)
+        if i < len(lines) - 1:
+            kb.press("Shift+Enter")  # a new line, not a send
+    # streaming without yanking the reader: scrolled up at the first streamed text (by the page itself, so that
+    # it happens mid-answer), the log stays put while the answer grows
+    page.evaluate("""() => new MutationObserver((_, obs) => {
+        const c = document.querySelector(".msg.streaming .content");
+        if (!c?.textContent) return;
+        obs.disconnect();
+        document.getElementById("log").scrollTop = 0;
+        window.__mid = {streaming: true, len: c.textContent.length};
+    }).observe(document.getElementById("log"), {childList: true, subtree: true, characterData: true})""")
     kb.press("Enter")  # sends, loading the model first
-    # streaming without yanking the reader: scrolled up mid-answer, the log stays put while the answer grows
-    page.wait_for_function("document.querySelector('.msg.streaming .content')?.textContent.length > 0",
-                           timeout=300_000)
-    mid = page.evaluate("""() => { const log = document.getElementById("log"); log.scrollTop = 0;
-        return {streaming: !!document.querySelector(".msg.streaming"),
-                len: document.querySelector(".msg.streaming .content").textContent.length}; }""")
-    page.wait_for_function(ANSWERED)
+    page.wait_for_function(ANSWERED, timeout=300_000)
+    mid = page.evaluate("window.__mid")
     end = page.evaluate("""() => ({top: document.getElementById("log").scrollTop,
         len: document.querySelector(".msg.assistant .content").textContent.length,
         overflow: document.getElementById("log").scrollHeight > document.getElementById("log").clientHeight})""")
     assert mid["streaming"] and end["len"] > mid["len"] and end["overflow"], (mid, end)
     assert end["top"] == 0, end
-    assert _texts(page, ".msg.user .content") == ["Hi there"]
+    assert _texts(page, ".msg.user .content") == ["\n".join(lines)]
     page.evaluate("document.getElementById('log').scrollTop = 1e9")
     _shot(page, "phone-answer")
 
