@@ -257,7 +257,7 @@ function messageEl(m, i) {
   if (m.role === "user") {
     actions.append(button("Edit", `Edit message ${i + 1} and send again`, () => editMessage(art, i)));
     // a message left without an answer (the load or the answer failed): answer it without retyping
-    if (last) actions.append(button("Answer", "Answer this message", regenerate));
+    if (last) actions.append(button("Answer", "Answer this message", regenerate, "answer"));
   } else {
     actions.append(button("Copy", `Copy answer ${i + 1}`, (ev) => copyText(m.content, ev.currentTarget)));
     if (last) actions.append(button("Regenerate", "Regenerate the last answer", regenerate));
@@ -266,10 +266,10 @@ function messageEl(m, i) {
   return art;
 }
 
-function button(text, label, onclick) {
+function button(text, label, onclick, extraClass = "") {
   const b = document.createElement("button");
   b.type = "button";
-  b.className = "secondary small";
+  b.className = `secondary small ${extraClass}`.trim();
   b.textContent = text;
   b.setAttribute("aria-label", label);
   b.onclick = onclick;
@@ -353,6 +353,7 @@ async function generate() {
   conv.model = ui.loadedSha;
   const log = $("log");
   log.querySelector(".empty")?.remove();
+  log.querySelector("button.answer")?.remove();  // the message is being answered now
   const el = messageEl(msg, conv.messages.length - 1);
   el.classList.add("streaming");
   el.setAttribute("aria-busy", "true");
