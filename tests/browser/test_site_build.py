@@ -60,10 +60,31 @@ def test_corrupt_package_fails_and_leaves_previous_site(tiny_package, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad", "site"]
 
 
-def test_missing_setup_is_reported_with_the_fix(tiny_package, tmp_path, monkeypatch):
+def test_missing_pyodide_is_reported_and_nothing_is_written(tiny_package, tmp_path, monkeypatch):
     from webinfer_packager.site.build import SiteBuildError, build_site
 
-    monkeypatch.setenv("WEBINFER_BROWSER_WHEELS", str(tmp_path / "nowheels"))
-    with pytest.raises(SiteBuildError, match="setup-browser.sh"):
+    monkeypatch.setenv("WEBINFER_PYODIDE_DIR", str(tmp_path / "nopyodide"))
+    with pytest.raises(SiteBuildError, match="WEBINFER_PYODIDE_DIR=.*pyodide.asm.wasm"):
         build_site([tiny_package], tmp_path / "site")
     assert not (tmp_path / "site").exists()
+
+
+def test_dependency_wheels_are_pure_python_and_import_alone(tmp_path):
+    """The jinja2 and markupsafe wheels the browser loads: no compiled modules, and they import (and escape) in an
+    interpreter that sees nothing but them, as in Pyodide."""
+    import subprocess
+    import sys
+
+    from webinfer_packager.site.build import dependency_wheel
+
+    for name in ("jinja2", "markupsafe"):
+        whl, data = dependency_wheel(name)
+        assert whl.endswith("-py3-none-any.whl") and dependency_wheel(name)[1] == data  # deterministic
+        zf = zipfile.ZipFile(io.BytesIO(data))
+        assert not [n for n in zf.namelist() if n.endswith((".so", ".pyd", ".c"))]
+        zf.extractall(tmp_path / "only")
+    code = ("import sys; sys.path[:0] = [sys.argv[1]]; import jinja2, markupsafe; "
+            "assert markupsafe.__file__.startswith(sys.argv[1]) and jinja2.__file__.startswith(sys.argv[1]); "
+            "print(jinja2.Environment(autoescape=True).from_string('{{ x }}').render(x='<b>'))")
+    r = subprocess.run([sys.executable, "-S", "-c", code, str(tmp_path / "only")], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "&lt;b&gt;", r.stderr

@@ -75,8 +75,7 @@ def test_chat_ui_streams_and_stops(smol_site, browser):
     assert "ready" in page.inner_text("#status"), page.inner_text("#status")
     page.fill("#input", "Tell me a story about a robot.")
     page.press("#input", "Enter")
-    page.wait_for_function("document.querySelector('.msg.assistant') && document.querySelector('.msg.assistant').textContent.length > 8",
-                           timeout=120_000)
+    page.wait_for_function("document.querySelector('.msg.assistant .content')?.textContent.length > 8", timeout=120_000)
     page.screenshot(path=str(ARTIFACTS / "chat-mid-answer.png"))
     assert page.is_enabled("#stop")
     page.click("#stop")
@@ -84,4 +83,4 @@ def test_chat_ui_streams_and_stops(smol_site, browser):
     assert not page.is_enabled("#stop") and page.is_enabled("#send")
     n = int(page.inner_text("#stats").split("·")[2].split()[0])
     assert 1 < n < 256, page.inner_text("#stats")  # stopped well before max_tokens
-    print("ui", page.inner_text("#stats"), repr(page.inner_text(".msg.assistant")[:80]))
+    print("ui", page.inner_text("#stats"), repr(page.inner_text(".msg.assistant .content")[:80]))

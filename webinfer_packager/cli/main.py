@@ -1,5 +1,9 @@
 """The `webinfer` command line. Each subcommand lives in its own module and is imported only when used,
-so `webinfer tokenize` never pays for torch and `webinfer pack` never touches the GPU."""
+so `webinfer tokenize` never pays for torch and `webinfer pack` never touches the GPU.
+
+Exit status: 0 success; 1 a check found a problem (`doctor`); 2 bad input or a failed operation (the message names
+the file and what was expected; also argparse's usage errors); 3 an optional dependency is missing (the message
+names the pip extra); 130 interrupted."""
 
 from __future__ import annotations
 
@@ -18,6 +22,15 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
 
 
+EXIT_ERROR, EXIT_MISSING_EXTRA, EXIT_INTERRUPTED = 2, 3, 130
+
+
+def _version() -> str:
+    import webinfer
+
+    return webinfer.__version__
+
+
 def _add_backend(p: argparse.ArgumentParser, default: str) -> None:
     p.add_argument("--backend", choices=["auto", "native", "reference"], default=default,
                    help=f"native GPU, the numpy reference model (slow), or auto (native if an adapter exists; default {default})")
@@ -28,6 +41,7 @@ def _add_backend(p: argparse.ArgumentParser, default: str) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="webinfer", description="Run language models on your own GPU, natively or in a web page.")
+    ap.add_argument("--version", action="version", version=f"webinfer {_version()}")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("pack", help="pack a GGUF file or Hugging Face folder into a webinfer package")
@@ -115,21 +129,43 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("site", help="build the static offline chat site")
     p.add_argument("packages", nargs="*", help="package folders (default: the packed default model)")
     p.add_argument("-o", "--output", required=True)
+    p.add_argument("--json", action="store_true", help="print the output folder, version and models as JSON")
+    p.add_argument("--quiet", action="store_true", help="no messages on stderr (errors still go there)")
     p.set_defaults(handler="webinfer_packager.site.build:cli_main")
+
+    p = sub.add_parser("doctor", help="check the GPU adapter, Chromium/WebGPU, optional parts and caches")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--quiet", action="store_true", help="print only problems (exit status 1 when there are any)")
+    p.add_argument("--no-browser", action="store_true", help="do not launch Chromium to probe its WebGPU")
+    p.set_defaults(handler="webinfer_packager.cli.doctor:cli_main")
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     module_name, func_name = args.handler.split(":")
-    handler = getattr(importlib.import_module(module_name), func_name)
     try:
+        handler = getattr(importlib.import_module(module_name), func_name)
         return int(handler(args) or 0)
     except WebinferError as e:
         print(f"webinfer {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_ERROR
+    except ModuleNotFoundError as e:
+        extra = _extra_for(e.name)
+        if extra is None:
+            raise
+        print(f'webinfer {args.command}: error: this command needs {e.name.split(".")[0]}, which is not installed: '
+              f'pip install "webinfer[{extra}]"', file=sys.stderr)
+        return EXIT_MISSING_EXTRA
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
+
+
+def _extra_for(module: str | None) -> str | None:
+    """The pip extra that installs a missing module, or None when it is not an optional dependency of ours."""
+    from webinfer_packager.cli.doctor import EXTRA_OF
+
+    return EXTRA_OF.get((module or "").split(".")[0])
 
 
 if __name__ == "__main__":
