@@ -12,7 +12,8 @@ out="${1:-webinfer/cpu}"
 CC="${WEBINFER_CLANG:-clang-19}"
 command -v "$CC" >/dev/null || { echo "build-wasm: $CC not found (apt-get install clang-19 lld-19)" >&2; exit 1; }
 # 4 GiB is the wasm32 ceiling; the runner grows memory as it places weights and reports what it took
-flags=(--target=wasm32 -O3 -msimd128 -mbulk-memory -mnontrapping-fptoint -nostdlib -ffreestanding
+# -ffp-contract=off: no fused multiply-adds (the relaxed build would emit relaxed_madd), so both builds round alike
+flags=(--target=wasm32 -O3 -ffp-contract=off -msimd128 -mbulk-memory -mnontrapping-fptoint -nostdlib -ffreestanding
        -fno-builtin-memcpy -Wall -Wextra -Werror -Wno-unused-parameter
        -Wl,--no-entry -Wl,--export=__heap_base -Wl,--initial-memory=1048576 -Wl,--max-memory=4294967296
        -Wl,-z,stack-size=262144 -Wl,--strip-all -fdebug-prefix-map="$PWD"=.)

@@ -32,19 +32,15 @@ void *memset(void *d, int c, unsigned long n) { __builtin_memset(d, c, n); retur
 
 // ------------------------------------------------------------------------------------------------ scalar math
 
-INLINE float f16_to_f32(u32 h) {
-    u32 s = (h & 0x8000u) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff;
-    union { u32 u; float f; } v;
-    if (e == 0) {  // zero or subnormal: m * 2^-24
-        float f = (float)m * 5.9604644775390625e-8f;
-        return s ? -f : f;
-    }
-    v.u = s | (e == 31 ? 0x7f800000u | (m << 13) : ((e + 112) << 23) | (m << 13));
-    return v.f;
-}
-
 INLINE u32 f32_bits(float f) { union { float f; u32 u; } v = {f}; return v.u; }
 INLINE float bits_f32(u32 u) { union { u32 u; float f; } v = {u}; return v.f; }
+
+// f16 -> f32 without branches: the f16 bits shifted into an f32 exponent/mantissa read 2^-112 times the value, so
+// one exact multiplication fixes it (normals and subnormals alike). Inf/NaN scales are not supported (a packed
+// scale is always finite).
+INLINE float f16_to_f32(u32 h) {
+    return bits_f32(((h & 0x8000u) << 16) | f32_bits(bits_f32((h & 0x7fffu) << 13) * 0x1p112f));
+}
 
 // exp(x) in f32, within ~1 ulp: x = n ln2 + r, |r| <= ln2/2, exp(r) by a degree-7 Taylor polynomial
 static float expf_(float x) {
@@ -66,6 +62,7 @@ static float expf_(float x) {
     if (k < -126) {  // subnormal result: scale in two steps
         return p * bits_f32((u32)(k + 126 + 127) << 23) * bits_f32(1u << 23);
     }
+    if (k > 127) return p * bits_f32(254u << 23) * 2.0f;  // 2^128 is not an f32: 2^127 * 2
     return p * bits_f32((u32)(k + 127) << 23);
 }
 
@@ -84,8 +81,8 @@ typedef struct {
 INLINE u32 row_bytes_q(const Weight *w) { return w->dtype == F_Q8 ? w->kp : w->kp / 2; }
 
 // codes of elements [32u, 32u + 32) of a row as two u8x16 (q8: i8x16), natural order
-INLINE void unit_codes(const Weight *w, const u8 *qrow, const u8 *hrow, u32 u, v128_t *c0, v128_t *c1) {
-    if (w->dtype == F_Q8) {
+INLINE void unit_codes(u32 dt, const u8 *qrow, const u8 *hrow, u32 u, v128_t *c0, v128_t *c1) {
+    if (dt == F_Q8) {
         *c0 = wasm_v128_load(qrow + 32 * u);
         *c1 = wasm_v128_load(qrow + 32 * u + 16);
         return;
@@ -96,7 +93,7 @@ INLINE void unit_codes(const Weight *w, const u8 *qrow, const u8 *hrow, u32 u, v
     v128_t lo = wasm_v128_and(b, m), hi = wasm_u8x16_shr(b, 4);
     v128_t v0 = wasm_i8x16_shuffle(lo, hi, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
     v128_t v1 = wasm_i8x16_shuffle(lo, hi, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
-    if (w->dtype == F_Q5_0 || w->dtype == F_Q5_1 || w->dtype == F_Q5K) {
+    if (dt == F_Q5_0 || dt == F_Q5_1 || dt == F_Q5K) {
         // bit 4 of element k = bit k % 32 of word k / 32: spread the word's bytes over lanes, test one bit each
         v128_t h = wasm_v128_load32_splat(hrow + 4 * u);
         v128_t bits = wasm_i8x16_const(1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128);
@@ -105,7 +102,7 @@ INLINE void unit_codes(const Weight *w, const u8 *qrow, const u8 *hrow, u32 u, v
         v128_t x10 = wasm_i8x16_splat(0x10);
         v0 = wasm_v128_or(v0, wasm_v128_and(wasm_i8x16_eq(wasm_v128_and(s0, bits), bits), x10));
         v1 = wasm_v128_or(v1, wasm_v128_and(wasm_i8x16_eq(wasm_v128_and(s1, bits), bits), x10));
-    } else if (w->dtype == F_Q6K) {
+    } else if (dt == F_Q6K) {
         // bits 4-5 of element k = bits 2 (k % 16) .. +1 of word k / 16
         v128_t h = wasm_v128_load64_splat(hrow + 8 * u);
         v128_t lob = wasm_i8x16_const(1, 4, 16, 64, 1, 4, 16, 64, 1, 4, 16, 64, 1, 4, 16, 64);
@@ -122,34 +119,55 @@ INLINE void unit_codes(const Weight *w, const u8 *qrow, const u8 *hrow, u32 u, v
     *c1 = v1;
 }
 
-// (a, b) of the two halves of unit u of row `row`: value = a * q + b
-INLINE void unit_coefs(const Weight *w, u32 row, u32 u, float *a0, float *b0, float *a1, float *b1) {
-    u32 d = w->dtype;
+// A row's scale components, located once per row (no divisions in the unit loop)
+typedef struct {
+    const u8 *sc, *mn, *sup;
+    u32 gshift;  // scale group of unit u = u >> gshift (q4/q4a/q8/q5: group_size / 32 units per group)
+} RowCoefs;
+
+INLINE RowCoefs row_coefs(u32 d, const Weight *w, u32 row) {
+    RowCoefs c = {0, 0, 0, 0};
     if (d == F_Q4K || d == F_Q5K) {
-        u32 nsb = w->kp / 32;
-        u32 sup = ((const u32 *)w->super)[row * (w->kp / 256) + u / 8];
+        c.sc = w->scales + row * (w->kp / 32);
+        c.mn = w->mins + row * (w->kp / 32);
+        c.sup = w->super + row * (w->kp / 256) * 4;
+    } else if (d == F_Q6K) {
+        c.sc = w->scales + row * (w->kp / 16);
+        c.sup = w->super + row * ((w->kp / 256 + 1) / 2) * 4;
+    } else if (d != F_F32) {
+        u32 bytes = (w->kp / w->gs + 1) / 2 * 4;  // f16 per group, two per word
+        c.sc = w->scales + row * bytes;
+        c.mn = w->mins ? w->mins + row * bytes : 0;
+        c.gshift = __builtin_ctz(w->gs / 32);
+    }
+    return c;
+}
+
+// (a, b) of the two halves of unit u: value = a * q + b
+INLINE void unit_coefs(u32 d, const RowCoefs *c, u32 u, float *a0, float *b0, float *a1, float *b1) {
+    if (d == F_Q4K || d == F_Q5K) {
+        u32 sup = ((const u32 *)c->sup)[u / 8];
         float dd = f16_to_f32(sup & 0xffff), dm = f16_to_f32(sup >> 16);
-        float a = dd * (float)w->scales[row * nsb + u], b = -(dm * (float)w->mins[row * nsb + u]);
+        float a = dd * (float)c->sc[u], b = -(dm * (float)c->mn[u]);
         *a0 = *a1 = a;
         *b0 = *b1 = b;
         return;
     }
     if (d == F_Q6K) {
-        u32 nsb = w->kp / 16, nsup = (w->kp / 256 + 1) / 2 * 2;
-        float dd = f16_to_f32(((const u16 *)w->super)[row * nsup + u / 8]);
-        const i8 *sc = (const i8 *)w->scales + row * nsb + 2 * u;
+        float dd = f16_to_f32(((const u16 *)c->sup)[u / 8]);
+        const i8 *sc = (const i8 *)c->sc + 2 * u;
         *a0 = dd * (float)sc[0];
         *a1 = dd * (float)sc[1];
         *b0 = -32.0f * *a0;
         *b1 = -32.0f * *a1;
         return;
     }
-    u32 ng = (w->kp / w->gs + 1) / 2 * 2, g = u * 32 / w->gs;
-    float s = f16_to_f32(((const u16 *)w->scales)[row * ng + g]);
+    u32 g = u >> c->gshift;
+    float s = f16_to_f32(((const u16 *)c->sc)[g]);
     float b = 0.0f;
     if (d == F_Q4) b = -8.0f * s;
     else if (d == F_Q5_0) b = -16.0f * s;
-    else if (d == F_Q4A || d == F_Q5_1) b = f16_to_f32(((const u16 *)w->mins)[row * ng + g]);
+    else if (d == F_Q4A || d == F_Q5_1) b = f16_to_f32(((const u16 *)c->mn)[g]);
     *a0 = *a1 = s;
     *b0 = *b1 = b;
 }
@@ -169,13 +187,14 @@ static void dequant_row(const Weight *w, u32 row, float *out) {
     }
     const u8 *qrow = w->qweight + row * row_bytes_q(w), *hrow = qhigh_row(w, row);
     u8 codes[32] __attribute__((aligned(16)));
+    RowCoefs rc = row_coefs(w->dtype, w, row);
     for (u32 u = 0; u < w->kp / 32; u++) {
         v128_t c0, c1;
-        unit_codes(w, qrow, hrow, u, &c0, &c1);
+        unit_codes(w->dtype, qrow, hrow, u, &c0, &c1);
         wasm_v128_store(codes, c0);
         wasm_v128_store(codes + 16, c1);
         float a0, b0, a1, b1;
-        unit_coefs(w, row, u, &a0, &b0, &a1, &b1);
+        unit_coefs(w->dtype, &rc, u, &a0, &b0, &a1, &b1);
         for (u32 i = 0; i < 32 && 32 * u + i < w->k; i++) {
             float q = w->dtype == F_Q8 ? (float)(i8)codes[i] : (float)codes[i];
             float a = i < 16 ? a0 : a1;
@@ -269,23 +288,26 @@ INLINE v128_t half_dot_i8(v128_t c, const i8 *xq, const i16 *xw, int is_signed) 
     (void)xq;
     v128_t w0 = is_signed ? wasm_i16x8_extend_low_i8x16(c) : wasm_u16x8_extend_low_u8x16(c);
     v128_t w1 = is_signed ? wasm_i16x8_extend_high_i8x16(c) : wasm_u16x8_extend_high_u8x16(c);
-    return wasm_i32x4_add(wasm_i32x4_dot_i16x8(w0, wasm_v128_load(xw)), wasm_i32x4_dot_i16x8(w1, wasm_v128_load(xw + 8)));
+    v128_t d0 = wasm_i32x4_dot_i16x8(w0, wasm_v128_load(xw)), d1 = wasm_i32x4_dot_i16x8(w1, wasm_v128_load(xw + 8));
+    // lane j = elements 4j .. 4j + 3, as the relaxed dot sums them: both builds then round the same partial sums
+    return wasm_i32x4_add(wasm_i32x4_shuffle(d0, d1, 0, 2, 4, 6), wasm_i32x4_shuffle(d0, d1, 1, 3, 5, 7));
 }
 
 // One weight row against R activation rows (R constant after inlining). Per row the operations are the same
 // whatever R is: a token's result does not depend on its neighbours.
-INLINE void row_dot(const Weight *w, u32 row, const Acts *A, u32 r0, int R, int fast, float *out) {
+INLINE void row_dot(u32 dt, const Weight *w, u32 row, const Acts *A, u32 r0, int R, int fast, float *out) {
     const u8 *qrow = w->qweight + row * row_bytes_q(w), *hrow = qhigh_row(w, row);
     u32 kp = w->kp, nu = kp / 32;
-    int sg = w->dtype == F_Q8;
+    int sg = dt == F_Q8;
+    RowCoefs rc = row_coefs(dt, w, row);
     v128_t acc[4];
     float bacc[4];
     for (int r = 0; r < R; r++) { acc[r] = wasm_f32x4_splat(0.0f); bacc[r] = 0.0f; }
     for (u32 u = 0; u < nu; u++) {
         v128_t c0, c1;
-        unit_codes(w, qrow, hrow, u, &c0, &c1);
+        unit_codes(dt, qrow, hrow, u, &c0, &c1);
         float a0, b0, a1, b1;
-        unit_coefs(w, row, u, &a0, &b0, &a1, &b1);
+        unit_coefs(dt, &rc, u, &a0, &b0, &a1, &b1);
         for (int r = 0; r < R; r++) {
             u32 ri = r0 + r;
             const float *xs = A->xsum + ri * (kp / 16) + 2 * u;
@@ -327,8 +349,37 @@ INLINE void row_dot_f32(const Weight *w, u32 row, const Acts *A, u32 r0, int R, 
 
 #define TILE 4
 
-// y[r, n] (+)= W x[r] (+ bias) for `rows` activation rows: GEMV for one row, a 4-row GEMM tile otherwise (each
-// weight row decoded once per tile). scratch: room for prepare_acts (see linear_scratch_bytes).
+// Rows in tiles of 4 (each weight row decoded once per tile), the rest one by one: a row's arithmetic is the same
+// in every path, so tiling never changes a result.
+INLINE void linear_rows(u32 dt, const Weight *w, const Acts *A, float *y, u32 y_stride, u32 rows, int accumulate,
+                        int fast) {
+    float out[TILE];
+    for (u32 r0 = 0; r0 < rows;) {
+        u32 R = rows - r0 >= TILE ? TILE : 1;
+        for (u32 n = 0; n < w->n; n++) {
+            if (dt == F_F32) {
+                if (R == TILE) row_dot_f32(w, n, A, r0, TILE, out);
+                else row_dot_f32(w, n, A, r0, 1, out);
+            } else if (fast) {
+                if (R == TILE) row_dot(dt, w, n, A, r0, TILE, 1, out);
+                else row_dot(dt, w, n, A, r0, 1, 1, out);
+            } else {
+                if (R == TILE) row_dot(dt, w, n, A, r0, TILE, 0, out);
+                else row_dot(dt, w, n, A, r0, 1, 0, out);
+            }
+            float b = w->bias ? w->bias[n] : 0.0f;
+            for (u32 r = 0; r < R; r++) {
+                float v = out[r] + b;
+                float *dst = y + (r0 + r) * y_stride + n;
+                *dst = accumulate ? *dst + v : v;
+            }
+        }
+        r0 += R;
+    }
+}
+
+// y[r, n] (+)= W x[r] (+ bias) for `rows` activation rows: GEMV for one row, 4-row GEMM tiles for more.
+// scratch: room for prepare_acts (wi_linear_scratch_bytes).
 static void linear(const Weight *w, const float *x, u32 x_stride, float *y, u32 y_stride, u32 rows, int accumulate,
                    int fast, u8 *scratch) {
     u32 kp = w->dtype == F_F32 ? w->k : w->kp;
@@ -344,39 +395,16 @@ static void linear(const Weight *w, const float *x, u32 x_stride, float *y, u32 
         p += rows * kp;
         prepare_acts(&A, rows, w->k, kp, fast, (float *)(((uintptr_t)p + 15) & ~(uintptr_t)15));
     }
-    float out[TILE];
-    for (u32 r0 = 0; r0 < rows; r0 += TILE) {
-        u32 R = rows - r0 < TILE ? rows - r0 : TILE;
-        for (u32 n = 0; n < w->n; n++) {
-            if (w->dtype == F_F32) {
-                switch (R) {
-                    case 1: row_dot_f32(w, n, &A, r0, 1, out); break;
-                    case 2: row_dot_f32(w, n, &A, r0, 2, out); break;
-                    case 3: row_dot_f32(w, n, &A, r0, 3, out); break;
-                    default: row_dot_f32(w, n, &A, r0, 4, out); break;
-                }
-            } else if (fast) {
-                switch (R) {
-                    case 1: row_dot(w, n, &A, r0, 1, 1, out); break;
-                    case 2: row_dot(w, n, &A, r0, 2, 1, out); break;
-                    case 3: row_dot(w, n, &A, r0, 3, 1, out); break;
-                    default: row_dot(w, n, &A, r0, 4, 1, out); break;
-                }
-            } else {
-                switch (R) {
-                    case 1: row_dot(w, n, &A, r0, 1, 0, out); break;
-                    case 2: row_dot(w, n, &A, r0, 2, 0, out); break;
-                    case 3: row_dot(w, n, &A, r0, 3, 0, out); break;
-                    default: row_dot(w, n, &A, r0, 4, 0, out); break;
-                }
-            }
-            float b = w->bias ? w->bias[n] : 0.0f;
-            for (u32 r = 0; r < R; r++) {
-                float v = out[r] + b;
-                float *dst = y + (r0 + r) * y_stride + n;
-                *dst = accumulate ? *dst + v : v;
-            }
-        }
+    switch (w->dtype) {  // one specialised loop per format: the format's branches fold away
+        case F_F32: linear_rows(F_F32, w, &A, y, y_stride, rows, accumulate, 0); break;
+        case F_Q4: linear_rows(F_Q4, w, &A, y, y_stride, rows, accumulate, fast); break;
+        case F_Q4A: linear_rows(F_Q4A, w, &A, y, y_stride, rows, accumulate, fast); break;
+        case F_Q8: linear_rows(F_Q8, w, &A, y, y_stride, rows, accumulate, fast); break;
+        case F_Q5_0: linear_rows(F_Q5_0, w, &A, y, y_stride, rows, accumulate, fast); break;
+        case F_Q5_1: linear_rows(F_Q5_1, w, &A, y, y_stride, rows, accumulate, fast); break;
+        case F_Q4K: linear_rows(F_Q4K, w, &A, y, y_stride, rows, accumulate, fast); break;
+        case F_Q5K: linear_rows(F_Q5K, w, &A, y, y_stride, rows, accumulate, fast); break;
+        case F_Q6K: linear_rows(F_Q6K, w, &A, y, y_stride, rows, accumulate, fast); break;
     }
 }
 
