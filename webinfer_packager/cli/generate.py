@@ -21,6 +21,13 @@ def _native(package_path, ids, args, eos_ids, on_token):
                            args.seed, eos_ids, on_token=on_token)
 
 
+def _cpu(package_path, ids, args, eos_ids, on_token):
+    from webinfer_packager.cpu import generate_cpu
+
+    return generate_cpu(str(package_path), ids, args.max_tokens, args.temperature, args.top_p, args.top_k,
+                        args.seed, eos_ids, on_token=on_token, mode=args.cpu_mode)
+
+
 def _reference(package, ids, args, eos_ids, on_token):
     from webinfer_packager.reference.model import ReferenceModel, Sampler, generate
 
@@ -77,7 +84,7 @@ def cli_main(args) -> int:
             sys.stdout.flush()
             printed[0] = text
 
-    run = _reference if args.backend == "reference" else _native
+    run = {"reference": _reference, "cpu": _cpu}.get(args.backend, _native)
     out, timings = run(package if args.backend == "reference" else path, ids, args, eos_ids, on_token)
     text = tok.decode([t for t in out if t not in eos_ids])
     if args.json:

@@ -18,6 +18,11 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
 
 
+def _add_cpu_mode(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cpu-mode", choices=["exact", "fast"], default="exact",
+                   help="--backend cpu: f32 activations (exact) or int8 activations (fast)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="webinfer", description="Run language models on your own GPU, natively or in a web page.")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -50,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--messages", help="JSON file with a list of {role, content}")
     p.add_argument("--chat", action="store_true", help="wrap --prompt as one user message in the chat template")
     _add_sampling(p)
-    p.add_argument("--backend", choices=["native", "reference"], default="native")
+    p.add_argument("--backend", choices=["native", "reference", "cpu"], default="native")
+    _add_cpu_mode(p)
     p.add_argument("--json", action="store_true", help="print prompt_ids, output_ids, text and timings as JSON")
     p.set_defaults(handler="webinfer_packager.cli.generate:cli_main")
 
@@ -76,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="fewer repetitions and shorter prompts")
     p.add_argument("--skip-hf", action="store_true", help="skip the HF transformers comparison")
     p.add_argument("--skip-serving", action="store_true", help="skip the concurrency / prefix-cache / mixed-load part")
+    p.add_argument("--backend", choices=["native", "cpu"], default="native",
+                   help="cpu: the WebAssembly engine (GEMV GB/s beside read bandwidth, decode tok/s per mode)")
+    p.add_argument("--ppl-text", help="cpu: also measure perplexity exact vs fast on this UTF-8 text")
     p.set_defaults(handler="webinfer_packager.bench.run:cli_main")
 
     p = sub.add_parser("serve", help="OpenAI-compatible API and the chat site")
@@ -84,8 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--site", help="static site folder to serve at / (default: build the chat site for PACKAGE)")
     p.add_argument("--no-site", action="store_true", help="serve only the API")
-    p.add_argument("--backend", choices=["auto", "native", "reference"], default="auto",
-                   help="native GPU, the numpy reference (slow), or auto (native if an adapter exists)")
+    p.add_argument("--backend", choices=["auto", "native", "reference", "cpu"], default="auto",
+                   help="native GPU, the numpy reference (slow), cpu (the WebAssembly engine in wasmtime), "
+                        "or auto (native if an adapter exists)")
+    _add_cpu_mode(p)
     p.add_argument("--kv-budget-mb", type=float, default=128.0, help="GPU memory for the KV cache (default 128)")
     p.set_defaults(handler="webinfer_packager.cli.serve:cli_main")
 
@@ -98,6 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "bench" and args.backend == "cpu":
+        args.handler = "webinfer_packager.bench.cpu:cli_main"
     module_name, func_name = args.handler.split(":")
     handler = getattr(importlib.import_module(module_name), func_name)
     try:

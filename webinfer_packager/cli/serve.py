@@ -20,6 +20,11 @@ def load_engine(package_path, backend: str = "auto", kv_budget_mb: float = 128.0
 
     pkg = package_path if isinstance(package_path, Package) else Package.open(package_path)
     runner = None
+    if backend == "cpu":
+        from webinfer_packager.cpu import blocks_for_budget, load_runner as load_cpu
+
+        runner = load_cpu(pkg, mode=engine_kw.pop("cpu_mode", "exact"),
+                          num_blocks=blocks_for_budget(pkg, kv_budget_mb, 16), max_model_len=2048)
     if backend in ("auto", "native"):
         try:
             from webinfer_packager.native import load_runner
@@ -53,7 +58,8 @@ def cli_main(args) -> int:
 
     path = resolve_package(args.package)
     site = None if args.no_site else (args.site or default_site(path))
-    engine = load_engine(path, backend=args.backend, kv_budget_mb=args.kv_budget_mb)
+    engine = load_engine(path, backend=args.backend, kv_budget_mb=args.kv_budget_mb,
+                         **({"cpu_mode": args.cpu_mode} if args.backend == "cpu" else {}))
     print(f"webinfer serve: {engine.model_name} on http://{args.host}:{args.port}/v1 "
           f"(KV: {engine.scheduler.kv.pool.num_usable} blocks of {engine.scheduler.kv.block_size})", file=sys.stderr)
     if site:
