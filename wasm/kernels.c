@@ -80,40 +80,45 @@ typedef struct {
 
 INLINE u32 row_bytes_q(const Weight *w) { return w->dtype == F_Q8 ? w->kp : w->kp / 2; }
 
-// codes of elements [32u, 32u + 32) of a row as two u8x16 (q8: i8x16), natural order
+// Codes of unit u (elements [32u, 32u + 32)) of a row as two u8x16 vectors (q8: i8x16) v0, v1, each to be
+// multiplied with 16 activations of the unit's (ordered) activation block xb: v0 . xb[0..16) + v1 . xb[16..32).
+//   q8: natural order, xb = x (v0: half 0, v1: half 1).
+//   nibble formats: v0 = the low nibbles (even elements 0, 2, .., 30), v1 = the high nibbles (odd elements), so
+//   no shuffles: the activations are permuted instead (ODD_EVEN, once per call), xb = x[0], x[2], .., x[30], x[1],
+//   x[3], .., x[31]. Lanes 0-7 of either vector belong to half 0 (elements < 16), lanes 8-15 to half 1.
+#define ODD_EVEN(dt) ((dt) != F_Q8 && (dt) != F_F32)
 INLINE void unit_codes(u32 dt, const u8 *qrow, const u8 *hrow, u32 u, v128_t *c0, v128_t *c1) {
     if (dt == F_Q8) {
         *c0 = wasm_v128_load(qrow + 32 * u);
         *c1 = wasm_v128_load(qrow + 32 * u + 16);
         return;
     }
-    // byte i of the 16 holds element 2i (low nibble) and 2i + 1 (high nibble)
-    v128_t b = wasm_v128_load(qrow + 16 * u);
+    v128_t b = wasm_v128_load(qrow + 16 * u);  // byte i: element 2i (low nibble), 2i + 1 (high nibble)
     v128_t m = wasm_i8x16_splat(0x0f);
-    v128_t lo = wasm_v128_and(b, m), hi = wasm_u8x16_shr(b, 4);
-    v128_t v0 = wasm_i8x16_shuffle(lo, hi, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-    v128_t v1 = wasm_i8x16_shuffle(lo, hi, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    v128_t v0 = wasm_v128_and(b, m), v1 = wasm_v128_and(wasm_u16x8_shr(b, 4), m);
     if (dt == F_Q5_0 || dt == F_Q5_1 || dt == F_Q5K) {
-        // bit 4 of element k = bit k % 32 of word k / 32: spread the word's bytes over lanes, test one bit each
-        v128_t h = wasm_v128_load32_splat(hrow + 4 * u);
-        v128_t bits = wasm_i8x16_const(1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128);
-        v128_t s0 = wasm_i8x16_swizzle(h, wasm_i8x16_const(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1));
-        v128_t s1 = wasm_i8x16_swizzle(h, wasm_i8x16_const(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+        // bit 4 of element e = bit e % 32 of the unit's word: lane i (elements 2i, 2i + 1) reads byte i / 4
+        v128_t h = wasm_i8x16_swizzle(wasm_v128_load32_splat(hrow + 4 * u),
+                                      wasm_i8x16_const(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3));
+        v128_t be = wasm_i8x16_const(1, 4, 16, 64, 1, 4, 16, 64, 1, 4, 16, 64, 1, 4, 16, 64);
+        v128_t bo = wasm_i8x16_const(2, 8, 32, -128, 2, 8, 32, -128, 2, 8, 32, -128, 2, 8, 32, -128);
         v128_t x10 = wasm_i8x16_splat(0x10);
-        v0 = wasm_v128_or(v0, wasm_v128_and(wasm_i8x16_eq(wasm_v128_and(s0, bits), bits), x10));
-        v1 = wasm_v128_or(v1, wasm_v128_and(wasm_i8x16_eq(wasm_v128_and(s1, bits), bits), x10));
+        v0 = wasm_v128_or(v0, wasm_v128_and(wasm_i8x16_eq(wasm_v128_and(h, be), be), x10));
+        v1 = wasm_v128_or(v1, wasm_v128_and(wasm_i8x16_eq(wasm_v128_and(h, bo), bo), x10));
     } else if (dt == F_Q6K) {
-        // bits 4-5 of element k = bits 2 (k % 16) .. +1 of word k / 16
-        v128_t h = wasm_v128_load64_splat(hrow + 8 * u);
-        v128_t lob = wasm_i8x16_const(1, 4, 16, 64, 1, 4, 16, 64, 1, 4, 16, 64, 1, 4, 16, 64);
-        v128_t hib = wasm_i8x16_const(2, 8, 32, -128, 2, 8, 32, -128, 2, 8, 32, -128, 2, 8, 32, -128);
-        v128_t s0 = wasm_i8x16_swizzle(h, wasm_i8x16_const(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3));
-        v128_t s1 = wasm_i8x16_swizzle(h, wasm_i8x16_const(4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7));
+        // bits 4-5 of element e = bits 2 (e % 16) .. +1 of word e / 16, i.e. of byte e / 4 of the unit's 8 bytes
+        // at bit 2 (e % 4): lane i (elements 2i, 2i + 1) reads byte i / 2
+        v128_t h = wasm_i8x16_swizzle(wasm_v128_load64_splat(hrow + 8 * u),
+                                      wasm_i8x16_const(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7));
+        v128_t e1 = wasm_i8x16_const(1, 16, 1, 16, 1, 16, 1, 16, 1, 16, 1, 16, 1, 16, 1, 16);
+        v128_t e2 = wasm_i8x16_const(2, 32, 2, 32, 2, 32, 2, 32, 2, 32, 2, 32, 2, 32, 2, 32);
+        v128_t o1 = wasm_i8x16_const(4, 64, 4, 64, 4, 64, 4, 64, 4, 64, 4, 64, 4, 64, 4, 64);
+        v128_t o2 = wasm_i8x16_const(8, -128, 8, -128, 8, -128, 8, -128, 8, -128, 8, -128, 8, -128, 8, -128);
         v128_t x10 = wasm_i8x16_splat(0x10), x20 = wasm_i8x16_splat(0x20);
-        v0 = wasm_v128_or(v0, wasm_v128_or(wasm_v128_and(wasm_i8x16_eq(wasm_v128_and(s0, lob), lob), x10),
-                                           wasm_v128_and(wasm_i8x16_eq(wasm_v128_and(s0, hib), hib), x20)));
-        v1 = wasm_v128_or(v1, wasm_v128_or(wasm_v128_and(wasm_i8x16_eq(wasm_v128_and(s1, lob), lob), x10),
-                                           wasm_v128_and(wasm_i8x16_eq(wasm_v128_and(s1, hib), hib), x20)));
+        v0 = wasm_v128_or(v0, wasm_v128_or(wasm_v128_and(wasm_i8x16_eq(wasm_v128_and(h, e1), e1), x10),
+                                           wasm_v128_and(wasm_i8x16_eq(wasm_v128_and(h, e2), e2), x20)));
+        v1 = wasm_v128_or(v1, wasm_v128_or(wasm_v128_and(wasm_i8x16_eq(wasm_v128_and(h, o1), o1), x10),
+                                           wasm_v128_and(wasm_i8x16_eq(wasm_v128_and(h, o2), o2), x20)));
     }
     *c0 = v0;
     *c1 = v1;
@@ -196,7 +201,8 @@ static void dequant_row(const Weight *w, u32 row, float *out) {
         float a0, b0, a1, b1;
         unit_coefs(w->dtype, &rc, u, &a0, &b0, &a1, &b1);
         for (u32 i = 0; i < 32 && 32 * u + i < w->k; i++) {
-            float q = w->dtype == F_Q8 ? (float)(i8)codes[i] : (float)codes[i];
+            u32 ci = ODD_EVEN(w->dtype) ? (i % 2) * 16 + i / 2 : i;  // where element i sits in codes[]
+            float q = w->dtype == F_Q8 ? (float)(i8)codes[ci] : (float)codes[ci];
             float a = i < 16 ? a0 : a1;
             u32 d = w->dtype;
             float v;
@@ -226,14 +232,10 @@ INLINE float hsum(v128_t v) {
            (wasm_f32x4_extract_lane(v, 2) + wasm_f32x4_extract_lane(v, 3));
 }
 
-// x rows have k elements; the weights' padding up to kp multiplies zeros (a copy of x when k < kp)
-static void prepare_acts(Acts *A, u32 rows, u32 k, u32 kp, int fast, float *xpad) {
-    if (k < kp) {
-        for (u32 r = 0; r < rows; r++)
-            for (u32 i = 0; i < kp; i++) xpad[r * kp + i] = i < k ? A->x[r * A->x_stride + i] : 0.0f;
-        A->x = xpad;
-        A->x_stride = kp;
-    }
+// x rows have k elements; the weights' padding up to kp multiplies zeros. `perm`: the nibble formats' block order
+// (ODD_EVEN): element i of each 32-block goes to slot (i % 2) * 16 + i / 2. The copy (exact mode) and the int8
+// codes (fast mode) are written in that order; the half-sums xsum stay in natural order (half = elements 16h..).
+static void prepare_acts(Acts *A, u32 rows, u32 k, u32 kp, int fast, int perm, float *xpad) {
     for (u32 r = 0; r < rows; r++) {
         const float *x = A->x + r * A->x_stride;
         for (u32 h = 0; h < kp / 16; h++) {
@@ -241,21 +243,33 @@ static void prepare_acts(Acts *A, u32 rows, u32 k, u32 kp, int fast, float *xpad
             for (u32 i = 16 * h; i < 16 * h + 16 && i < k; i++) s += x[i];
             A->xsum[r * (kp / 16) + h] = s;
         }
-        if (!fast) continue;
-        for (u32 b = 0; b < kp / 32; b++) {
-            float amax = 0.0f;
-            for (u32 i = 32 * b; i < 32 * b + 32 && i < k; i++) {
-                float v = x[i] < 0 ? -x[i] : x[i];
-                amax = v > amax ? v : amax;
+        if (fast) {
+            for (u32 b = 0; b < kp / 32; b++) {
+                float amax = 0.0f;
+                for (u32 i = 32 * b; i < 32 * b + 32 && i < k; i++) {
+                    float v = x[i] < 0 ? -x[i] : x[i];
+                    amax = v > amax ? v : amax;
+                }
+                float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+                A->xd[r * (kp / 32) + b] = d;
+                for (u32 i = 0; i < 32; i++) {
+                    u32 e = 32 * b + i, slot = 32 * b + (perm ? (i % 2) * 16 + i / 2 : i);
+                    i32 q = e < k ? (i32)__builtin_rintf(x[e] * id) : 0;
+                    A->xq[r * kp + slot] = (i8)q;
+                    A->xw[r * kp + slot] = (i16)q;
+                }
             }
-            float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
-            A->xd[r * (kp / 32) + b] = d;
-            for (u32 i = 32 * b; i < 32 * b + 32; i++) {
-                i32 q = i < k ? (i32)__builtin_rintf(x[i] * id) : 0;
-                A->xq[r * kp + i] = (i8)q;
-                A->xw[r * kp + i] = (i16)q;
-            }
+        } else if (perm || k < kp) {
+            for (u32 b = 0; b < kp / 32; b++)
+                for (u32 i = 0; i < 32; i++) {
+                    u32 e = 32 * b + i, slot = 32 * b + (perm ? (i % 2) * 16 + i / 2 : i);
+                    xpad[r * kp + slot] = e < k ? x[e] : 0.0f;
+                }
         }
+    }
+    if (!fast && (perm || k < kp)) {
+        A->x = xpad;
+        A->x_stride = kp;
     }
 }
 
@@ -316,15 +330,30 @@ INLINE void row_dot(u32 dt, const Weight *w, u32 row, const Acts *A, u32 r0, int
                 const i8 *xq = A->xq + ri * kp + 32 * u;
                 const i16 *xw = A->xw + ri * kp + 32 * u;
                 float d = A->xd[ri * nu + u];
-                v128_t s0 = wasm_f32x4_convert_i32x4(half_dot_i8(c0, xq, xw, sg));
-                v128_t s1 = wasm_f32x4_convert_i32x4(half_dot_i8(c1, xq + 16, xw + 16, sg));
-                acc[r] = wasm_f32x4_add(acc[r], wasm_f32x4_add(wasm_f32x4_mul(s0, wasm_f32x4_splat(a0 * d)),
-                                                               wasm_f32x4_mul(s1, wasm_f32x4_splat(a1 * d))));
+                // integer lanes: 4 consecutive codes of v0 plus the same 4 lanes of v1; odd/even lanes 0-1 are
+                // half 0, 2-3 half 1 (q8: both halves share one scale)
+                v128_t s = wasm_i32x4_add(half_dot_i8(c0, xq, xw, sg), half_dot_i8(c1, xq + 16, xw + 16, sg));
+                float ad0 = a0 * d, ad1 = a1 * d;
+                v128_t coef = wasm_f32x4_make(ad0, ad0, ad1, ad1);
+                acc[r] = wasm_f32x4_add(acc[r], wasm_f32x4_mul(wasm_f32x4_convert_i32x4(s), coef));
             } else {
                 const float *x = A->x + ri * A->x_stride + 32 * u;
-                v128_t s0 = half_dot_f32(c0, x, sg), s1 = half_dot_f32(c1, x + 16, sg);
-                acc[r] = wasm_f32x4_add(acc[r], wasm_f32x4_add(wasm_f32x4_mul(s0, wasm_f32x4_splat(a0)),
-                                                               wasm_f32x4_mul(s1, wasm_f32x4_splat(a1))));
+                v128_t h0, h1;
+                if (ODD_EVEN(dt)) {
+                    h0 = wasm_f32x4_add(wasm_f32x4_add(wasm_f32x4_mul(u8_f32(c0, 0), wasm_v128_load(x)),
+                                                       wasm_f32x4_mul(u8_f32(c0, 1), wasm_v128_load(x + 4))),
+                                        wasm_f32x4_add(wasm_f32x4_mul(u8_f32(c1, 0), wasm_v128_load(x + 16)),
+                                                       wasm_f32x4_mul(u8_f32(c1, 1), wasm_v128_load(x + 20))));
+                    h1 = wasm_f32x4_add(wasm_f32x4_add(wasm_f32x4_mul(u8_f32(c0, 2), wasm_v128_load(x + 8)),
+                                                       wasm_f32x4_mul(u8_f32(c0, 3), wasm_v128_load(x + 12))),
+                                        wasm_f32x4_add(wasm_f32x4_mul(u8_f32(c1, 2), wasm_v128_load(x + 24)),
+                                                       wasm_f32x4_mul(u8_f32(c1, 3), wasm_v128_load(x + 28))));
+                } else {
+                    h0 = half_dot_f32(c0, x, sg);
+                    h1 = half_dot_f32(c1, x + 16, sg);
+                }
+                acc[r] = wasm_f32x4_add(acc[r], wasm_f32x4_add(wasm_f32x4_mul(h0, wasm_f32x4_splat(a0)),
+                                                               wasm_f32x4_mul(h1, wasm_f32x4_splat(a1))));
             }
         }
     }
@@ -393,7 +422,7 @@ static void linear(const Weight *w, const float *x, u32 x_stride, float *y, u32 
         p += rows * kp * 2;
         A.xq = (i8 *)p;
         p += rows * kp;
-        prepare_acts(&A, rows, w->k, kp, fast, (float *)(((uintptr_t)p + 15) & ~(uintptr_t)15));
+        prepare_acts(&A, rows, w->k, kp, fast, ODD_EVEN(w->dtype), (float *)(((uintptr_t)p + 15) & ~(uintptr_t)15));
     }
     switch (w->dtype) {  // one specialised loop per format: the format's branches fold away
         case F_F32: linear_rows(F_F32, w, &A, y, y_stride, rows, accumulate, 0); break;
