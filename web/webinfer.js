@@ -164,24 +164,28 @@ class Engine {
  * Load a package and return an engine with an OpenAI-shaped chat.completions.create.
  * options: onProgress(p) with p.phase in "runtime" | "cache" | "download" | "done" and byte counts,
  *          manifestSha256 (pins the manifest; default: from site.json when the URL is one of its models),
- *          preflight (default true).
+ *          preflight (default true),
+ *          backend: "webgpu" (default), "cpu" (the WebAssembly SIMD engine, no GPU needed) or "auto" (the CPU
+ *          when there is no WebGPU adapter or only a fallback/software one); engine.info.backend and
+ *          engine.info.backend_reason say which was chosen and why.
  */
 export async function load(manifestUrl, options = {}) {
   const { onProgress = () => {} } = options;
   const cfg = await site();
   const abs = new URL(manifestUrl, document.baseURI).href;
   const model = cfg.models.find((m) => new URL(m.manifest, ROOT).href === abs) || null;
+  const backend = options.backend ?? "webgpu";
   if (options.preflight !== false) {
     const pf = await preflight(model);
     onProgress({ phase: "preflight", preflight: pf });
-    if (!pf.ok) throw new PreflightError(pf.problems);
+    if (!pf.ok && backend === "webgpu") throw new PreflightError(pf.problems);  // the CPU engine needs no GPU
   }
   const client = new WorkerClient();
   onProgress({ phase: "runtime" });
   const { promise: ready } = client.call("init", { site: cfg, base: ROOT.href });
   const initInfo = await ready;
   const { promise } = client.call("load", {
-    manifestUrl: abs, sha256: options.manifestSha256 ?? model?.sha256 ?? null,
+    manifestUrl: abs, sha256: options.manifestSha256 ?? model?.sha256 ?? null, backend,
     keepPackages: cfg.models.map((m) => m.sha256),
   }, { onProgress });
   const info = await promise;

@@ -2,7 +2,8 @@
 // Protocol (postMessage, every reply carries the request's id):
 //   {id, type: "init", site}                 -> {type: "ready", timings}
 //   {id, type: "selftest", name, spec}       -> {type: "result", value}   (name: copy | gemv)
-//   {id, type: "load", manifestUrl, sha256}  -> {type: "progress", ...}*, {type: "result", value}
+//   {id, type: "load", manifestUrl, sha256, backend} -> {type: "progress", ...}*, {type: "result", value}
+//                                            (backend: "webgpu" | "cpu" | "auto"; value.backend, backend_reason)
 //   {id, type: "chat", request}              -> {type: "chunk", chunk}*, {type: "result", value}
 //   {type: "stop", target}                   (no reply: that chat is aborted after its next chunk; others go on)
 // Errors: {id, type: "error", name, message, details}.
@@ -49,7 +50,7 @@ async function load(msg) {
   });
   const t1 = performance.now();
   const map = new Map(Object.entries(files));
-  const info = await worker.load(manifestText, map, msg.manifestUrl);
+  const info = await worker.load(manifestText, map, msg.manifestUrl, msg.backend || "webgpu");
   const value = info.toJs({ dict_converter: Object.fromEntries });
   info.destroy();
   value.timings = { ...timings, ...stats, files_ms: t1 - t0, python_load_ms: performance.now() - t1, ...value.timings };

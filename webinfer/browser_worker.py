@@ -177,8 +177,11 @@ def open_package(manifest_text: str, files: dict[str, Any], where: str = "manife
     return Package.from_manifest(manifest, make_reader(files), where)
 
 
-async def load(manifest_text: str, js_files, where: str = "manifest.json") -> dict:
-    """Take the files over from JS (a Map name -> Uint8Array), open the package and build the engine."""
+async def load(manifest_text: str, js_files, where: str = "manifest.json", backend: str = "webgpu") -> dict:
+    """Take the files over from JS (a Map name -> Uint8Array), open the package and build the engine.
+    backend: "webgpu", "cpu" (the wasm engine, webinfer/cpu) or "auto" (webinfer.cpu.browser.choose_backend)."""
+    from .cpu.browser import choose_backend  # noqa: PLC0415
+
     t0 = time.perf_counter()
     files = {}
     for name in list(js_files.keys()):
@@ -186,9 +189,11 @@ async def load(manifest_text: str, js_files, where: str = "manifest.json") -> di
     t_copy = time.perf_counter()
     pkg = open_package(manifest_text, files, where)
     _state["package"], _state["files"] = pkg, files
-    dev = await get_device()
+    _state["backend"], why = await choose_backend(backend, get_device)
+    dev = await get_device() if _state["backend"] == "webgpu" else None
     timings = {"handover_ms": (t_copy - t0) * 1e3}
-    info = {"name": pkg.name, "device": device_summary(dev), "engine": False, "timings": timings}
+    info = {"name": pkg.name, "device": device_summary(dev) if dev else None, "engine": False, "timings": timings,
+            "backend": _state["backend"], "backend_reason": why}
     try:
         await build_engine(timings)
         info["engine"] = True
@@ -274,6 +279,8 @@ async def build_engine(timings: dict | None = None, context_tokens: int = KV_TOK
     _state["engine"] = _state["llm"] = None
     if old is not None:
         await old.close()  # its step loop ends; streams still open get EngineStepError
+    if _state.get("backend") == "cpu":
+        return await _build_cpu_engine(pkg, context_tokens, timings)
     dev = await get_device()
     t0 = time.perf_counter()
     ctx = min(context_tokens, pkg.config.max_position_embeddings)
@@ -306,6 +313,35 @@ async def build_engine(timings: dict | None = None, context_tokens: int = KV_TOK
     return engine
 
 
+async def _build_cpu_engine(pkg, context_tokens: int, timings: dict | None) -> Any:
+    """The same engine over the CPU runner (the wasm module through JS WebAssembly)."""
+    from .api import LLM  # noqa: PLC0415
+    from .cpu import CpuRunner  # noqa: PLC0415
+    from .cpu.browser import StepTimer, js_host  # noqa: PLC0415
+    from .engine.engine import AsyncEngine  # noqa: PLC0415
+    from .tokenizer import Tokenizer  # noqa: PLC0415
+
+    t0 = time.perf_counter()
+    host = await js_host()
+    ctx = min(context_tokens, pkg.config.max_position_embeddings)
+    runner = await CpuRunner.load(host, pkg, num_blocks=blocks_for(pkg.config, ctx, 16), block_size=16,
+                                  max_batch_tokens=MAX_BATCH_TOKENS, max_seqs=MAX_SEQS, max_model_len=ctx)
+    t1 = time.perf_counter()
+    if _state.get("tokenizer") is None:
+        _state["tokenizer"] = Tokenizer.from_json(pkg.tokenizer_json())
+    _state["host"] = StepTimer(runner)
+    engine = AsyncEngine(runner, _state["tokenizer"], eos_ids=pkg.config.eos_token_ids,
+                         chat_template=pkg.chat_template, special_tokens=pkg.special_tokens,
+                         model_name=pkg.name or "webinfer", max_num_batched_tokens=runner.max_tokens,
+                         max_num_seqs=MAX_SEQS, enable_prefix_caching=True)
+    _state["runner"], _state["engine"], _state["llm"] = runner, engine, LLM(engine)
+    timings = {} if timings is None else timings
+    _state["build_timings"] = timings
+    timings.update({"engine_build_ms": (t1 - t0) * 1e3, "wasm_variant": host.variant, "wasm_reason": host.reason,
+                    "wasm_memory_bytes": runner.memory_bytes, "tokenizer_ms": (time.perf_counter() - t1) * 1e3})
+    return engine
+
+
 async def ensure_engine():
     """(LLM, build timings if this call rebuilt it): after a device loss the first caller rebuilds the engine and
     concurrent callers wait for that."""
@@ -316,7 +352,8 @@ async def ensure_engine():
         lock = _state["build_lock"] = asyncio.Lock()
     async with lock:
         dev = _state["device"]
-        if _state.get("llm") is None or dev is None or dev.lost:
+        gpu_gone = _state.get("backend") != "cpu" and (dev is None or dev.lost)
+        if _state.get("llm") is None or gpu_gone:
             await build_engine()
             return _state["llm"], _state["build_timings"]
     return _state["llm"], None

@@ -77,7 +77,8 @@ class WasmtimeHost:
         f = self._funcs.get(name)
         if f is None:
             f = self._funcs[name] = self._ex[name]
-        return f(self.store, *args)
+        # i32 parameters: offsets past 2 GiB go in as their two's-complement (wasmtime checks the signed range)
+        return f(self.store, *(a - (1 << 32) if isinstance(a, int) and a >= 1 << 31 else a for a in args))
 
     def write(self, offset: int, data) -> None:
         self.memory.write(self.store, data, offset)
@@ -109,7 +110,7 @@ class JsHost:
         self.variant = "relaxed" if relaxed else "base"
         self.exports = instance.exports
         self.memory = self.exports.memory
-        self.heap_base = int(self.exports.__heap_base.value)
+        self.heap_base = int(getattr(self.exports, "__heap_base").value)  # (not .__heap_base: name mangling)
 
     def call(self, name: str, *args):
         return getattr(self.exports, name)(*args)

@@ -62,7 +62,7 @@ def build_runtime_wheel(version: str = "0.1.0") -> tuple[str, bytes]:
     files: list[tuple[str, bytes]] = []
     for pkg, src in (("webinfer", REPO / "webinfer"), ("webinfer_shaders", REPO / "shaders")):
         for p in sorted(src.rglob("*")):
-            if p.is_file() and p.suffix in (".py", ".wgsl") and "__pycache__" not in p.parts:
+            if p.is_file() and p.suffix in (".py", ".wgsl", ".wasm") and "__pycache__" not in p.parts:
                 files.append((f"{pkg}/{p.relative_to(src).as_posix()}", p.read_bytes()))
     dist = f"webinfer-{version}.dist-info"
     files.append((f"{dist}/METADATA", f"Metadata-Version: 2.1\nName: webinfer\nVersion: {version}\n"
