@@ -225,6 +225,7 @@ typedef struct {
     i8 *xq;       // [rows, kp]
     i16 *xw;      // [rows, kp]
     float *xd;    // [rows, kp / 32]
+    float *xs32;  // [rows, kp / 32]: sums of whole units (the 4-unit path's offset term)
 } Acts;
 
 INLINE float hsum(v128_t v) {
@@ -243,6 +244,8 @@ static void prepare_acts(Acts *A, u32 rows, u32 k, u32 kp, int fast, int perm, f
             for (u32 i = 16 * h; i < 16 * h + 16 && i < k; i++) s += x[i];
             A->xsum[r * (kp / 16) + h] = s;
         }
+        for (u32 b = 0; b < kp / 32; b++)
+            A->xs32[r * (kp / 32) + b] = A->xsum[r * (kp / 16) + 2 * b] + A->xsum[r * (kp / 16) + 2 * b + 1];
         if (fast) {
             for (u32 b = 0; b < kp / 32; b++) {
                 float amax = 0.0f;
@@ -307,17 +310,90 @@ INLINE v128_t half_dot_i8(v128_t c, const i8 *xq, const i16 *xw, int is_signed) 
     return wasm_i32x4_add(wasm_i32x4_shuffle(d0, d1, 0, 2, 4, 6), wasm_i32x4_shuffle(d0, d1, 1, 3, 5, 7));
 }
 
+// The formats whose scale (and min) change every unit: their coefficients are decoded 4 units at a time
+#define VEC4(dt, w) \
+    (((dt) == F_Q4 || (dt) == F_Q4A || (dt) == F_Q8 || (dt) == F_Q5_0 || (dt) == F_Q5_1) && (w)->gs == 32)
+
+// 4 consecutive f16 -> f32x4, as f16_to_f32
+INLINE v128_t f16x4(const u8 *p) {
+    v128_t h = wasm_u32x4_extend_low_u16x8(wasm_v128_load64_zero(p));
+    v128_t sign = wasm_i32x4_shl(wasm_v128_and(h, wasm_i32x4_splat(0x8000)), 16);
+    v128_t mag = wasm_f32x4_mul(wasm_i32x4_shl(wasm_v128_and(h, wasm_i32x4_splat(0x7fff)), 13),
+                                wasm_f32x4_splat(0x1p112f));
+    return wasm_v128_or(sign, mag);
+}
+
+// sum of q * x over one unit for activation row ri, as 4 f32 partial sums per half (h0: elements < 16)
+INLINE void unit_dot_f32(u32 dt, v128_t c0, v128_t c1, const float *x, v128_t *h0, v128_t *h1) {
+    if (ODD_EVEN(dt)) {
+        *h0 = wasm_f32x4_add(wasm_f32x4_add(wasm_f32x4_mul(u8_f32(c0, 0), wasm_v128_load(x)),
+                                            wasm_f32x4_mul(u8_f32(c0, 1), wasm_v128_load(x + 4))),
+                             wasm_f32x4_add(wasm_f32x4_mul(u8_f32(c1, 0), wasm_v128_load(x + 16)),
+                                            wasm_f32x4_mul(u8_f32(c1, 1), wasm_v128_load(x + 20))));
+        *h1 = wasm_f32x4_add(wasm_f32x4_add(wasm_f32x4_mul(u8_f32(c0, 2), wasm_v128_load(x + 8)),
+                                            wasm_f32x4_mul(u8_f32(c0, 3), wasm_v128_load(x + 12))),
+                             wasm_f32x4_add(wasm_f32x4_mul(u8_f32(c1, 2), wasm_v128_load(x + 24)),
+                                            wasm_f32x4_mul(u8_f32(c1, 3), wasm_v128_load(x + 28))));
+    } else {
+        *h0 = half_dot_f32(c0, x, dt == F_Q8);
+        *h1 = half_dot_f32(c1, x + 16, dt == F_Q8);
+    }
+}
+
+// integer sum of q * xq over one unit: lanes 0-1 half 0, 2-3 half 1 for odd/even formats (q8: one scale)
+INLINE v128_t unit_dot_i8(u32 dt, v128_t c0, v128_t c1, const Acts *A, u32 ri, u32 kp, u32 u) {
+    const i8 *xq = A->xq + ri * kp + 32 * u;
+    const i16 *xw = A->xw + ri * kp + 32 * u;
+    return wasm_i32x4_add(half_dot_i8(c0, xq, xw, dt == F_Q8), half_dot_i8(c1, xq + 16, xw + 16, dt == F_Q8));
+}
+
+#define LANE(v, j) wasm_i32x4_shuffle(v, v, j, j, j, j)
+
 // One weight row against R activation rows (R constant after inlining). Per row the operations are the same
 // whatever R is: a token's result does not depend on its neighbours.
 INLINE void row_dot(u32 dt, const Weight *w, u32 row, const Acts *A, u32 r0, int R, int fast, float *out) {
     const u8 *qrow = w->qweight + row * row_bytes_q(w), *hrow = qhigh_row(w, row);
     u32 kp = w->kp, nu = kp / 32;
-    int sg = dt == F_Q8;
     RowCoefs rc = row_coefs(dt, w, row);
-    v128_t acc[4];
+    v128_t acc[4], bv4[4];
     float bacc[4];
-    for (int r = 0; r < R; r++) { acc[r] = wasm_f32x4_splat(0.0f); bacc[r] = 0.0f; }
-    for (u32 u = 0; u < nu; u++) {
+    for (int r = 0; r < R; r++) { acc[r] = bv4[r] = wasm_f32x4_splat(0.0f); bacc[r] = 0.0f; }
+    u32 u = 0;
+    if (VEC4(dt, w)) {
+        // 4 units per step: their scales, offsets and activation scales as vectors, one lane per unit
+        for (; u + 4 <= nu; u += 4) {
+            v128_t av = f16x4(rc.sc + 2 * u), bv = wasm_f32x4_splat(0.0f);
+            if (dt == F_Q4) bv = wasm_f32x4_mul(av, wasm_f32x4_splat(-8.0f));
+            else if (dt == F_Q5_0) bv = wasm_f32x4_mul(av, wasm_f32x4_splat(-16.0f));
+            else if (dt == F_Q4A || dt == F_Q5_1) bv = f16x4(rc.mn + 2 * u);
+            v128_t cv[4];
+            for (int r = 0; r < R; r++) {
+                u32 ri = r0 + r;
+                bv4[r] = wasm_f32x4_add(bv4[r], wasm_f32x4_mul(bv, wasm_v128_load(A->xs32 + ri * nu + u)));
+                cv[r] = fast ? wasm_f32x4_mul(av, wasm_v128_load(A->xd + ri * nu + u)) : av;
+            }
+#define UNIT(j)                                                                                                   \
+            {                                                                                                     \
+                v128_t c0, c1;                                                                                    \
+                unit_codes(dt, qrow, hrow, u + j, &c0, &c1);                                                      \
+                for (int r = 0; r < R; r++) {                                                                     \
+                    u32 ri = r0 + r;                                                                              \
+                    v128_t p;                                                                                     \
+                    if (fast) {                                                                                   \
+                        p = wasm_f32x4_convert_i32x4(unit_dot_i8(dt, c0, c1, A, ri, kp, u + j));                  \
+                    } else {                                                                                      \
+                        v128_t h0, h1;                                                                            \
+                        unit_dot_f32(dt, c0, c1, A->x + ri * A->x_stride + 32 * (u + j), &h0, &h1);               \
+                        p = wasm_f32x4_add(h0, h1);                                                               \
+                    }                                                                                             \
+                    acc[r] = wasm_f32x4_add(acc[r], wasm_f32x4_mul(p, LANE(cv[r], j)));                           \
+                }                                                                                                 \
+            }
+            UNIT(0) UNIT(1) UNIT(2) UNIT(3)
+#undef UNIT
+        }
+    }
+    for (; u < nu; u++) {
         v128_t c0, c1;
         unit_codes(dt, qrow, hrow, u, &c0, &c1);
         float a0, b0, a1, b1;
@@ -327,37 +403,19 @@ INLINE void row_dot(u32 dt, const Weight *w, u32 row, const Acts *A, u32 r0, int
             const float *xs = A->xsum + ri * (kp / 16) + 2 * u;
             bacc[r] += b0 * xs[0] + b1 * xs[1];
             if (fast) {
-                const i8 *xq = A->xq + ri * kp + 32 * u;
-                const i16 *xw = A->xw + ri * kp + 32 * u;
-                float d = A->xd[ri * nu + u];
-                // integer lanes: 4 consecutive codes of v0 plus the same 4 lanes of v1; odd/even lanes 0-1 are
-                // half 0, 2-3 half 1 (q8: both halves share one scale)
-                v128_t s = wasm_i32x4_add(half_dot_i8(c0, xq, xw, sg), half_dot_i8(c1, xq + 16, xw + 16, sg));
-                float ad0 = a0 * d, ad1 = a1 * d;
-                v128_t coef = wasm_f32x4_make(ad0, ad0, ad1, ad1);
-                acc[r] = wasm_f32x4_add(acc[r], wasm_f32x4_mul(wasm_f32x4_convert_i32x4(s), coef));
+                float d = A->xd[ri * nu + u], ad0 = a0 * d, ad1 = a1 * d;
+                v128_t s = unit_dot_i8(dt, c0, c1, A, ri, kp, u);
+                acc[r] = wasm_f32x4_add(acc[r], wasm_f32x4_mul(wasm_f32x4_convert_i32x4(s),
+                                                               wasm_f32x4_make(ad0, ad0, ad1, ad1)));
             } else {
-                const float *x = A->x + ri * A->x_stride + 32 * u;
                 v128_t h0, h1;
-                if (ODD_EVEN(dt)) {
-                    h0 = wasm_f32x4_add(wasm_f32x4_add(wasm_f32x4_mul(u8_f32(c0, 0), wasm_v128_load(x)),
-                                                       wasm_f32x4_mul(u8_f32(c0, 1), wasm_v128_load(x + 4))),
-                                        wasm_f32x4_add(wasm_f32x4_mul(u8_f32(c1, 0), wasm_v128_load(x + 16)),
-                                                       wasm_f32x4_mul(u8_f32(c1, 1), wasm_v128_load(x + 20))));
-                    h1 = wasm_f32x4_add(wasm_f32x4_add(wasm_f32x4_mul(u8_f32(c0, 2), wasm_v128_load(x + 8)),
-                                                       wasm_f32x4_mul(u8_f32(c0, 3), wasm_v128_load(x + 12))),
-                                        wasm_f32x4_add(wasm_f32x4_mul(u8_f32(c1, 2), wasm_v128_load(x + 24)),
-                                                       wasm_f32x4_mul(u8_f32(c1, 3), wasm_v128_load(x + 28))));
-                } else {
-                    h0 = half_dot_f32(c0, x, sg);
-                    h1 = half_dot_f32(c1, x + 16, sg);
-                }
+                unit_dot_f32(dt, c0, c1, A->x + ri * A->x_stride + 32 * u, &h0, &h1);
                 acc[r] = wasm_f32x4_add(acc[r], wasm_f32x4_add(wasm_f32x4_mul(h0, wasm_f32x4_splat(a0)),
                                                                wasm_f32x4_mul(h1, wasm_f32x4_splat(a1))));
             }
         }
     }
-    for (int r = 0; r < R; r++) out[r] = hsum(acc[r]) + bacc[r];
+    for (int r = 0; r < R; r++) out[r] = hsum(acc[r]) + (hsum(bv4[r]) + bacc[r]);
 }
 
 INLINE void row_dot_f32(const Weight *w, u32 row, const Acts *A, u32 r0, int R, float *out) {
@@ -412,11 +470,13 @@ INLINE void linear_rows(u32 dt, const Weight *w, const Acts *A, float *y, u32 y_
 static void linear(const Weight *w, const float *x, u32 x_stride, float *y, u32 y_stride, u32 rows, int accumulate,
                    int fast, u8 *scratch) {
     u32 kp = w->dtype == F_F32 ? w->k : w->kp;
-    Acts A = {x, x_stride, (float *)scratch, 0, 0, 0};
+    Acts A = {x, x_stride, (float *)scratch, 0, 0, 0, 0};
     fast = fast && w->dtype != F_F32;
     if (w->dtype != F_F32) {
         u8 *p = scratch + rows * (kp / 16) * 4;
         A.xd = (float *)p;
+        p += rows * (kp / 32) * 4;
+        A.xs32 = (float *)p;
         p += rows * (kp / 32) * 4;
         A.xw = (i16 *)p;
         p += rows * kp * 2;
@@ -609,6 +669,8 @@ static u32 sample_row(const float *l, u32 vocab, const SampleParams *p, u8 *scra
 
 // ------------------------------------------------------------------------------------------------ the model
 
+enum { FAST_QKV = 1, FAST_O = 2, FAST_GATE_UP = 4, FAST_DOWN = 8, FAST_HEAD = 16 };
+
 typedef struct {
     const float *attn_norm, *ffn_norm;
     float *k_cache, *v_cache;
@@ -618,7 +680,7 @@ typedef struct {
 typedef struct {
     u32 d, f, n_layers, n_heads, n_kv, hd, vocab, block_size;
     float eps;
-    u32 fast, max_pos, max_ctx;
+    u32 fast, max_pos, max_ctx;  // fast: FAST_* bits, which matrices take int8 activations
     const Weight *embed, *lm_head;
     const float *norm, *cos_t, *sin_t;
     const Layer *layers;
@@ -649,9 +711,10 @@ EXPORT(wi_step) void wi_step(const Model *m, const Step *s) {
     for (u32 li = 0; li < m->n_layers; li++) {
         const Layer *L = m->layers + li;
         rmsnorm(m->r, d, L->attn_norm, m->xn, d, T, d, m->eps);
-        linear(L->q, m->xn, d, m->q, qd, T, 0, m->fast, m->work);
-        linear(L->k, m->xn, d, m->k, kvd, T, 0, m->fast, m->work);
-        linear(L->v, m->xn, d, m->v, kvd, T, 0, m->fast, m->work);
+        int fq = (m->fast & FAST_QKV) != 0;
+        linear(L->q, m->xn, d, m->q, qd, T, 0, fq, m->work);
+        linear(L->k, m->xn, d, m->k, kvd, T, 0, fq, m->work);
+        linear(L->v, m->xn, d, m->v, kvd, T, 0, fq, m->work);
         for (u32 t = 0; t < T; t++) {
             rope_row(m->q + t * qd, m->n_heads, hd, m->cos_t, m->sin_t, s->pos[t]);
             rope_row(m->k + t * kvd, m->n_kv, hd, m->cos_t, m->sin_t, s->pos[t]);
@@ -666,16 +729,17 @@ EXPORT(wi_step) void wi_step(const Model *m, const Step *s) {
                            m->n_heads, m->n_kv, hd, bs, m->scores);
             }
         }
-        linear(L->o, m->attn, qd, m->r, d, T, 1, m->fast, m->work);
+        linear(L->o, m->attn, qd, m->r, d, T, 1, (m->fast & FAST_O) != 0, m->work);
         rmsnorm(m->r, d, L->ffn_norm, m->xn, d, T, d, m->eps);
-        linear(L->gate, m->xn, d, m->g, m->f, T, 0, m->fast, m->work);
-        linear(L->up, m->xn, d, m->u, m->f, T, 0, m->fast, m->work);
+        linear(L->gate, m->xn, d, m->g, m->f, T, 0, (m->fast & FAST_GATE_UP) != 0, m->work);
+        linear(L->up, m->xn, d, m->u, m->f, T, 0, (m->fast & FAST_GATE_UP) != 0, m->work);
         for (u32 i = 0; i < T * m->f; i++) m->g[i] = silu(m->g[i]) * m->u[i];
-        linear(L->down, m->g, m->f, m->r, d, T, 1, m->fast, m->work);
+        linear(L->down, m->g, m->f, m->r, d, T, 1, (m->fast & FAST_DOWN) != 0, m->work);
     }
     for (u32 j = 0; j < s->n_sampled; j++)
         rmsnorm(m->r + s->sample_rows[j] * d, d, m->norm, m->xs + j * d, d, 1, d, m->eps);
-    if (s->n_sampled) linear(m->lm_head, m->xs, d, m->logits, m->vocab, s->n_sampled, 0, m->fast, m->work);
+    if (s->n_sampled)
+        linear(m->lm_head, m->xs, d, m->logits, m->vocab, s->n_sampled, 0, (m->fast & FAST_HEAD) != 0, m->work);
     for (u32 j = 0; j < s->n_sampled; j++)
         s->out_ids[j] = sample_row(m->logits + j * m->vocab, m->vocab, s->params + j, m->work);
 }
@@ -690,7 +754,7 @@ EXPORT(wi_linear) void wi_linear(const Weight *w, const float *x, u32 x_stride, 
 
 // bytes of scratch wi_linear needs for `rows` rows of K = kp
 EXPORT(wi_linear_scratch_bytes) u32 wi_linear_scratch_bytes(u32 rows, u32 kp) {
-    return rows * (kp / 16 * 4 + kp / 32 * 4 + kp * 7) + 64;
+    return rows * (kp / 16 * 4 + kp / 32 * 8 + kp * 7) + 64;
 }
 
 EXPORT(wi_dequant_rows) void wi_dequant_rows(const Weight *w, u32 row0, u32 rows, float *out) {

@@ -35,7 +35,7 @@ from .wasm import WasmMemoryError
 
 DTYPE_CODES = {"f32": 0, "q4": 1, "q4a": 2, "q8": 3, "q5_0": 4, "q5_1": 5, "q4k": 6, "q5k": 7, "q6k": 8}
 WEIGHT_WORDS, LAYER_WORDS, MODEL_WORDS, STEP_WORDS = 12, 11, 30, 10
-MODES = {"exact": 0, "fast": 1}
+MODES = {"exact": 0, "fast": 31}  # the Model's FAST_* bits (kernels.c): which matrices take int8 activations
 _FAST_WORD = 9  # index of `fast` in the Model struct
 
 
