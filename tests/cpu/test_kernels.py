@@ -9,8 +9,6 @@ against a numpy statement of the GPU sampler's rule.
 
 from __future__ import annotations
 
-import struct
-
 import numpy as np
 import pytest
 

@@ -50,7 +50,7 @@ def gemv(host, arena, desc: int, k: int, weight_bytes: int, reps: int) -> dict:
     scratch = arena.alloc(host.call("wi_linear_scratch_bytes", 1, k + 256), "bench scratch")
     out = {}
     for mode, fast in (("exact", 0), ("fast", 1)):
-        s = _time(lambda: host.call("wi_linear", desc, x, k, y, n, 1, 0, fast, scratch), reps)
+        s = _time(lambda fast=fast: host.call("wi_linear", desc, x, k, y, n, 1, 0, fast, scratch), reps)
         out[mode] = {"ms": round(s * 1e3, 4), "gb_s": round(weight_bytes / s / 1e9, 2)}
     return out
 
