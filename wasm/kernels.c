@@ -680,7 +680,7 @@ typedef struct {
 typedef struct {
     u32 d, f, n_layers, n_heads, n_kv, hd, vocab, block_size;
     float eps;
-    u32 fast, max_pos, max_ctx;  // fast: FAST_* bits, which matrices take int8 activations
+    u32 fast, max_pos, max_ctx;  // fast: FAST_* bits (int8 activations per matrix); table/score sizes (the runner checks)
     const Weight *embed, *lm_head;
     const float *norm, *cos_t, *sin_t;
     const Layer *layers;

@@ -150,7 +150,6 @@ class CpuRunner:
             kc = arena.alloc(cache_bytes, f"{p}k_cache")
             vc = arena.alloc(cache_bytes, f"{p}v_cache")
             layers += struct.pack(f"<{LAYER_WORDS}I", attn_norm, ffn_norm, kc, vc, q, k, v, o, gate, up, down)
-        self.weight_bytes = sum(t.rows * t.row_bytes(c) for t in package.tensors.values() for c in t.components)
         norm = (await tensor("norm"))["data"]
         layers_off = arena.put(bytes(layers), "layers")
         cos_b, sin_b = rope_tables(hd, cfg.rope_theta, cfg.rope_scaling, self.max_model_len)
