@@ -253,7 +253,7 @@ static void prepare_acts(Acts *A, u32 rows, u32 k, u32 kp, int fast, int perm, f
                     float v = x[i] < 0 ? -x[i] : x[i];
                     amax = v > amax ? v : amax;
                 }
-                float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+                float d = amax / (fast == 2 ? 32767.0f : 127.0f), id = d > 0.0f ? 1.0f / d : 0.0f;
                 A->xd[r * (kp / 32) + b] = d;
                 for (u32 i = 0; i < 32; i++) {
                     u32 e = 32 * b + i, slot = 32 * b + (perm ? (i % 2) * 16 + i / 2 : i);
@@ -298,9 +298,9 @@ INLINE v128_t half_dot_f32(v128_t c, const float *x, int is_signed) {
 
 // sum over 16 codes of q * xq (integers), as 4 partial i32 sums; relaxed: one instruction (codes are < 128 and
 // the x codes signed: the i7 operand is the weight; q8's signed weights take the i16 path)
-INLINE v128_t half_dot_i8(v128_t c, const i8 *xq, const i16 *xw, int is_signed) {
+INLINE v128_t half_dot_i8(v128_t c, const i8 *xq, const i16 *xw, int is_signed, int wide) {
 #ifdef RELAXED
-    if (!is_signed) return wasm_i32x4_relaxed_dot_i8x16_i7x16_add(wasm_v128_load(xq), c, wasm_i32x4_splat(0));
+    if (!is_signed && !wide) return wasm_i32x4_relaxed_dot_i8x16_i7x16_add(wasm_v128_load(xq), c, wasm_i32x4_splat(0));
 #endif
     (void)xq;
     v128_t w0 = is_signed ? wasm_i16x8_extend_low_i8x16(c) : wasm_u16x8_extend_low_u8x16(c);
@@ -341,10 +341,11 @@ INLINE void unit_dot_f32(u32 dt, v128_t c0, v128_t c1, const float *x, v128_t *h
 }
 
 // integer sum of q * xq over one unit: lanes 0-1 half 0, 2-3 half 1 for odd/even formats (q8: one scale)
-INLINE v128_t unit_dot_i8(u32 dt, v128_t c0, v128_t c1, const Acts *A, u32 ri, u32 kp, u32 u) {
+INLINE v128_t unit_dot_i8(u32 dt, v128_t c0, v128_t c1, const Acts *A, u32 ri, u32 kp, u32 u, int wide) {
     const i8 *xq = A->xq + ri * kp + 32 * u;
     const i16 *xw = A->xw + ri * kp + 32 * u;
-    return wasm_i32x4_add(half_dot_i8(c0, xq, xw, dt == F_Q8), half_dot_i8(c1, xq + 16, xw + 16, dt == F_Q8));
+    return wasm_i32x4_add(half_dot_i8(c0, xq, xw, dt == F_Q8, wide),
+                          half_dot_i8(c1, xq + 16, xw + 16, dt == F_Q8, wide));
 }
 
 #define LANE(v, j) wasm_i32x4_shuffle(v, v, j, j, j, j)
@@ -380,7 +381,7 @@ INLINE void row_dot(u32 dt, const Weight *w, u32 row, const Acts *A, u32 r0, int
                     u32 ri = r0 + r;                                                                              \
                     v128_t p;                                                                                     \
                     if (fast) {                                                                                   \
-                        p = wasm_f32x4_convert_i32x4(unit_dot_i8(dt, c0, c1, A, ri, kp, u + j));                  \
+                        p = wasm_f32x4_convert_i32x4(unit_dot_i8(dt, c0, c1, A, ri, kp, u + j, fast == 2));                \
                     } else {                                                                                      \
                         v128_t h0, h1;                                                                            \
                         unit_dot_f32(dt, c0, c1, A->x + ri * A->x_stride + 32 * (u + j), &h0, &h1);               \
@@ -404,7 +405,7 @@ INLINE void row_dot(u32 dt, const Weight *w, u32 row, const Acts *A, u32 r0, int
             bacc[r] += b0 * xs[0] + b1 * xs[1];
             if (fast) {
                 float d = A->xd[ri * nu + u], ad0 = a0 * d, ad1 = a1 * d;
-                v128_t s = unit_dot_i8(dt, c0, c1, A, ri, kp, u);
+                v128_t s = unit_dot_i8(dt, c0, c1, A, ri, kp, u, fast == 2);
                 acc[r] = wasm_f32x4_add(acc[r], wasm_f32x4_mul(wasm_f32x4_convert_i32x4(s),
                                                                wasm_f32x4_make(ad0, ad0, ad1, ad1)));
             } else {
@@ -447,6 +448,9 @@ INLINE void linear_rows(u32 dt, const Weight *w, const Acts *A, float *y, u32 y_
             if (dt == F_F32) {
                 if (R == TILE) row_dot_f32(w, n, A, r0, TILE, out);
                 else row_dot_f32(w, n, A, r0, 1, out);
+            } else if (fast == 2) {
+                if (R == TILE) row_dot(dt, w, n, A, r0, TILE, 2, out);
+                else row_dot(dt, w, n, A, r0, 1, 2, out);
             } else if (fast) {
                 if (R == TILE) row_dot(dt, w, n, A, r0, TILE, 1, out);
                 else row_dot(dt, w, n, A, r0, 1, 1, out);
@@ -471,7 +475,7 @@ static void linear(const Weight *w, const float *x, u32 x_stride, float *y, u32 
                    int fast, u8 *scratch) {
     u32 kp = w->dtype == F_F32 ? w->k : w->kp;
     Acts A = {x, x_stride, (float *)scratch, 0, 0, 0, 0};
-    fast = fast && w->dtype != F_F32;
+    if (w->dtype == F_F32) fast = 0;  // 0 exact, 1 int8 activations, 2 int16 activations
     if (w->dtype != F_F32) {
         u8 *p = scratch + rows * (kp / 16) * 4;
         A.xd = (float *)p;
@@ -669,7 +673,8 @@ static u32 sample_row(const float *l, u32 vocab, const SampleParams *p, u8 *scra
 
 // ------------------------------------------------------------------------------------------------ the model
 
-enum { FAST_QKV = 1, FAST_O = 2, FAST_GATE_UP = 4, FAST_DOWN = 8, FAST_HEAD = 16 };
+// FAST_DOWN16: the down projection's activations (after SwiGLU: the largest outliers) as int16 instead of int8
+enum { FAST_QKV = 1, FAST_O = 2, FAST_GATE_UP = 4, FAST_DOWN = 8, FAST_HEAD = 16, FAST_DOWN16 = 32 };
 
 typedef struct {
     const float *attn_norm, *ffn_norm;
@@ -734,7 +739,7 @@ EXPORT(wi_step) void wi_step(const Model *m, const Step *s) {
         linear(L->gate, m->xn, d, m->g, m->f, T, 0, (m->fast & FAST_GATE_UP) != 0, m->work);
         linear(L->up, m->xn, d, m->u, m->f, T, 0, (m->fast & FAST_GATE_UP) != 0, m->work);
         for (u32 i = 0; i < T * m->f; i++) m->g[i] = silu(m->g[i]) * m->u[i];
-        linear(L->down, m->g, m->f, m->r, d, T, 1, (m->fast & FAST_DOWN) != 0, m->work);
+        linear(L->down, m->g, m->f, m->r, d, T, 1, (m->fast & FAST_DOWN16) ? 2 : (m->fast & FAST_DOWN) != 0, m->work);
     }
     for (u32 j = 0; j < s->n_sampled; j++)
         rmsnorm(m->r + s->sample_rows[j] * d, d, m->norm, m->xs + j * d, d, 1, d, m->eps);

@@ -49,19 +49,20 @@ def test_dequant_bit_exact(mem, dtype, gs):
         f"{dtype}: first mismatch at {np.argwhere(got != want)[:1]}"
 
 
-def _quantize_x(x, kp):
-    """Fast mode's activations: per 32-element block d = amax / 127, q = round(x / d) (numpy's rint = the wasm's)."""
+def _quantize_x(x, kp, qmax=127):
+    """Fast mode's activations: per 32-element block d = amax / qmax, q = round(x / d) (numpy's rint = the wasm's);
+    qmax 127 (int8) or 32767 (int16, the down projection's)."""
     xp = np.zeros((x.shape[0], kp), np.float32)
     xp[:, : x.shape[1]] = x
     blocks = xp.reshape(x.shape[0], -1, 32)
-    d = (np.abs(blocks).max(axis=-1, keepdims=True) / np.float32(127)).astype(np.float32)
+    d = (np.abs(blocks).max(axis=-1, keepdims=True) / np.float32(qmax)).astype(np.float32)
     inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
     q = np.rint(blocks * inv)
     return (q * d).reshape(x.shape[0], kp)[:, : x.shape[1]]
 
 
 @pytest.mark.parametrize("dtype,gs", FORMATS)
-@pytest.mark.parametrize("fast", [0, 1])
+@pytest.mark.parametrize("fast", [0, 1, 2])
 def test_linear(mem, dtype, gs, fast):
     n, k, rows = 37, 300, 6  # 6 rows: one GEMM tile of 4, then two single rows
     rng = np.random.default_rng(2)
@@ -76,7 +77,7 @@ def test_linear(mem, dtype, gs, fast):
     mem.call("wi_linear", w, xa.off, k, y.off, n, rows, 1, fast, scratch.off)
     x64, aq = x.astype(np.float64), (a.astype(np.float64) * q)
     if fast and dtype != "f32":  # a * q against the int8 activations, b against the exact ones
-        want = _quantize_x(x, kp).astype(np.float64) @ aq.T + x64 @ b.astype(np.float64).T
+        want = _quantize_x(x, kp, 32767 if fast == 2 else 127).astype(np.float64) @ aq.T + x64 @ b.astype(np.float64).T
     else:
         want = x64 @ (aq + b).T
     want = want + bias + y0
@@ -91,7 +92,7 @@ def test_linear(mem, dtype, gs, fast):
 
 
 @pytest.mark.parametrize("dtype,gs", [("q4a", 32), ("q6k", 256), ("q5k", 256), ("q8", 32)])
-@pytest.mark.parametrize("fast", [0, 1])
+@pytest.mark.parametrize("fast", [0, 1, 2])
 def test_base_and_relaxed_builds_agree_bitwise(both, dtype, gs, fast):
     n, k, rows = 20, 512, 5
     x = np.random.default_rng(4).standard_normal((rows, k)).astype(np.float32)
