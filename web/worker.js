@@ -2,7 +2,9 @@
 // Protocol (postMessage, every reply carries the request's id):
 //   {id, type: "init", site}                 -> {type: "ready", timings}
 //   {id, type: "selftest", name, spec}       -> {type: "result", value}   (name: copy | gemv)
-//   {id, type: "load", manifestUrl, sha256}  -> {type: "progress", ...}*, {type: "result", value}
+//   {id, type: "load", manifestUrl, sha256, engine} -> {type: "progress", ...}*, {type: "result", value}
+//                                            (engine: {backend: "webgpu" | "cpu" | "auto", speculative,
+//                                             speculative_tokens}; value.backend, value.backend_reason)
 //   {id, type: "chat", request}              -> {type: "chunk", chunk}*, {type: "result", value}
 //   {type: "stop", target}                   (no reply: that chat is aborted after its next chunk; others go on)
 // Errors: {id, type: "error", name, message, details}.

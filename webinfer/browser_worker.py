@@ -20,7 +20,7 @@ from typing import Any, Callable
 from . import selftest as selftests
 from .api import LLM
 from .errors import DeviceLostError, FormatError, IntegrityError, WebinferError
-from .factory import EngineOptions, load_gpu_runner, llm_for
+from .factory import EngineOptions, load_cpu_runner, load_gpu_runner, llm_for
 from .package import Package
 
 # The page may run several chats at once (two create() calls, two UI panes): they share one paged KV pool and are
@@ -57,6 +57,8 @@ class PageWorker:
     package: Package | None = None
     llm: LLM | None = None
     options: EngineOptions = field(default_factory=lambda: PAGE_ENGINE)
+    backend: str = "webgpu"            # "webgpu" or "cpu" (the WebAssembly engine), chosen at load
+    backend_reason: str = ""
     build_timings: dict = field(default_factory=dict)
     build_lock: asyncio.Lock | None = None
 
@@ -76,13 +78,17 @@ class PageWorker:
         eng = json.loads(engine_json)
         self.options = replace(PAGE_ENGINE, speculative=eng.get("speculative") or None,
                                speculative_tokens=int(eng.get("speculative_tokens") or 4))
+        from .cpu.browser import choose_backend  # noqa: PLC0415
+
+        self.backend, self.backend_reason = await choose_backend(eng.get("backend") or "webgpu", self.get_device)
         files = {str(name): js_files.get(name).to_bytes() for name in list(js_files.keys())}  # one copy each
         t_copy = time.perf_counter()
         self.package = open_package(manifest_text, files, where)
-        dev = await self.get_device()
+        dev = await self.get_device() if self.backend == "webgpu" else None
         await self.build()
         timings = {"handover_ms": (t_copy - t0) * 1e3, **self.build_timings}
-        return {"name": self.package.name, "device": selftests.device_summary(dev), "timings": timings}
+        return {"name": self.package.name, "device": selftests.device_summary(dev) if dev else None,
+                "timings": timings, "backend": self.backend, "backend_reason": self.backend_reason}
 
     async def build(self) -> None:
         """(Re)build the runner and the LLM for the loaded package on a live device (after a loss too)."""
@@ -91,6 +97,16 @@ class PageWorker:
         old, self.llm = self.llm, None
         if old is not None:
             await old.close()  # its step loop ends; streams still open get EngineStepError
+        if self.backend == "cpu":
+            from .cpu.browser import js_host  # noqa: PLC0415
+
+            t0 = time.perf_counter()
+            host = await js_host()
+            runner = await load_cpu_runner(self.package, self.options, host=host)
+            self.llm = llm_for(self.package, runner, self.options)
+            self.build_timings = {"engine_build_ms": (time.perf_counter() - t0) * 1e3, "wasm_variant": host.variant,
+                                  "wasm_reason": host.reason, "wasm_memory_bytes": runner.memory_bytes}
+            return
         dev = await self.get_device()
         counters0 = dict(dev.time_ms)
         t0 = time.perf_counter()
@@ -115,7 +131,8 @@ class PageWorker:
         if self.build_lock is None:
             self.build_lock = asyncio.Lock()
         async with self.build_lock:
-            if self.llm is None or self.device is None or self.device.lost:
+            gpu_gone = self.backend == "webgpu" and (self.device is None or self.device.lost)
+            if self.llm is None or gpu_gone:
                 await self.build()
                 return self.llm, self.build_timings
         return self.llm, None
@@ -131,7 +148,7 @@ class PageWorker:
         req = json.loads(request_json)
         llm, rebuilt = await self.ensure_llm()
         runner = llm.engine.runner
-        host_ms0, steps0 = runner.host_ms, runner.steps
+        host_ms0, steps0 = getattr(runner, "host_ms", 0.0), llm.engine.steps
         prompt_ids = req.pop("prompt_ids", None)
         req["stream"] = True
         if prompt_ids:
@@ -166,12 +183,12 @@ class PageWorker:
                                                   "finish_reason": "abort"}]}))
         usage = (last or {}).get("usage") or {}
         tpot = usage.get("time_per_output_token_s")
-        steps = runner.steps - steps0
+        steps = llm.engine.steps - steps0
         return {"id": (last or {}).get("id"), "token_ids": ids, "completion_tokens": len(ids),
                 "prompt_tokens": usage.get("prompt_tokens"), "stopped": stopped,
                 "ttft_ms": usage["ttft_s"] * 1e3 if usage.get("ttft_s") is not None else None,
                 "decode_tok_s": 1.0 / tpot if tpot else 0.0,
-                "host_ms_per_step": (runner.host_ms - host_ms0) / steps if steps else 0.0,
+                "host_ms_per_step": (getattr(runner, "host_ms", 0.0) - host_ms0) / steps if steps else 0.0,
                 "engine_steps": steps, "engine": llm.engine.stats(), "rebuild_timings": rebuilt}
 
     async def selftest(self, name: str, spec_json: str) -> dict:

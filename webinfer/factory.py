@@ -22,7 +22,7 @@ from webinfer.package import Package
 from webinfer.prompt import Prompter
 from webinfer.tokenizer import Tokenizer
 
-BACKENDS = ("native", "browser")
+BACKENDS = ("native", "browser", "cpu")
 
 
 @dataclass
@@ -37,6 +37,7 @@ class EngineOptions:
     enable_prefix_caching: bool = True
     speculative: str | None = None   # "prompt-lookup": requests verify up to speculative_tokens proposals a step
     speculative_tokens: int = 4       # the default per request when speculative is on (a request may override)
+    cpu_mode: str = "exact"           # backend "cpu": f32 activations (exact) or int8 ones (fast)
 
     @property
     def runner_rows(self) -> int:
@@ -63,11 +64,22 @@ async def load_gpu_runner(package: Package, device, opts: EngineOptions, read=No
                                kv_f16=opts.kv_f16, read=read)
 
 
+async def load_cpu_runner(package: Package, opts: EngineOptions, host=None):
+    """The WebAssembly SIMD engine (webinfer/cpu): wasmtime natively, JS WebAssembly in the page (host)."""
+    from webinfer.cpu import load_cpu_runner as load_wasm
+
+    return await load_wasm(package, mode=opts.cpu_mode, num_blocks=kv_blocks(opts.context_tokens, opts.block_size),
+                           block_size=opts.block_size, max_model_len=opts.model_len(package.config),
+                           max_batch_tokens=opts.max_batch_tokens, max_seqs=opts.runner_rows, host=host)
+
+
 async def load(package, *, backend: str = "native", runner=None, device=None, options: EngineOptions | None = None,
                limits: Limits | None = None, name: str | None = None) -> LLM:
     """An LLM over `package` (a path or a Package) on `backend`, or over the given `runner`."""
     pkg = package if isinstance(package, Package) else Package.open(package)
     opts = options or EngineOptions()
+    if runner is None and backend == "cpu":
+        runner = await load_cpu_runner(pkg, opts)
     if runner is None:
         if device is None:
             if backend == "native":

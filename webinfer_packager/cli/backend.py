@@ -1,5 +1,5 @@
 """The LLM behind a CLI command (`generate`, `chat`, `serve`, `bench`, `eval`): webinfer.load() on the chosen
-backend. `reference` runs the numpy oracle (webinfer_packager.reference) as the engine's runner — same engine,
+backend. `cpu` is the WebAssembly SIMD engine through wasmtime (webinfer/cpu); `reference` runs the numpy oracle (webinfer_packager.reference) as the engine's runner — same engine,
 scheduler, prompt builder and sampler rule as the GPU, only the math differs; `auto` is native when an adapter
 exists, else the reference with a warning."""
 
@@ -13,7 +13,7 @@ from webinfer.errors import GPUError, WebinferError
 from webinfer.factory import EngineOptions, kv_blocks, llm_for, load
 from webinfer.package import Package
 
-BACKENDS = ("auto", "native", "reference")
+BACKENDS = ("auto", "native", "cpu", "reference")
 
 
 def open_package(path) -> Package:
@@ -36,6 +36,8 @@ def open_llm(package, backend: str = "auto", *, options: EngineOptions | None = 
     opts = options or EngineOptions()
     if backend not in BACKENDS:
         raise WebinferError(f"unknown backend {backend!r}: one of {', '.join(BACKENDS)}")
+    if backend == "cpu":  # the WebAssembly SIMD engine in wasmtime (webinfer/cpu)
+        return asyncio.run(load(pkg, backend="cpu", options=opts, limits=limits))
     if backend in ("auto", "native"):
         try:
             return asyncio.run(load(pkg, backend="native", device=device, options=opts, limits=limits))
@@ -50,7 +52,8 @@ def engine_options(args, **kw) -> EngineOptions:
     """EngineOptions from a command's --speculative flags, plus keyword overrides."""
     if args.speculative and not 1 <= args.speculative_tokens <= 16:
         raise WebinferError(f"--speculative-tokens must be in 1..16, got {args.speculative_tokens}")
-    return EngineOptions(speculative=args.speculative, speculative_tokens=args.speculative_tokens, **kw)
+    return EngineOptions(speculative=args.speculative, speculative_tokens=args.speculative_tokens,
+                         cpu_mode=getattr(args, "cpu_mode", "exact"), **kw)
 
 
 def context_for_budget(pkg: Package, budget_mb: float, kv_f16: bool = False) -> int:

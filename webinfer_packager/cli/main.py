@@ -32,8 +32,11 @@ def _version() -> str:
 
 
 def _add_backend(p: argparse.ArgumentParser, default: str) -> None:
-    p.add_argument("--backend", choices=["auto", "native", "reference"], default=default,
-                   help=f"native GPU, the numpy reference model (slow), or auto (native if an adapter exists; default {default})")
+    p.add_argument("--backend", choices=["auto", "native", "cpu", "reference"], default=default,
+                   help="native GPU, cpu (the WebAssembly SIMD engine in wasmtime), the numpy reference model (slow), "
+                        f"or auto (native if an adapter exists; default {default})")
+    p.add_argument("--cpu-mode", choices=["exact", "fast"], default="exact",
+                   help="--backend cpu: f32 activations (exact) or int8 activations (fast)")
     p.add_argument("--speculative", choices=["prompt-lookup"], default=None,
                    help="speculative decoding: verify proposed tokens (same output, fewer steps when text repeats)")
     p.add_argument("--speculative-tokens", type=int, default=4, help="proposals verified per step (default 4)")
@@ -109,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--skip-serving", action="store_true", help="skip the concurrency / prefix-cache / mixed-load part")
     p.add_argument("--grammar", action="store_true",
                    help="only the structured-output mask benchmark (CPU; webinfer_packager/bench/grammar.py)")
+    p.add_argument("--backend", choices=["native", "cpu"], default="native",
+                   help="cpu: the WebAssembly engine (GEMV GB/s beside read bandwidth, decode tok/s per mode)")
+    p.add_argument("--ppl-text", help="cpu: also measure perplexity exact vs fast on this UTF-8 text")
     p.set_defaults(handler="webinfer_packager.bench.run:cli_main")
 
     p = sub.add_parser("serve", help="OpenAI-compatible API and the chat site")
@@ -143,6 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "bench" and args.backend == "cpu":
+        args.handler = "webinfer_packager.bench.cpu:cli_main"
     module_name, func_name = args.handler.split(":")
     try:
         handler = getattr(importlib.import_module(module_name), func_name)

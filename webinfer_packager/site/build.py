@@ -111,7 +111,7 @@ def build_runtime_wheel(version: str = "0.1.0") -> tuple[str, bytes]:
     for pkg in ("webinfer", "webinfer_shaders"):
         src = _package_dir(pkg)
         for p in sorted(src.rglob("*")):
-            if p.is_file() and p.suffix in (".py", ".wgsl") and "__pycache__" not in p.parts:
+            if p.is_file() and p.suffix in (".py", ".wgsl", ".wasm") and "__pycache__" not in p.parts:
                 files.append((f"{pkg}/{p.relative_to(src).as_posix()}", p.read_bytes()))
     meta = f"Metadata-Version: 2.1\nName: webinfer\nVersion: {version}\nRequires-Dist: jinja2>=3.1\n".encode()
     return _wheel("webinfer", version, files, meta, ["webinfer", "webinfer_shaders"])
@@ -260,12 +260,13 @@ def site_inputs_key() -> str:
     """A hash of everything a site is built from besides the packages (runtime wheel, page files, dependency
     wheels, Pyodide version): with the manifest's hash it keys a cached site by content, so a changed runtime or
     page never reuses an old build."""
-    h = hashlib.sha256(PYODIDE_VERSION.encode())
+    h = hashlib.sha256("|".join(pyodide_pin()).encode())
     h.update(build_runtime_wheel()[1])
+    web = web_dir()
     for f in (*STATIC_FILES, "index.html.j2"):
-        h.update(f.encode() + b"\0" + (WEB / f).read_bytes())
-    for p in dependency_wheels():
-        h.update(p.name.encode())
+        h.update(f.encode() + b"\0" + (web / f).read_bytes())
+    for name in DEPENDENCY_WHEELS:
+        h.update(dependency_wheel(name)[0].encode())
     return h.hexdigest()
 
 

@@ -1,0 +1,88 @@
+"""The CPU backend in the page: load(manifest, {backend: "cpu" | "auto"}) runs the same .wasm through the browser's
+WebAssembly (Pyodide calls it through the FFI), and its greedy ids equal the native CPU engine's (wasmtime).
+In CI Chromium the only WebGPU adapter is SwiftShader, a fallback adapter, so "auto" must choose the CPU and say why.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from .conftest import attach_console
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+GENERATE = """async ([url, ids, n, backend]) => {
+    const w = await import("./webinfer.js");
+    const t0 = performance.now();
+    const engine = await w.load(url, {backend});
+    const loadMs = performance.now() - t0;
+    const got = [];
+    for await (const c of engine.chat.completions.create({prompt_ids: ids, max_tokens: n, temperature: 0, ignore_eos: true, stream: true}))
+        got.push(...(c.choices[0].token_ids || []));
+    const out = {ids: got, loadMs, info: engine.info, stats: engine.lastStats};
+    engine.unload();
+    return out;
+}"""
+
+
+def _native_cpu_ids(package, prompt, n):
+    from concurrent.futures import ThreadPoolExecutor
+
+    def run():  # the same request through the native CPU engine: webinfer.open(backend="cpu") -> LLM
+        import asyncio
+
+        import webinfer.factory as factory
+
+        llm = factory.open(package, backend="cpu")
+        r = asyncio.run(llm.completions.create(prompt=prompt, max_tokens=n, temperature=0, ignore_eos=True))
+        return r["choices"][0]["token_ids"], r["usage"]
+
+    with ThreadPoolExecutor(1) as ex:  # Playwright's sync API keeps an asyncio loop running in this thread
+        return ex.submit(run).result()
+
+
+@pytest.mark.parametrize("backend", ["cpu", "auto"])
+def test_tiny_model_cpu_backend_matches_native(served, browser, tiny_package, backend):
+    logs: list[str] = []
+    site = json.loads((served.root / "site.json").read_text())
+    prompt, n = [298, 5, 17, 42, 101], 6
+    page = browser.new_page()
+    attach_console(page, logs)
+    page.goto(served.url + "index.html")
+    r = page.evaluate(GENERATE, [site["models"][0]["manifest"], prompt, n, backend])
+    info = r["info"]
+    assert info["engine"] and info["backend"] == "cpu", (info, logs)
+    if backend == "auto":
+        assert "fallback" in info["backend_reason"], info["backend_reason"]
+    want, _ = _native_cpu_ids(tiny_package, prompt, n)
+    assert r["ids"] == want and len(want) == n, (r["ids"], want)
+    assert info["timings"]["wasm_variant"] in ("base", "relaxed"), info["timings"]
+    print(backend, info["backend_reason"], info["timings"]["wasm_reason"], json.dumps(r["stats"]))
+
+
+@pytest.mark.model
+def test_smollm2_cpu_backend_in_the_page(smollm2_package, browser, tmp_path_factory):
+    """The real model on the page's CPU backend: greedy ids equal the native CPU engine; prints tok/s."""
+    from webinfer_packager.site.build import build_site
+
+    from .conftest import SiteServer
+
+    out = tmp_path_factory.mktemp("smolcpu") / "site"
+    build_site([smollm2_package], out)
+    srv = SiteServer(out)
+    try:
+        logs: list[str] = []
+        page = browser.new_page()
+        attach_console(page, logs)
+        page.goto(srv.url + "index.html")
+        prompt, n = [1, 6403, 1980, 253, 655], 24
+        m = json.loads((out / "site.json").read_text())["models"][0]
+        r = page.evaluate(GENERATE, [m["manifest"], prompt, n, "cpu"])
+        want, native = _native_cpu_ids(smollm2_package, prompt, n)
+        assert r["ids"] == want, (r["ids"], want, logs[-5:])
+        print("page cpu:", json.dumps({"load_ms": r["loadMs"], "stats": r["stats"], "timings": r["info"]["timings"]}))
+        print("native cpu:", json.dumps(native))
+    finally:
+        srv.stop()

@@ -1,0 +1,208 @@
+"""The CPU engine's kernels (wasm/kernels.c, the .wasm the page loads) in wasmtime against numpy.
+
+Every weight format against a numpy decoder of the formats.py spec (tests/cpu/formats_np.py): dequantization is
+bit-exact; the exact-mode GEMV/GEMM agrees with float64 numpy; the fast mode agrees with numpy's model of it (int8
+activations per 32-block) and is bit-identical between the base and relaxed-SIMD builds; a row gives the same bits
+alone and in a batch. RMSNorm, RoPE, paged attention, SwiGLU and exp against webinfer_packager.reference; sampling
+against a numpy statement of the GPU sampler's rule.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.cpu.formats_np import decode, random_components
+from tests.cpu.harness import WasmMem, check
+from webinfer.formats import k_padded
+from webinfer.kernels.sampling import SampleRow, pack_rows, uniform
+from webinfer_packager.reference import model as ref
+
+FORMATS = [("q4", 32), ("q4", 128), ("q4a", 32), ("q4a", 64), ("q8", 32), ("q5_0", 32), ("q5_1", 32), ("q4k", 256),
+           ("q5k", 256), ("q6k", 256), ("f32", None)]
+
+
+@pytest.fixture(scope="module", params=["base", "relaxed"])
+def mem(request):
+    return WasmMem(request.param)
+
+
+@pytest.fixture(scope="module")
+def both():
+    return WasmMem("base"), WasmMem("relaxed")
+
+
+def _weight(mem, dtype, gs, n, k, seed, bias=None):
+    rng = np.random.default_rng(seed)
+    comps = random_components(dtype, n, k, gs, rng)
+    return mem.weight(dtype, n, k, gs, comps, bias), decode(dtype, comps, n, k, gs)
+
+
+@pytest.mark.parametrize("dtype,gs", FORMATS)
+def test_dequant_bit_exact(mem, dtype, gs):
+    n, k = 7, 300  # K not a multiple of any group: padding columns must not leak
+    w, (want, _, _, _) = _weight(mem, dtype, gs, n, k, 1)
+    out = mem.empty((n, k))
+    mem.call("wi_dequant_rows", w, 0, n, out.off)
+    got = out.read()
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), \
+        f"{dtype}: first mismatch at {np.argwhere(got != want)[:1]}"
+
+
+def _quantize_x(x, kp, qmax=127):
+    """Fast mode's activations: per 32-element block d = amax / qmax, q = round(x / d) (numpy's rint = the wasm's);
+    qmax 127 (int8) or 32767 (int16, the down projection's)."""
+    xp = np.zeros((x.shape[0], kp), np.float32)
+    xp[:, : x.shape[1]] = x
+    blocks = xp.reshape(x.shape[0], -1, 32)
+    d = (np.abs(blocks).max(axis=-1, keepdims=True) / np.float32(qmax)).astype(np.float32)
+    inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
+    q = np.rint(blocks * inv)
+    return (q * d).reshape(x.shape[0], kp)[:, : x.shape[1]]
+
+
+@pytest.mark.parametrize("dtype,gs", FORMATS)
+@pytest.mark.parametrize("fast", [0, 1, 2])
+def test_linear(mem, dtype, gs, fast):
+    n, k, rows = 37, 300, 6  # 6 rows: one GEMM tile of 4, then two single rows
+    rng = np.random.default_rng(2)
+    bias = rng.standard_normal(n).astype(np.float32)
+    w, (_, q, a, b) = _weight(mem, dtype, gs, n, k, 3, bias)
+    x = rng.standard_normal((rows, k)).astype(np.float32)
+    xa = mem.put(x)
+    y0 = rng.standard_normal((rows, n)).astype(np.float32)
+    y = mem.put(y0)
+    kp = k if dtype == "f32" else k_padded(k, gs)
+    scratch = mem.scratch(mem.call("wi_linear_scratch_bytes", rows, kp))
+    mem.call("wi_linear", w, xa.off, k, y.off, n, rows, 1, fast, scratch.off)
+    x64, aq = x.astype(np.float64), (a.astype(np.float64) * q)
+    if fast and dtype != "f32":  # a * q against the int8 activations, b against the exact ones
+        want = _quantize_x(x, kp, 32767 if fast == 2 else 127).astype(np.float64) @ aq.T + x64 @ b.astype(np.float64).T
+    else:
+        want = x64 @ (aq + b).T
+    want = want + bias + y0
+    scale = np.abs(x64) @ np.abs(aq + b).T  # the size of the terms summed: the rounding error scales with it
+    got = y.read()
+    assert np.all(np.abs(got - want) <= 1e-5 * scale + 1e-5), f"{dtype}: max err {np.abs(got - want).max()}"
+    # batch invariance: each row alone gives the same bits as inside the 6-row batch
+    for r in range(rows):
+        one = mem.put(y0[r:r + 1])
+        mem.call("wi_linear", w, xa.off + 4 * k * r, k, one.off, n, 1, 1, fast, scratch.off)
+        assert np.array_equal(one.read()[0], got[r]), f"{dtype}: row {r} alone differs from the batch"
+
+
+@pytest.mark.parametrize("dtype,gs", [("q4a", 32), ("q6k", 256), ("q5k", 256), ("q8", 32)])
+@pytest.mark.parametrize("fast", [0, 1, 2])
+def test_base_and_relaxed_builds_agree_bitwise(both, dtype, gs, fast):
+    n, k, rows = 20, 512, 5
+    x = np.random.default_rng(4).standard_normal((rows, k)).astype(np.float32)
+    outs = []
+    for mem in both:
+        w, _ = _weight(mem, dtype, gs, n, k, 5)
+        y = mem.empty((rows, n))
+        scratch = mem.scratch(mem.call("wi_linear_scratch_bytes", rows, k))
+        mem.call("wi_linear", w, mem.put(x).off, k, y.off, n, rows, 0, fast, scratch.off)
+        outs.append(y.read())
+    assert np.array_equal(outs[0], outs[1])
+
+
+def test_rmsnorm(mem):
+    rng = np.random.default_rng(6)
+    x, w = rng.standard_normal((3, 100)).astype(np.float32), rng.standard_normal(100).astype(np.float32)
+    y = mem.empty((3, 100))
+    mem.call("wi_rmsnorm", mem.put(x).off, 100, mem.put(w).off, y.off, 100, 3, 100, 1e-5)
+    check(y, ref.rmsnorm(x, w, 1e-5), atol=1e-6, rtol=1e-5, name="rmsnorm")
+
+
+@pytest.mark.parametrize("scaling", [None, {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}])
+def test_rope(mem, scaling):
+    from webinfer.cpu.runner import rope_tables
+
+    hd, heads, npos = 16, 3, 300
+    cos_b, sin_b = rope_tables(hd, 10000.0, scaling, npos)
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((4, heads * hd)).astype(np.float32)
+    pos = np.array([0, 1, 77, 299], np.uint32)
+    xa = mem.put(x)
+    mem.call("wi_rope", xa.off, 4, heads * hd, heads, hd, mem.put(np.frombuffer(cos_b, np.float32)).off,
+             mem.put(np.frombuffer(sin_b, np.float32)).off, mem.put(pos).off)
+    want = ref.rope(x.reshape(4, heads, hd), pos, 10000.0, hd, scaling).reshape(4, heads * hd)
+    check(xa, want, atol=2e-5, rtol=1e-5, name="rope")
+
+
+def test_paged_attention(mem):
+    H, Hkv, hd, bs, nb = 6, 2, 16, 4, 12
+    rng = np.random.default_rng(8)
+    S, start = 10, 7  # positions 0..9; query rows for positions 7, 8, 9
+    k, v = rng.standard_normal((2, S, Hkv, hd)).astype(np.float32)
+    table = [9, 2, 5]  # positions 0-3 in block 9, 4-7 in block 2, 8-9 in block 5
+    kc, vc = np.zeros((nb, bs, Hkv, hd), np.float32), np.zeros((nb, bs, Hkv, hd), np.float32)
+    for p in range(S):
+        kc[table[p // bs], p % bs], vc[table[p // bs], p % bs] = k[p], v[p]
+    q = rng.standard_normal((S - start, H, hd)).astype(np.float32)
+    out = mem.empty((S - start, H * hd))
+    scores = mem.empty((64,))
+    mem.call("wi_attention", mem.put(q).off, out.off, S - start, mem.put(kc).off, mem.put(vc).off,
+             mem.put(np.array(table, np.uint32)).off, start, H, Hkv, hd, bs, scores.off)
+    want = ref.attention(q, k, v, np.arange(start, S)).reshape(S - start, H * hd)
+    check(out, want, atol=1e-5, rtol=1e-4, name="attention")
+
+
+def test_swiglu_and_exp(mem):
+    rng = np.random.default_rng(9)
+    g, u = (rng.standard_normal((2, 1000)) * 6).astype(np.float32)
+    ga = mem.put(g)
+    mem.call("wi_swiglu", ga.off, mem.put(u).off, 1000)
+    check(ga, ref.swiglu(g, u), atol=1e-6, rtol=1e-5, name="swiglu")
+    x = np.concatenate([np.linspace(-110, 89, 20001, dtype=np.float32), [-np.inf, 0.0]]).astype(np.float32)
+    y = mem.empty(x.shape)
+    mem.call("wi_exp", mem.put(x).off, y.off, x.size)
+    got, want = y.read(), np.exp(x.astype(np.float64))
+    big = want > float(np.finfo(np.float32).max)
+    normal = (want > 1.2e-38) & ~big
+    assert np.all(np.abs(got[normal] - want[normal]) <= 3e-7 * want[normal])  # ~2 ulp
+    assert np.all(np.abs(got[want <= 1.2e-38] - want[want <= 1.2e-38]) <= 1e-44)
+    assert np.all(np.isposinf(got[big]))
+
+
+def _rule(logits, temperature, top_k, top_p, seed, index):
+    """The GPU sampler's rule (webinfer/kernels/sampling.py) in numpy float64."""
+    if temperature <= 0 or top_k == 1:
+        return int(np.argmax(logits))
+    V = logits.size
+    e = np.exp((logits.astype(np.float64) - logits.max()) / temperature)
+    order = np.lexsort((np.arange(V), -logits))
+    keep = order[:top_k] if 0 < top_k < V else order
+    if top_p < 1:
+        c = np.cumsum(e[keep])
+        keep = keep[: int(np.searchsorted(c, top_p * c[-1])) + 1]
+    kept = np.zeros(V, bool)
+    kept[keep] = True
+    cdf = np.cumsum(np.where(kept, e, 0))
+    r = uniform(seed, index) * cdf[-1]
+    return int(min(np.searchsorted(cdf, r, side="right"), keep.max()))
+
+
+def test_sampling_matches_rule(mem):
+    V = 1000
+    rng = np.random.default_rng(10)
+    logits = (rng.standard_normal((4, V)) * 3).astype(np.float32)
+    logits[0, [17, 400]] = 50.0  # a tie at the maximum: the lowest id wins
+    cases = [(0, 0.0, 0, 1.0), (1, 0.8, 0, 1.0), (2, 1.0, 40, 1.0), (3, 0.7, 0, 0.9), (1, 1.3, 100, 0.5),
+             (2, 0.5, 1, 1.0), (0, 1.0, 2, 1.0)]
+    la = mem.put(logits)
+    scratch = mem.scratch(17 * V + 64)
+    for seed in range(5):
+        rows = [SampleRow(r, t, k, p, seed, 3 * seed + i) for i, (r, t, k, p) in enumerate(cases)]
+        out = mem.empty((len(rows),), np.uint32)
+        params = np.frombuffer(pack_rows(rows), np.uint8)
+        mem.call("wi_sample", la.off, V, mem.put(params).off, len(rows), out.off, scratch.off)
+        want = [_rule(logits[r.logit_row], r.temperature, r.top_k, r.top_p, r.seed, r.index) for r in rows]
+        assert out.read().tolist() == want
+    assert want[0] == 17 and want[-1] in (17, 400)
+
+
+def test_read_bandwidth_kernel_sums(mem):
+    data = np.arange(64 * 4, dtype=np.uint32)
+    assert mem.call("wi_read_bw", mem.put(data).off, data.nbytes, 2) == (2 * int(data.sum())) & 0xFFFFFFFF

@@ -1,0 +1,846 @@
+// webinfer's CPU engine: the transformer's kernels in C for wasm32 + SIMD128, no libc (no Emscripten).
+//
+// Built by scripts/build-wasm.sh into webinfer/cpu/kernels.wasm (base SIMD128) and kernels-relaxed.wasm
+// (-DRELAXED: relaxed-SIMD integer dot products in fast mode). The same module runs in the page (JS WebAssembly)
+// and natively (wasmtime); Python (webinfer/cpu/runner.py) owns the linear memory layout: it places weights, the
+// paged KV cache and every scratch buffer at offsets it allocates, and passes only integer offsets here.
+//
+// Weights use the package encodings of webinfer/formats.py (read its docstring): every format decodes in units of
+// 32 elements, each unit two halves of 16 with a coefficient pair (a, b) such that value = a * q + b, q the
+// element's code (q4k/q5k/q6k sub-block scales fold into a; offsets into b). A row's dot product with x is then
+//     sum over halves of  a * sum(q * x) + b * sum(x)
+// with the half-sums of x computed once per activation row (xsum16). Exact mode keeps x in f32; fast mode
+// quantizes each 32-element block of x to int8 with one f32 scale (as llama.cpp's Q8 activations) and sums q * x
+// in integers. A row's result depends only on that row (no cross-row reductions), so a token gives the same
+// numbers alone, batched, or in a prefill chunk (batch invariance).
+#include <stdint.h>
+#include <wasm_simd128.h>
+
+#define EXPORT(name) __attribute__((export_name(#name)))
+#define INLINE static inline __attribute__((always_inline))
+
+typedef uint32_t u32;
+typedef int32_t i32;
+typedef uint8_t u8;
+typedef int8_t i8;
+typedef uint16_t u16;
+typedef int16_t i16;
+
+// clang lowers struct copies and zeroing loops to these; bulk memory makes them single instructions
+void *memcpy(void *d, const void *s, unsigned long n) { __builtin_memcpy(d, s, n); return d; }
+void *memset(void *d, int c, unsigned long n) { __builtin_memset(d, c, n); return d; }
+
+// ------------------------------------------------------------------------------------------------ scalar math
+
+INLINE u32 f32_bits(float f) { union { float f; u32 u; } v = {f}; return v.u; }
+INLINE float bits_f32(u32 u) { union { u32 u; float f; } v = {u}; return v.f; }
+
+// f16 -> f32 without branches: the f16 bits shifted into an f32 exponent/mantissa read 2^-112 times the value, so
+// one exact multiplication fixes it (normals and subnormals alike). Inf/NaN scales are not supported (a packed
+// scale is always finite).
+INLINE float f16_to_f32(u32 h) {
+    return bits_f32(((h & 0x8000u) << 16) | f32_bits(bits_f32((h & 0x7fffu) << 13) * 0x1p112f));
+}
+
+// exp(x) in f32, within ~1 ulp: x = n ln2 + r, |r| <= ln2/2, exp(r) by a degree-7 Taylor polynomial
+static float expf_(float x) {
+    if (x != x) return x;
+    if (x < -103.972f) return 0.0f;
+    if (x > 88.7228f) return bits_f32(0x7f800000u);
+    float n = __builtin_rintf(x * 1.44269504088896341f);
+    float r = x - n * 0.693145751953125f;  // ln2 split in two for an exact first product
+    r = r - n * 1.428606765330187e-06f;
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    i32 k = (i32)n;
+    if (k < -126) {  // subnormal result: scale in two steps
+        return p * bits_f32((u32)(k + 126 + 127) << 23) * bits_f32(1u << 23);
+    }
+    if (k > 127) return p * bits_f32(254u << 23) * 2.0f;  // 2^128 is not an f32: 2^127 * 2
+    return p * bits_f32((u32)(k + 127) << 23);
+}
+
+// ------------------------------------------------------------------------------------------------ weights
+
+enum { F_F32 = 0, F_Q4 = 1, F_Q4A = 2, F_Q8 = 3, F_Q5_0 = 4, F_Q5_1 = 5, F_Q4K = 6, F_Q5K = 7, F_Q6K = 8 };
+
+// One weight matrix [n, k] in a package encoding; component addresses are 0 when the format has none.
+typedef struct {
+    u32 dtype, n, k, kp, gs;
+    const u8 *qweight, *qhigh, *scales, *mins, *super;
+    const float *bias;  // [n] or 0
+    u32 _pad;
+} Weight;
+
+INLINE u32 row_bytes_q(const Weight *w) { return w->dtype == F_Q8 ? w->kp : w->kp / 2; }
+
+// Codes of unit u (elements [32u, 32u + 32)) of a row as two u8x16 vectors (q8: i8x16) v0, v1, each to be
+// multiplied with 16 activations of the unit's (ordered) activation block xb: v0 . xb[0..16) + v1 . xb[16..32).
+//   q8: natural order, xb = x (v0: half 0, v1: half 1).
+//   nibble formats: v0 = the low nibbles (even elements 0, 2, .., 30), v1 = the high nibbles (odd elements), so
+//   no shuffles: the activations are permuted instead (ODD_EVEN, once per call), xb = x[0], x[2], .., x[30], x[1],
+//   x[3], .., x[31]. Lanes 0-7 of either vector belong to half 0 (elements < 16), lanes 8-15 to half 1.
+#define ODD_EVEN(dt) ((dt) != F_Q8 && (dt) != F_F32)
+INLINE void unit_codes(u32 dt, const u8 *qrow, const u8 *hrow, u32 u, v128_t *c0, v128_t *c1) {
+    if (dt == F_Q8) {
+        *c0 = wasm_v128_load(qrow + 32 * u);
+        *c1 = wasm_v128_load(qrow + 32 * u + 16);
+        return;
+    }
+    v128_t b = wasm_v128_load(qrow + 16 * u);  // byte i: element 2i (low nibble), 2i + 1 (high nibble)
+    v128_t m = wasm_i8x16_splat(0x0f);
+    v128_t v0 = wasm_v128_and(b, m), v1 = wasm_v128_and(wasm_u16x8_shr(b, 4), m);
+    if (dt == F_Q5_0 || dt == F_Q5_1 || dt == F_Q5K) {
+        // bit 4 of element e = bit e % 32 of the unit's word: lane i (elements 2i, 2i + 1) reads byte i / 4
+        v128_t h = wasm_i8x16_swizzle(wasm_v128_load32_splat(hrow + 4 * u),
+                                      wasm_i8x16_const(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3));
+        v128_t be = wasm_i8x16_const(1, 4, 16, 64, 1, 4, 16, 64, 1, 4, 16, 64, 1, 4, 16, 64);
+        v128_t bo = wasm_i8x16_const(2, 8, 32, -128, 2, 8, 32, -128, 2, 8, 32, -128, 2, 8, 32, -128);
+        v128_t x10 = wasm_i8x16_splat(0x10);
+        v0 = wasm_v128_or(v0, wasm_v128_and(wasm_i8x16_eq(wasm_v128_and(h, be), be), x10));
+        v1 = wasm_v128_or(v1, wasm_v128_and(wasm_i8x16_eq(wasm_v128_and(h, bo), bo), x10));
+    } else if (dt == F_Q6K) {
+        // bits 4-5 of element e = bits 2 (e % 16) .. +1 of word e / 16, i.e. of byte e / 4 of the unit's 8 bytes
+        // at bit 2 (e % 4): lane i (elements 2i, 2i + 1) reads byte i / 2
+        v128_t h = wasm_i8x16_swizzle(wasm_v128_load64_splat(hrow + 8 * u),
+                                      wasm_i8x16_const(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7));
+        v128_t e1 = wasm_i8x16_const(1, 16, 1, 16, 1, 16, 1, 16, 1, 16, 1, 16, 1, 16, 1, 16);
+        v128_t e2 = wasm_i8x16_const(2, 32, 2, 32, 2, 32, 2, 32, 2, 32, 2, 32, 2, 32, 2, 32);
+        v128_t o1 = wasm_i8x16_const(4, 64, 4, 64, 4, 64, 4, 64, 4, 64, 4, 64, 4, 64, 4, 64);
+        v128_t o2 = wasm_i8x16_const(8, -128, 8, -128, 8, -128, 8, -128, 8, -128, 8, -128, 8, -128, 8, -128);
+        v128_t x10 = wasm_i8x16_splat(0x10), x20 = wasm_i8x16_splat(0x20);
+        v0 = wasm_v128_or(v0, wasm_v128_or(wasm_v128_and(wasm_i8x16_eq(wasm_v128_and(h, e1), e1), x10),
+                                           wasm_v128_and(wasm_i8x16_eq(wasm_v128_and(h, e2), e2), x20)));
+        v1 = wasm_v128_or(v1, wasm_v128_or(wasm_v128_and(wasm_i8x16_eq(wasm_v128_and(h, o1), o1), x10),
+                                           wasm_v128_and(wasm_i8x16_eq(wasm_v128_and(h, o2), o2), x20)));
+    }
+    *c0 = v0;
+    *c1 = v1;
+}
+
+// A row's scale components, located once per row (no divisions in the unit loop)
+typedef struct {
+    const u8 *sc, *mn, *sup;
+    u32 gshift;  // scale group of unit u = u >> gshift (q4/q4a/q8/q5: group_size / 32 units per group)
+} RowCoefs;
+
+INLINE RowCoefs row_coefs(u32 d, const Weight *w, u32 row) {
+    RowCoefs c = {0, 0, 0, 0};
+    if (d == F_Q4K || d == F_Q5K) {
+        c.sc = w->scales + row * (w->kp / 32);
+        c.mn = w->mins + row * (w->kp / 32);
+        c.sup = w->super + row * (w->kp / 256) * 4;
+    } else if (d == F_Q6K) {
+        c.sc = w->scales + row * (w->kp / 16);
+        c.sup = w->super + row * ((w->kp / 256 + 1) / 2) * 4;
+    } else if (d != F_F32) {
+        u32 bytes = (w->kp / w->gs + 1) / 2 * 4;  // f16 per group, two per word
+        c.sc = w->scales + row * bytes;
+        c.mn = w->mins ? w->mins + row * bytes : 0;
+        c.gshift = __builtin_ctz(w->gs / 32);
+    }
+    return c;
+}
+
+// (a, b) of the two halves of unit u: value = a * q + b
+INLINE void unit_coefs(u32 d, const RowCoefs *c, u32 u, float *a0, float *b0, float *a1, float *b1) {
+    if (d == F_Q4K || d == F_Q5K) {
+        u32 sup = ((const u32 *)c->sup)[u / 8];
+        float dd = f16_to_f32(sup & 0xffff), dm = f16_to_f32(sup >> 16);
+        float a = dd * (float)c->sc[u], b = -(dm * (float)c->mn[u]);
+        *a0 = *a1 = a;
+        *b0 = *b1 = b;
+        return;
+    }
+    if (d == F_Q6K) {
+        float dd = f16_to_f32(((const u16 *)c->sup)[u / 8]);
+        const i8 *sc = (const i8 *)c->sc + 2 * u;
+        *a0 = dd * (float)sc[0];
+        *a1 = dd * (float)sc[1];
+        *b0 = -32.0f * *a0;
+        *b1 = -32.0f * *a1;
+        return;
+    }
+    u32 g = u >> c->gshift;
+    float s = f16_to_f32(((const u16 *)c->sc)[g]);
+    float b = 0.0f;
+    if (d == F_Q4) b = -8.0f * s;
+    else if (d == F_Q5_0) b = -16.0f * s;
+    else if (d == F_Q4A || d == F_Q5_1) b = f16_to_f32(((const u16 *)c->mn)[g]);
+    *a0 = *a1 = s;
+    *b0 = *b1 = b;
+}
+
+INLINE const u8 *qhigh_row(const Weight *w, u32 row) {
+    if (w->dtype == F_Q6K) return w->qhigh + row * (w->kp / 4);
+    return w->qhigh ? w->qhigh + row * (w->kp / 8) : 0;
+}
+
+// Dequantize one row to f32 (the embedding gather, and the tests' decoder check): value = a * q + b, in the order
+// formats.py gives (q4k: (d * sc) * q - dmin * m), so repacked GGUF rows decode as gguf.quants does.
+static void dequant_row(const Weight *w, u32 row, float *out) {
+    if (w->dtype == F_F32) {
+        const float *src = (const float *)w->qweight + row * w->k;
+        for (u32 i = 0; i < w->k; i++) out[i] = src[i];
+        return;
+    }
+    const u8 *qrow = w->qweight + row * row_bytes_q(w), *hrow = qhigh_row(w, row);
+    u8 codes[32] __attribute__((aligned(16)));
+    RowCoefs rc = row_coefs(w->dtype, w, row);
+    for (u32 u = 0; u < w->kp / 32; u++) {
+        v128_t c0, c1;
+        unit_codes(w->dtype, qrow, hrow, u, &c0, &c1);
+        wasm_v128_store(codes, c0);
+        wasm_v128_store(codes + 16, c1);
+        float a0, b0, a1, b1;
+        unit_coefs(w->dtype, &rc, u, &a0, &b0, &a1, &b1);
+        for (u32 i = 0; i < 32 && 32 * u + i < w->k; i++) {
+            u32 ci = ODD_EVEN(w->dtype) ? (i % 2) * 16 + i / 2 : i;  // where element i sits in codes[]
+            float q = w->dtype == F_Q8 ? (float)(i8)codes[ci] : (float)codes[ci];
+            float a = i < 16 ? a0 : a1;
+            u32 d = w->dtype;
+            float v;
+            if (d == F_Q4 || d == F_Q5_0 || d == F_Q6K) v = (q - (d == F_Q4 ? 8.0f : d == F_Q5_0 ? 16.0f : 32.0f)) * a;
+            else if (d == F_Q8) v = q * a;
+            else v = a * q + (i < 16 ? b0 : b1);  // q4a/q5_1: q * s + m; q4k/q5k: (d sc) q - (dmin m)
+            out[32 * u + i] = v;
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------------ activations
+
+// Prepared activation rows: x itself (f32, rows of x_stride floats), sums of each 16-element half, and in fast
+// mode int8 codes (pre-widened to i16 for the base-SIMD dot) with one scale per 32-element block.
+typedef struct {
+    const float *x;
+    u32 x_stride;
+    float *xsum;  // [rows, kp / 16]
+    i8 *xq;       // [rows, kp]
+    i16 *xw;      // [rows, kp]
+    float *xd;    // [rows, kp / 32]
+    float *xs32;  // [rows, kp / 32]: sums of whole units (the 4-unit path's offset term)
+} Acts;
+
+INLINE float hsum(v128_t v) {
+    return (wasm_f32x4_extract_lane(v, 0) + wasm_f32x4_extract_lane(v, 1)) +
+           (wasm_f32x4_extract_lane(v, 2) + wasm_f32x4_extract_lane(v, 3));
+}
+
+// x rows have k elements; the weights' padding up to kp multiplies zeros. `perm`: the nibble formats' block order
+// (ODD_EVEN): element i of each 32-block goes to slot (i % 2) * 16 + i / 2. The copy (exact mode) and the int8
+// codes (fast mode) are written in that order; the half-sums xsum stay in natural order (half = elements 16h..).
+static void prepare_acts(Acts *A, u32 rows, u32 k, u32 kp, int fast, int perm, float *xpad) {
+    for (u32 r = 0; r < rows; r++) {
+        const float *x = A->x + r * A->x_stride;
+        for (u32 h = 0; h < kp / 16; h++) {
+            float s = 0.0f;
+            for (u32 i = 16 * h; i < 16 * h + 16 && i < k; i++) s += x[i];
+            A->xsum[r * (kp / 16) + h] = s;
+        }
+        for (u32 b = 0; b < kp / 32; b++)
+            A->xs32[r * (kp / 32) + b] = A->xsum[r * (kp / 16) + 2 * b] + A->xsum[r * (kp / 16) + 2 * b + 1];
+        if (fast) {
+            for (u32 b = 0; b < kp / 32; b++) {
+                float amax = 0.0f;
+                for (u32 i = 32 * b; i < 32 * b + 32 && i < k; i++) {
+                    float v = x[i] < 0 ? -x[i] : x[i];
+                    amax = v > amax ? v : amax;
+                }
+                float d = amax / (fast == 2 ? 32767.0f : 127.0f), id = d > 0.0f ? 1.0f / d : 0.0f;
+                A->xd[r * (kp / 32) + b] = d;
+                for (u32 i = 0; i < 32; i++) {
+                    u32 e = 32 * b + i, slot = 32 * b + (perm ? (i % 2) * 16 + i / 2 : i);
+                    i32 q = e < k ? (i32)__builtin_rintf(x[e] * id) : 0;
+                    A->xq[r * kp + slot] = (i8)q;
+                    A->xw[r * kp + slot] = (i16)q;
+                }
+            }
+        } else if (perm || k < kp) {
+            for (u32 b = 0; b < kp / 32; b++)
+                for (u32 i = 0; i < 32; i++) {
+                    u32 e = 32 * b + i, slot = 32 * b + (perm ? (i % 2) * 16 + i / 2 : i);
+                    xpad[r * kp + slot] = e < k ? x[e] : 0.0f;
+                }
+        }
+    }
+    if (!fast && (perm || k < kp)) {
+        A->x = xpad;
+        A->x_stride = kp;
+    }
+}
+
+INLINE v128_t u8_f32(v128_t c, int part) {  // 4 codes (lanes 4 part .. +3) to f32
+    v128_t w16 = part < 2 ? wasm_u16x8_extend_low_u8x16(c) : wasm_u16x8_extend_high_u8x16(c);
+    v128_t w32 = (part & 1) ? wasm_u32x4_extend_high_u16x8(w16) : wasm_u32x4_extend_low_u16x8(w16);
+    return wasm_f32x4_convert_i32x4(w32);
+}
+
+INLINE v128_t i8_f32(v128_t c, int part) {
+    v128_t w16 = part < 2 ? wasm_i16x8_extend_low_i8x16(c) : wasm_i16x8_extend_high_i8x16(c);
+    v128_t w32 = (part & 1) ? wasm_i32x4_extend_high_i16x8(w16) : wasm_i32x4_extend_low_i16x8(w16);
+    return wasm_f32x4_convert_i32x4(w32);
+}
+
+// sum over 16 codes of q * x (f32), as a vector of 4 partial sums
+INLINE v128_t half_dot_f32(v128_t c, const float *x, int is_signed) {
+    v128_t acc = wasm_f32x4_mul(is_signed ? i8_f32(c, 0) : u8_f32(c, 0), wasm_v128_load(x));
+    acc = wasm_f32x4_add(acc, wasm_f32x4_mul(is_signed ? i8_f32(c, 1) : u8_f32(c, 1), wasm_v128_load(x + 4)));
+    acc = wasm_f32x4_add(acc, wasm_f32x4_mul(is_signed ? i8_f32(c, 2) : u8_f32(c, 2), wasm_v128_load(x + 8)));
+    return wasm_f32x4_add(acc, wasm_f32x4_mul(is_signed ? i8_f32(c, 3) : u8_f32(c, 3), wasm_v128_load(x + 12)));
+}
+
+// sum over 16 codes of q * xq (integers), as 4 partial i32 sums; relaxed: one instruction (codes are < 128 and
+// the x codes signed: the i7 operand is the weight; q8's signed weights take the i16 path)
+INLINE v128_t half_dot_i8(v128_t c, const i8 *xq, const i16 *xw, int is_signed, int wide) {
+#ifdef RELAXED
+    if (!is_signed && !wide) return wasm_i32x4_relaxed_dot_i8x16_i7x16_add(wasm_v128_load(xq), c, wasm_i32x4_splat(0));
+#endif
+    (void)xq;
+    v128_t w0 = is_signed ? wasm_i16x8_extend_low_i8x16(c) : wasm_u16x8_extend_low_u8x16(c);
+    v128_t w1 = is_signed ? wasm_i16x8_extend_high_i8x16(c) : wasm_u16x8_extend_high_u8x16(c);
+    v128_t d0 = wasm_i32x4_dot_i16x8(w0, wasm_v128_load(xw)), d1 = wasm_i32x4_dot_i16x8(w1, wasm_v128_load(xw + 8));
+    // lane j = elements 4j .. 4j + 3, as the relaxed dot sums them: both builds then round the same partial sums
+    return wasm_i32x4_add(wasm_i32x4_shuffle(d0, d1, 0, 2, 4, 6), wasm_i32x4_shuffle(d0, d1, 1, 3, 5, 7));
+}
+
+// The formats whose scale (and min) change every unit: their coefficients are decoded 4 units at a time
+#define VEC4(dt, w) \
+    (((dt) == F_Q4 || (dt) == F_Q4A || (dt) == F_Q8 || (dt) == F_Q5_0 || (dt) == F_Q5_1) && (w)->gs == 32)
+
+// 4 consecutive f16 -> f32x4, as f16_to_f32
+INLINE v128_t f16x4(const u8 *p) {
+    v128_t h = wasm_u32x4_extend_low_u16x8(wasm_v128_load64_zero(p));
+    v128_t sign = wasm_i32x4_shl(wasm_v128_and(h, wasm_i32x4_splat(0x8000)), 16);
+    v128_t mag = wasm_f32x4_mul(wasm_i32x4_shl(wasm_v128_and(h, wasm_i32x4_splat(0x7fff)), 13),
+                                wasm_f32x4_splat(0x1p112f));
+    return wasm_v128_or(sign, mag);
+}
+
+// sum of q * x over one unit for activation row ri, as 4 f32 partial sums per half (h0: elements < 16)
+INLINE void unit_dot_f32(u32 dt, v128_t c0, v128_t c1, const float *x, v128_t *h0, v128_t *h1) {
+    if (ODD_EVEN(dt)) {
+        *h0 = wasm_f32x4_add(wasm_f32x4_add(wasm_f32x4_mul(u8_f32(c0, 0), wasm_v128_load(x)),
+                                            wasm_f32x4_mul(u8_f32(c0, 1), wasm_v128_load(x + 4))),
+                             wasm_f32x4_add(wasm_f32x4_mul(u8_f32(c1, 0), wasm_v128_load(x + 16)),
+                                            wasm_f32x4_mul(u8_f32(c1, 1), wasm_v128_load(x + 20))));
+        *h1 = wasm_f32x4_add(wasm_f32x4_add(wasm_f32x4_mul(u8_f32(c0, 2), wasm_v128_load(x + 8)),
+                                            wasm_f32x4_mul(u8_f32(c0, 3), wasm_v128_load(x + 12))),
+                             wasm_f32x4_add(wasm_f32x4_mul(u8_f32(c1, 2), wasm_v128_load(x + 24)),
+                                            wasm_f32x4_mul(u8_f32(c1, 3), wasm_v128_load(x + 28))));
+    } else {
+        *h0 = half_dot_f32(c0, x, dt == F_Q8);
+        *h1 = half_dot_f32(c1, x + 16, dt == F_Q8);
+    }
+}
+
+// integer sum of q * xq over one unit: lanes 0-1 half 0, 2-3 half 1 for odd/even formats (q8: one scale)
+INLINE v128_t unit_dot_i8(u32 dt, v128_t c0, v128_t c1, const Acts *A, u32 ri, u32 kp, u32 u, int wide) {
+    const i8 *xq = A->xq + ri * kp + 32 * u;
+    const i16 *xw = A->xw + ri * kp + 32 * u;
+    return wasm_i32x4_add(half_dot_i8(c0, xq, xw, dt == F_Q8, wide),
+                          half_dot_i8(c1, xq + 16, xw + 16, dt == F_Q8, wide));
+}
+
+#define LANE(v, j) wasm_i32x4_shuffle(v, v, j, j, j, j)
+
+// One weight row against R activation rows (R constant after inlining). Per row the operations are the same
+// whatever R is: a token's result does not depend on its neighbours.
+INLINE void row_dot(u32 dt, const Weight *w, u32 row, const Acts *A, u32 r0, int R, int fast, float *out) {
+    const u8 *qrow = w->qweight + row * row_bytes_q(w), *hrow = qhigh_row(w, row);
+    u32 kp = w->kp, nu = kp / 32;
+    RowCoefs rc = row_coefs(dt, w, row);
+    v128_t acc[4], bv4[4];
+    float bacc[4];
+    for (int r = 0; r < R; r++) { acc[r] = bv4[r] = wasm_f32x4_splat(0.0f); bacc[r] = 0.0f; }
+    u32 u = 0;
+    if (VEC4(dt, w)) {
+        // 4 units per step: their scales, offsets and activation scales as vectors, one lane per unit
+        for (; u + 4 <= nu; u += 4) {
+            v128_t av = f16x4(rc.sc + 2 * u), bv = wasm_f32x4_splat(0.0f);
+            if (dt == F_Q4) bv = wasm_f32x4_mul(av, wasm_f32x4_splat(-8.0f));
+            else if (dt == F_Q5_0) bv = wasm_f32x4_mul(av, wasm_f32x4_splat(-16.0f));
+            else if (dt == F_Q4A || dt == F_Q5_1) bv = f16x4(rc.mn + 2 * u);
+            v128_t cv[4];
+            for (int r = 0; r < R; r++) {
+                u32 ri = r0 + r;
+                bv4[r] = wasm_f32x4_add(bv4[r], wasm_f32x4_mul(bv, wasm_v128_load(A->xs32 + ri * nu + u)));
+                cv[r] = fast ? wasm_f32x4_mul(av, wasm_v128_load(A->xd + ri * nu + u)) : av;
+            }
+#define UNIT(j)                                                                                                   \
+            {                                                                                                     \
+                v128_t c0, c1;                                                                                    \
+                unit_codes(dt, qrow, hrow, u + j, &c0, &c1);                                                      \
+                for (int r = 0; r < R; r++) {                                                                     \
+                    u32 ri = r0 + r;                                                                              \
+                    v128_t p;                                                                                     \
+                    if (fast) {                                                                                   \
+                        p = wasm_f32x4_convert_i32x4(unit_dot_i8(dt, c0, c1, A, ri, kp, u + j, fast == 2));                \
+                    } else {                                                                                      \
+                        v128_t h0, h1;                                                                            \
+                        unit_dot_f32(dt, c0, c1, A->x + ri * A->x_stride + 32 * (u + j), &h0, &h1);               \
+                        p = wasm_f32x4_add(h0, h1);                                                               \
+                    }                                                                                             \
+                    acc[r] = wasm_f32x4_add(acc[r], wasm_f32x4_mul(p, LANE(cv[r], j)));                           \
+                }                                                                                                 \
+            }
+            UNIT(0) UNIT(1) UNIT(2) UNIT(3)
+#undef UNIT
+        }
+    }
+    for (; u < nu; u++) {
+        v128_t c0, c1;
+        unit_codes(dt, qrow, hrow, u, &c0, &c1);
+        float a0, b0, a1, b1;
+        unit_coefs(dt, &rc, u, &a0, &b0, &a1, &b1);
+        for (int r = 0; r < R; r++) {
+            u32 ri = r0 + r;
+            const float *xs = A->xsum + ri * (kp / 16) + 2 * u;
+            bacc[r] += b0 * xs[0] + b1 * xs[1];
+            if (fast) {
+                float d = A->xd[ri * nu + u], ad0 = a0 * d, ad1 = a1 * d;
+                v128_t s = unit_dot_i8(dt, c0, c1, A, ri, kp, u, fast == 2);
+                acc[r] = wasm_f32x4_add(acc[r], wasm_f32x4_mul(wasm_f32x4_convert_i32x4(s),
+                                                               wasm_f32x4_make(ad0, ad0, ad1, ad1)));
+            } else {
+                v128_t h0, h1;
+                unit_dot_f32(dt, c0, c1, A->x + ri * A->x_stride + 32 * u, &h0, &h1);
+                acc[r] = wasm_f32x4_add(acc[r], wasm_f32x4_add(wasm_f32x4_mul(h0, wasm_f32x4_splat(a0)),
+                                                               wasm_f32x4_mul(h1, wasm_f32x4_splat(a1))));
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) out[r] = hsum(acc[r]) + (hsum(bv4[r]) + bacc[r]);
+}
+
+INLINE void row_dot_f32(const Weight *w, u32 row, const Acts *A, u32 r0, int R, float *out) {
+    const float *wr = (const float *)w->qweight + row * w->k;
+    u32 k = w->k, k4 = k & ~3u;
+    v128_t acc[4];
+    float tail[4];
+    for (int r = 0; r < R; r++) { acc[r] = wasm_f32x4_splat(0.0f); tail[r] = 0.0f; }
+    for (u32 i = 0; i < k4; i += 4) {
+        v128_t wv = wasm_v128_load(wr + i);
+        for (int r = 0; r < R; r++)
+            acc[r] = wasm_f32x4_add(acc[r], wasm_f32x4_mul(wv, wasm_v128_load(A->x + (r0 + r) * A->x_stride + i)));
+    }
+    for (u32 i = k4; i < k; i++)
+        for (int r = 0; r < R; r++) tail[r] += wr[i] * A->x[(r0 + r) * A->x_stride + i];
+    for (int r = 0; r < R; r++) out[r] = hsum(acc[r]) + tail[r];
+}
+
+#define TILE 4
+
+// Rows in tiles of 4 (each weight row decoded once per tile), the rest one by one: a row's arithmetic is the same
+// in every path, so tiling never changes a result.
+INLINE void linear_rows(u32 dt, const Weight *w, const Acts *A, float *y, u32 y_stride, u32 rows, int accumulate,
+                        int fast) {
+    float out[TILE];
+    for (u32 r0 = 0; r0 < rows;) {
+        u32 R = rows - r0 >= TILE ? TILE : 1;
+        for (u32 n = 0; n < w->n; n++) {
+            if (dt == F_F32) {
+                if (R == TILE) row_dot_f32(w, n, A, r0, TILE, out);
+                else row_dot_f32(w, n, A, r0, 1, out);
+            } else if (fast == 2) {
+                if (R == TILE) row_dot(dt, w, n, A, r0, TILE, 2, out);
+                else row_dot(dt, w, n, A, r0, 1, 2, out);
+            } else if (fast) {
+                if (R == TILE) row_dot(dt, w, n, A, r0, TILE, 1, out);
+                else row_dot(dt, w, n, A, r0, 1, 1, out);
+            } else {
+                if (R == TILE) row_dot(dt, w, n, A, r0, TILE, 0, out);
+                else row_dot(dt, w, n, A, r0, 1, 0, out);
+            }
+            float b = w->bias ? w->bias[n] : 0.0f;
+            for (u32 r = 0; r < R; r++) {
+                float v = out[r] + b;
+                float *dst = y + (r0 + r) * y_stride + n;
+                *dst = accumulate ? *dst + v : v;
+            }
+        }
+        r0 += R;
+    }
+}
+
+// y[r, n] (+)= W x[r] (+ bias) for `rows` activation rows: GEMV for one row, 4-row GEMM tiles for more.
+// scratch: room for prepare_acts (wi_linear_scratch_bytes).
+static void linear(const Weight *w, const float *x, u32 x_stride, float *y, u32 y_stride, u32 rows, int accumulate,
+                   int fast, u8 *scratch) {
+    u32 kp = w->dtype == F_F32 ? w->k : w->kp;
+    Acts A = {x, x_stride, (float *)scratch, 0, 0, 0, 0};
+    if (w->dtype == F_F32) fast = 0;  // 0 exact, 1 int8 activations, 2 int16 activations
+    if (w->dtype != F_F32) {
+        u8 *p = scratch + rows * (kp / 16) * 4;
+        A.xd = (float *)p;
+        p += rows * (kp / 32) * 4;
+        A.xs32 = (float *)p;
+        p += rows * (kp / 32) * 4;
+        A.xw = (i16 *)p;
+        p += rows * kp * 2;
+        A.xq = (i8 *)p;
+        p += rows * kp;
+        prepare_acts(&A, rows, w->k, kp, fast, ODD_EVEN(w->dtype), (float *)(((uintptr_t)p + 15) & ~(uintptr_t)15));
+    }
+    switch (w->dtype) {  // one specialised loop per format: the format's branches fold away
+        case F_F32: linear_rows(F_F32, w, &A, y, y_stride, rows, accumulate, 0); break;
+        case F_Q4: linear_rows(F_Q4, w, &A, y, y_stride, rows, accumulate, fast); break;
+        case F_Q4A: linear_rows(F_Q4A, w, &A, y, y_stride, rows, accumulate, fast); break;
+        case F_Q8: linear_rows(F_Q8, w, &A, y, y_stride, rows, accumulate, fast); break;
+        case F_Q5_0: linear_rows(F_Q5_0, w, &A, y, y_stride, rows, accumulate, fast); break;
+        case F_Q5_1: linear_rows(F_Q5_1, w, &A, y, y_stride, rows, accumulate, fast); break;
+        case F_Q4K: linear_rows(F_Q4K, w, &A, y, y_stride, rows, accumulate, fast); break;
+        case F_Q5K: linear_rows(F_Q5K, w, &A, y, y_stride, rows, accumulate, fast); break;
+        case F_Q6K: linear_rows(F_Q6K, w, &A, y, y_stride, rows, accumulate, fast); break;
+    }
+}
+
+// ------------------------------------------------------------------------------------------------ other ops
+
+// y = x / sqrt(mean(x^2) + eps) * w, per row (the reference's order: divide, then scale)
+static void rmsnorm(const float *x, u32 x_stride, const float *w, float *y, u32 y_stride, u32 rows, u32 d, float eps) {
+    for (u32 r = 0; r < rows; r++) {
+        const float *xr = x + r * x_stride;
+        float *yr = y + r * y_stride;
+        v128_t acc = wasm_f32x4_splat(0.0f);
+        u32 d4 = d & ~3u;
+        for (u32 i = 0; i < d4; i += 4) {
+            v128_t v = wasm_v128_load(xr + i);
+            acc = wasm_f32x4_add(acc, wasm_f32x4_mul(v, v));
+        }
+        float ss = hsum(acc);
+        for (u32 i = d4; i < d; i++) ss += xr[i] * xr[i];
+        float den = __builtin_sqrtf(ss / (float)d + eps);
+        for (u32 i = 0; i < d; i++) yr[i] = (xr[i] / den) * w[i];
+    }
+}
+
+// half-split rotation of n_heads heads of row x at table row `pos` (cos/sin tables [max_pos, hd/2])
+static void rope_row(float *x, u32 n_heads, u32 hd, const float *cos_t, const float *sin_t, u32 pos) {
+    u32 half = hd / 2;
+    const float *c = cos_t + pos * half, *s = sin_t + pos * half;
+    for (u32 h = 0; h < n_heads; h++) {
+        float *v = x + h * hd;
+        for (u32 i = 0; i < half; i++) {
+            float x1 = v[i], x2 = v[i + half];
+            v[i] = x1 * c[i] - x2 * s[i];
+            v[i + half] = x2 * c[i] + x1 * s[i];
+        }
+    }
+}
+
+INLINE float dot_f32(const float *a, const float *b, u32 n) {
+    v128_t acc = wasm_f32x4_splat(0.0f);
+    u32 n4 = n & ~3u;
+    for (u32 i = 0; i < n4; i += 4) acc = wasm_f32x4_add(acc, wasm_f32x4_mul(wasm_v128_load(a + i), wasm_v128_load(b + i)));
+    float s = hsum(acc);
+    for (u32 i = n4; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+// Causal attention of one query row q [n_heads * hd] at position `pos` over cached positions [0, pos] of one
+// sequence (K/V [num_blocks, block_size, n_kv_heads, hd] per layer; table maps position / block_size to a block).
+static void attend_row(const float *q, float *out, const float *kc, const float *vc, const u32 *table, u32 pos,
+                       u32 n_heads, u32 n_kv, u32 hd, u32 bs, float *scores) {
+    u32 kvd = n_kv * hd, group = n_heads / n_kv;
+    float scale = __builtin_sqrtf((float)hd);
+    for (u32 h = 0; h < n_heads; h++) {
+        const float *qh = q + h * hd;
+        u32 kvh = h / group;
+        float mx = bits_f32(0xff800000u);
+        for (u32 j = 0; j <= pos; j++) {
+            u32 slot = table[j / bs] * bs + j % bs;
+            float s = dot_f32(qh, kc + slot * kvd + kvh * hd, hd) / scale;
+            scores[j] = s;
+            mx = s > mx ? s : mx;
+        }
+        float sum = 0.0f;
+        for (u32 j = 0; j <= pos; j++) {
+            float e = expf_(scores[j] - mx);
+            scores[j] = e;
+            sum += e;
+        }
+        float *o = out + h * hd;
+        u32 hd4 = hd & ~3u;
+        for (u32 i = 0; i < hd; i++) o[i] = 0.0f;
+        for (u32 j = 0; j <= pos; j++) {
+            u32 slot = table[j / bs] * bs + j % bs;
+            const float *v = vc + slot * kvd + kvh * hd;
+            float p = scores[j] / sum;
+            v128_t pv = wasm_f32x4_splat(p);
+            for (u32 i = 0; i < hd4; i += 4)
+                wasm_v128_store(o + i, wasm_f32x4_add(wasm_v128_load(o + i), wasm_f32x4_mul(pv, wasm_v128_load(v + i))));
+            for (u32 i = hd4; i < hd; i++) o[i] += p * v[i];
+        }
+    }
+}
+
+INLINE float silu(float x) { return x / (1.0f + expf_(-x)); }
+
+// ------------------------------------------------------------------------------------------------ sampling
+
+// Order-preserving map f32 -> u32 (as sample.wgsl's okey)
+INLINE u32 okey(float x) {
+    u32 b = f32_bits(x);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+INLINE u32 pcg(u32 v) {
+    u32 s = v * 747796405u + 2891336453u;
+    u32 w = ((s >> ((s >> 28) + 4)) ^ s) * 277803737u;
+    return (w >> 22) ^ w;
+}
+
+typedef struct {
+    u32 logit_row, top_k, seed, index;
+    float temperature, top_p;
+    u32 _pad0, _pad1;
+} SampleParams;  // sample.wgsl's RowParams
+
+// The GPU sampler's rule (webinfer/kernels/sampling.py): greedy = argmax, lowest id on ties; else temperature ->
+// top-k (logit descending, id ascending) -> top-p (shortest prefix of that order whose mass reaches top_p of the
+// kept mass) -> inverse CDF in id order at u * mass, u = uniform(seed, index). scratch: 17 bytes x vocab.
+static u32 sample_row(const float *l, u32 vocab, const SampleParams *p, u8 *scratch) {
+    u32 best = 0;
+    u32 bk = okey(l[0]);
+    for (u32 i = 1; i < vocab; i++) {
+        u32 k = okey(l[i]);
+        if (k > bk) { bk = k; best = i; }
+    }
+    if (p->temperature <= 0.0f || p->top_k == 1) return best;
+    float mx = l[best], inv_t = 1.0f / p->temperature;
+    float u = (float)(pcg(pcg(p->seed) + p->index) >> 8) * (1.0f / 16777216.0f);
+    int use_k = p->top_k > 0 && p->top_k < vocab;
+    u8 *kept = scratch;
+    u32 last = vocab - 1;
+    if (!use_k && p->top_p >= 1.0f) {
+        for (u32 i = 0; i < vocab; i++) kept[i] = 1;
+    } else {
+        // sort ids by (logit descending, id ascending): LSD radix sort on ~okey, stable from id order
+        u32 *ka = (u32 *)(scratch + ((vocab + 15) & ~15u)), *ia = ka + vocab, *kb = ia + vocab, *ib = kb + vocab;
+        for (u32 i = 0; i < vocab; i++) { ka[i] = ~okey(l[i]); ia[i] = i; }
+        for (u32 sh = 0; sh < 32; sh += 8) {
+            u32 cnt[256];
+            for (u32 b = 0; b < 256; b++) cnt[b] = 0;
+            for (u32 i = 0; i < vocab; i++) cnt[(ka[i] >> sh) & 255]++;
+            u32 tot = 0;
+            for (u32 b = 0; b < 256; b++) { u32 c = cnt[b]; cnt[b] = tot; tot += c; }
+            for (u32 i = 0; i < vocab; i++) {
+                u32 o = cnt[(ka[i] >> sh) & 255]++;
+                kb[o] = ka[i];
+                ib[o] = ia[i];
+            }
+            u32 *t = ka; ka = kb; kb = t;
+            t = ia; ia = ib; ib = t;
+        }
+        u32 n = use_k ? p->top_k : vocab;
+        if (p->top_p < 1.0f) {
+            float mass = 0.0f;
+            for (u32 j = 0; j < n; j++) mass += expf_((l[ia[j]] - mx) * inv_t);
+            float goal = p->top_p * mass, c = 0.0f;
+            u32 j = 0;
+            while (j < n) {
+                c += expf_((l[ia[j]] - mx) * inv_t);
+                j++;
+                if (c >= goal) break;
+            }
+            n = j;
+        }
+        for (u32 i = 0; i < vocab; i++) kept[i] = 0;
+        last = 0;
+        for (u32 j = 0; j < n; j++) {
+            kept[ia[j]] = 1;
+            last = ia[j] > last ? ia[j] : last;
+        }
+    }
+    float mass = 0.0f;
+    for (u32 i = 0; i < vocab; i++)
+        if (kept[i]) mass += expf_((l[i] - mx) * inv_t);
+    float r = u * mass, c = 0.0f;
+    for (u32 i = 0; i < vocab; i++) {
+        if (!kept[i]) continue;
+        c += expf_((l[i] - mx) * inv_t);
+        if (c > r) return i;
+    }
+    return last;  // r within rounding of the total
+}
+
+// ------------------------------------------------------------------------------------------------ the model
+
+// FAST_DOWN16: the down projection's activations (after SwiGLU: the largest outliers) as int16 instead of int8
+enum { FAST_QKV = 1, FAST_O = 2, FAST_GATE_UP = 4, FAST_DOWN = 8, FAST_HEAD = 16, FAST_DOWN16 = 32 };
+
+typedef struct {
+    const float *attn_norm, *ffn_norm;
+    float *k_cache, *v_cache;
+    const Weight *q, *k, *v, *o, *gate, *up, *down;
+} Layer;
+
+typedef struct {
+    u32 d, f, n_layers, n_heads, n_kv, hd, vocab, block_size;
+    float eps;
+    u32 fast, max_pos, max_ctx;  // fast: FAST_* bits (int8 activations per matrix); table/score sizes (the runner checks)
+    const Weight *embed, *lm_head;
+    const float *norm, *cos_t, *sin_t;
+    const Layer *layers;
+    // scratch, sized by Python for max_tokens rows: r, xn [T, d]; q [T, q_dim]; k, v [T, kv_dim]; attn [T, q_dim];
+    // g, up [T, f]; logits [S, vocab]; xs [S, d]; scores [max_ctx]; work: linear's and the sampler's scratch
+    float *r, *xn, *q, *k, *v, *attn, *g, *u, *logits, *xs, *scores;
+    u8 *work;
+} Model;
+
+typedef struct {
+    u32 q_row, n_q, start_pos;
+    const u32 *table;
+} Seq;
+
+typedef struct {
+    u32 n_tokens, n_seqs, n_sampled;
+    const u32 *ids, *pos, *slot;
+    const Seq *seqs;
+    const u32 *sample_rows;        // token row of each sampled chunk
+    const SampleParams *params;    // per sampled chunk (logit_row = its index)
+    u32 *out_ids;
+} Step;
+
+// One engine step: every fed token through the model, K/V into the paged cache, the sampled rows' next ids.
+EXPORT(wi_step) void wi_step(const Model *m, const Step *s) {
+    u32 T = s->n_tokens, d = m->d, hd = m->hd, qd = m->n_heads * hd, kvd = m->n_kv * hd, bs = m->block_size;
+    for (u32 t = 0; t < T; t++) dequant_row(m->embed, s->ids[t], m->r + t * d);
+    for (u32 li = 0; li < m->n_layers; li++) {
+        const Layer *L = m->layers + li;
+        rmsnorm(m->r, d, L->attn_norm, m->xn, d, T, d, m->eps);
+        int fq = (m->fast & FAST_QKV) != 0;
+        linear(L->q, m->xn, d, m->q, qd, T, 0, fq, m->work);
+        linear(L->k, m->xn, d, m->k, kvd, T, 0, fq, m->work);
+        linear(L->v, m->xn, d, m->v, kvd, T, 0, fq, m->work);
+        for (u32 t = 0; t < T; t++) {
+            rope_row(m->q + t * qd, m->n_heads, hd, m->cos_t, m->sin_t, s->pos[t]);
+            rope_row(m->k + t * kvd, m->n_kv, hd, m->cos_t, m->sin_t, s->pos[t]);
+            float *kd = L->k_cache + s->slot[t] * kvd, *vd = L->v_cache + s->slot[t] * kvd;
+            for (u32 i = 0; i < kvd; i++) { kd[i] = m->k[t * kvd + i]; vd[i] = m->v[t * kvd + i]; }
+        }
+        for (u32 si = 0; si < s->n_seqs; si++) {
+            const Seq *q = s->seqs + si;
+            for (u32 j = 0; j < q->n_q; j++) {
+                u32 row = q->q_row + j;
+                attend_row(m->q + row * qd, m->attn + row * qd, L->k_cache, L->v_cache, q->table, q->start_pos + j,
+                           m->n_heads, m->n_kv, hd, bs, m->scores);
+            }
+        }
+        linear(L->o, m->attn, qd, m->r, d, T, 1, (m->fast & FAST_O) != 0, m->work);
+        rmsnorm(m->r, d, L->ffn_norm, m->xn, d, T, d, m->eps);
+        linear(L->gate, m->xn, d, m->g, m->f, T, 0, (m->fast & FAST_GATE_UP) != 0, m->work);
+        linear(L->up, m->xn, d, m->u, m->f, T, 0, (m->fast & FAST_GATE_UP) != 0, m->work);
+        for (u32 i = 0; i < T * m->f; i++) m->g[i] = silu(m->g[i]) * m->u[i];
+        linear(L->down, m->g, m->f, m->r, d, T, 1, (m->fast & FAST_DOWN16) ? 2 : (m->fast & FAST_DOWN) != 0, m->work);
+    }
+    for (u32 j = 0; j < s->n_sampled; j++)
+        rmsnorm(m->r + s->sample_rows[j] * d, d, m->norm, m->xs + j * d, d, 1, d, m->eps);
+    if (s->n_sampled)
+        linear(m->lm_head, m->xs, d, m->logits, m->vocab, s->n_sampled, 0, (m->fast & FAST_HEAD) != 0, m->work);
+    for (u32 j = 0; j < s->n_sampled; j++)
+        s->out_ids[j] = sample_row(m->logits + j * m->vocab, m->vocab, s->params + j, m->work);
+}
+
+// ------------------------------------------------------------------------------------------------ single kernels
+// (the tests call these against numpy; the bench times them)
+
+EXPORT(wi_linear) void wi_linear(const Weight *w, const float *x, u32 x_stride, float *y, u32 y_stride, u32 rows,
+                                 u32 accumulate, u32 fast, u8 *scratch) {
+    linear(w, x, x_stride, y, y_stride, rows, accumulate, fast, scratch);
+}
+
+// bytes of scratch wi_linear needs for `rows` rows of K = kp
+EXPORT(wi_linear_scratch_bytes) u32 wi_linear_scratch_bytes(u32 rows, u32 kp) {
+    return rows * (kp / 16 * 4 + kp / 32 * 8 + kp * 7) + 64;
+}
+
+EXPORT(wi_dequant_rows) void wi_dequant_rows(const Weight *w, u32 row0, u32 rows, float *out) {
+    for (u32 r = 0; r < rows; r++) dequant_row(w, row0 + r, out + r * w->k);
+}
+
+EXPORT(wi_rmsnorm) void wi_rmsnorm(const float *x, u32 x_stride, const float *w, float *y, u32 y_stride, u32 rows,
+                                   u32 d, float eps) {
+    rmsnorm(x, x_stride, w, y, y_stride, rows, d, eps);
+}
+
+EXPORT(wi_rope) void wi_rope(float *x, u32 rows, u32 stride, u32 n_heads, u32 hd, const float *cos_t,
+                             const float *sin_t, const u32 *pos) {
+    for (u32 r = 0; r < rows; r++) rope_row(x + r * stride, n_heads, hd, cos_t, sin_t, pos[r]);
+}
+
+EXPORT(wi_attention) void wi_attention(const float *q, float *out, u32 rows, const float *kc, const float *vc,
+                                       const u32 *table, u32 start_pos, u32 n_heads, u32 n_kv, u32 hd, u32 bs,
+                                       float *scores) {
+    for (u32 j = 0; j < rows; j++)
+        attend_row(q + j * n_heads * hd, out + j * n_heads * hd, kc, vc, table, start_pos + j, n_heads, n_kv, hd, bs,
+                   scores);
+}
+
+EXPORT(wi_swiglu) void wi_swiglu(float *g, const float *u, u32 n) {
+    for (u32 i = 0; i < n; i++) g[i] = silu(g[i]) * u[i];
+}
+
+EXPORT(wi_exp) void wi_exp(const float *x, float *y, u32 n) {
+    for (u32 i = 0; i < n; i++) y[i] = expf_(x[i]);
+}
+
+EXPORT(wi_sample) void wi_sample(const float *logits, u32 vocab, const SampleParams *p, u32 rows, u32 *out,
+                                 u8 *scratch) {
+    for (u32 j = 0; j < rows; j++) out[j] = sample_row(logits + p[j].logit_row * vocab, vocab, p + j, scratch);
+}
+
+// Read bandwidth: sums `bytes` bytes (a multiple of 64) `reps` times; the bench sets GEMV GB/s beside it.
+EXPORT(wi_read_bw) u32 wi_read_bw(const u8 *p, u32 bytes, u32 reps) {
+    v128_t a0 = wasm_i32x4_splat(0), a1 = a0, a2 = a0, a3 = a0;
+    for (u32 r = 0; r < reps; r++)
+        for (u32 i = 0; i < bytes; i += 64) {
+            a0 = wasm_i32x4_add(a0, wasm_v128_load(p + i));
+            a1 = wasm_i32x4_add(a1, wasm_v128_load(p + i + 16));
+            a2 = wasm_i32x4_add(a2, wasm_v128_load(p + i + 32));
+            a3 = wasm_i32x4_add(a3, wasm_v128_load(p + i + 48));
+        }
+    v128_t s = wasm_i32x4_add(wasm_i32x4_add(a0, a1), wasm_i32x4_add(a2, a3));
+    return (u32)(wasm_i32x4_extract_lane(s, 0) + wasm_i32x4_extract_lane(s, 1) + wasm_i32x4_extract_lane(s, 2) +
+                 wasm_i32x4_extract_lane(s, 3));
+}
+
+// Relaxed-SIMD self-test: engines have shipped relaxed-SIMD bugs, so the runner checks the one instruction it
+// relies on against plain arithmetic before choosing this variant. Returns 1 when it agrees (base build: 1).
+EXPORT(wi_selftest) u32 wi_selftest(void) {
+#ifdef RELAXED
+    i8 a[16] __attribute__((aligned(16)));
+    u8 b[16] __attribute__((aligned(16)));
+    for (int t = 0; t < 8; t++) {
+        for (int i = 0; i < 16; i++) {
+            a[i] = (i8)(((i * 37 + t * 91) % 255) - 127);
+            b[i] = (u8)((i * 13 + t * 7) % 64);
+        }
+        volatile int seed = t;
+        v128_t r = wasm_i32x4_relaxed_dot_i8x16_i7x16_add(wasm_v128_load(a), wasm_v128_load(b), wasm_i32x4_splat(seed));
+        for (int j = 0; j < 4; j++) {
+            i32 want = seed;
+            for (int i = 4 * j; i < 4 * j + 4; i++) want += (i32)a[i] * (i32)b[i];
+            i32 got = j == 0 ? wasm_i32x4_extract_lane(r, 0) : j == 1 ? wasm_i32x4_extract_lane(r, 1)
+                    : j == 2 ? wasm_i32x4_extract_lane(r, 2) : wasm_i32x4_extract_lane(r, 3);
+            if (got != want) return 0;
+        }
+    }
+#endif
+    return 1;
+}
+
+EXPORT(wi_relaxed) u32 wi_relaxed(void) {
+#ifdef RELAXED
+    return 1;
+#else
+    return 0;
+#endif
+}

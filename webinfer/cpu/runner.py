@@ -1,0 +1,245 @@
+"""The CPU model runner: a package's transformer in the WebAssembly module of wasm/kernels.c (ModelRunner, batch.py).
+
+Everything lives in the module's linear memory, placed once at load by a bump allocator here:
+    weights       every component of every tensor, in its package encoding (webinfer/formats.py), copied one
+                  binding at a time (no transient copy of the whole model)
+    descriptors   a 12-word Weight per matrix, an 11-word Layer per layer, one Model (see kernels.c)
+    KV cache      per layer K and V [num_blocks, block_size, n_kv_heads, head_dim] f32 (block 0 = the null block)
+    RoPE tables   cos / sin [max_model_len, head_dim / 2] f32, computed here in double precision
+    scratch       activations for max_batch_tokens rows, logits for max_seqs rows, the kernels' work area
+    step area     the per-step inputs (token ids, positions, cache slots, sequences, block tables, sampling)
+A step is one write of the step area, one call (`wi_step`) and one read of the sampled ids: no Python buffer per
+kernel, no per-layer round trips.
+
+Modes: "exact" (f32 activations; greedy ids follow the numpy reference) and "fast" (int8 activations per block of
+32 with an f32 scale, as llama.cpp; see docs/performance.md for its perplexity change). `set_mode` switches
+between them without reloading.
+
+Sampling runs in the module with the GPU sampler's rule (webinfer/kernels/sampling.py): greedy = argmax with the
+lowest id on ties; otherwise temperature -> top-k -> top-p -> inverse CDF at uniform(seed, sample_index).
+Pure Python (runs in Pyodide): struct and array only.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import struct
+from array import array
+
+from ..engine.batch import StepBatch
+from ..engine.gpu_model import GPUModel
+from ..kernels.rope import inv_freq
+from ..kernels.sampling import SampleRow, pack_rows
+from .wasm import WasmMemoryError
+
+DTYPE_CODES = {"f32": 0, "q4": 1, "q4a": 2, "q8": 3, "q5_0": 4, "q5_1": 5, "q4k": 6, "q5k": 7, "q6k": 8}
+WEIGHT_WORDS, LAYER_WORDS, MODEL_WORDS, STEP_WORDS = 12, 11, 30, 10
+# the Model's FAST_* bits (kernels.c): fast = int8 activations everywhere but the down projection, which takes int16
+# (measured: all-int8 cost +1.7 % perplexity on SmolLM2, the down projection's share the largest)
+MODES = {"exact": 0, "fast": 1 | 2 | 4 | 16 | 32}
+_FAST_WORD = 9  # index of `fast` in the Model struct
+
+
+class Arena:
+    """Bump allocator over the module's linear memory, from __heap_base up; grows memory as it goes."""
+
+    def __init__(self, host):
+        self.host, self.top = host, host.heap_base
+
+    def alloc(self, nbytes: int, what: str, align: int = 64) -> int:
+        off = -(-self.top // align) * align
+        end = off + max(nbytes, 4)
+        if end > 1 << 32:
+            raise WasmMemoryError(f"wasm memory: {what} needs {nbytes} bytes at offset {off}; the model does not fit "
+                                  f"the 4 GiB wasm32 address space (lower num_blocks / max_model_len, or use a "
+                                  f"smaller quantization)")
+        self.host.ensure(end)
+        self.top = end
+        return off
+
+    def put(self, data: bytes, what: str, align: int = 64) -> int:
+        off = self.alloc(len(data), what, align)
+        self.host.write(off, data)
+        return off
+
+
+def weight_desc(dtype: str, n: int, k: int, group_size: int | None, comps: dict[str, int], bias: int = 0) -> bytes:
+    """The Weight struct of kernels.c for a matrix whose components lie at `comps` offsets."""
+    kp = k if dtype == "f32" else -(-k // group_size) * group_size
+    c = (lambda name: comps.get(name, 0))
+    first = comps["data"] if dtype == "f32" else comps["qweight"]
+    return struct.pack(f"<{WEIGHT_WORDS}I", DTYPE_CODES[dtype], n, k, kp, group_size or 0, first, c("qhigh"),
+                       c("scales"), c("mins"), c("super"), bias, 0)
+
+
+def rope_tables(head_dim: int, theta: float, scaling: dict | None, positions: int) -> tuple[bytes, bytes]:
+    """cos and sin of angle = f32(pos) * f32(inv_freq[i]) rounded to f32, as the reference computes them."""
+    freqs = array("f", inv_freq(head_dim, theta, scaling))
+    cos_t, sin_t = array("f"), array("f")
+    for p in range(positions):
+        angles = array("f", [p * f for f in freqs])  # the f32 product: exact in double, then rounded once
+        cos_t.extend(math.cos(a) for a in angles)
+        sin_t.extend(math.sin(a) for a in angles)
+    return cos_t.tobytes(), sin_t.tobytes()
+
+
+class CpuRunner:
+    """ModelRunner over a wasm host (webinfer/cpu/wasm.py). Build with `await CpuRunner.load(host, package, ...)`."""
+
+    def __init__(self):  # use load()
+        self.block_size = self.num_blocks = self.max_model_len = 0
+
+    @classmethod
+    async def load(cls, host, package, *, mode: str = "exact", num_blocks: int, block_size: int = 16,
+                   max_batch_tokens: int = 256, max_seqs: int = 16, max_model_len: int | None = None,
+                   read=None) -> "CpuRunner":
+        """Copy `package` (webinfer.package.Package) into the module's memory and lay out the model.
+
+        read(tensor_name, component, binding) -> bytes or an awaitable of bytes (the page fetches asynchronously);
+        default package.read_component. num_blocks includes the null block 0."""
+        if mode not in MODES:
+            raise ValueError(f"cpu mode {mode!r}: expected 'exact' or 'fast'")
+        if num_blocks < 2:
+            raise ValueError(f"num_blocks={num_blocks}: need the null block plus at least one")
+        self = cls()
+        cfg = package.config
+        self.cfg, self.host, self.package, self.mode = cfg, host, package, mode
+        self.block_size, self.num_blocks = block_size, num_blocks
+        self.max_model_len = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
+        self.vocab_size = cfg.vocab_size
+        self.max_tokens, self.max_seqs = max_batch_tokens, max_seqs
+        reader = read or (lambda n, c, b: package.read_component(n, c, b))
+        self.arena = arena = Arena(host)
+
+        async def get(name: str, comp: str, binding: int = 0) -> bytes:
+            data = reader(name, comp, binding)
+            return await data if inspect.isawaitable(data) else data
+
+        async def tensor(name: str) -> dict[str, int]:
+            """Every component of a tensor, all bindings' rows contiguous: {component: offset}."""
+            t = package.tensors[name]
+            comps = {}
+            for c in t.components:
+                rb = t.row_bytes(c)
+                off = arena.alloc(t.rows * rb, f"{name}.{c}")
+                for bi, b in enumerate(t.bindings):
+                    host.write(off + b.rows[0] * rb, await get(name, c, bi))
+                comps[c] = off
+            return comps
+
+        async def matrix(name: str, bias: str | None = None) -> int:
+            t = package.tensors[name]
+            b = (await tensor(bias))["data"] if bias else 0
+            return arena.put(weight_desc(t.dtype, t.rows, t.k, t.group_size, await tensor(name), b), f"{name}.desc")
+
+        d, f, L, hd = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.head_dim
+        qd, kvd, V = cfg.q_dim, cfg.kv_dim, cfg.vocab_size
+        embed = await matrix("embed")
+        lm_head = embed if cfg.tie_word_embeddings else await matrix("lm_head")
+        cache_bytes = num_blocks * block_size * kvd * 4
+        layers = bytearray()
+        for i in range(L):
+            p = f"layers.{i}."
+            attn_norm = (await tensor(p + "attn_norm"))["data"]
+            bias = cfg.attention_bias
+            q = await matrix(p + "q", p + "q_bias" if bias else None)
+            k = await matrix(p + "k", p + "k_bias" if bias else None)
+            v = await matrix(p + "v", p + "v_bias" if bias else None)
+            o = await matrix(p + "o")
+            ffn_norm = (await tensor(p + "ffn_norm"))["data"]
+            gate, up, down = await matrix(p + "gate"), await matrix(p + "up"), await matrix(p + "down")
+            kc = arena.alloc(cache_bytes, f"{p}k_cache")
+            vc = arena.alloc(cache_bytes, f"{p}v_cache")
+            layers += struct.pack(f"<{LAYER_WORDS}I", attn_norm, ffn_norm, kc, vc, q, k, v, o, gate, up, down)
+        norm = (await tensor("norm"))["data"]
+        layers_off = arena.put(bytes(layers), "layers")
+        cos_b, sin_b = rope_tables(hd, cfg.rope_theta, cfg.rope_scaling, self.max_model_len)
+        cos_t, sin_t = arena.put(cos_b, "rope.cos"), arena.put(sin_b, "rope.sin")
+
+        T, S = max_batch_tokens, max_seqs
+        kmax = max((t.k_padded or t.k) for t in package.tensors.values() if len(t.shape) == 2)
+        work = max(host.call("wi_linear_scratch_bytes", max(T, S), kmax), 17 * V + 64)
+        a = lambda n, what: arena.alloc(4 * n, what)  # noqa: E731
+        scratch = [a(T * d, "r"), a(T * d, "xn"), a(T * qd, "q"), a(T * kvd, "k"), a(T * kvd, "v"), a(T * qd, "attn"),
+                   a(T * f, "g"), a(T * f, "u"), a(S * V, "logits"), a(S * d, "xs"), a(self.max_model_len, "scores"),
+                   arena.alloc(work, "work")]
+        self.logits_off = scratch[8]
+        head = struct.pack("<8If3I", d, f, L, cfg.num_attention_heads, cfg.num_key_value_heads, hd, V, block_size,
+                           cfg.rms_norm_eps, MODES[mode], self.max_model_len, self.max_model_len)
+        self.model_off = arena.put(head + struct.pack("<18I", embed, lm_head, norm, cos_t, sin_t, layers_off, *scratch),
+                                   "model")
+        self.max_blocks_per_seq = -(-self.max_model_len // block_size)
+        step_bytes = 4 * (STEP_WORDS + 3 * T + 4 * S + S * self.max_blocks_per_seq + S + 8 * S + S)
+        self.step_off = arena.alloc(step_bytes, "step")
+        self.memory_bytes = arena.top
+        return self
+
+    def set_mode(self, mode: str) -> None:
+        """Switch between "exact" and "fast" activations (the weights stay as they are)."""
+        if mode not in MODES:
+            raise ValueError(f"cpu mode {mode!r}: expected 'exact' or 'fast'")
+        self.host.write(self.model_off + 4 * _FAST_WORD, struct.pack("<I", MODES[mode]))
+        self.mode = mode
+
+    # ------------------------------------------------------------------------------------------------ step
+    def _write_step(self, ids, pos, slots, seqs, rows, params: bytes) -> int:
+        """Lay out the step area (kernels.c Step) in one write; returns the offset of out_ids."""
+        T, S, N = len(ids), len(rows), len(seqs)
+        base = self.step_off
+        o_ids = base + 4 * STEP_WORDS
+        o_pos, o_slot = o_ids + 4 * T, o_ids + 8 * T
+        o_seqs = o_ids + 12 * T
+        o_tables = o_seqs + 16 * N
+        tables, seq_words = [], []
+        for s in seqs:
+            seq_words += [s.q_row, s.n_q, s.ctx_len - s.n_q, o_tables + 4 * len(tables)]
+            tables += s.block_table
+        o_rows = o_tables + 4 * len(tables)
+        o_params = o_rows + 4 * S
+        o_out = o_params + len(params)
+        head = struct.pack(f"<{STEP_WORDS}I", T, N, S, o_ids, o_pos, o_slot, o_seqs, o_rows, o_params, o_out)
+        body = struct.pack(f"<{3 * T + len(seq_words) + len(tables) + S}I", *ids, *pos, *slots, *seq_words, *tables,
+                           *rows)
+        self.host.write(base, head + body + params)
+        return o_out
+
+    def _run(self, ids, pos, slots, seqs, rows, params: bytes) -> list[int]:
+        o_out = self._write_step(ids, pos, slots, seqs, rows, params)
+        self.host.call("wi_step", self.model_off, self.step_off)
+        n = len(rows)
+        return list(struct.unpack(f"<{n}I", self.host.read(o_out, 4 * n))) if n else []
+
+    async def execute(self, batch: StepBatch) -> list[int]:
+        # the GPU model's validation and row layout (pure host code): same errors, same token rows
+        ids, pos, slots, rows, seqs, sampled, _ = GPUModel._prepare(self, batch)
+        params = pack_rows([SampleRow(j, c.temperature, c.top_k, c.top_p, c.seed, c.sample_index)
+                            for j, c in enumerate(sampled)])
+        return self._run(ids, pos, slots, seqs, rows, params)
+
+    def logits(self, n_rows: int) -> list[array]:
+        """The logits rows of the last step's sampled chunks (f32 arrays; tests, evaluation)."""
+        v = self.vocab_size
+        raw = self.host.read(self.logits_off, 4 * v * n_rows)
+        return [array("f", raw[4 * v * i: 4 * v * (i + 1)]) for i in range(n_rows)]
+
+    def score_chunk(self, token_ids: list[int], start_pos: int, block_table: list[int]) -> list[array]:
+        """Feed one sequence chunk and return the logits of every fed token (perplexity). At most max_seqs tokens
+        (the logits scratch holds max_seqs rows); the KV cache keeps the chunk as execute() would."""
+        from ..kernels.attention import SeqStep
+
+        n = len(token_ids)
+        if n > self.max_seqs:
+            raise ValueError(f"score_chunk: {n} tokens, but the logits scratch holds {self.max_seqs} rows")
+        batch = StepBatch([_chunk(token_ids, start_pos, block_table)])
+        ids, pos, slots, _, _, _, _ = GPUModel._prepare(self, batch)
+        seqs = [SeqStep(ctx_len=start_pos + n, block_table=list(block_table[: -(-(start_pos + n) // self.block_size)]),
+                        q_row=0, n_q=n)]
+        self._run(ids, pos, slots, seqs, list(range(n)), pack_rows([SampleRow(j) for j in range(n)]))
+        return self.logits(n)
+
+
+def _chunk(token_ids, start_pos, block_table):
+    from ..engine.batch import SeqChunk
+
+    return SeqChunk(0, list(token_ids), start_pos, list(block_table), False)

@@ -1,0 +1,177 @@
+"""`webinfer bench --backend cpu`: the WebAssembly CPU engine (webinfer/cpu) in wasmtime, one JSON report.
+
+    webinfer bench --backend cpu [PACKAGE] [--quick] [--ppl-text examples/data/eval.txt] [--json]
+
+In one process run, so the ratios hold on a busy machine:
+    variant      which module runs (relaxed SIMD or base SIMD128) and why
+    read_bw      a wasm read-bandwidth kernel (wi_read_bw: v128 loads summed) over 64 MiB
+    gemv         per format of the package's linears and the LM head, and a large q4a matrix that does not fit
+                 in cache: ms per GEMV and GB/s of weight bytes, exact and fast, beside read_bw
+    decode       tok/s of single-sequence greedy decode, exact and fast; first-token time of a 40-token prompt
+    ppl          (--ppl-text) perplexity of exact and fast mode on the same windows, and the relative change
+Native wasmtime figures; the page runs the same module in the browser's engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import statistics
+import struct
+import sys
+import time
+
+import numpy as np
+
+
+def _time(fn, reps: int) -> float:
+    """Median seconds of fn() over reps runs (after one warm-up)."""
+    fn()
+    out = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return statistics.median(out)
+
+
+def read_bandwidth(host, arena, nbytes: int = 64 << 20, reps: int = 5) -> float:
+    off = arena.alloc(nbytes, "bench read buffer")
+    host.write(off, bytes(range(256)) * (nbytes // 256))
+    return nbytes / _time(lambda: host.call("wi_read_bw", off, nbytes, 1), reps) / 1e9
+
+
+def gemv(host, arena, desc: int, k: int, weight_bytes: int, reps: int) -> dict:
+    """ms and GB/s of one GEMV (one activation row) of the weight at `desc`, exact and fast."""
+    n = struct.unpack("<2I", host.read(desc, 8))[1]
+    x = arena.put(np.random.default_rng(0).standard_normal(k).astype(np.float32).tobytes(), "bench x")
+    y = arena.alloc(4 * n, "bench y")
+    scratch = arena.alloc(host.call("wi_linear_scratch_bytes", 1, k + 256), "bench scratch")
+    out = {}
+    for mode, fast in (("exact", 0), ("fast", 1)):
+        s = _time(lambda fast=fast: host.call("wi_linear", desc, x, k, y, n, 1, 0, fast, scratch), reps)
+        out[mode] = {"ms": round(s * 1e3, 4), "gb_s": round(weight_bytes / s / 1e9, 2)}
+    return out
+
+
+def _weight_bytes(t) -> int:
+    return sum(t.rows * t.row_bytes(c) for c in t.components)
+
+
+def decode_speed(runner, n_tokens: int, prompt_len: int = 40) -> dict:
+    """One greedy request through the engine and API over `runner` (as a user runs it)."""
+    from webinfer.factory import EngineOptions, llm_for
+
+    prompt = [(7 * i + 11) % runner.vocab_size for i in range(prompt_len)]
+    llm = llm_for(runner.package, runner, EngineOptions(max_seqs=1, max_batch_tokens=runner.max_tokens))
+    r = asyncio.run(llm.completions.create(prompt=prompt, max_tokens=n_tokens, temperature=0, ignore_eos=True))
+    u = r["usage"]
+    tpot = u["time_per_output_token_s"]
+    return {"first_token_s": round(u["ttft_s"], 4), "decode_tok_s": round(1.0 / tpot, 2) if tpot else None}
+
+
+def perplexity(runner, ids: list[int], window: int, stride: int) -> dict:
+    """Perplexity over sliding windows (webinfer_packager.cli.eval's windows and scoring), logits from the CPU
+    runner: each window prefilled in chunks of max_seqs tokens whose every row's logits come back."""
+    from webinfer_packager.cli.eval import score, windows
+
+    nll, n = 0.0, 0
+    table = list(range(1, -(-window // runner.block_size) + 1))
+    for begin, end, first in windows(len(ids), window, stride):
+        chunk = ids[begin:end]
+        rows = []
+        for s in range(0, len(chunk), runner.max_seqs):
+            part = chunk[s: s + runner.max_seqs]
+            rows += [np.frombuffer(r, np.float32) for r in runner.score_chunk(part, s, table)]
+        logits = np.stack(rows)[first - 1 - begin: end - 1 - begin]
+        s, _ = score(logits, np.asarray(ids[first:end]))
+        nll += s
+        n += end - first
+    return {"nll": nll / n, "ppl": math.exp(nll / n), "tokens_scored": n}
+
+
+def run(package_path, quick: bool = False, ppl_text: str | None = None) -> dict:
+    from webinfer.package import Package
+    from webinfer.cpu import load_cpu_runner
+
+    pkg = Package.open(package_path)
+    reps = 3 if quick else 10
+    t0 = time.perf_counter()
+    runner = asyncio.run(load_cpu_runner(pkg, mode="exact", num_blocks=40, max_model_len=512,
+                                         max_seqs=64 if ppl_text else 16))
+    load_s = time.perf_counter() - t0
+    host, arena = runner.host, runner.arena
+    res = {"backend": "cpu (wasm in wasmtime)", "variant": host.variant, "variant_reason": host.reason,
+           "threads": 1, "load_s": round(load_s, 3), "wasm_memory_mb": round(runner.memory_bytes / 2**20, 1),
+           "note": "measured on a shared machine under load unless stated otherwise"}
+    res["read_bw_gb_s"] = round(read_bandwidth(host, arena, (16 if quick else 64) << 20), 2)
+    m = struct.unpack("<30I", host.read(runner.model_off, 120))
+    layer0 = struct.unpack("<11I", host.read(m[17], 44))
+    g = {}
+    for name, desc in (("layers.0.gate", layer0[8]), ("layers.0.down", layer0[10]),
+                       ("lm_head" if "lm_head" in pkg.tensors else "embed", m[13])):
+        t = pkg.tensors[name]
+        g[f"{name} {t.dtype} {t.rows}x{t.k}"] = gemv(host, arena, desc, t.k_padded or t.k, _weight_bytes(t), reps)
+    # a q4a matrix far larger than the caches: streaming bandwidth
+    from webinfer.cpu.runner import weight_desc
+
+    n, k = (2048, 4096) if quick else (8192, 4096)
+    rng = np.random.default_rng(1)
+    comps = {"qweight": rng.integers(0, 256, n * k // 2, dtype=np.uint8).tobytes(),
+             "scales": np.full(n * k // 32, 0.01, np.float16).tobytes(),
+             "mins": np.full(n * k // 32, -0.08, np.float16).tobytes()}
+    offs = {c: arena.put(b, f"bench {c}") for c, b in comps.items()}
+    desc = arena.put(weight_desc("q4a", n, k, 32, offs), "bench desc")
+    g[f"synthetic q4a {n}x{k}"] = gemv(host, arena, desc, k, sum(map(len, comps.values())), reps)
+    for v in g.values():
+        for mode in ("exact", "fast"):
+            v[mode]["of_read_bw"] = round(v[mode]["gb_s"] / res["read_bw_gb_s"], 3)
+    res["gemv"] = g
+    n_tok = 16 if quick else 64
+    res["decode"] = {}
+    for mode in ("exact", "fast"):
+        runner.set_mode(mode)
+        res["decode"][mode] = decode_speed(runner, n_tok)
+    if ppl_text:
+        from pathlib import Path
+
+        from webinfer_packager.cli.prompting import PromptTokenizer, text_ids
+
+        ids = text_ids(pkg, PromptTokenizer(pkg.tokenizer_json()), Path(ppl_text).read_text(encoding="utf-8"))
+        ids = ids[: 512 if quick else 1024]
+        ppl = {}
+        for mode in ("exact", "fast"):
+            runner.set_mode(mode)
+            t0 = time.perf_counter()
+            ppl[mode] = {**perplexity(runner, ids, 256, 128), "seconds": round(time.perf_counter() - t0, 1)}
+        ppl["fast_vs_exact_change"] = round(ppl["fast"]["ppl"] / ppl["exact"]["ppl"] - 1, 5)
+        ppl["text"], ppl["window"], ppl["stride"] = str(ppl_text), 256, 128
+        res["ppl"] = ppl
+    return res
+
+
+def cli_main(args) -> int:
+    from webinfer_packager.paths import resolve_package
+
+    res = run(resolve_package(args.package), quick=args.quick, ppl_text=args.ppl_text)
+    text = json.dumps(res, indent=1)
+    if args.output:
+        with open(args.output, "w") as fh:
+            fh.write(text + "\n")
+    if args.json:
+        print(text)
+        return 0
+    print(f"cpu engine: {res['variant_reason']}; load {res['load_s']} s, wasm memory {res['wasm_memory_mb']} MiB")
+    print(f"read bandwidth (wasm v128 loads): {res['read_bw_gb_s']} GB/s")
+    for name, v in res["gemv"].items():
+        print(f"gemv {name:34s} exact {v['exact']['ms']:8.3f} ms {v['exact']['gb_s']:6.2f} GB/s"
+              f"   fast {v['fast']['ms']:8.3f} ms {v['fast']['gb_s']:6.2f} GB/s")
+    for mode, v in res["decode"].items():
+        print(f"decode {mode:5s}: {v['decode_tok_s']} tok/s, first token of a 40-token prompt {v['first_token_s']} s")
+    if "ppl" in res:
+        p = res["ppl"]
+        print(f"perplexity exact {p['exact']['ppl']:.4f}  fast {p['fast']['ppl']:.4f}  "
+              f"change {100 * p['fast_vs_exact_change']:+.3f} %  ({p['exact']['tokens_scored']} tokens)")
+    print(res["note"], file=sys.stderr)
+    return 0
