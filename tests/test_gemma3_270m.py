@@ -88,12 +88,13 @@ def test_packs_losslessly(gemma_package):
 
 def test_prompts_tokenize_like_transformers(gemma_package, transformers_gemma):
     from webinfer.package import Package
-    from webinfer_packager.cli.prompting import PromptTokenizer, text_ids
+    from webinfer.prompt import Prompter
+    from webinfer.tokenizer import Tokenizer
 
     pkg = Package.open(gemma_package)
-    tok = PromptTokenizer(pkg.tokenizer_json())
+    prompter = Prompter.for_package(pkg, Tokenizer.from_json(pkg.tokenizer_json()))  # what every front end uses
     for text, (ids, _) in zip(PROMPTS, transformers_gemma[2]):
-        assert ids[0] == 2 and text_ids(pkg, tok, text) == ids, text
+        assert ids[0] == 2 and prompter.text_ids(text) == ids, text
 
 
 def test_reference_greedy_equals_transformers(gemma_package, transformers_gemma):
@@ -136,23 +137,25 @@ def test_reference_on_the_gguf_weights_equals_transformers(gemma_gguf, transform
 
 @pytest.mark.gpu
 def test_native_greedy_equals_transformers(gpu, gemma_package, transformers_gemma):
-    from webinfer_packager.native import generate_native, load_runner
+    from tests.gpu_fixtures import generate_ids, load_runner
 
     runner = load_runner(gemma_package, device=gpu, num_blocks=24, block_size=16, max_batch_tokens=32,
                          max_model_len=256)
     for text, (ids, want) in zip(PROMPTS, transformers_gemma[2]):
-        got, _ = generate_native(gemma_package, ids, N, runner=runner)
+        got = generate_ids(gemma_package, ids, N, runner=runner)
         assert got == want, text
 
 
 def test_chat_needs_a_template(gemma_gguf, tmp_path):
     """Packed without --chat-template (its GGUF has none), a chat request fails naming the missing template."""
-    from webinfer.errors import FormatError
+    from webinfer.errors import InvalidRequestError
     from webinfer.package import Package
-    from webinfer_packager.cli.prompting import PromptTokenizer, prompt_ids
+    from webinfer.prompt import Prompter
+    from webinfer.tokenizer import Tokenizer
     from webinfer_packager.pack.build import pack
 
     pkg = Package.open(pack(gemma_gguf, tmp_path / "pkg", progress=False))
     assert pkg.chat_template is None
-    with pytest.raises(FormatError, match="chat_template"):
-        prompt_ids(pkg, PromptTokenizer(pkg.tokenizer_json()), "hi", chat=True)
+    with pytest.raises(InvalidRequestError, match="chat template") as e:
+        Prompter.for_package(pkg, Tokenizer.from_json(pkg.tokenizer_json())).chat_ids([{"role": "user", "content": "hi"}])
+    assert e.value.param == "messages"

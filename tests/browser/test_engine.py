@@ -1,5 +1,5 @@
 """The engine in the browser: the site loads a package, generates greedily through webinfer.js, and its token ids
-equal the native engine's (wgpu-py on lavapipe, webinfer_packager.native.generate_native) for the same prompt.
+equal the native engine's (wgpu-py on lavapipe, the same request through webinfer.open) for the same prompt.
 Then the server is stopped and a reload still answers (service worker + cached shards)."""
 
 from __future__ import annotations

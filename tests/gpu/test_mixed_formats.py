@@ -43,7 +43,7 @@ def _reencode(pkg, name, to):
 def test_mixed_formats_unfused_match_reference(gpu, tmp_path):
     from tests.synthetic import write_hf
     from webinfer.engine.gpu_model import GPUModel
-    from webinfer_packager.native import generate_native
+    from tests.gpu_fixtures import generate_ids
     from webinfer_packager.pack.build import pack
     from webinfer_packager.reference.model import ReferenceModel, Sampler, generate
 
@@ -62,7 +62,7 @@ def test_mixed_formats_unfused_match_reference(gpu, tmp_path):
     assert len(l1.qkv) == 1 and l1.swiglu is None and l1.down.gemv.dtype == "q8"
     ref_model = ReferenceModel.from_package(Package.open(path))
     for prompt in ([5, 17, 200, 33, 1, 9, 250], list(range(3, 40))):
-        got, _ = generate_native(path, prompt, 12, runner=runner)
+        got = generate_ids(pkg, prompt, 12, runner=runner)
         assert got == generate(ref_model, prompt, 12, Sampler(0.0)), f"prompt {prompt[:5]}"
     prompt = list(range(10, 24))  # one prefill chunk (max_batch_tokens=16)
     asyncio.run(runner.execute(StepBatch([SeqChunk(0, prompt, 0, [3, 1, 5], True)])))

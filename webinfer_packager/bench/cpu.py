@@ -136,9 +136,11 @@ def run(package_path, quick: bool = False, ppl_text: str | None = None) -> dict:
     if ppl_text:
         from pathlib import Path
 
-        from webinfer_packager.cli.prompting import PromptTokenizer, text_ids
+        from webinfer.prompt import Prompter
+        from webinfer.tokenizer import Tokenizer
 
-        ids = text_ids(pkg, PromptTokenizer(pkg.tokenizer_json()), Path(ppl_text).read_text(encoding="utf-8"))
+        text = Path(ppl_text).read_text(encoding="utf-8")
+        ids = Prompter.for_package(pkg, Tokenizer.from_json(pkg.tokenizer_json())).text_ids(text)
         ids = ids[: 512 if quick else 1024]
         ppl = {}
         for mode in ("exact", "fast"):
