@@ -94,8 +94,12 @@ var<private> thr: f32 = 0.0;  // min_p: logits below thr count as -inf (set in m
 
 const PV: u32 = (u32(VOCAB) + 1u) / 2u;
 
+// -inf, built at run time: WGSL rejects a constant expression whose value is infinite (Tint: "value -inf cannot be
+// represented as 'f32'"), so the bit pattern sits in a private variable and is bitcast when read.
+var<private> neg_inf_bits: u32 = 0xff800000u;
+
 fn neg_inf() -> f32 {
-    return bitcast<f32>(0xff800000u);
+    return bitcast<f32>(neg_inf_bits);
 }
 
 // logit i of this row as sampling sees it: the controls applied, then the min_p threshold
