@@ -15,7 +15,8 @@ import pytest
 from tests.cpu.formats_np import decode, random_components
 from tests.cpu.harness import WasmMem, check
 from webinfer.formats import k_padded
-from webinfer.kernels.sampling import SampleRow, pack_rows, uniform
+from webinfer.cpu.runner import sample_params
+from webinfer.kernels.sampling import uniform
 from webinfer_packager.reference import model as ref
 
 FORMATS = [("q4", 32), ("q4", 128), ("q4a", 32), ("q4a", 64), ("q8", 32), ("q5_0", 32), ("q5_1", 32), ("q4k", 256),
@@ -194,11 +195,11 @@ def test_sampling_matches_rule(mem):
     la = mem.put(logits)
     scratch = mem.scratch(17 * V + 64)
     for seed in range(5):
-        rows = [SampleRow(r, t, k, p, seed, 3 * seed + i) for i, (r, t, k, p) in enumerate(cases)]
+        rows = [(r, t, k, p, seed, 3 * seed + i) for i, (r, t, k, p) in enumerate(cases)]
         out = mem.empty((len(rows),), np.uint32)
-        params = np.frombuffer(pack_rows(rows), np.uint8)
+        params = np.frombuffer(sample_params(rows), np.uint8)
         mem.call("wi_sample", la.off, V, mem.put(params).off, len(rows), out.off, scratch.off)
-        want = [_rule(logits[r.logit_row], r.temperature, r.top_k, r.top_p, r.seed, r.index) for r in rows]
+        want = [_rule(logits[r], t, k, p, s, i) for r, t, k, p, s, i in rows]
         assert out.read().tolist() == want
     assert want[0] == 17 and want[-1] in (17, 400)
 

@@ -47,7 +47,7 @@ def test_mixed_formats_unfused_match_reference(gpu, tmp_path):
     from webinfer_packager.pack.build import pack
     from webinfer_packager.reference.model import ReferenceModel, Sampler, generate
 
-    path = pack(write_hf(tmp_path / "hf", arch="llama"), tmp_path / "pkg", progress=False)
+    path = pack(write_hf(tmp_path / "hf", arch="llama"), tmp_path / "pkg", quant="q4", progress=False)
     pkg = Package.open(path)
     data = {n: _reencode(pkg, n, to) for n, to in CONVERT.items()}
     for n, to in CONVERT.items():

@@ -30,7 +30,6 @@ from array import array
 from ..engine.batch import StepBatch
 from ..engine.gpu_model import GPUModel
 from ..kernels.rope import inv_freq
-from ..kernels.sampling import SampleRow, pack_rows
 from .wasm import WasmMemoryError
 
 DTYPE_CODES = {"f32": 0, "q4": 1, "q4a": 2, "q8": 3, "q5_0": 4, "q5_1": 5, "q4k": 6, "q5k": 7, "q6k": 8}
@@ -39,6 +38,18 @@ WEIGHT_WORDS, LAYER_WORDS, MODEL_WORDS, STEP_WORDS = 12, 11, 30, 10
 # (measured: all-int8 cost +1.7 % perplexity on SmolLM2, the down projection's share the largest)
 MODES = {"exact": 0, "fast": 1 | 2 | 4 | 16 | 32}
 _FAST_WORD = 9  # index of `fast` in the Model struct
+
+
+def sample_params(rows) -> bytes:
+    """The module's SampleParams (wasm/kernels.c: sample.wgsl's original 32-byte RowParams) for rows of
+    (logit_row, temperature, top_k, top_p, seed, index). The CPU engine samples with the GPU's rule but has no
+    masks, biases, penalties or logprobs yet: its requests use the plain controls only."""
+    out = bytearray()
+    for row, t, k, p, seed, index in rows:
+        if t < 0 or k < 0 or not 0.0 < p <= 1.0:
+            raise ValueError(f"sampling: need temperature >= 0, top_k >= 0, 0 < top_p <= 1; got {t}, {k}, {p}")
+        out += struct.pack("<4I2f2I", row, k, seed & 0xFFFFFFFF, index & 0xFFFFFFFF, t, p, 0, 0)
+    return bytes(out)
 
 
 class Arena:
@@ -86,6 +97,8 @@ def rope_tables(head_dim: int, theta: float, scaling: dict | None, positions: in
 
 class CpuRunner:
     """ModelRunner over a wasm host (webinfer/cpu/wasm.py). Build with `await CpuRunner.load(host, package, ...)`."""
+
+    sampling_controls = False  # no masks, logit_bias or min_p in the module yet: the API refuses them
 
     def __init__(self):  # use load()
         self.block_size = self.num_blocks = self.max_model_len = 0
@@ -213,7 +226,7 @@ class CpuRunner:
     async def execute(self, batch: StepBatch) -> list[int]:
         # the GPU model's validation and row layout (pure host code): same errors, same token rows
         ids, pos, slots, rows, seqs, sampled, _ = GPUModel._prepare(self, batch)
-        params = pack_rows([SampleRow(j, c.temperature, c.top_k, c.top_p, c.seed, c.sample_index)
+        params = sample_params([(j, c.temperature, c.top_k, c.top_p, c.seed, c.sample_index)
                             for j, c in enumerate(sampled)])
         return self._run(ids, pos, slots, seqs, rows, params)
 
@@ -235,7 +248,7 @@ class CpuRunner:
         ids, pos, slots, _, _, _, _ = GPUModel._prepare(self, batch)
         seqs = [SeqStep(ctx_len=start_pos + n, block_table=list(block_table[: -(-(start_pos + n) // self.block_size)]),
                         q_row=0, n_q=n)]
-        self._run(ids, pos, slots, seqs, list(range(n)), pack_rows([SampleRow(j) for j in range(n)]))
+        self._run(ids, pos, slots, seqs, list(range(n)), sample_params([(j, 0.0, 0, 1.0, 0, 0) for j in range(n)]))
         return self.logits(n)
 
 

@@ -179,7 +179,7 @@ def bench_attention(dev, lib, cfg, ctx: int, n_seqs: int, prefill: int, reps: in
 
 def bench_sampling(dev, lib, vocab: int, rows: int, reps: int) -> dict:
     """GPU ms of the sampling kernel over `rows` rows of `vocab` logits: greedy, and temperature + top-k + top-p."""
-    from webinfer.kernels.sampling import GpuSampler, SampleRow, pack_rows
+    from webinfer.kernels.sampling import ROW_BYTES, GpuSampler, SampleRow, pack_rows
 
     s = GpuSampler(lib, vocab)
     logits = dev.create_buffer(4 * vocab * rows, STORAGE | COPY_DST)
@@ -187,7 +187,7 @@ def bench_sampling(dev, lib, vocab: int, rows: int, reps: int) -> dict:
     ids = dev.create_buffer(4 * rows, STORAGE | COPY_SRC)
     res = {"vocab": vocab, "rows": rows}
     for name, row in (("greedy_ms", SampleRow(0)), ("top_k_top_p_ms", SampleRow(0, 0.8, 40, 0.9, seed=1))):
-        params = dev.create_buffer(32 * rows, STORAGE | COPY_DST)
+        params = dev.create_buffer(ROW_BYTES * rows, STORAGE | COPY_DST)
         dev.write_buffer(params, 0, pack_rows([SampleRow(i, row.temperature, row.top_k, row.top_p, i) for i in range(rows)]))
         bg = s.bind(logits, params, ids)
         res[name] = round(_median_timed(dev, lambda c: s.encode(c, bg, rows), reps), 4)

@@ -423,7 +423,7 @@ def run_serving_bench(package_path, quick: bool = False, kv_budget_mb: float = 2
     from webinfer.package import Package
     from webinfer_packager.cli.backend import context_for_budget, open_llm
 
-    pkg = Package.open(package_path)
+    pkg = package_path if isinstance(package_path, Package) else Package.open(package_path)
     llm = open_llm(pkg, "native", device=device,
                    options=EngineOptions(context_tokens=context_for_budget(pkg, kv_budget_mb)))
 
