@@ -392,9 +392,9 @@ class GGUFSource:
         heads = num("attention.head_count")
         head_dim = num("attention.key_length", hidden // heads if heads else 0)
         n_layers = num("block_count")
-        if n_layers > len(self.tensors) // 9:  # 9 tensors per layer at least: checked before anything is sized by it
+        if n_layers > len(self.tensors) // 6:  # 6 tensors per layer at least (fused Phi-3): checked before sizing
             raise FormatError(self.path, f"{arch}.block_count", f"is {n_layers} but the file holds "
-                              f"{len(self.tensors)} tensors", "at most (tensors // 9) layers")
+                              f"{len(self.tensors)} tensors", "at most (tensors // 6) layers")
         tokens = self._get("tokenizer.ggml.tokens")
         vocab = num("vocab_size", len(tokens) if tokens else None)
         eos = self._get("tokenizer.ggml.eos_token_id")
