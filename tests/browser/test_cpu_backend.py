@@ -53,7 +53,7 @@ def test_tiny_model_cpu_backend_matches_native(served, browser, tiny_package, ba
     page.goto(served.url + "index.html")
     r = page.evaluate(GENERATE, [site["models"][0]["manifest"], prompt, n, backend])
     info = r["info"]
-    assert info["engine"] and info["backend"] == "cpu", (info, logs)
+    assert info["name"] and info["backend"] == "cpu", (info, logs)
     if backend == "auto":
         assert "fallback" in info["backend_reason"], info["backend_reason"]
     want, _ = _native_cpu_ids(tiny_package, prompt, n)
