@@ -31,3 +31,25 @@ def smollm2_gguf() -> Path:
     from webinfer_packager.paths import default_gguf_path
 
     return default_gguf_path()
+
+
+def _pack_tiny(tmp_path_factory, name, **kw):
+    from tests.synthetic import write_hf
+    from webinfer_packager.pack.build import pack
+
+    tmp = tmp_path_factory.mktemp(name)
+    write_hf(tmp / "hf", **kw)
+    return pack(tmp / "hf", tmp / "pkg", progress=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory):
+    """A tiny random-weight llama, packed (the default requantization)."""
+    return _pack_tiny(tmp_path_factory, "llama", arch="llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen(tmp_path_factory):
+    """qwen2 flavour (q/k/v biases), untied LM head, odd sizes: K=72 is not a multiple of the 32-group."""
+    return _pack_tiny(tmp_path_factory, "qwen", arch="qwen2", tied=False, hidden_size=72, intermediate_size=100,
+                      num_attention_heads=6, num_key_value_heads=2, head_dim=12)

@@ -15,28 +15,6 @@ from webinfer.package import Package
 
 pytestmark = pytest.mark.gpu
 
-
-def _pack(tmp_path_factory, name, **kw):
-    from webinfer_packager.pack.build import pack
-    from tests.synthetic import write_hf
-
-    tmp = tmp_path_factory.mktemp(name)
-    write_hf(tmp / "hf", **kw)
-    return pack(tmp / "hf", tmp / "pkg", progress=False)
-
-
-@pytest.fixture(scope="module")
-def tiny_llama(tmp_path_factory):
-    return _pack(tmp_path_factory, "llama", arch="llama")
-
-
-@pytest.fixture(scope="module")
-def tiny_qwen(tmp_path_factory):
-    # qwen2 flavour (q/k/v biases), untied LM head, odd sizes: K=72 is not a multiple of the 32-group
-    return _pack(tmp_path_factory, "qwen", arch="qwen2", tied=False, hidden_size=72, intermediate_size=100,
-                 num_attention_heads=6, num_key_value_heads=2, head_dim=12)
-
-
 PROMPTS = [[5, 17, 200, 33, 1, 9, 250], [42], list(range(3, 40))]
 
 

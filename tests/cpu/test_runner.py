@@ -19,25 +19,6 @@ from webinfer.errors import ContextOverflowError
 PROMPTS = [[5, 17, 200, 33, 1, 9, 250], [42], list(range(3, 40))]
 
 
-def _pack(tmp_path_factory, name, **kw):
-    from tests.synthetic import write_hf
-    from webinfer_packager.pack.build import pack
-
-    tmp = tmp_path_factory.mktemp(name)
-    write_hf(tmp / "hf", **kw)
-    return pack(tmp / "hf", tmp / "pkg", progress=False)
-
-
-@pytest.fixture(scope="module")
-def tiny_llama(tmp_path_factory):
-    return _pack(tmp_path_factory, "llama", arch="llama")
-
-
-@pytest.fixture(scope="module")
-def tiny_qwen(tmp_path_factory):
-    # q/k/v biases, untied LM head, K=72 not a multiple of the 32-group (padded rows)
-    return _pack(tmp_path_factory, "qwen", arch="qwen2", tied=False, hidden_size=72, intermediate_size=100,
-                 num_attention_heads=6, num_key_value_heads=2, head_dim=12)
 
 
 def _runner(pkg, mode="exact", variant="auto", **kw):
