@@ -115,10 +115,12 @@ def test_sigterm_stops_serve_with_renders_queued(tiny, tmp_path):
 
 def _site_inputs_available() -> bool:
     from webinfer.errors import WebinferError
-    from webinfer_packager.site.build import dependency_wheels, pyodide_dir
+    from webinfer_packager.site.build import DEPENDENCY_WHEELS, dependency_wheel, pyodide_dir
 
     try:
-        pyodide_dir(), dependency_wheels()
+        pyodide_dir(fetch=False)
+        for name in DEPENDENCY_WHEELS:
+            dependency_wheel(name)
         return True
     except WebinferError as e:
         if os.environ.get("CI") == "true":
