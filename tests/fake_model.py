@@ -35,10 +35,20 @@ class FakeRunner:
         self.delay_s = delay_s
         self.slots: dict[tuple[int, int], tuple[int, int]] = {}  # (block, slot) -> (token, position)
         self.steps = 0
+        self.max_steps = 16  # decode blocks: run as plain steps, each checked like any other
+        self.blocks = 0
         self.batch_sizes: list[int] = []
         self.tokens_per_step: list[int] = []
 
     def execute_sync(self, batch: StepBatch) -> list[int]:
+        if batch.steps > 1:
+            batch.check_block()
+            self.blocks += 1
+            ids, out = [c.token_ids[0] for c in batch.chunks], []
+            for j in range(batch.steps):
+                ids = self.execute_sync(batch.unrolled(j, ids))
+                out += ids
+            return out
         bs = self.block_size
         out = []
         self.steps += 1

@@ -19,11 +19,11 @@ VOCAB = 40
 EOS = (0,)
 
 
-def run_to_end(sched: Scheduler, runner: FakeRunner, max_steps: int = 10_000) -> None:
+def run_to_end(sched: Scheduler, runner: FakeRunner, max_steps: int = 10_000, block: int = 1) -> None:
     for _ in range(max_steps):
         if not sched.has_work():
             return
-        batch = sched.schedule()
+        batch = sched.schedule(block)
         assert batch.num_tokens <= sched.max_num_batched_tokens
         sched.update(batch, runner.execute_sync(batch))
     raise AssertionError("scheduler did not drain")
@@ -118,9 +118,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.live[r.request_id] = r
 
     @precondition(lambda self: self.sched.has_work())
-    @rule()
-    def step(self):
-        batch = self.sched.schedule()
+    @rule(block=st.sampled_from([1, 1, 2, 5]))
+    def step(self, block):
+        batch = self.sched.schedule(block)
+        assert batch.steps <= block
         assert batch.num_tokens <= self.sched.max_num_batched_tokens
         assert len(batch.chunks) <= self.sched.max_num_seqs
         for out in self.sched.update(batch, self.runner.execute_sync(batch)):
@@ -164,3 +165,32 @@ class SchedulerMachine(RuleBasedStateMachine):
 SchedulerMachine.TestCase.settings = settings(max_examples=120, stateful_step_count=40, deadline=None,
                                               suppress_health_check=list(HealthCheck))
 test_scheduler_state_machine = SchedulerMachine.TestCase
+
+
+@pytest.mark.parametrize("block", [2, 3, 8])
+def test_decode_blocks_give_the_same_answers_and_stop_mid_block(block):
+    """Requests of different lengths (some end inside a block: max_tokens, EOS) decoded in blocks: the same ids and
+    finish reasons as alone, every block freed, and blocks really ran."""
+    runner = FakeRunner(num_blocks=40, block_size=4, max_model_len=60, vocab=VOCAB)
+    sched = Scheduler(40, 4, 60, eos_ids=EOS, max_num_batched_tokens=16, max_num_seqs=4)
+    reqs = [Request(i, [1 + i, 2, 3 + i] * (i + 1), SamplingParams(max_tokens=3 + 5 * i, temperature=0.9 * (i % 2),
+                                                                    seed=i)) for i in range(5)]
+    for r in reqs:
+        sched.add_request(r)
+    free0 = sched.kv.pool.num_free
+    run_to_end(sched, runner, block=block)
+    assert runner.blocks > 0
+    for r in reqs:
+        want = generate_alone(r.prompt_ids, r.params.max_tokens, VOCAB, EOS, 60, r.params.temperature, r.params.seed)
+        assert (r.output_ids, r.finish_reason) == want, r.request_id
+    assert sched.kv.pool.num_free == free0 and not sched.kv.tables
+
+
+def test_no_block_while_a_request_waits():
+    sched = Scheduler(40, 4, 60, eos_ids=EOS, max_num_batched_tokens=16, max_num_seqs=1)
+    runner = FakeRunner(40, 4, 60, vocab=VOCAB)
+    a, b = Request(1, [1, 2, 3], SamplingParams(max_tokens=20)), Request(2, [4, 5], SamplingParams(max_tokens=20))
+    sched.add_request(a)
+    sched.update(batch := sched.schedule(8), runner.execute_sync(batch))  # a's prefill
+    sched.add_request(b)  # waits: max_num_seqs=1
+    assert sched.schedule(8).steps == 1

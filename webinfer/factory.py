@@ -38,6 +38,7 @@ class EngineOptions:
     speculative: str | None = None   # "prompt-lookup": requests verify up to speculative_tokens proposals a step
     speculative_tokens: int = 4       # the default per request when speculative is on (a request may override)
     cpu_mode: str = "exact"           # backend "cpu": f32 activations (exact) or int8 ones (fast)
+    decode_block: int = 8             # decode steps run on the GPU per read-back when all requests decode (1: off)
 
     @property
     def runner_rows(self) -> int:
@@ -61,7 +62,7 @@ async def load_gpu_runner(package: Package, device, opts: EngineOptions, read=No
     return await GPUModel.load(device, package, num_blocks=kv_blocks(opts.context_tokens, opts.block_size),
                                block_size=opts.block_size, max_batch_tokens=opts.max_batch_tokens,
                                max_seqs=opts.runner_rows, max_model_len=opts.model_len(package.config),
-                               kv_f16=opts.kv_f16, read=read)
+                               kv_f16=opts.kv_f16, read=read, max_steps=opts.decode_block)
 
 
 async def load_cpu_runner(package: Package, opts: EngineOptions, host=None):
@@ -106,7 +107,7 @@ def llm_for(pkg: Package, runner, opts: EngineOptions | None = None, limits: Lim
     engine = AsyncEngine(runner, eos_ids=pkg.config.eos_token_ids,
                          max_num_batched_tokens=min(opts.max_batch_tokens, getattr(runner, "max_tokens", 1 << 30)),
                          max_num_seqs=opts.max_seqs, enable_prefix_caching=opts.enable_prefix_caching,
-                         proposer=PromptLookup() if opts.speculative else None)
+                         proposer=PromptLookup() if opts.speculative else None, decode_block=opts.decode_block)
     return LLM(engine, tok, Prompter.for_package(pkg, tok), name or pkg.name or "webinfer", limits,
                speculative_tokens=opts.speculative_tokens if opts.speculative else 0)
 

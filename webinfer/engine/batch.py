@@ -11,8 +11,8 @@ for padding rows (writes there are garbage nobody reads).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, replace
+from typing import Awaitable, Callable, Protocol
 
 NULL_BLOCK = 0  # never allocated to a sequence; free for the runner to use as a padding target
 
@@ -36,11 +36,35 @@ class SeqChunk:
 
 @dataclass
 class StepBatch:
+    """One step, or with steps = K > 1 a decode block: K decode steps run back to back, step j feeding each chunk
+    the token step j - 1 sampled for it at position start_pos + j with sample_index + j (step 0 feeds token_ids).
+    A block holds only one-token chunks that sample, without a mask, whose block tables cover start_pos + K."""
+
     chunks: list[SeqChunk]
+    steps: int = 1
 
     @property
     def num_tokens(self) -> int:
         return sum(len(c.token_ids) for c in self.chunks)
+
+    def unrolled(self, j: int, token_ids: list[int]) -> "StepBatch":
+        """Step j of a decode block as a plain step, feeding token_ids (one per chunk)."""
+        return StepBatch([replace(c, token_ids=[t], start_pos=c.start_pos + j, sample_index=c.sample_index + j)
+                          for c, t in zip(self.chunks, token_ids)])
+
+    def check_block(self) -> None:
+        if self.steps > 1 and not all(len(c.token_ids) == 1 and c.sample and c.mask is None for c in self.chunks):
+            raise ValueError("a decode block holds only one-token chunks that sample, without a mask")
+
+
+async def run_block(execute: Callable[["StepBatch"], Awaitable[list[int]]], batch: StepBatch) -> list[int]:
+    """A decode block as batch.steps plain steps (runners without a block of their own): step-major ids."""
+    batch.check_block()
+    ids, out = [c.token_ids[0] for c in batch.chunks], []
+    for j in range(batch.steps):
+        ids = list(await execute(batch.unrolled(j, ids)))
+        out += ids
+    return out
 
 
 class ModelRunner(Protocol):
@@ -48,7 +72,9 @@ class ModelRunner(Protocol):
     num_blocks: int       # including the null block 0
     max_model_len: int
     vocab_size: int       # token ids must lie in [0, vocab_size)
+    max_steps: int        # longest decode block execute() takes (optional attribute; absent = 1)
 
     async def execute(self, batch: StepBatch) -> list[int]:
-        """One sampled token id per chunk with sample=True, in chunk order."""
+        """One sampled token id per chunk with sample=True, in chunk order; for a decode block (steps = K) the
+        K steps' ids one after the other (step-major), exactly what K plain steps would sample."""
         ...

@@ -61,10 +61,14 @@ class _Stream:
 
 class AsyncEngine:
     def __init__(self, runner: ModelRunner, eos_ids=(), max_num_batched_tokens: int = 256, max_num_seqs: int = 16,
-                 enable_prefix_caching: bool = True, clock=time.perf_counter, proposer=None):
+                 enable_prefix_caching: bool = True, clock=time.perf_counter, proposer=None, decode_block: int = 1):
         """proposer: speculative decoding's proposer (speculative.PromptLookup) for requests whose
-        params.speculative_tokens > 0; their proposals use the runner's rows the running requests leave free."""
+        params.speculative_tokens > 0; their proposals use the runner's rows the running requests leave free.
+        decode_block: when every running request is decoding (none waiting, speculating or constrained), run up to
+        this many decode steps as one block on the runner (sampled ids stay on the GPU between them; one read-back
+        per block). Capped by the runner's max_steps; the tokens are the same as one step at a time."""
         self.runner = runner
+        self.decode_block = max(1, min(decode_block, getattr(runner, "max_steps", 1)))
         self.eos_ids = frozenset(eos_ids)
         self.proposer = proposer
         self.scheduler = Scheduler(runner.num_blocks, runner.block_size, runner.max_model_len, self.eos_ids,
@@ -76,6 +80,7 @@ class AsyncEngine:
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self.steps = 0
+        self.blocks = 0                # decode blocks run (each batch.steps steps)
         self.tokens_generated = 0
         self.requests_aborted = 0
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) of recent steps, for tokens/s
@@ -168,7 +173,7 @@ class AsyncEngine:
                 continue
             if self.proposer is not None:
                 self._propose()
-            batch = self.scheduler.schedule()
+            batch = self.scheduler.schedule(self.decode_block)
             if not batch.chunks:
                 await asyncio.sleep(0)
                 continue
@@ -180,11 +185,12 @@ class AsyncEngine:
             except Exception as e:  # one failing step must not kill the engine: fail only its requests
                 self._fail(self.scheduler.step_failed(), e, "the model failed in a step")
                 continue
-            self.steps += 1
+            self.steps += batch.steps
+            self.blocks += batch.steps > 1
             now = self.clock()
             vocab = getattr(self.runner, "vocab_size", 0)
-            bad = sorted({c.seq_id for c, t in zip([c for c in batch.chunks if c.sample], sampled)
-                          if vocab and not 0 <= t < vocab})
+            rows = [c for c in batch.chunks if c.sample] * batch.steps
+            bad = sorted({c.seq_id for c, t in zip(rows, sampled) if vocab and not 0 <= t < vocab})
             if bad:  # a runner bug must not reach the text: fail those requests, keep the others
                 self._fail(bad, ValueError(f"the runner sampled a token id outside the vocabulary of {vocab}"),
                            "the model failed in a step")
@@ -249,6 +255,6 @@ class AsyncEngine:
         now = self.clock()
         recent = [(t, n) for t, n in self._recent if now - t <= 10.0]
         span = (now - recent[0][0]) if len(recent) > 1 else 0.0
-        s.update(steps=self.steps, tokens_generated=self.tokens_generated, requests_aborted=self.requests_aborted,
+        s.update(steps=self.steps, decode_blocks=self.blocks, tokens_generated=self.tokens_generated, requests_aborted=self.requests_aborted,
                  tokens_per_s=(sum(n for _, n in recent[1:]) / span) if span > 0 else 0.0)
         return s

@@ -172,7 +172,8 @@ class GPUModel:
     @classmethod
     async def load(cls, device: Device, package, *, num_blocks: int, block_size: int = 16,
                    max_batch_tokens: int = 256, max_seqs: int = 16, max_model_len: int | None = None,
-                   read: ComponentReader | None = None, fuse: bool = True, kv_f16: bool = False) -> "GPUModel":
+                   read: ComponentReader | None = None, fuse: bool = True, kv_f16: bool = False,
+                   max_steps: int = 16) -> "GPUModel":
         """Upload `package` (webinfer.package.Package) and build the graph.
 
         read(tensor_name, component, binding) -> bytes or an awaitable of bytes (the browser fetches
@@ -180,6 +181,7 @@ class GPUModel:
         fuse=False keeps q/k/v and gate/up as separate dispatches (for tests of the unfused path); tensors of
         different formats are never fused.
         kv_f16=True stores the KV cache in f16 (half the memory; needs shader-f16); all math stays f32.
+        max_steps: the longest decode block execute() takes (batch.py StepBatch.steps).
         """
         self = cls()
         cfg = package.config
@@ -190,6 +192,8 @@ class GPUModel:
         self.max_model_len = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
         self.vocab_size = cfg.vocab_size
         self.max_tokens, self.max_seqs = max_batch_tokens, max_seqs
+        self.max_steps = max(1, max_steps)
+        self._block_staging, self._block_staging_size = None, 0
         if num_blocks < 2:
             raise ValueError(f"num_blocks={num_blocks}: need the null block plus at least one")
         reader = read or (lambda n, c, b: package.read_component(n, c, b))
@@ -217,6 +221,7 @@ class GPUModel:
             qkv=buf(4 * T * self.qkv_stride, "qkv"), attn=buf(4 * T * _round4(qd), "attn_out"),
             act=buf(4 * T * self.f_stride, "mlp_act"), xs=buf(4 * S * self.d_stride, "final_rows"),
             logits=buf(4 * S * cfg.vocab_size, "logits", STORAGE | COPY_DST | COPY_SRC))
+        self.block_ids = buf(4 * S * self.max_steps, "block.ids", COPY_SRC | COPY_DST)  # a decode block's ids
         # KV cache: per layer K and V [num_blocks, block_size, n_kv_heads, head_dim], f32 (or f16)
         if kv_f16 and not device.caps.f16:
             raise GPUError("kv_f16=True needs a device with shader-f16 (this one has none, or WEBINFER_FORCE_F32=1)")
@@ -443,9 +448,8 @@ class GPUModel:
         """Write this step's inputs and record its commands (not submitted). Returns (commands, sampled chunks)."""
         ids, pos, slots, rows, seqs, sampled, n_dec = self._prepare(batch)
         T, S = len(ids), len(rows)
-        n_pre = T - n_dec
         dev, bf = self.device, self.bufs
-        dev.write_buffer(bf.step, 0, struct.pack("<4I", T, S, n_dec, n_pre))
+        dev.write_buffer(bf.step, 0, struct.pack("<4I", T, S, n_dec, T - n_dec))
         dev.write_buffer(bf.ids, 0, struct.pack(f"<{T}I", *ids))
         dev.write_buffer(bf.pos, 0, struct.pack(f"<{T}I", *pos))
         dev.write_buffer(bf.slot, 0, struct.pack(f"<{T}I", *slots))
@@ -455,6 +459,14 @@ class GPUModel:
         dev.write_buffer(bf.seq_info, 0, info)
         dev.write_buffer(bf.tables, 0, tables)
         cmds = dev.commands(timed=timed)
+        self._record(cmds, T, n_dec, S, shape)
+        if S:
+            self.sampler.encode(cmds, sampled)
+        return cmds, sampled
+
+    def _record(self, cmds, T: int, n_dec: int, S: int, shape) -> None:
+        """The graph of one step over inputs already in place, up to the logits of its S sampled rows."""
+        n_pre = T - n_dec
         self.embed.encode(cmds, T)
         for ly in self.layers:
             norms = n_pre > 0  # the GEMM reads normalised rows; the decode GEMV normalises r itself
@@ -483,10 +495,10 @@ class GPUModel:
             self.lm_head.encode(cmds, S)
             if self.logit_cap:
                 self.logit_cap.encode(cmds, S)
-            self.sampler.encode(cmds, sampled)
-        return cmds, sampled
 
     async def execute(self, batch: StepBatch) -> list[int]:
+        if batch.steps > 1:
+            return await self._execute_block(batch)
         t0 = time.perf_counter()
         cmds, sampled = self.encode_step(batch)
         self.device.submit(cmds)
@@ -495,6 +507,65 @@ class GPUModel:
         if not sampled:
             return []
         return await self.sampler.read(len(sampled))
+
+    async def _execute_block(self, batch: StepBatch) -> list[int]:
+        """A decode block (batch.py): K steps, one submit each and one read-back at the end.
+
+        Every step's inputs (positions, cache slots, attention table, sampling rows) go up in one upload before the
+        first step, and each step copies its own into the step buffers; step j + 1's embedding gathers the ids that
+        step j's sampler wrote (a GPU copy), so the host never waits between steps, and the GPU starts step j while
+        the host still records step j + 1. Each step records exactly the dispatches of a plain step of the same
+        shape, so the ids equal K plain steps' (tests/test_decode_block.py)."""
+        batch.check_block()
+        K, n = batch.steps, len(batch.chunks)
+        if K > self.max_steps:
+            raise ValueError(f"a decode block of {K} steps exceeds max_steps={self.max_steps}")
+        t0 = time.perf_counter()
+        dev, bf, smp = self.device, self.bufs, self.sampler
+        first = [c.token_ids[0] for c in batch.chunks]
+        data, plan = bytearray(), []
+        for j in range(K):
+            _, pos, slots, rows, seqs, sampled, _ = self._prepare(batch.unrolled(j, first if j == 0 else [0] * n))
+            info, tables, shape = pack_step(seqs)
+            packed = smp.pack(sampled)
+            if j == 0:
+                aux = packed
+            parts = []
+            for blob, dst in ((struct.pack(f"<{n}I", *pos), bf.pos), (struct.pack(f"<{n}I", *slots), bf.slot),
+                              (info, bf.seq_info), (tables, bf.tables), (packed.params, smp.params)):
+                parts.append((len(data), len(blob), dst))
+                data += blob
+            plan.append((parts, shape))
+        staging = self._staging(len(data))
+        dev.write_buffer(staging, 0, bytes(data))
+        dev.write_buffer(bf.step, 0, struct.pack("<4I", n, n, n, 0))
+        dev.write_buffer(bf.ids, 0, struct.pack(f"<{n}I", *first))
+        dev.write_buffer(bf.rows, 0, struct.pack(f"<{n}I", *rows))
+        smp.write_aux(aux, batch.chunks)
+        for j, (parts, shape) in enumerate(plan):
+            cmds = dev.commands()
+            if j:
+                cmds.copy(smp.ids, 0, bf.ids, 0, 4 * n)
+            for off, size, dst in parts:
+                cmds.copy(staging, off, dst, 0, size)
+            self._record(cmds, n, n, n, shape)
+            smp.kernel.encode(cmds, smp.binding, n)
+            cmds.copy(smp.ids, 0, self.block_ids, 4 * n * j, 4 * n)
+            dev.submit(cmds)
+        self.host_ms += (time.perf_counter() - t0) * 1e3
+        self.steps += K
+        raw = await dev.read_buffer(self.block_ids, 0, 4 * n * K)
+        return list(struct.unpack(f"<{n * K}I", raw))
+
+    def _staging(self, nbytes: int):
+        """The decode block's upload buffer, grown (to a power of two) when a block needs more."""
+        if self._block_staging is None or self._block_staging_size < nbytes:
+            if self._block_staging is not None:
+                self.device.destroy_buffer(self._block_staging)
+            self._block_staging_size = max(4096, 1 << (nbytes - 1).bit_length())
+            self._block_staging = self.device.create_buffer(self._block_staging_size, COPY_SRC | COPY_DST,
+                                                            label="block.staging")
+        return self._block_staging
 
     async def logits(self, n_rows: int) -> list[list[float]]:
         """The logits rows of the last step's sampled chunks (tests and debugging; reads back S x V floats)."""
@@ -522,16 +593,22 @@ class _StepSampler:
         self.aux = aux_buffer(lib.device, max_rows, vocab)
         self.binding = self.kernel.bind(logits_buf, self.params, self.ids, aux=self.aux)
 
-    def encode(self, cmds, sampled) -> None:
+    def pack(self, sampled):
+        """The sampling rows of these chunks (kernels/sampling.py Packed: params and aux)."""
         from ..kernels.sampling import SampleRow, pack
 
-        rows = [SampleRow(j, c.temperature, c.top_k, c.top_p, c.seed, c.sample_index, min_p=c.min_p,
-                          logit_bias=c.logit_bias, mask=c.mask) for j, c in enumerate(sampled)]
-        packed = pack(rows, self.vocab)
-        self.device.write_buffer(self.params, 0, packed.params)
+        return pack([SampleRow(j, c.temperature, c.top_k, c.top_p, c.seed, c.sample_index, min_p=c.min_p,
+                               logit_bias=c.logit_bias, mask=c.mask) for j, c in enumerate(sampled)], self.vocab)
+
+    def write_aux(self, packed, sampled) -> None:
         if any(c.mask is not None or c.logit_bias for c in sampled):
             self.device.write_buffer(self.aux, 0, packed.aux)
-        self.kernel.encode(cmds, self.binding, len(rows))
+
+    def encode(self, cmds, sampled) -> None:
+        packed = self.pack(sampled)
+        self.device.write_buffer(self.params, 0, packed.params)
+        self.write_aux(packed, sampled)
+        self.kernel.encode(cmds, self.binding, len(sampled))
 
     async def read(self, n: int) -> list[int]:
         return list(struct.unpack(f"<{n}I", await self.device.read_buffer(self.ids, 0, 4 * n)))

@@ -19,6 +19,12 @@ verifies, plus the first one that does not (the model's own token): exactly the 
 produced one step at a time, greedy or sampled, because a draw depends only on (history, seed, sample_index).
 num_computed_tokens advances past the accepted tokens only; the KV slots of rejected proposals lie beyond it and
 are overwritten when those positions are computed again.
+
+A decode block (schedule(max_steps=K)) is the same rule run K times on the GPU without the host in between: when
+every running request is decoding, none waits, and none speculates or is constrained, each gets KV room for K more
+tokens and the runner feeds each step's sampled ids to the next step itself. update() then takes the K tokens of
+each request one by one as K plain steps would, up to a stop; the tokens a finished request sampled after its stop
+are dropped and its blocks freed.
 """
 
 from __future__ import annotations
@@ -168,8 +174,30 @@ class Scheduler:
         return max(0, min(len(req.proposal), budget - 1, room, req.params.max_tokens - len(req.output_ids) - 1,
                           self.max_len - req.num_tokens - 1))
 
-    def schedule(self) -> StepBatch:
+    def _block_steps(self, max_steps: int) -> int:
+        """How many decode steps the running requests can take as one block (< 2: none)."""
+        if max_steps < 2 or self.waiting or not self.running:
+            return 0
+        k = max_steps
+        for r in self.running:
+            if (r.num_tokens - r.num_computed_tokens != 1 or r.proposal or r.matcher is not None
+                    or r.params.speculative_tokens):  # a speculating request wants new proposals every step
+                return 0
+            # no request samples past max_tokens or feeds a position past the context
+            k = min(k, r.params.max_tokens - len(r.output_ids), self.max_len - r.num_tokens)
+        if k < 2 or len(self.running) > self.max_num_batched_tokens:
+            return 0
+        if not all(self.kv.allocate(r.request_id, r.num_computed_tokens + k) for r in self.running):
+            return 0  # the pool is short: plain steps (which may preempt) instead; blocks taken stay with their owner
+        return k
+
+    def schedule(self, max_steps: int = 1) -> StepBatch:
+        """The next step's batch; with max_steps > 1, a decode block of up to max_steps steps when possible."""
         assert not self._scheduled, "update() must follow every schedule()"
+        k = self._block_steps(max_steps)
+        if k:
+            self._scheduled = [(r, 1, 0) for r in self.running]
+            return StepBatch([c for r in self.running for c in self._chunks(r, 1, 0)], steps=k)
         budget = self.max_num_batched_tokens
         scheduled: list[tuple[Request, int, int]] = []
         preemptions_before = self.num_preemptions
@@ -220,14 +248,17 @@ class Scheduler:
     def update(self, batch: StepBatch, sampled: list[int]) -> list[StepOutput]:
         """Apply the runner's sampled ids (one per chunk with sample=True) to the requests of the last schedule()."""
         scheduled, self._scheduled = self._scheduled, []
-        n_sample = sum(1 for c in batch.chunks if c.sample)
+        n_sample = sum(1 for c in batch.chunks if c.sample) * batch.steps
         if len(sampled) != n_sample:
             raise ValueError(f"the runner returned {len(sampled)} token ids for {n_sample} sampling chunks")
+        if batch.steps > 1:  # a block: request i's tokens are sampled[i], sampled[i + n], ...
+            n = len(batch.chunks)
+            per_req = [list(sampled[i::n]) for i in range(n)]
         chunks, ids = iter(batch.chunks), iter(sampled)
         outs = []
-        for req, n, k in scheduled:
+        for i, (req, n, k) in enumerate(scheduled):
             fed = [next(chunks) for _ in range(k + 1)]
-            got = [next(ids) for c in fed if c.sample]
+            got = per_req[i] if batch.steps > 1 else [next(ids) for c in fed if c.sample]
             if req.status != RUNNING:  # aborted while the step ran
                 continue
             new: list[int] = []
@@ -241,12 +272,13 @@ class Scheduler:
                         reason = FINISH_ABORT
                     elif req.matcher.is_terminated():
                         reason = FINISH_STOP  # the grammar is complete: nothing more may follow
-                if reason is not None or j == k or tok != fed[j + 1].token_ids[0]:
+                if reason is not None or (batch.steps == 1 and (j == k or tok != fed[j + 1].token_ids[0])):
                     break
             req.num_proposed += k
             req.num_accepted += len(new) - 1 if k else 0
-            # computed: the fed tokens whose KV is now valid (the last one fed, and every accepted proposal)
-            req.num_computed_tokens += n if k == 0 else len(new)
+            # computed: the fed tokens whose KV is now valid (the last one fed, every accepted proposal, each kept
+            # token of a block)
+            req.num_computed_tokens += len(new) if k or batch.steps > 1 else n
             self.kv.cache_computed(req.request_id, req.all_token_ids, req.num_computed_tokens)
             if reason is not None:
                 self.finish_request(req.request_id, reason)

@@ -82,9 +82,11 @@ class Commands:
 
     __slots__ = ("ops", "timed")
 
-    def __init__(self, timed: bool = False):
+    def __init__(self, timed: bool | str = False):
         self.ops: list[tuple] = []
-        self.timed = timed  # benchmarks: one timestamped pass per dispatch
+        # benchmarks: True = one timestamped pass per dispatch (per-kernel times); "span" = the passes as usual,
+        # each timestamped (the GPU time of the whole list, from its first pass's start to its last pass's end)
+        self.timed = timed
 
     def dispatch(self, pipeline: Any, bind_group: Any, x: int, y: int = 1, z: int = 1, label: str = "") -> None:
         self.ops.append(("dispatch", pipeline, bind_group, x, y, z, label))
@@ -120,7 +122,7 @@ class Device(ABC):
     def create_bind_group(self, pipeline: Any, bindings: list[BufferBinding | Any], group: int = 0) -> Any:
         """Bind group for `pipeline`'s group `group`: bindings[i] goes to @binding(i). A bare buffer binds whole."""
 
-    def commands(self, timed: bool = False) -> Commands:
+    def commands(self, timed: bool | str = False) -> Commands:
         return Commands(timed=timed)
 
     @abstractmethod
@@ -134,6 +136,11 @@ class Device(ABC):
     async def read_timings(self, commands: Commands) -> list[tuple[str, float]]:
         """(label, milliseconds) per dispatch of a submitted timed command list; [] if unsupported."""
         return []
+
+    async def read_span_ms(self, commands: Commands) -> float | None:
+        """GPU milliseconds from the first pass's start to the last pass's end of a submitted timed="span" list
+        (None if unsupported). It never exceeds the wall time around the submit and the read-back."""
+        return None
 
     def destroy_buffer(self, buffer: Any) -> None:
         buffer.destroy()
@@ -157,23 +164,26 @@ class Device(ABC):
 
 def record_passes(commands: Commands, timed: bool, begin_pass, dispatch, copy, clear) -> list[str]:
     """Walk a command list into compute passes, the one grouping rule both backends share: consecutive dispatches
-    share one pass; a copy or clear ends it; with `timed`, every dispatch gets its own pass whose timestamps go to
-    query slots 2i and 2i+1. The backend supplies the calls: begin_pass(query_index | None) -> pass (with .end()),
+    share one pass; a copy or clear ends it; with `timed` True, every dispatch gets its own pass whose timestamps go
+    to query slots 2i and 2i+1; with "span", every pass is timestamped (label "pass"). The backend supplies the calls: begin_pass(query_index | None) -> pass (with .end()),
     dispatch(pass, pipeline, bind_group, x, y, z), copy(src, src_offset, dst, dst_offset, size),
     clear(buffer, offset, size). Returns the labels of the timed dispatches, in query order."""
     labels: list[str] = []
     cpass = None
+    span = timed == "span"
     for op in commands.ops:
         kind = op[0]
         if kind == "dispatch":
             _, pipe, bg, x, y, z, label = op
-            if timed:
+            if timed and not span:
                 cpass = begin_pass(2 * len(labels))
                 labels.append(label)
             elif cpass is None:
-                cpass = begin_pass(None)
+                cpass = begin_pass(2 * len(labels) if span else None)
+                if span:
+                    labels.append("pass")
             dispatch(cpass, pipe, bg, x, y, z)
-            if timed:
+            if timed and not span:
                 cpass.end()
                 cpass = None
         else:

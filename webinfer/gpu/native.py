@@ -217,6 +217,14 @@ class NativeDevice(Device):
         period_ns = 1.0  # wgpu-native resolves timestamps to nanoseconds
         return [(lab, (ticks[2 * i + 1] - ticks[2 * i]) * period_ns / 1e6) for i, lab in enumerate(labels)]
 
+    async def read_span_ms(self, commands: Commands) -> float | None:
+        entry = self._timing.pop(id(commands), None)
+        if entry is None:
+            return None
+        rb, _, n = entry
+        ticks = struct.unpack(f"<{n}Q", self.read_buffer_sync(rb, 0, 8 * n))
+        return (ticks[n - 1] - ticks[0]) / 1e6
+
     def wgsl_enables(self, f16: bool, subgroups: bool) -> str:
         # naga enables subgroup ops from the device feature alone and rejects `enable subgroups;`
         return "enable f16;\n" if f16 else ""

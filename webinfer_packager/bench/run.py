@@ -14,7 +14,10 @@ of one decode step) and with the wall clock where the host is involved (a decode
     kernels              per-label GPU ms of one timed decode step of the model (summed over layers)
     prefill_kernels      the same for one prefill chunk (min(prompt, max_batch_tokens) tokens)
     step_ms              wall time of one decode step (encode, submit, read back the sampled id); median
-    host_overhead_frac   1 - sum(kernel ms) / step_ms: the share of a step the GPU is not computing
+    host_overhead_frac   1 - GPU span / wall time of the same step (span: timestamps at the start of the step's
+                         first pass and the end of its last): the share of a step the GPU is idle; median
+    decode_block         decode tok/s with K steps per read-back (the engine's decode_block) and with single
+                         steps, alternating on the same model, and their ratio
     dispatches_per_token dispatches one decode step records
     ttft_s, prefill_tok_s  a PROMPT_LEN-token prompt (512; 32 with --quick) to its first sampled token
     decode_tok_s         DECODE_LEN tokens (128; 8 with --quick), greedy, one sequence
@@ -214,19 +217,38 @@ def bench_model(dev, package, prompt_len: int, decode_len: int, reps: int) -> di
     runner = llm.engine.runner
     rng = np.random.default_rng(0)
     prompt = [int(t) for t in rng.integers(0, cfg.vocab_size, size=prompt_len)]
-    # generation through the API, as a user runs it: prefill (in chunks of max_batch_tokens) + greedy decode, no EOS
-    r = asyncio.run(llm.completions.create(prompt=prompt, max_tokens=decode_len, temperature=0, ignore_eos=True))
-    out, u = r["choices"][0]["token_ids"], r["usage"]
+    # generation through the API, as a user runs it: prefill (in chunks of max_batch_tokens) + greedy decode, no EOS;
+    # decode blocks (K steps per read-back) and single steps alternate, on the same model
+    block = llm.engine.decode_block
+    rates: dict[int, list[float]] = {block: [], 1: []}
+    for _ in range(max(1, reps // 2)):
+        for k in rates:
+            llm.engine.decode_block = k
+            r = asyncio.run(llm.completions.create(prompt=prompt, max_tokens=decode_len, temperature=0, ignore_eos=True))
+            tpot = r["usage"]["time_per_output_token_s"]
+            rates[k].append(1.0 / tpot if tpot else 0.0)
+            if k == block:
+                out, u = r["choices"][0]["token_ids"], r["usage"]
+    llm.engine.decode_block = block
     ttft, tpot = u["ttft_s"], u["time_per_output_token_s"]
-    # one decode step at the end of that context, repeated (same position: it rewrites the same KV slot)
+    # one decode step at the end of that context, repeated (same position: it rewrites the same KV slot); the
+    # GPU span (timestamps at the start of its first pass and the end of its last) and the wall time of the same
+    # step: host overhead = 1 - span / wall, which cannot go below 0
     table = list(range(1, -(-total // 16) + 1))
     batch = StepBatch([SeqChunk(0, [out[-1]], prompt_len + len(out) - 1, table, True)])
-    walls = []
-    for _ in range(reps + 1):
+    walls, fracs = [], []
+    for i in range(reps + 1):
         t = time.perf_counter()
-        asyncio.run(runner.execute(batch))
-        walls.append((time.perf_counter() - t) * 1e3)
-    step_ms = statistics.median(walls[1:])
+        cmds, _ = runner.encode_step(batch, timed="span")
+        dev.submit(cmds)
+        asyncio.run(runner.sampler.read(1))
+        wall = (time.perf_counter() - t) * 1e3
+        span = asyncio.run(dev.read_span_ms(cmds))
+        if i:  # the first run warms up
+            walls.append(wall)
+            if span is not None:
+                fracs.append(1 - span / wall)
+    step_ms = statistics.median(walls)
     kernels, kernel_ms = _timed_step(dev, runner, batch, reps)
     # one prefill chunk (the prompt's first max_batch_tokens tokens again: it rewrites the same KV values)
     n_pre = min(prompt_len, runner.max_tokens)
@@ -237,11 +259,14 @@ def bench_model(dev, package, prompt_len: int, decode_len: int, reps: int) -> di
         "kernel_ms": round(kernel_ms, 4),
         "prefill_kernels": {"tokens": n_pre, "total_ms": round(prefill_kernel_ms, 4), **prefill_kernels},
         "step_ms": round(step_ms, 4),
-        "host_overhead_frac": round(1 - kernel_ms / step_ms, 4),
+        "host_overhead_frac": round(statistics.median(fracs), 4) if fracs else None,
         "dispatches_per_token": runner.dispatch_count(batch),
         "ttft_s": round(ttft, 4),
         "prefill_tok_s": round(prompt_len / ttft, 2),
         "decode_tok_s": round(1.0 / tpot, 2) if tpot else None,
+        "decode_block": {"steps": block, "tok_s": round(statistics.median(rates[block]), 2),
+                         "single_step_tok_s": round(statistics.median(rates[1]), 2),
+                         "ratio": round(statistics.median(rates[block]) / statistics.median(rates[1]), 3)},
         "prompt_tokens": prompt_len,
         "decode_tokens": len(out),
     }
@@ -358,8 +383,9 @@ def format_table(r: dict) -> str:
     for g in r.get("gemv_formats", []):
         lines.append(f"gemv {g['dtype']:<7} {g['name']:<10} {g['bits_per_weight']:5.2f} bits/weight {g['ms']:8.3f} ms "
                      f"{g['gbps']:7.2f} GB/s  {g['ratio']:.2f}x copy")
-    lines.append(f"decode step  {r['step_ms']:.2f} ms wall, {r['kernel_ms']:.2f} ms on the GPU, host overhead "
-                 f"{100 * r['host_overhead_frac']:.0f} %, {r['dispatches_per_token']} dispatches")
+    host = r["host_overhead_frac"]
+    lines.append(f"decode step  {r['step_ms']:.2f} ms wall, {r['kernel_ms']:.2f} ms in kernels, host overhead "
+                 f"{'n/a' if host is None else f'{100 * host:.0f} %'}, {r['dispatches_per_token']} dispatches")
     at = r["attention"]
     for k in ("decode", "prefill"):
         a = at[k]
@@ -372,6 +398,9 @@ def format_table(r: dict) -> str:
         lines.append(f"  {k:<24} {ms:8.3f} ms")
     lines.append(f"prefill      {r['prompt_tokens']} tokens: ttft {r['ttft_s']:.3f} s, {r['prefill_tok_s']:.1f} tok/s")
     lines.append(f"decode       {r['decode_tok_s']} tok/s ({r['decode_tokens']} tokens)")
+    b = r["decode_block"]
+    lines.append(f"decode block {b['steps']} steps per read-back {b['tok_s']} tok/s vs single steps "
+                 f"{b['single_step_tok_s']} tok/s: {b['ratio']:.2f}x")
     hf = r["hf_transformers"]
     lines.append(f"transformers {hf.get('decode_tok_s')} tok/s" + (f" (ours {hf['ratio']}x)" if hf.get("ratio") else
                                                                   f" ({hf.get('reason', '')})"))

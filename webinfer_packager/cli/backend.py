@@ -52,8 +52,11 @@ def engine_options(args, **kw) -> EngineOptions:
     """EngineOptions from a command's --speculative flags, plus keyword overrides."""
     if args.speculative and not 1 <= args.speculative_tokens <= 16:
         raise WebinferError(f"--speculative-tokens must be in 1..16, got {args.speculative_tokens}")
+    block = getattr(args, "decode_block", 8)
+    if not 1 <= block <= 64:
+        raise WebinferError(f"--decode-block must be in 1..64, got {block}")
     return EngineOptions(speculative=args.speculative, speculative_tokens=args.speculative_tokens,
-                         cpu_mode=getattr(args, "cpu_mode", "exact"), **kw)
+                         cpu_mode=getattr(args, "cpu_mode", "exact"), decode_block=block, **kw)
 
 
 def context_for_budget(pkg: Package, budget_mb: float, kv_f16: bool = False) -> int:

@@ -40,6 +40,8 @@ def _add_backend(p: argparse.ArgumentParser, default: str) -> None:
     p.add_argument("--speculative", choices=["prompt-lookup"], default=None,
                    help="speculative decoding: verify proposed tokens (same output, fewer steps when text repeats)")
     p.add_argument("--speculative-tokens", type=int, default=4, help="proposals verified per step (default 4)")
+    p.add_argument("--decode-block", type=int, default=8,
+                   help="decode steps the GPU runs per read-back while every request decodes (1: off; default 8)")
 
 
 def build_parser() -> argparse.ArgumentParser:
