@@ -46,8 +46,7 @@ class Limits:
 
 # OpenAI request fields that ask for something not implemented: accepted only with their neutral values.
 _NEUTRAL: dict[str, tuple] = {
-    "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "logprobs": (False,),
-    "top_logprobs": (0,), "n": (1,), "best_of": (1,), "echo": (False,), "suffix": ("",),
+    "n": (1,), "best_of": (1,), "echo": (False,), "suffix": ("",),
     "tools": ([],), "tool_choice": ("none", "auto"),
     "functions": ([],), "function_call": ("none", "auto"), "audio": (), "modalities": (["text"],),
     "prediction": (), "reasoning_effort": (), "verbosity": (), "web_search_options": (), "store": (False,),
@@ -58,7 +57,8 @@ _INERT = {"model": str, "user": str, "safety_identifier": str, "prompt_cache_key
           "parallel_tool_calls": bool}
 _SAMPLING = ("max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop",
              "stop_token_ids", "ignore_eos", "stream", "stream_options", "speculative_tokens", "min_p", "logit_bias",
-             "response_format")
+             "response_format", "frequency_penalty", "presence_penalty", "repetition_penalty", "logprobs",
+             "top_logprobs")
 CHAT_FIELDS = frozenset(("messages",) + _SAMPLING) | set(_NEUTRAL) | set(_INERT)
 COMPLETION_FIELDS = frozenset(("prompt",) + _SAMPLING) | set(_NEUTRAL) | set(_INERT)
 
@@ -153,9 +153,12 @@ def parse_request(kind: str, req: dict, limits: Limits, speculative_tokens: int 
                                                      "\"regex\" | \"grammar\", ...}")
     if rf is not None and rf["type"] != "text":
         spec = 0  # a constrained request's mask depends on each accepted token: no speculation
+    pen = {f: float(_num(f, g(f), -2.0, 2.0)) for f in ("frequency_penalty", "presence_penalty") if g(f) is not None}
+    if g("repetition_penalty") is not None:
+        pen["repetition_penalty"] = float(_num("repetition_penalty", g("repetition_penalty"), 0.01, 10.0))
     params = SamplingParams(max_tokens=mt, temperature=float(t), top_p=float(p), top_k=k, seed=s, stop=stop,
                             stop_token_ids=list(stop_ids), ignore_eos=ignore_eos, speculative_tokens=spec,
-                            min_p=float(min_p), logit_bias=bias)
+                            min_p=float(min_p), logit_bias=bias, logprobs=_logprobs(kind, g), **pen)
     if kind == "chat":
         prompt = check_messages(g("messages"), limits)
     else:
@@ -164,6 +167,22 @@ def parse_request(kind: str, req: dict, limits: Limits, speculative_tokens: int 
             raise InvalidRequestError("prompt", f"at most {limits.max_prompt_chars} characters, got {len(prompt)}")
     return ParsedRequest(kind, prompt, params, stream, bool(opts and opts.get("include_usage")),
                          None if rf is None or rf["type"] == "text" else rf, bool(opts and opts.get("continuous_usage_stats")))
+
+
+def _logprobs(kind: str, g) -> int | None:
+    """How many alternatives each token's logprob comes with (None: no logprobs). Chat: logprobs (bool) and
+    top_logprobs (0..20); completions: logprobs (an integer 0..20; OpenAI allows up to 5)."""
+    lp, top = g("logprobs"), g("top_logprobs")
+    if kind == "chat":
+        if lp is not None and not isinstance(lp, bool):
+            raise InvalidRequestError("logprobs", "must be true or false")
+        n = 0 if top is None else _num("top_logprobs", top, 0, 20, integer=True)
+        if top is not None and not lp:
+            raise InvalidRequestError("top_logprobs", "needs logprobs: true")
+        return n if lp else None
+    if top is not None:
+        raise InvalidRequestError("top_logprobs", "is a chat field: completions take logprobs as an integer")
+    return None if lp is None else _num("logprobs", lp, 0, 20, integer=True)
 
 
 def _logit_bias(v) -> dict:
@@ -231,8 +250,12 @@ class LLM:
             raise InvalidRequestError("speculative_tokens", "this engine has no speculative proposer (start it with "
                                                             "speculative decoding on, e.g. --speculative prompt-lookup)")
         if not getattr(self.engine.runner, "sampling_controls", True):
+            p = r.params
             for field, used in (("response_format", r.response_format is not None),
-                                ("logit_bias", bool(r.params.logit_bias)), ("min_p", r.params.min_p > 0)):
+                                ("logit_bias", bool(p.logit_bias)), ("min_p", p.min_p > 0),
+                                ("frequency_penalty", p.frequency_penalty != 0),
+                                ("presence_penalty", p.presence_penalty != 0),
+                                ("repetition_penalty", p.repetition_penalty != 1), ("logprobs", p.logprobs is not None)):
                 if used:
                     raise InvalidRequestError(field, "is not supported by this backend (the CPU engine) yet")
         vocab = self.engine.runner.vocab_size
@@ -260,11 +283,12 @@ class LLM:
         head = {"id": rid, "created": int(time.time()), "model": self.model_name}
         if r.stream:
             return self._stream(r, head, gen, ids)
-        text, out_ids, last = [], [], None
+        text, out_ids, lps, last = [], [], [], None
         try:
             async for out in gen:
                 text.append(out.text)
                 out_ids += out.token_ids
+                lps += out.logprobs or []
                 last = out
         finally:
             await gen.aclose()
@@ -273,8 +297,36 @@ class LLM:
             choice["message"] = {"role": "assistant", "content": "".join(text)}
         else:
             choice["text"] = "".join(text)
+        if r.params.logprobs is not None:
+            choice["logprobs"] = self._logprobs(kind, out_ids, lps)
         return {**head, "object": "chat.completion" if kind == "chat" else "text_completion", "choices": [choice],
                 "usage": usage(last, len(ids)), "prompt_token_ids": ids}
+
+    def _token(self, t: int) -> tuple[str, list[int]]:
+        """A token's text and bytes as OpenAI's logprobs show them (special tokens: their name)."""
+        b = self.tokenizer.token_bytes(t)
+        if b is None:
+            name = self.tokenizer.id_to_token(t) or ""
+            return name, list(name.encode())
+        return b.decode("utf-8", errors="replace"), list(b)
+
+    def _logprobs(self, kind: str, ids: list[int], lps: list) -> dict:
+        """OpenAI's logprobs object for these tokens: chat's {"content": [...]}, completions' parallel lists."""
+        rows = [(t, lp) for t, lp in zip(ids, lps) if lp is not None]
+        if kind == "chat":
+            content = []
+            for t, (lp, top) in rows:
+                text, b = self._token(t)
+                content.append({"token": text, "logprob": lp, "bytes": b, "top_logprobs": [
+                    {"token": (tt := self._token(i))[0], "logprob": v, "bytes": tt[1]} for i, v in top]})
+            return {"content": content, "refusal": None}
+        tokens, offsets, pos = [], [], 0
+        for t, _ in rows:
+            tokens.append(self._token(t)[0])
+            offsets.append(pos)
+            pos += len(tokens[-1])
+        return {"tokens": tokens, "token_logprobs": [lp for _, (lp, _) in rows], "text_offset": offsets,
+                "top_logprobs": [{self._token(i)[0]: v for i, v in top} for _, (_, top) in rows]}
 
     async def _matcher(self, response_format):
         """A GrammarMatcher for response_format (GrammarError, a 400 naming the field, when it cannot be enforced).
@@ -300,6 +352,8 @@ class LLM:
                     c["delta"] = {"role": "assistant", "content": out.text} if first else {"content": out.text}
                 else:
                     c["text"] = out.text
+                if r.params.logprobs is not None:
+                    c["logprobs"] = self._logprobs(r.kind, out.token_ids, out.logprobs or [])
                 d = {**head, "object": obj, "choices": [c]}
                 if first:
                     d["prompt_token_ids"] = prompt_ids

@@ -32,6 +32,27 @@ class SeqChunk:
     min_p: float = 0.0
     logit_bias: tuple = ()   # ((token id, bias), ...)
     mask: bytes | None = None  # allowed tokens (structured output): ceil(vocab/32) little-endian u32 words
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logprobs: int | None = None  # None: none; k: the sampled token's logprob and the top k (0..20)
+    # penalized chunks only: the request's prompt + output ids (the scheduler's live list: read, never kept) and
+    # the prompt's length, so a runner can (re)build the sequence's token counts when it has none for it
+    history: list[int] | None = None
+    num_prompt: int = 0
+
+    @property
+    def penalized(self) -> bool:
+        return self.frequency_penalty != 0 or self.presence_penalty != 0 or self.repetition_penalty != 1
+
+
+class Sampled(list):
+    """What execute() may return instead of a plain list of ids when some chunk asked for logprobs: the ids, and
+    per id (same order) None or (logprob of the sampled token, [(id, logprob), ...] of the top k, best first)."""
+
+    def __init__(self, ids, logprobs: list | None = None):
+        super().__init__(ids)
+        self.logprobs = logprobs
 
 
 @dataclass

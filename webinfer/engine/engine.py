@@ -45,6 +45,7 @@ class RequestOutput:
     decode_s: float = 0.0          # first token -> this output's token (TPOT = decode_s / (num_output_tokens - 1))
     num_proposed: int = 0          # speculative proposals verified so far
     num_accepted: int = 0          # ... and accepted
+    logprobs: list | None = None   # params.logprobs set: per token of token_ids, (logprob, [(id, logprob), ...])
 
     @property
     def time_per_output_token_s(self) -> float | None:
@@ -226,7 +227,7 @@ class AsyncEngine:
         if st.t_first is None:
             st.t_first = now
         reason = o.finish_reason
-        toks, delta, dropped = o.new_tokens, "", 0
+        toks, delta, dropped, lps = o.new_tokens, "", 0, o.logprobs
         if st.text is not None:
             # one token at a time, so that a stop string ends the output at the token that completed it,
             # also when one step produced several tokens (accepted proposals)
@@ -235,6 +236,7 @@ class AsyncEngine:
                 delta += d
                 if stopped:
                     dropped, toks = len(toks) - j - 1, toks[:j + 1]
+                    lps = lps[:j + 1] if lps is not None else None
                     if reason is None or dropped:
                         reason = FINISH_STOP
                         self.scheduler.finish_request(st.req.request_id, FINISH_STOP)
@@ -248,7 +250,7 @@ class AsyncEngine:
         r = st.req
         st.queue.put_nowait(RequestOutput(
             r.request_id, toks, delta, reason, len(r.prompt_ids), len(r.output_ids) - dropped,
-            max(r.num_cached_tokens, 0), st.t_first - st.t0, now - st.t_first, r.num_proposed, r.num_accepted))
+            max(r.num_cached_tokens, 0), st.t_first - st.t0, now - st.t_first, r.num_proposed, r.num_accepted, lps))
 
     def stats(self) -> dict:
         s = self.scheduler.stats()

@@ -59,7 +59,8 @@ from ..kernels.linear import (Epilogue, Linear, LinearIO, QuantWeight, WeightPar
 from ..kernels.norm import HeadNorm, RMSNorm
 from ..kernels.rope import Rope, attention_factor, inv_freq
 from ..kernels.swiglu import SoftCap, SwiGLU
-from .batch import StepBatch
+from ..kernels.sampling import LOGPROB_BYTES, unpack_logprobs
+from .batch import Sampled, StepBatch
 
 # step[] entries read by the kernels: all token rows, sampled rows, decode rows [0, Td), prefill rows [Td, T)
 STEP_TOKENS, STEP_SAMPLED, STEP_DECODE, STEP_PREFILL = 0, 1, 2, 3
@@ -222,6 +223,7 @@ class GPUModel:
             act=buf(4 * T * self.f_stride, "mlp_act"), xs=buf(4 * S * self.d_stride, "final_rows"),
             logits=buf(4 * S * cfg.vocab_size, "logits", STORAGE | COPY_DST | COPY_SRC))
         self.block_ids = buf(4 * S * self.max_steps, "block.ids", COPY_SRC | COPY_DST)  # a decode block's ids
+        self.block_logprobs = buf(LOGPROB_BYTES * S * self.max_steps, "block.logprobs", COPY_SRC | COPY_DST)
         # KV cache: per layer K and V [num_blocks, block_size, n_kv_heads, head_dim], f32 (or f16)
         if kv_f16 and not device.caps.f16:
             raise GPUError("kv_f16=True needs a device with shader-f16 (this one has none, or WEBINFER_FORCE_F32=1)")
@@ -506,7 +508,7 @@ class GPUModel:
         self.steps += 1
         if not sampled:
             return []
-        return await self.sampler.read(len(sampled))
+        return await self.sampler.read(sampled)
 
     async def _execute_block(self, batch: StepBatch) -> list[int]:
         """A decode block (batch.py): K steps, one submit each and one read-back at the end.
@@ -523,11 +525,13 @@ class GPUModel:
         t0 = time.perf_counter()
         dev, bf, smp = self.device, self.bufs, self.sampler
         first = [c.token_ids[0] for c in batch.chunks]
+        counts_slots = smp._counts_slots(batch.chunks, steps=K)
+        want_lp = any(c.logprobs is not None for c in batch.chunks)
         data, plan = bytearray(), []
         for j in range(K):
             _, pos, slots, rows, seqs, sampled, _ = self._prepare(batch.unrolled(j, first if j == 0 else [0] * n))
             info, tables, shape = pack_step(seqs)
-            packed = smp.pack(sampled)
+            packed = smp.pack(sampled, counts_slots)
             if j == 0:
                 aux = packed
             parts = []
@@ -551,11 +555,16 @@ class GPUModel:
             self._record(cmds, n, n, n, shape)
             smp.kernel.encode(cmds, smp.binding, n)
             cmds.copy(smp.ids, 0, self.block_ids, 4 * n * j, 4 * n)
+            if want_lp:
+                cmds.copy(smp.logprobs, 0, self.block_logprobs, LOGPROB_BYTES * n * j, LOGPROB_BYTES * n)
             dev.submit(cmds)
         self.host_ms += (time.perf_counter() - t0) * 1e3
         self.steps += K
-        raw = await dev.read_buffer(self.block_ids, 0, 4 * n * K)
-        return list(struct.unpack(f"<{n * K}I", raw))
+        ids = list(struct.unpack(f"<{n * K}I", await dev.read_buffer(self.block_ids, 0, 4 * n * K)))
+        if not want_lp:
+            return ids
+        lps = unpack_logprobs(await dev.read_buffer(self.block_logprobs, 0, LOGPROB_BYTES * n * K), n * K)
+        return Sampled(ids, [lp if batch.chunks[i % n].logprobs is not None else None for i, lp in enumerate(lps)])
 
     def _staging(self, nbytes: int):
         """The decode block's upload buffer, grown (to a power of two) when a block needs more."""
@@ -582,33 +591,90 @@ class GPUModel:
 
 class _StepSampler:
     """Binds the GPU sampler to the logits buffer once; per step writes the rows' parameters (and the aux words of
-    structured-output masks and logit biases) and reads the ids."""
+    structured-output masks and logit biases) and reads the ids (and the logprobs, when some row asked).
+
+    Penalties read per-sequence token counts on the GPU (kernels/sampling.py): one vocab-sized slot per penalized
+    sequence, taken on its first penalized row and filled from its history (prompt marked, output counted); the
+    kernel then counts each id it samples, so later steps (and the steps of a decode block) upload nothing. A slot
+    goes on being used while the sequence's sample_index follows on; any gap (eviction, a restart) refills it from
+    the history, so the counts are always those of the tokens before the row. Slots are reused least recently used
+    first, never one of the current step's rows. The counts buffer is allocated when a first row needs it."""
 
     def __init__(self, lib, vocab: int, logits_buf, max_rows: int):
-        from ..kernels.sampling import GpuSampler, aux_buffer, buffers
+        from ..kernels.sampling import GpuSampler, aux_buffer, buffers, logprobs_buffer
 
-        self.device, self.vocab = lib.device, vocab
+        self.device, self.vocab, self.max_rows = lib.device, vocab, max_rows
         self.kernel = GpuSampler(lib, vocab)
+        self.logits_buf = logits_buf
         self.params, self.ids = buffers(lib.device, max_rows)
         self.aux = aux_buffer(lib.device, max_rows, vocab)
-        self.binding = self.kernel.bind(logits_buf, self.params, self.ids, aux=self.aux)
+        self.logprobs = logprobs_buffer(lib.device, max_rows)
+        self.counts = None
+        self.slots: dict[int, list[int]] = {}  # seq_id -> [slot, next sample_index], least recently used first
+        self._bind()
 
-    def pack(self, sampled):
+    def _bind(self) -> None:
+        self.binding = self.kernel.bind(self.logits_buf, self.params, self.ids, aux=self.aux, counts=self.counts,
+                                        logprobs=self.logprobs)
+
+    def _counts_slots(self, sampled, steps: int = 1) -> list[int | None]:
+        """The counts slot of each row (None: not penalized), filling new or stale slots from the history."""
+        from ..kernels.sampling import counts_buffer, counts_slot_init
+
+        if not any(c.penalized for c in sampled):
+            return [None] * len(sampled)
+        if self.counts is None:
+            self.counts = counts_buffer(self.device, self.max_rows, self.vocab)
+            self._bind()
+        step_ids = {c.seq_id for c in sampled}
+        out = []
+        for c in sampled:
+            if not c.penalized:
+                out.append(None)
+                continue
+            entry = self.slots.pop(c.seq_id, None)
+            if entry is None or entry[1] != c.sample_index:
+                if entry is None:
+                    used = {e[0] for e in self.slots.values()}
+                    free = [i for i in range(self.max_rows) if i not in used]
+                    if free:
+                        entry = [free[0], 0]
+                    else:  # evict the least recently used sequence that is not in this step
+                        victim = next(sid for sid in self.slots if sid not in step_ids)
+                        entry = [self.slots.pop(victim)[0], 0]
+                hist, n_p = c.history or [], c.num_prompt
+                init = counts_slot_init(self.vocab, hist[:n_p], hist[n_p:n_p + c.sample_index])
+                self.device.write_buffer(self.counts, 4 * self.vocab * entry[0], init)
+            entry[1] = c.sample_index + steps
+            self.slots[c.seq_id] = entry  # most recently used last
+            out.append(entry[0])
+        return out
+
+    def pack(self, sampled, slots=None):
         """The sampling rows of these chunks (kernels/sampling.py Packed: params and aux)."""
         from ..kernels.sampling import SampleRow, pack
 
+        slots = slots or [None] * len(sampled)
         return pack([SampleRow(j, c.temperature, c.top_k, c.top_p, c.seed, c.sample_index, min_p=c.min_p,
-                               logit_bias=c.logit_bias, mask=c.mask) for j, c in enumerate(sampled)], self.vocab)
+                               frequency_penalty=c.frequency_penalty, presence_penalty=c.presence_penalty,
+                               repetition_penalty=c.repetition_penalty, logit_bias=c.logit_bias,
+                               counts_slot=slots[j], mask=c.mask, logprobs=c.logprobs)
+                     for j, c in enumerate(sampled)], self.vocab)
 
     def write_aux(self, packed, sampled) -> None:
         if any(c.mask is not None or c.logit_bias for c in sampled):
             self.device.write_buffer(self.aux, 0, packed.aux)
 
     def encode(self, cmds, sampled) -> None:
-        packed = self.pack(sampled)
+        packed = self.pack(sampled, self._counts_slots(sampled))
         self.device.write_buffer(self.params, 0, packed.params)
         self.write_aux(packed, sampled)
         self.kernel.encode(cmds, self.binding, len(sampled))
 
-    async def read(self, n: int) -> list[int]:
-        return list(struct.unpack(f"<{n}I", await self.device.read_buffer(self.ids, 0, 4 * n)))
+    async def read(self, sampled) -> list[int]:
+        n = len(sampled)
+        ids = list(struct.unpack(f"<{n}I", await self.device.read_buffer(self.ids, 0, 4 * n)))
+        if all(c.logprobs is None for c in sampled):
+            return ids
+        lps = unpack_logprobs(await self.device.read_buffer(self.logprobs, 0, LOGPROB_BYTES * n), n)
+        return Sampled(ids, [lp if c.logprobs is not None else None for lp, c in zip(lps, sampled)])

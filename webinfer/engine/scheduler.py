@@ -73,10 +73,11 @@ class Request:
 @dataclass
 class StepOutput:
     """What one step did to one request: the tokens it produced ([] for a prefill chunk that did not sample; more
-    than one when proposals were accepted)."""
+    than one when proposals were accepted or a decode block ran), and their logprobs when the request asked."""
     request: Request
     new_tokens: list[int]
     finish_reason: str | None
+    logprobs: list | None = None
 
 
 class Scheduler:
@@ -153,24 +154,28 @@ class Scheduler:
         p = req.params
         table = list(self.kv.block_table(req.request_id))
         bias = tuple(sorted(p.logit_bias.items()))
+        ctl = dict(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, seed=p.seed, min_p=p.min_p,
+                   logit_bias=bias, logprobs=p.logprobs)
+        if p.penalized:
+            ctl.update(frequency_penalty=p.frequency_penalty, presence_penalty=p.presence_penalty,
+                       repetition_penalty=p.repetition_penalty, history=req.all_token_ids,
+                       num_prompt=len(req.prompt_ids))
         if k == 0:
             sample = start + n == req.num_tokens
             return [SeqChunk(seq_id=req.request_id, token_ids=req.all_token_ids[start:start + n], start_pos=start,
-                             block_table=table, sample=sample, temperature=p.temperature,
-                             top_p=p.top_p, top_k=p.top_k, seed=p.seed, sample_index=len(req.output_ids),
-                             min_p=p.min_p, logit_bias=bias,
-                             mask=req.matcher.mask_words() if sample and req.matcher is not None else None)]
+                             block_table=table, sample=sample, sample_index=len(req.output_ids),
+                             mask=req.matcher.mask_words() if sample and req.matcher is not None else None, **ctl)]
         fed = [req.all_token_ids[start]] + req.proposal[:k]
         return [SeqChunk(seq_id=req.request_id, token_ids=[t], start_pos=start + j, block_table=table, sample=True,
-                         temperature=p.temperature, top_p=p.top_p, top_k=p.top_k, seed=p.seed,
-                         sample_index=len(req.output_ids) + j, min_p=p.min_p, logit_bias=bias)
+                         sample_index=len(req.output_ids) + j, **ctl)
                 for j, t in enumerate(fed)]
 
     def _num_proposals(self, req: Request, budget: int, room: int) -> int:
         """How many of req's proposals this step verifies: they fit the token budget, the chunk room, max_tokens
         (each accepted proposal is an output token, and one more comes after it) and the context."""
-        if not req.proposal or req.num_tokens - req.num_computed_tokens != 1 or req.matcher is not None:
-            return 0  # a constrained request's mask depends on the accepted tokens: it does not speculate
+        if (not req.proposal or req.num_tokens - req.num_computed_tokens != 1 or req.matcher is not None
+                or req.params.penalized):
+            return 0  # a constrained or penalized request's next row depends on the accepted tokens: no speculation
         return max(0, min(len(req.proposal), budget - 1, room, req.params.max_tokens - len(req.output_ids) - 1,
                           self.max_len - req.num_tokens - 1))
 
@@ -251,14 +256,19 @@ class Scheduler:
         n_sample = sum(1 for c in batch.chunks if c.sample) * batch.steps
         if len(sampled) != n_sample:
             raise ValueError(f"the runner returned {len(sampled)} token ids for {n_sample} sampling chunks")
+        lps = getattr(sampled, "logprobs", None) or [None] * len(sampled)
         if batch.steps > 1:  # a block: request i's tokens are sampled[i], sampled[i + n], ...
             n = len(batch.chunks)
-            per_req = [list(sampled[i::n]) for i in range(n)]
-        chunks, ids = iter(batch.chunks), iter(sampled)
+            per_req = [(list(sampled[i::n]), lps[i::n]) for i in range(n)]
+        chunks, ids = iter(batch.chunks), iter(zip(sampled, lps))
         outs = []
         for i, (req, n, k) in enumerate(scheduled):
             fed = [next(chunks) for _ in range(k + 1)]
-            got = per_req[i] if batch.steps > 1 else [next(ids) for c in fed if c.sample]
+            if batch.steps > 1:
+                got, got_lp = per_req[i]
+            else:
+                pairs = [next(ids) for c in fed if c.sample]
+                got, got_lp = [t for t, _ in pairs], [lp for _, lp in pairs]
             if req.status != RUNNING:  # aborted while the step ran
                 continue
             new: list[int] = []
@@ -282,7 +292,7 @@ class Scheduler:
             self.kv.cache_computed(req.request_id, req.all_token_ids, req.num_computed_tokens)
             if reason is not None:
                 self.finish_request(req.request_id, reason)
-            outs.append(StepOutput(req, new, reason))
+            outs.append(StepOutput(req, new, reason, got_lp[:len(new)] if req.params.logprobs is not None else None))
         return outs
 
     def step_failed(self) -> list[int]:

@@ -25,6 +25,14 @@ class SamplingParams:
     speculative_tokens: int = 0  # at most this many proposed tokens verified per step (0: no speculation)
     min_p: float = 0.0            # keep tokens with p >= min_p * p_max (after temperature)
     logit_bias: dict = field(default_factory=dict)  # token id -> added to its logit
+    frequency_penalty: float = 0.0   # l -= f * count (output tokens so far)
+    presence_penalty: float = 0.0    # l -= p * [count > 0]
+    repetition_penalty: float = 1.0  # tokens of the prompt or output: l / r if l > 0 else l * r
+    logprobs: int | None = None      # None: none; k: each token's logprob and the top k alternatives (0..20)
+
+    @property
+    def penalized(self) -> bool:
+        return self.frequency_penalty != 0 or self.presence_penalty != 0 or self.repetition_penalty != 1
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -38,6 +46,10 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            raise ValueError(f"logprobs must be in 0..20, got {self.logprobs}")
 
 
 def token_stop_reason(token_id: int, num_output: int, num_total: int, params: SamplingParams,

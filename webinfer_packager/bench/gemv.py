@@ -79,13 +79,13 @@ def model_ab(path: str, reps: int) -> None:
         res = {"tiles": defaultdict(list), "tile1": defaultdict(list)}
         for r in range(reps + 1):
             for name, m in (("tiles", new), ("tile1", old)) if r % 2 else (("tile1", old), ("tiles", new)):
-                cmds, _ = m.encode_step(batch(n), timed=True)
+                cmds, rows = m.encode_step(batch(n), timed=True)
                 dev.submit(cmds)
                 per = defaultdict(float)
                 for label, ms in asyncio.run(dev.read_timings(cmds)):
                     key = label.split(".")[-1] if label.startswith("layers.") else label
                     per[key] += ms
-                asyncio.run(m.sampler.read(n))
+                asyncio.run(m.sampler.read(rows))
                 if r:  # the first round compiles
                     res[name]["total"].append(sum(per.values()))
                     for key, ms in per.items():

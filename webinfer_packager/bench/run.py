@@ -239,9 +239,9 @@ def bench_model(dev, package, prompt_len: int, decode_len: int, reps: int) -> di
     walls, fracs = [], []
     for i in range(reps + 1):
         t = time.perf_counter()
-        cmds, _ = runner.encode_step(batch, timed="span")
+        cmds, rows = runner.encode_step(batch, timed="span")
         dev.submit(cmds)
-        asyncio.run(runner.sampler.read(1))
+        asyncio.run(runner.sampler.read(rows))
         wall = (time.perf_counter() - t) * 1e3
         span = asyncio.run(dev.read_span_ms(cmds))
         if i:  # the first run warms up

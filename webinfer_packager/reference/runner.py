@@ -18,26 +18,37 @@ from pathlib import Path
 
 import numpy as np
 
-from webinfer.engine.batch import StepBatch
+from webinfer.engine.batch import Sampled, StepBatch
 from webinfer.kernels.sampling import uniform
 from webinfer_packager.reference.model import ReferenceModel, Sampler
 
 
 def sample(logits: np.ndarray, temperature: float, top_p: float, top_k: int, seed: int, sample_index: int, *,
-           min_p: float = 0.0, logit_bias=(), mask: bytes | None = None) -> int:
-    """logits [V] -> token id; mask: allowed tokens as little-endian u32 words (structured output)."""
-    sm = Sampler(temperature, top_k, top_p, seed, min_p=min_p, logit_bias=dict(logit_bias))
+           min_p: float = 0.0, logit_bias=(), mask: bytes | None = None, frequency_penalty: float = 0.0,
+           presence_penalty: float = 0.0, repetition_penalty: float = 1.0, prompt_ids=(), output_ids=(),
+           logprobs: int | None = None):
+    """logits [V] -> token id (or with logprobs=k: (id, (logprob, [(id, logprob)] of the top k))); mask: allowed
+    tokens as little-endian u32 words (structured output); prompt_ids / output_ids: the history the penalties see."""
+    sm = Sampler(temperature, top_k, top_p, seed, min_p=min_p, logit_bias=dict(logit_bias),
+                 frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+                 repetition_penalty=repetition_penalty)
     allowed = None
     if mask is not None:
         bits = np.unpackbits(np.frombuffer(mask, np.uint8), bitorder="little")  # bit t of word t/32 = token t
         allowed = bits[: logits.size].astype(bool)
-    logits = sm.process(logits, allowed=allowed)                          # [V] float64
+    counts = np.bincount(np.asarray(output_ids, np.int64), minlength=logits.size) if len(output_ids) else None
+    logits = sm.process(logits, counts, prompt_ids, allowed=allowed)      # [V] float64
     if temperature == 0.0:
-        return int(np.argmax(logits))
-    p = sm.probs(logits)                                                  # [V]
-    cdf = np.cumsum(p)
-    u = uniform(seed, sample_index)
-    return int(min(np.searchsorted(cdf, u * cdf[-1], side="right"), p.size - 1))
+        tok = int(np.argmax(logits))
+    else:
+        p = sm.probs(logits)                                              # [V]
+        cdf = np.cumsum(p)
+        u = uniform(seed, sample_index)
+        tok = int(min(np.searchsorted(cdf, u * cdf[-1], side="right"), p.size - 1))
+    if logprobs is None:
+        return tok
+    lsm, top = Sampler.logprobs(logits, logprobs)                         # [V], [k]
+    return tok, (float(lsm[tok]), [(int(t), float(lsm[t])) for t in top])
 
 
 class ReferenceRunner:
@@ -75,7 +86,9 @@ class ReferenceRunner:
             blk[:, :, p % bs] = kv[:, :, i]
 
     def execute_sync(self, batch: StepBatch) -> list[int]:
-        m, out = self.model, []
+        if batch.steps > 1:
+            raise ValueError("the reference runner runs single steps (max_steps = 1)")
+        m, out, lps = self.model, [], []
         for c in batch.chunks:
             past = self._gather(c.block_table, c.start_pos)                # [2, L, S, Hkv, hd]
             m.k_cache, m.v_cache = list(past[0]), list(past[1])
@@ -84,10 +97,16 @@ class ReferenceRunner:
                             np.stack([v[c.start_pos:] for v in m.v_cache])])  # [2, L, T, Hkv, hd]
             self._scatter(c.block_table, c.start_pos, new)
             if c.sample:
-                out.append(sample(logits[-1], c.temperature, c.top_p, c.top_k, c.seed, c.sample_index,
-                                  min_p=c.min_p, logit_bias=c.logit_bias, mask=c.mask))
+                hist, n_p = c.history or [], c.num_prompt
+                r = sample(logits[-1], c.temperature, c.top_p, c.top_k, c.seed, c.sample_index, min_p=c.min_p,
+                           logit_bias=c.logit_bias, mask=c.mask, frequency_penalty=c.frequency_penalty,
+                           presence_penalty=c.presence_penalty, repetition_penalty=c.repetition_penalty,
+                           prompt_ids=hist[:n_p], output_ids=hist[n_p:n_p + c.sample_index], logprobs=c.logprobs)
+                tok, lp = r if c.logprobs is not None else (r, None)
+                out.append(tok)
+                lps.append(lp)
         m.reset()
-        return out
+        return Sampled(out, lps) if any(lp is not None for lp in lps) else out
 
     async def execute(self, batch: StepBatch) -> list[int]:
         if self.in_thread:  # keep the server's event loop answering while numpy works
