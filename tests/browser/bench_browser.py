@@ -1,5 +1,6 @@
 """Browser load and generation timings for a built site (not a test): cold visit, warm (second) visit, then a
-device loss and the rebuild (pipelines precompiled with createComputePipelineAsync from the recorded sources).
+device loss and the rebuild (pipelines precompiled with createComputePipelineAsync from the recorded sources);
+the warm visit with decode blocks of 8 (the default) and with single steps.
 
 Run: XDG_RUNTIME_DIR=/tmp/xdg python -m tests.browser.bench_browser SITE_DIR [max_tokens]
 Prints one JSON line per phase: load timings (JS + Python split) and the chat's stats (TTFT, decode tok/s,
@@ -14,10 +15,10 @@ from pathlib import Path
 
 from .conftest import ARGS, CHROMIUM, SiteServer
 
-RUN = """async ([url, n, lose]) => {
+RUN = """async ([url, n, lose, block]) => {
     const w = await import("./webinfer.js");
     const t0 = performance.now();
-    const engine = await w.load(url);
+    const engine = await w.load(url, {decodeBlock: block});
     const loadMs = performance.now() - t0;
     const messages = [{role: "user", content: "What is the capital of France?"}];
     const chat = async () => {
@@ -43,9 +44,11 @@ def main(site: Path, n: int) -> None:
         ctx.set_default_timeout(600_000)
         page = ctx.new_page()
         page.goto(srv.url + "index.html")
-        for phase, lose in (("cold", False), ("warm", True)):
-            r = page.evaluate(RUN, [m["manifest"], n, lose])
-            print(json.dumps({"phase": phase, **r}), flush=True)
+        # decode blocks of 8 (the default) and single steps on the warm page, same run
+        for phase, lose, block in (("cold", False, 8), ("warm", False, 8), ("warm-single-steps", False, 1),
+                                   ("warm-device-loss", True, 8)):
+            r = page.evaluate(RUN, [m["manifest"], n, lose, block])
+            print(json.dumps({"phase": phase, "decode_block": block, **r}), flush=True)
             page.reload()
         ctx.close()
     srv.stop()
