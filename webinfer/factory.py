@@ -12,7 +12,7 @@ A package path is opened (and verified) with Package.open; a Package object is u
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from webinfer.api import LLM, Limits
 from webinfer.engine.engine import AsyncEngine
@@ -35,7 +35,8 @@ class EngineOptions:
     max_model_len: int | None = None # longest single request (default: the model's context)
     kv_f16: bool = False
     enable_prefix_caching: bool = True
-    speculative: str | None = None   # "prompt-lookup": requests verify up to speculative_tokens proposals a step
+    speculative: str | None = None   # "prompt-lookup", or a draft model's package path (native backend): requests
+                                     # verify up to speculative_tokens proposals a step
     speculative_tokens: int = 4       # the default per request when speculative is on (a request may override)
     cpu_mode: str = "exact"           # backend "cpu": f32 activations (exact) or int8 ones (fast)
     decode_block: int = 8             # decode steps run on the GPU per read-back when all requests decode (1: off)
@@ -94,20 +95,42 @@ async def load(package, *, backend: str = "native", runner=None, device=None, op
             else:
                 raise WebinferError(f"unknown backend {backend!r}: one of {', '.join(BACKENDS)}, or pass a runner")
         runner = await load_gpu_runner(pkg, device, opts)
-    return llm_for(pkg, runner, opts, limits, name)
+    proposer = None
+    if opts.speculative not in (None, "prompt-lookup"):
+        proposer = await load_draft(pkg, opts, device)
+    return llm_for(pkg, runner, opts, limits, name, proposer=proposer)
+
+
+async def load_draft(target: Package, opts: EngineOptions, device):
+    """speculative = a draft package: its GPU runner on the target's device, as a DraftModel proposer."""
+    from webinfer.engine.speculative import DraftModel
+
+    if device is None:
+        raise WebinferError("a draft model needs a GPU device (the native backend)")
+    draft = opts.speculative if isinstance(opts.speculative, Package) else Package.open(opts.speculative)
+    a, b = (p.tokenizer_json() for p in (target, draft))
+    if (a.get("model"), a.get("added_tokens")) != (b.get("model"), b.get("added_tokens")) \
+            or draft.config.vocab_size != target.config.vocab_size:
+        raise WebinferError(f"draft model {draft.name!r}: its tokenizer differs from {target.name!r}'s; speculative "
+                            f"decoding needs the same vocabulary")
+    dopts = replace(opts, speculative=None, max_seqs=opts.max_seqs, decode_block=max(opts.speculative_tokens, 2))
+    return DraftModel(await load_gpu_runner(draft, device, dopts))
 
 
 def llm_for(pkg: Package, runner, opts: EngineOptions | None = None, limits: Limits | None = None,
-            name: str | None = None) -> LLM:
-    """The engine, tokenizer and prompt builder of `pkg` over a loaded runner."""
+            name: str | None = None, proposer=None) -> LLM:
+    """The engine, tokenizer and prompt builder of `pkg` over a loaded runner. proposer: a loaded draft model
+    (load_draft) when opts.speculative names one."""
     opts = opts or EngineOptions()
     tok = Tokenizer.from_json(pkg.tokenizer_json())
-    if opts.speculative not in (None, "prompt-lookup"):
-        raise WebinferError(f"unknown speculative method {opts.speculative!r}: prompt-lookup")
+    if opts.speculative not in (None, "prompt-lookup") and proposer is None:
+        raise WebinferError(f"speculative {opts.speculative!r}: prompt-lookup, or a draft package on a GPU backend")
+    if opts.speculative == "prompt-lookup":
+        proposer = PromptLookup()
     engine = AsyncEngine(runner, eos_ids=pkg.config.eos_token_ids,
                          max_num_batched_tokens=min(opts.max_batch_tokens, getattr(runner, "max_tokens", 1 << 30)),
                          max_num_seqs=opts.max_seqs, enable_prefix_caching=opts.enable_prefix_caching,
-                         proposer=PromptLookup() if opts.speculative else None, decode_block=opts.decode_block)
+                         proposer=proposer, decode_block=opts.decode_block)
     return LLM(engine, tok, Prompter.for_package(pkg, tok), name or pkg.name or "webinfer", limits,
                speculative_tokens=opts.speculative_tokens if opts.speculative else 0)
 

@@ -82,6 +82,7 @@ class AsyncEngine:
         self._task: asyncio.Task | None = None
         self.steps = 0
         self.blocks = 0                # decode blocks run (each batch.steps steps)
+        self.proposer_errors = 0       # proposer failures (the step went on without proposals)
         self.tokens_generated = 0
         self.requests_aborted = 0
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) of recent steps, for tokens/s
@@ -173,7 +174,7 @@ class AsyncEngine:
                 await self._wake.wait()
                 continue
             if self.proposer is not None:
-                self._propose()
+                await self._propose()
             batch = self.scheduler.schedule(self.decode_block)
             if not batch.chunks:
                 await asyncio.sleep(0)
@@ -206,12 +207,25 @@ class AsyncEngine:
                 self._recent.popleft()
             await asyncio.sleep(0)  # let consumers and new arrivals in between steps
 
-    def _propose(self) -> None:
-        """Give each decoding request that asked for it this step's speculative proposals."""
-        for req in self.scheduler.running:
-            k = req.params.speculative_tokens
-            if k and req.num_tokens - req.num_computed_tokens == 1:
-                req.proposal = self.proposer.propose(req, k)
+    async def _propose(self) -> None:
+        """Give each decoding request that asked for it this step's speculative proposals (a proposer with
+        propose_batch, e.g. a draft model, is asked once for all of them)."""
+        wants = [(r, r.params.speculative_tokens) for r in self.scheduler.running
+                 if r.params.speculative_tokens and r.num_tokens - r.num_computed_tokens == 1
+                 and r.matcher is None and not r.params.penalized]
+        if not wants:
+            return
+        if hasattr(self.proposer, "propose_batch"):
+            try:
+                got = await self.proposer.propose_batch(wants)
+            except Exception:  # a failing draft must not fail the target's requests: decode without proposals
+                self.proposer_errors += 1
+                return
+            for r, _ in wants:
+                r.proposal = got.get(r.request_id, [])
+        else:
+            for r, k in wants:
+                r.proposal = self.proposer.propose(r, k)
 
     def _emit(self, outs, now: float) -> None:
         for o in outs:

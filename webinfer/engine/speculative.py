@@ -74,3 +74,88 @@ class PromptLookup:
             if at is not None:
                 return toks[at:at + st.k]
         return []
+
+
+class DraftModel:
+    """Proposals from a second, smaller model with the same tokenizer, run on its own runner (the same device as
+    the target in practice) with its own paged KV cache.
+
+    Per step, for the requests that want proposals, two batched draft runs: a catch-up chunk per request (the
+    tokens the draft has no KV for: the prompt at first, then the target's accepted tokens; its greedy sample is
+    proposal 1), then a decode block of k - 1 greedy steps (proposals 2..k, one read-back). The draft remembers
+    which tokens its KV holds; after verification its KV is valid up to the longest common prefix with the
+    request's tokens, so rejected proposals are simply recomputed over. A request the draft cannot hold (its
+    pool is full, or it is longer than the draft's context) gets no proposals: the target decodes it as usual.
+    Greedy draft proposals are verified by the target's own sampling (scheduler.py), so the output is the target's
+    exactly, whatever the draft proposes."""
+
+    def __init__(self, runner, max_batch_tokens: int | None = None):
+        from webinfer.engine.kv_cache import KVCacheManager
+
+        self.runner = runner
+        self.kv = KVCacheManager(runner.num_blocks, runner.block_size, enable_prefix_caching=False)
+        self.max_tokens = max_batch_tokens or getattr(runner, "max_tokens", 256)
+        self.max_rows = getattr(runner, "max_seqs", 16)
+        self.fed: dict[int, list[int]] = {}   # request id -> the tokens whose KV the draft holds, in order
+        self.steps = 0
+
+    def forget(self, request_id: int) -> None:
+        self.fed.pop(request_id, None)
+        self.kv.free(request_id)
+
+    async def propose_batch(self, wants: list) -> dict[int, list[int]]:
+        """wants: [(request, k)] -> {request id: up to k proposed ids}."""
+        from webinfer.engine.batch import SeqChunk, StepBatch
+
+        jobs = []  # (request id, tokens, start, k)
+        budget = self.max_tokens
+        wants = wants[: self.max_rows]
+        # one decode block serves every request: each needs KV room (and context) for the longest proposal
+        k_max = min(max((k for _, k in wants), default=0), getattr(self.runner, "max_steps", 1) + 1)
+        for req, k in wants:
+            toks, rid = req.all_token_ids, req.request_id
+            fed = self.fed.get(rid, [])
+            common = 0
+            for a, b in zip(fed, toks):
+                if a != b:
+                    break
+                common += 1
+            common = min(common, len(toks) - 1)  # feed at least the last token: its logits give proposal 1
+            if (len(toks) + k_max - 1 > self.runner.max_model_len or len(toks) - common > budget
+                    or not self.kv.allocate(rid, len(toks) + k_max - 1)):
+                continue
+            k = min(k, k_max)
+            budget -= len(toks) - common
+            self.fed[rid] = toks[:common]
+            jobs.append((rid, toks, common, k))
+        if not jobs:
+            return {}
+        try:
+            return await self._run(jobs)
+        except BaseException:  # the draft's KV is unknown after a failed step: start those requests afresh
+            for rid, *_ in jobs:
+                self.forget(rid)
+            raise
+
+    async def _run(self, jobs) -> dict[int, list[int]]:
+        from webinfer.engine.batch import SeqChunk, StepBatch
+
+        catch_up = StepBatch([SeqChunk(rid, toks[start:], start, list(self.kv.block_table(rid)), True)
+                              for rid, toks, start, _ in jobs])
+        first = list(await self.runner.execute(catch_up))
+        self.steps += 1
+        out = {rid: [t] for (rid, *_), t in zip(jobs, first)}
+        for rid, toks, _, _ in jobs:
+            self.fed[rid] = list(toks)
+        steps = max(k for *_, k in jobs) - 1
+        if steps > 0:
+            block = StepBatch([SeqChunk(rid, [out[rid][0]], len(toks), list(self.kv.block_table(rid)), True)
+                               for rid, toks, _, _ in jobs], steps=steps)
+            ids = list(await self.runner.execute(block))
+            self.steps += steps
+            n = len(jobs)
+            for i, (rid, toks, _, k) in enumerate(jobs):
+                more = ids[i::n]
+                self.fed[rid] = list(toks) + [out[rid][0]] + more[:-1]  # the block fed p1 .. p_{steps}
+                out[rid] = (out[rid] + more)[:k]
+        return out

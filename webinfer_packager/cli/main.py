@@ -37,8 +37,10 @@ def _add_backend(p: argparse.ArgumentParser, default: str) -> None:
                         f"or auto (native if an adapter exists; default {default})")
     p.add_argument("--cpu-mode", choices=["exact", "fast"], default="exact",
                    help="--backend cpu: f32 activations (exact) or int8 activations (fast)")
-    p.add_argument("--speculative", choices=["prompt-lookup"], default=None,
-                   help="speculative decoding: verify proposed tokens (same output, fewer steps when text repeats)")
+    p.add_argument("--speculative", default=None, metavar="prompt-lookup|DRAFT_PACKAGE",
+                   help="speculative decoding: verify proposed tokens, from prompt lookup (fewer steps when the text "
+                        "repeats its context) or from a smaller draft package with the same tokenizer (native "
+                        "backend); the output is the same as without")
     p.add_argument("--speculative-tokens", type=int, default=4, help="proposals verified per step (default 4)")
     p.add_argument("--decode-block", type=int, default=8,
                    help="decode steps the GPU runs per read-back while every request decodes (1: off; default 8)")
