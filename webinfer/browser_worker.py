@@ -151,6 +151,8 @@ class PageWorker:
         llm, rebuilt = await self.ensure_llm()
         runner = llm.engine.runner
         host_ms0, steps0 = getattr(runner, "host_ms", 0.0), llm.engine.steps
+        dev = self.device if self.backend == "webgpu" else None
+        dev0 = dict(dev.time_ms) if dev is not None else {}
         prompt_ids = req.pop("prompt_ids", None)
         req["stream"] = True
         if prompt_ids:
@@ -186,12 +188,26 @@ class PageWorker:
         usage = (last or {}).get("usage") or {}
         tpot = usage.get("time_per_output_token_s")
         steps = llm.engine.steps - steps0
+        split = None
+        if dev is not None and len(ids) > 1 and tpot:
+            # per decoded token (prefill included: the split is over the whole request): Python recording the
+            # steps, the JS FFI encode + submit, waiting for read-backs (map latency and GPU time, which SwiftShader
+            # cannot tell apart without timestamp queries), and the rest (event loop, worker messages)
+            d = {k: dev.time_ms[k] - dev0.get(k, 0.0) for k in ("submit", "read_wait")}
+            host = getattr(runner, "host_ms", 0.0) - host_ms0
+            n = len(ids)
+            wall = (usage["ttft_s"] + tpot * (n - 1)) * 1e3
+            split = {"wall_ms": wall / n, "python_ms": (host - d["submit"]) / n, "js_submit_ms": d["submit"] / n,
+                     "read_wait_ms": d["read_wait"] / n}
+            split["other_ms"] = max(0.0, split["wall_ms"] - split["python_ms"] - split["js_submit_ms"]
+                                    - split["read_wait_ms"])
         return {"id": (last or {}).get("id"), "token_ids": ids, "completion_tokens": len(ids),
                 "prompt_tokens": usage.get("prompt_tokens"), "stopped": stopped,
                 "ttft_ms": usage["ttft_s"] * 1e3 if usage.get("ttft_s") is not None else None,
                 "decode_tok_s": 1.0 / tpot if tpot else 0.0,
                 "host_ms_per_step": (getattr(runner, "host_ms", 0.0) - host_ms0) / steps if steps else 0.0,
-                "engine_steps": steps, "engine": llm.engine.stats(), "rebuild_timings": rebuilt}
+                "engine_steps": steps, "engine": llm.engine.stats(), "rebuild_timings": rebuilt,
+                "per_token": split}
 
     async def selftest(self, name: str, spec_json: str) -> dict:
         return await selftests.run(await self.get_device(), name, spec_json)

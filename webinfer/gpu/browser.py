@@ -110,7 +110,10 @@ class BrowserDevice(Device):
         self._destroyed = False
         self._timing: dict[int, tuple] = {}
         # host time spent in the calls that dominate an engine build (reported by the page's load timings)
-        self.time_ms = {"create_buffer": 0.0, "write_buffer": 0.0, "create_pipeline": 0.0}
+        # and in the calls of a step: encoding through the JS FFI + queue.submit, and waiting for a read-back (map
+        # latency + the GPU's time), split out per token by the page's stats (browser_worker.chat)
+        self.time_ms = {"create_buffer": 0.0, "write_buffer": 0.0, "create_pipeline": 0.0, "submit": 0.0,
+                        "read_wait": 0.0}
 
         def on_error(event):
             self._errors.append(str(event.error.message))
@@ -183,6 +186,13 @@ class BrowserDevice(Device):
 
     # ----------------------------------------------------------------- execution
     def submit(self, commands: Commands) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._submit(commands)
+        finally:
+            self.time_ms["submit"] += (time.perf_counter() - t0) * 1e3
+
+    def _submit(self, commands: Commands) -> None:
         if self._lost_reason is not None:
             raise DeviceLostError(f"the GPU device was lost ({self._lost_reason}); the engine will be rebuilt")
         enc = self.device.createCommandEncoder()
@@ -229,11 +239,14 @@ class BrowserDevice(Device):
             enc = self.device.createCommandEncoder()
             enc.copyBufferToBuffer(buffer, o0, staging, 0, n)
             self.queue.submit(self._js.Array.of(enc.finish()))
+            t0 = time.perf_counter()
             try:
                 await staging.mapAsync(_MAP_MODE_READ)
             except Exception as e:
                 self._check()
                 raise GPUError(f"reading back {n} bytes failed: {e}") from e
+            finally:
+                self.time_ms["read_wait"] += (time.perf_counter() - t0) * 1e3
             self._check()
             out = bytearray(n)
             self._js.Uint8Array.new(staging.getMappedRange()).assign_to(out)
