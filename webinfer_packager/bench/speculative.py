@@ -3,7 +3,10 @@ rate and decode tokens/s on a prompt whose answer quotes its input, a code edit,
 rarely match and the adaptive length should keep the cost small). The outputs must be identical; the bench says
 so for each prompt.
 
-    python -m webinfer_packager.bench.speculative [PACKAGE] [--max-tokens 96] [--tokens 4]
+    python -m webinfer_packager.bench.speculative [PACKAGE] [--max-tokens 96] [--tokens 4] [--draft DRAFT_PACKAGE]
+
+--draft: proposals from a draft model (a smaller package with the same tokenizer) instead of prompt lookup.
+The plain side runs with the engine's defaults (decode blocks on), the speculative side verifies every step.
 """
 
 from __future__ import annotations
@@ -38,14 +41,16 @@ async def _one(llm, messages, max_tokens: int) -> dict:
             "steps": None}
 
 
-def bench_speculative(package, device=None, max_tokens: int = 96, tokens: int = 4, reps: int = 2) -> dict:
-    """{prompt: {plain, speculative, speedup, acceptance, identical}} measured alternately in one process."""
+def bench_speculative(package, device=None, max_tokens: int = 96, tokens: int = 4, reps: int = 2,
+                      method: str = "prompt-lookup") -> dict:
+    """{prompt: {plain, speculative, speedup, acceptance, identical}} measured alternately in one process.
+    method: "prompt-lookup" or a draft package's path."""
     from webinfer.factory import EngineOptions, load
 
     base = EngineOptions(context_tokens=2048, max_seqs=1)
     plain = asyncio.run(load(package, device=device, options=base))
     spec = asyncio.run(load(package, device=plain.engine.runner.device,
-                            options=EngineOptions(context_tokens=2048, max_seqs=1, speculative="prompt-lookup",
+                            options=EngineOptions(context_tokens=2048, max_seqs=1, speculative=str(method),
                                                   speculative_tokens=tokens)))
     from webinfer.errors import ContextOverflowError
 
@@ -75,7 +80,8 @@ def bench_speculative(package, device=None, max_tokens: int = 96, tokens: int = 
             "proposed": s["proposed"], "accepted": s["accepted"],
             "acceptance": round(s["accepted"] / s["proposed"], 3) if s["proposed"] else None,
         }
-    return {"speculative_tokens": tokens, "max_tokens": max_tokens, "reps": reps, "prompts": out}
+    return {"method": str(method), "speculative_tokens": tokens, "max_tokens": max_tokens, "reps": reps,
+            "prompts": out}
 
 
 if __name__ == "__main__":
@@ -87,7 +93,8 @@ if __name__ == "__main__":
     ap.add_argument("package", nargs="?")
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--tokens", type=int, default=4)
+    ap.add_argument("--draft", default=None, help="a draft package (same tokenizer) instead of prompt lookup")
     a = ap.parse_args()
-    json.dump(bench_speculative(resolve_package(a.package), max_tokens=a.max_tokens, tokens=a.tokens), sys.stdout,
-              indent=1)
+    json.dump(bench_speculative(resolve_package(a.package), max_tokens=a.max_tokens, tokens=a.tokens,
+                                method=a.draft or "prompt-lookup"), sys.stdout, indent=1)
     print()
