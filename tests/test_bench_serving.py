@@ -175,6 +175,8 @@ def test_quick_run_on_native_engine(tiny_package):
 
     m = res["mixed"]
     assert m["requests"] == 4 and m["output_tokens"] > 0 and m["output_tok_s"] > 0
-    for key in ("ttft", "tpot", "itl"):
+    for key in ("ttft", "tpot"):
         assert m[key]["p99_ms"] >= m[key]["p50_ms"] > 0
+    # tokens of one decode block arrive together: most gaps are 0, the block boundaries carry the time
+    assert m["itl"]["p99_ms"] > 0 and m["itl"]["p99_ms"] >= m["itl"]["p50_ms"] >= 0
     assert m["kv_blocks_used"] > 0

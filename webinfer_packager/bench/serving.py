@@ -15,7 +15,8 @@ Sections of the result (every one carries its own context: requests, tokens, KV 
                    TTFT, TPOT and ITL at p50/p99 and total throughput.
 
 Times are wall-clock on the host (`time.perf_counter`), taken where a consumer of generate() receives a token,
-except TTFT, which the engine itself stamps (RequestOutput.ttft_s); inter-token gaps are the consumer's stamps.
+except TTFT, which the engine itself stamps (RequestOutput.ttft_s); inter-token gaps are the consumer's stamps (the
+tokens of one decode block arrive together, so with blocks most gaps are 0 and the block boundaries carry the time).
 Outputs use ignore_eos so every request produces exactly max_tokens tokens: lengths, not the model's whims,
 decide the work. Prompts are slices of a fixed English text, each behind a distinct tag so no two requests
 share a prefix block unless a section wants them to.
