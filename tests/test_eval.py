@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -81,7 +82,7 @@ def test_eval_gemma3_270m_against_transformers(gemma_package, gemma_gguf, capsys
     from webinfer.tokenizer import Tokenizer
 
     torch.set_num_threads(1)
-    text = open(EVAL_TEXT, encoding="utf-8").read()
+    text = Path(EVAL_TEXT).read_text(encoding="utf-8")
     pkg = Package.open(gemma_package)
     ids = Prompter.for_package(pkg, Tokenizer.from_json(pkg.tokenizer_json())).text_ids(text)  # what eval scores
     hf_tok = AutoTokenizer.from_pretrained(str(gemma_gguf.parent), gguf_file=gemma_gguf.name)
