@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from webinfer_packager.cli.main import main
 from webinfer_packager.cli.eval import windows
+from webinfer_packager.cli.main import main
 
 EVAL_TEXT = "examples/data/eval.txt"
 
