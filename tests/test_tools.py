@@ -258,3 +258,21 @@ def test_n_choices_are_seeded_share_the_prompt_and_count_it_once(stream):
         assert many["choices"][0]["token_ids"] == one["choices"][0]["token_ids"]  # choice 0 keeps the seed
         await llm.engine.close()
     asyncio.run(main())
+
+
+def test_smollm2_forced_call_reads_the_question(smollm2_package):
+    """A real model under the call grammar: greedy, one call, the arguments taken from the question."""
+    from webinfer_packager.cli.backend import open_llm
+
+    llm = open_llm(smollm2_package, "reference")
+    llm.prompter.chat_template = HERMES_T  # SmolLM2's own template has no tools
+    schema = {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+              "required": ["city", "unit"], "additionalProperties": False}
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
+                                               "parameters": schema}}]
+    r = _chat(llm, messages=[{"role": "user", "content": "What is the weather in Paris, in celsius?"}], tools=tools,
+              tool_choice="required", parallel_tool_calls=False, max_tokens=60, temperature=0)
+    c = r["choices"][0]
+    assert c["finish_reason"] == "tool_calls", c
+    _check_calls(c["message"]["tool_calls"], tools)
+    assert json.loads(c["message"]["tool_calls"][0]["function"]["arguments"]) == {"city": "Paris", "unit": "celsius"}

@@ -545,7 +545,9 @@ def tool_call_grammar(tools: list, begin: str = "<tool_call>\n", end: str = "\n<
     c = _Compiler(schema, where)
     one = seq(literal(begin), c.ws, c.rule(schema, where), c.ws, literal(end)) if begin or end else c.rule(schema, where)
     more = rep(seq(c.ws, literal(sep), c.ws, one) if sep else seq(c.ws, one), 0, None) if parallel else EMPTY
-    c.rules["root"] = seq(c.ws, one, more, c.ws)
+    # nothing after the last call: the model's next token is its end of turn (trailing white space would let a
+    # model that wants another call, but may not make one, pad with blanks up to max_tokens)
+    c.rules["root"] = seq(c.ws, one, more)
     return Grammar(c.rules, "root", where)
 
 
