@@ -112,6 +112,8 @@ def test_template_without_tools_is_a_400_naming_tools(tiny):
         with pytest.raises(InvalidRequestError) as e:
             _chat(llm, tool_choice=choice, max_tokens=4)
         assert e.value.param == "tools"
+    r = _chat(llm, tools=None, tool_choice="auto", max_tokens=2)  # no tools: nothing to refuse
+    assert "tool_calls" not in r["choices"][0]["message"]
 
 
 @pytest.mark.parametrize("req, param", [

@@ -301,7 +301,7 @@ class LLM:
 
     def tool_format(self, r: ParsedRequest):
         """The tool-call format to parse the reply with (None: no tool calls in this request)."""
-        if r.tool_choice == "none":
+        if r.tool_choice == "none" or not r.tools:
             return None
         fmt = template_format(self.prompter.chat_template)
         if fmt is None:
