@@ -278,3 +278,21 @@ def test_smollm2_forced_call_reads_the_question(smollm2_package):
     assert c["finish_reason"] == "tool_calls", c
     _check_calls(c["message"]["tool_calls"], tools)
     assert json.loads(c["message"]["tool_calls"][0]["function"]["arguments"]) == {"city": "Paris", "unit": "celsius"}
+
+
+def test_leaving_an_n_stream_early_aborts_every_choice():
+    async def main():
+        llm = fake_llm(FakeRunner(64, 4, 256, vocab=VOCAB, delay_s=0.001), VOCAB, EOS, T)
+        it = await llm.chat.completions.create(messages=[{"role": "user", "content": "go on"}], max_tokens=50,
+                                               temperature=0.8, n=3, ignore_eos=True, stream=True)
+        seen = set()
+        async for c in it:
+            seen |= {ch["index"] for ch in c["choices"]}
+            if len(seen) == 3:
+                break
+        await it.aclose()
+        s = llm.engine.scheduler
+        assert not s.has_work() and llm.engine.requests_aborted == 3
+        assert s.kv.pool.num_free == s.kv.pool.num_usable  # every block back (cached ones are reusable)
+        await llm.engine.close()
+    asyncio.run(main())
