@@ -296,3 +296,19 @@ def test_leaving_an_n_stream_early_aborts_every_choice():
         assert s.kv.pool.num_free == s.kv.pool.num_usable  # every block back (cached ones are reusable)
         await llm.engine.close()
     asyncio.run(main())
+
+
+@pytest.mark.gpu
+def test_native_n_choices_equal_their_runs_alone(tiny, gpu):
+    """On the GPU engine, batched with each other, constrained and not: choice i == one request with its seed."""
+    from webinfer_packager.cli.backend import open_llm
+
+    llm = open_llm(tiny, "native", device=gpu)
+    for req in ({"max_tokens": 8, "temperature": 0.9, "seed": 4, "ignore_eos": True},
+                {"max_tokens": 12, "temperature": 1.0, "seed": 2, "response_format": {"type": "regex",
+                                                                                      "regex": "[a-z]{2,5} (yes|no)"}}):
+        many = asyncio.run(llm.completions.create(prompt="hello there", n=3, **req))["choices"]
+        for i, c in enumerate(many):
+            alone = asyncio.run(llm.completions.create(prompt="hello there", **{**req, "seed": choice_seed(req["seed"], i)}))
+            assert c["token_ids"] == alone["choices"][0]["token_ids"], (req, i)
+        assert len({tuple(c["token_ids"]) for c in many}) == 3
