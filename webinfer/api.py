@@ -11,6 +11,11 @@ request fields into a prompt and SamplingParams for every front end. Every field
 honoured or, when it asks for something not implemented, refused with InvalidRequestError naming it; an unknown
 field is refused too. Nothing runs before the whole request is checked.
 
+Chat requests take `tools` / `tool_choice` / `parallel_tool_calls` (webinfer/tool_calls.py: the template's call
+format, parsed into message.tool_calls and streamed as delta.tool_calls; forced calls through the grammar engine),
+and both endpoints take `n` (choices share the prompt's KV blocks; choice i's seed is choice_seed(seed, i)).
+docs/api.md lists every field.
+
 Results are plain dicts shaped like OpenAI's, plus extensions: `usage.ttft_s`, `usage.time_per_output_token_s`,
 the produced ids in `choices[i]["token_ids"]` and the prompt's ids in `prompt_token_ids` (non-streaming result, and
 the first chunk of a stream).
