@@ -28,6 +28,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import re
 import sys
 import time
 import uuid
@@ -82,6 +83,11 @@ def _num(name: str, v, lo, hi, integer=False):
     return v
 
 
+# Names and ids a template may write as its own text (outside the content spans marked untrusted): nothing that
+# could spell a control token
+_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+
+
 def _text(content, where: str) -> str:
     """A message's content: a string, or OpenAI's list of {"type": "text", "text": ...} parts (joined)."""
     if isinstance(content, str):
@@ -100,10 +106,12 @@ def _tool_calls(calls, where: str) -> list[dict]:
     out = []
     for j, c in enumerate(calls):
         fn = c.get("function") if isinstance(c, dict) else None
-        if not (isinstance(fn, dict) and isinstance(fn.get("name"), str) and isinstance(fn.get("arguments"), str)
-                and c.get("type", "function") == "function" and isinstance(c.get("id", ""), str)):
+        if not (isinstance(fn, dict) and isinstance(fn.get("name"), str) and _ID.match(fn["name"])
+                and isinstance(fn.get("arguments"), str) and c.get("type", "function") == "function"
+                and isinstance(c.get("id", "x"), str) and _ID.match(c.get("id", "x"))):
             raise InvalidRequestError(f"{where}[{j}]", "must be {\"id\": str, \"type\": \"function\", "
-                                                       "\"function\": {\"name\": str, \"arguments\": str}}")
+                                                       "\"function\": {\"name\": str, \"arguments\": str}} (id and "
+                                                       "name: letters, digits, _ . : -)")
         try:
             args = json.loads(fn["arguments"])
         except ValueError:
@@ -135,10 +143,13 @@ def check_messages(messages, limits: Limits) -> list[dict]:
         else:
             msg["content"] = _text(m.get("content"), f"messages[{i}].content")
         if role == "tool":
-            if not isinstance(m.get("tool_call_id"), str):
-                raise InvalidRequestError(f"messages[{i}].tool_call_id", "a tool message needs the id of its call")
+            if not (isinstance(m.get("tool_call_id"), str) and _ID.match(m["tool_call_id"])):
+                raise InvalidRequestError(f"messages[{i}].tool_call_id", "a tool message needs the id of its call "
+                                                                         "(letters, digits, _ . : -)")
             msg["tool_call_id"] = m["tool_call_id"]
-        if isinstance(m.get("name"), str):
+        if m.get("name") is not None:
+            if not (isinstance(m["name"], str) and _ID.match(m["name"])):
+                raise InvalidRequestError(f"messages[{i}].name", "must be 1-128 letters, digits, _ . : -")
             msg["name"] = m["name"]
         n = len(msg["content"] or "")
         if n > limits.max_message_chars:

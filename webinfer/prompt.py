@@ -62,7 +62,7 @@ class Prompter:
             if self.render_chat(messages, tools=tools) == self.render_chat(messages):
                 raise InvalidRequestError("tools", "this model's chat template does not support tools (it renders "
                                                    "the same prompt with and without them)")
-            self._check_tool_call_text(messages)
+        self._check_template_text(messages, tools)
         render_ = (lambda msgs: self.render_chat(msgs, tools=tools)) if tools else self.render_chat
         try:
             segments = chat_segments(render_, messages)
@@ -70,17 +70,18 @@ class Prompter:
             return list(self.tokenizer.encode(render_(messages), add_special_tokens=False))
         return list(self.tokenizer.encode_segments(segments, add_special_tokens=False))
 
-    def _check_tool_call_text(self, messages: list[dict]) -> None:
-        """Past tool calls' names and arguments are rendered by the template (with tojson), outside any content
+    def _check_template_text(self, messages: list[dict], tools: list | None) -> None:
+        """`tools` and past tool calls' arguments are rendered by the template (with tojson), outside any content
         span, so they are encoded as template text: refuse any that spell a special token (a forged turn)."""
         specials = [t for t in (self.tokenizer.id_to_token(i) for i in getattr(self.tokenizer, "special_ids", ()))
                     if t]
-        for i, m in enumerate(messages):
-            for j, c in enumerate(m.get("tool_calls") or ()):
-                text = json.dumps(c["function"], ensure_ascii=False)
-                if any(t in text for t in specials):
-                    raise InvalidRequestError(f"messages[{i}].tool_calls[{j}].function",
-                                              "spells a special token of the model")
+        texts = [(f"tools[{k}]", t) for k, t in enumerate(tools or ())]
+        texts += [(f"messages[{i}].tool_calls[{j}].function", c["function"])
+                  for i, m in enumerate(messages) for j, c in enumerate(m.get("tool_calls") or ())]
+        for where, obj in texts:
+            text = json.dumps(obj, ensure_ascii=False)
+            if any(t in text for t in specials):
+                raise InvalidRequestError(where, "spells a special token of the model")
 
     def prompt_ids(self, prompt) -> list[int]:
         """A completions `prompt`: text, or a list of token ids taken as they are."""
