@@ -116,7 +116,7 @@ def test_one_seed_same_tokens_on_every_backend(bos_package, gpu, capsys):
 
 
 @pytest.mark.parametrize("field, value", [
-    ("logprobs", "yes"), ("n", 2), ("response_format", "json"), ("frequency_penalty", 5), ("logit_bias", {"x": 1}),
+    ("logprobs", "yes"), ("n", 0), ("response_format", "json"), ("frequency_penalty", 5), ("logit_bias", {"x": 1}),
     ("tools", [{"type": "function", "function": {"name": "f"}}]), ("no_such_field", 1), ("stream_options", {"x": 1}),
 ])
 def test_unsupported_or_unknown_fields_are_refused_by_name(bos_package, field, value):

@@ -6,7 +6,8 @@
 //     out.textContent += chunk.choices[0].delta.content ?? "";
 //
 // The engine lives in a dedicated Web Worker (Pyodide + WebGPU); this module only passes messages, so the page
-// never blocks. Chunks have the OpenAI chat.completion.chunk shape.
+// never blocks. engine.chat.completions.create and engine.completions.create take the request objects of
+// OpenAI's API (as Python's LLM does: tools, n, response_format, ...) and return the same shapes.
 
 const ROOT = new URL("./", import.meta.url);
 let siteConfig = null;
@@ -111,28 +112,27 @@ class Engine {
     this.client = client;
     this.info = info;
     this.running = new Set();  // ids of this page's streams in flight (they run concurrently in one engine)
-    this.chat = { completions: { create: (req) => this.create(req) } };
+    this.chat = { completions: { create: (req) => this.create(req, "chat") } };
+    this.completions = { create: (req) => this.create(req, "completion") };
   }
-  // Streaming: an async iterator of chunks (breaking out of the loop stops that generation only). Otherwise a
-  // Promise of a chat.completion object assembled from the chunks. Calls may overlap: the worker's engine batches
-  // them, each stream keeps its own id. The iterator's `stats` holds the request's stats once it has ended.
-  create(request) {
-    const iter = this.stream(request);
-    if (request.stream) return iter;
-    return (async () => {
-      let text = "", last = null;
-      for await (const c of iter) { text += c.choices?.[0]?.delta?.content ?? ""; last = c; }
-      return { id: last?.id, object: "chat.completion", created: last?.created, model: last?.model,
-               choices: [{ index: 0, message: { role: "assistant", content: text },
-                           finish_reason: last?.choices?.[0]?.finish_reason ?? null }],
-               usage: last?.usage ?? null, webinfer: iter.stats };
-    })();
+  // The request objects and results of Python's LLM (webinfer/api.py), whose one mapping runs in the worker.
+  // Streaming: an async iterator of chunks (breaking out of the loop stops that generation only); its `stats` holds
+  // the request's stats once it has ended. Otherwise a Promise of the whole response: the dict Python's
+  // llm.chat.completions.create / llm.completions.create returns (choices with message.tool_calls, n choices,
+  // token_ids, usage, prompt_token_ids); engine.lastStats then holds its stats. Calls may overlap: the worker's
+  // engine batches them.
+  create(request, kind = "chat") {
+    if (request.stream) return this.stream(request, kind);
+    const { id, promise } = this.client.call("chat", { request, kind });
+    this.running.add(id);
+    return promise.then(({ response, stats }) => { this.lastStats = stats; return response; })
+      .finally(() => this.running.delete(id));
   }
-  stream(request) {
+  stream(request, kind = "chat") {
     const queue = [];
     let wake = null, finished = false, failure = null;
     const push = () => { if (wake) { wake(); wake = null; } };
-    const { id, promise } = this.client.call("chat", { request: { ...request, stream: true } },
+    const { id, promise } = this.client.call("chat", { request: { ...request, stream: true }, kind },
       { onChunk: (c) => { queue.push(c); push(); } });
     this.running.add(id);
     const self = this;
@@ -153,7 +153,8 @@ class Engine {
       .finally(() => { finished = true; this.running.delete(id); push(); });
     return iter;
   }
-  /** Stop every stream of this engine (each ends with finish_reason "abort" after its next chunk). */
+  /** Stop every request of this engine: a stream ends with finish_reason "abort" after its next chunk, a whole
+   * request rejects with an AbortError. */
   stop() { for (const id of this.running) this.client.stop(id); }
   /** Tests only: destroy the GPU device as a driver reset would; the next message rebuilds the engine. */
   _loseDeviceForTest() { return this.client.call("loseDevice").promise; }

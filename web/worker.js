@@ -5,7 +5,9 @@
 //   {id, type: "load", manifestUrl, sha256, engine} -> {type: "progress", ...}*, {type: "result", value}
 //                                            (engine: {backend: "webgpu" | "cpu" | "auto", speculative,
 //                                             speculative_tokens}; value.backend, value.backend_reason)
-//   {id, type: "chat", request}              -> {type: "chunk", chunk}*, {type: "result", value}
+//   {id, type: "chat", request, kind}        -> {type: "chunk", chunk}*, {type: "result", value}
+//                                            (kind: "chat" | "completion"; without request.stream no chunks and
+//                                             value = {response, stats})
 //   {type: "stop", target}                   (no reply: that chat is aborted after its next chunk; others go on)
 // Errors: {id, type: "error", name, message, details}.
 import { loadModelFiles } from "./loader.js";
@@ -65,7 +67,7 @@ async function chat(msg) {
   const emit = (s) => post({ id: msg.id, type: "chunk", chunk: JSON.parse(s) });
   const shouldStop = () => stops.has(msg.id);
   try {
-    return unwrap(await worker.chat(JSON.stringify(msg.request), emit, shouldStop));
+    return unwrap(await worker.chat(JSON.stringify(msg.request), emit, shouldStop, msg.kind || "chat"));
   } finally {
     stops.delete(msg.id);
   }

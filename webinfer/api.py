@@ -11,6 +11,11 @@ request fields into a prompt and SamplingParams for every front end. Every field
 honoured or, when it asks for something not implemented, refused with InvalidRequestError naming it; an unknown
 field is refused too. Nothing runs before the whole request is checked.
 
+Chat requests take `tools` / `tool_choice` / `parallel_tool_calls` (webinfer/tool_calls.py: the template's call
+format, parsed into message.tool_calls and streamed as delta.tool_calls; forced calls through the grammar engine),
+and both endpoints take `n` (choices share the prompt's KV blocks; choice i's seed is choice_seed(seed, i)).
+docs/api.md lists every field.
+
 Results are plain dicts shaped like OpenAI's, plus extensions: `usage.ttft_s`, `usage.time_per_output_token_s`,
 the produced ids in `choices[i]["token_ids"]` and the prompt's ids in `prompt_token_ids` (non-streaming result, and
 the first chunk of a stream).
@@ -19,6 +24,11 @@ the first chunk of a stream).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
+import hashlib
+import json
+import re
 import sys
 import time
 import uuid
@@ -28,6 +38,8 @@ from typing import Any, AsyncIterator
 from webinfer.engine.engine import AsyncEngine, RequestOutput
 from webinfer.engine.stopping import SamplingParams, TextStream, incremental_decoder
 from webinfer.errors import InvalidRequestError
+from webinfer.tool_calls import (ToolCallParser, call_grammar, check_tool_choice, check_tools, collect, delta_calls,
+                                 grammar_key, template_format)
 
 
 @dataclass
@@ -42,24 +54,23 @@ class Limits:
     temperature: tuple[float, float] = (0.0, 2.0)
     max_top_k: int = 1000
     max_speculative_tokens: int = 16
+    max_n: int = 16                 # choices per request
 
 
 # OpenAI request fields that ask for something not implemented: accepted only with their neutral values.
 _NEUTRAL: dict[str, tuple] = {
-    "n": (1,), "best_of": (1,), "echo": (False,), "suffix": ("",),
-    "tools": ([],), "tool_choice": ("none", "auto"),
+    "best_of": (1,), "echo": (False,), "suffix": ("",),
     "functions": ([],), "function_call": ("none", "auto"), "audio": (), "modalities": (["text"],),
     "prediction": (), "reasoning_effort": (), "verbosity": (), "web_search_options": (), "store": (False,),
     "service_tier": ("auto", "default"),
 }
 # Fields that change nothing about the output: identifiers and metadata (accepted with any value of their type).
-_INERT = {"model": str, "user": str, "safety_identifier": str, "prompt_cache_key": str, "metadata": dict,
-          "parallel_tool_calls": bool}
+_INERT = {"model": str, "user": str, "safety_identifier": str, "prompt_cache_key": str, "metadata": dict}
 _SAMPLING = ("max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop",
              "stop_token_ids", "ignore_eos", "stream", "stream_options", "speculative_tokens", "min_p", "logit_bias",
              "response_format", "frequency_penalty", "presence_penalty", "repetition_penalty", "logprobs",
-             "top_logprobs")
-CHAT_FIELDS = frozenset(("messages",) + _SAMPLING) | set(_NEUTRAL) | set(_INERT)
+             "top_logprobs", "n")
+CHAT_FIELDS = frozenset(("messages", "tools", "tool_choice", "parallel_tool_calls") + _SAMPLING) | set(_NEUTRAL) | set(_INERT)
 COMPLETION_FIELDS = frozenset(("prompt",) + _SAMPLING) | set(_NEUTRAL) | set(_INERT)
 
 
@@ -72,23 +83,82 @@ def _num(name: str, v, lo, hi, integer=False):
     return v
 
 
+# Names and ids a template may write as its own text (outside the content spans marked untrusted): nothing that
+# could spell a control token
+_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+
+
+def _text(content, where: str) -> str:
+    """A message's content: a string, or OpenAI's list of {"type": "text", "text": ...} parts (joined)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                                         for p in content):
+        return "".join(p["text"] for p in content)
+    raise InvalidRequestError(where, "must be a string or a list of {\"type\": \"text\", \"text\": str} parts")
+
+
+def _tool_calls(calls, where: str) -> list[dict]:
+    """An assistant message's tool_calls, with each arguments JSON string parsed (templates write them with tojson,
+    as transformers' and vLLM's callers pass them)."""
+    if not isinstance(calls, list) or not calls:
+        raise InvalidRequestError(where, "must be a non-empty list of {id, type: \"function\", function: {name, arguments}}")
+    out = []
+    for j, c in enumerate(calls):
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not (isinstance(fn, dict) and isinstance(fn.get("name"), str) and _ID.match(fn["name"])
+                and isinstance(fn.get("arguments"), str) and c.get("type", "function") == "function"
+                and isinstance(c.get("id", "x"), str) and _ID.match(c.get("id", "x"))):
+            raise InvalidRequestError(f"{where}[{j}]", "must be {\"id\": str, \"type\": \"function\", "
+                                                       "\"function\": {\"name\": str, \"arguments\": str}} (id and "
+                                                       "name: letters, digits, _ . : -)")
+        try:
+            args = json.loads(fn["arguments"])
+        except ValueError:
+            raise InvalidRequestError(f"{where}[{j}].function.arguments", "is not a JSON string") from None
+        out.append({"id": c.get("id", ""), "type": "function", "function": {"name": fn["name"], "arguments": args}})
+    return out
+
+
 def check_messages(messages, limits: Limits) -> list[dict]:
+    """Messages as OpenAI sends them -> what the chat template gets: roles system (developer is taken as system),
+    user, assistant (content may be null when it has tool_calls) and tool (with tool_call_id)."""
     if not isinstance(messages, list) or not messages:
         raise InvalidRequestError("messages", "must be a non-empty list of {role, content}")
     if len(messages) > limits.max_messages:
         raise InvalidRequestError("messages", f"at most {limits.max_messages} messages, got {len(messages)}")
-    total = 0
+    total, out = 0, []
     for i, m in enumerate(messages):
-        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str)):
             raise InvalidRequestError(f"messages[{i}]", "must be {\"role\": str, \"content\": str}")
-        if m["role"] not in ("system", "user", "assistant"):
-            raise InvalidRequestError(f"messages[{i}].role", f"must be system, user or assistant, got {m['role']!r}")
-        if len(m["content"]) > limits.max_message_chars:
+        role = "system" if m["role"] == "developer" else m["role"]
+        if role not in ("system", "user", "assistant", "tool"):
+            raise InvalidRequestError(f"messages[{i}].role", f"must be system, developer, user, assistant or tool, "
+                                                             f"got {m['role']!r}")
+        msg = {"role": role}
+        if role == "assistant" and m.get("tool_calls") is not None:
+            msg["tool_calls"] = _tool_calls(m["tool_calls"], f"messages[{i}].tool_calls")
+            total += sum(len(str(c["function"]["arguments"])) for c in msg["tool_calls"])
+            msg["content"] = None if m.get("content") is None else _text(m["content"], f"messages[{i}].content")
+        else:
+            msg["content"] = _text(m.get("content"), f"messages[{i}].content")
+        if role == "tool":
+            if not (isinstance(m.get("tool_call_id"), str) and _ID.match(m["tool_call_id"])):
+                raise InvalidRequestError(f"messages[{i}].tool_call_id", "a tool message needs the id of its call "
+                                                                         "(letters, digits, _ . : -)")
+            msg["tool_call_id"] = m["tool_call_id"]
+        if m.get("name") is not None:
+            if not (isinstance(m["name"], str) and _ID.match(m["name"])):
+                raise InvalidRequestError(f"messages[{i}].name", "must be 1-128 letters, digits, _ . : -")
+            msg["name"] = m["name"]
+        n = len(msg["content"] or "")
+        if n > limits.max_message_chars:
             raise InvalidRequestError(f"messages[{i}].content", f"at most {limits.max_message_chars} characters")
-        total += len(m["content"])
+        total += n
+        out.append(msg)
     if total > limits.max_prompt_chars:
         raise InvalidRequestError("messages", f"at most {limits.max_prompt_chars} characters in all, got {total}")
-    return [{"role": m["role"], "content": m["content"]} for m in messages]
+    return out
 
 
 @dataclass
@@ -100,6 +170,10 @@ class ParsedRequest:
     include_usage: bool            # stream_options.include_usage: a last chunk with usage and no choices
     response_format: Any = None    # checked shape; compiled to a grammar by the LLM
     continuous_usage: bool = False # stream_options.continuous_usage_stats (vLLM's extension): usage on every chunk
+    n: int = 1                     # choices, sampled independently (choice i's seed: choice_seed(seed, i))
+    tools: list | None = None      # checked `tools` (chat), passed to the template
+    tool_choice: Any = "none"      # "none" | "auto" | "required" | {"name": ...}
+    parallel_tool_calls: bool = True
 
 
 def parse_request(kind: str, req: dict, limits: Limits, speculative_tokens: int = 0) -> ParsedRequest:
@@ -159,6 +233,17 @@ def parse_request(kind: str, req: dict, limits: Limits, speculative_tokens: int 
     params = SamplingParams(max_tokens=mt, temperature=float(t), top_p=float(p), top_k=k, seed=s, stop=stop,
                             stop_token_ids=list(stop_ids), ignore_eos=ignore_eos, speculative_tokens=spec,
                             min_p=float(min_p), logit_bias=bias, logprobs=_logprobs(kind, g), **pen)
+    n = 1 if g("n") is None else _num("n", g("n"), 1, limits.max_n, integer=True)
+    tools = check_tools(g("tools")) if g("tools") else None
+    choice = check_tool_choice(g("tool_choice"), tools or [])
+    ptc = True if g("parallel_tool_calls") is None else g("parallel_tool_calls")
+    if not isinstance(ptc, bool):
+        raise InvalidRequestError("parallel_tool_calls", "must be true or false")
+    if choice not in ("none", "auto") and rf is not None and rf["type"] != "text":
+        raise InvalidRequestError("tool_choice", "a forced tool call cannot be combined with response_format")
+    if choice not in ("none", "auto"):
+        params.speculative_tokens = 0  # the call's grammar mask depends on each accepted token
+    extra = dict(n=n, tools=tools, tool_choice=choice, parallel_tool_calls=ptc)
     if kind == "chat":
         prompt = check_messages(g("messages"), limits)
     else:
@@ -166,7 +251,14 @@ def parse_request(kind: str, req: dict, limits: Limits, speculative_tokens: int 
         if isinstance(prompt, str) and len(prompt) > limits.max_prompt_chars:
             raise InvalidRequestError("prompt", f"at most {limits.max_prompt_chars} characters, got {len(prompt)}")
     return ParsedRequest(kind, prompt, params, stream, bool(opts and opts.get("include_usage")),
-                         None if rf is None or rf["type"] == "text" else rf, bool(opts and opts.get("continuous_usage_stats")))
+                         None if rf is None or rf["type"] == "text" else rf, bool(opts and opts.get("continuous_usage_stats")),
+                         **extra)
+
+
+def choice_seed(seed: int, i: int) -> int:
+    """The sampling seed of choice i of a request with `seed` (n > 1): choice 0 keeps the seed itself, so n=1 and
+    the first of n choices agree; the others take 32 bits of sha256("seed:i"), independent of each other."""
+    return seed if i == 0 else int.from_bytes(hashlib.sha256(f"{seed}:{i}".encode()).digest()[:4], "little")
 
 
 def _logprobs(kind: str, g) -> int | None:
@@ -203,14 +295,18 @@ def _logit_bias(v) -> dict:
     return out
 
 
-def usage(last: RequestOutput | None, n_prompt: int) -> dict:
-    n_out = last.num_output_tokens if last else 0
+def usage_of(lasts: list, n_prompt: int) -> dict:
+    """OpenAI's usage for a request's choices (their last outputs so far): the prompt counted once, the completion
+    tokens of all choices; timings and cache hits are choice 0's."""
+    first = lasts[0]
+    n_out = sum(o.num_output_tokens for o in lasts if o is not None)
     u = {"prompt_tokens": n_prompt, "completion_tokens": n_out, "total_tokens": n_prompt + n_out,
-         "prompt_tokens_details": {"cached_tokens": last.num_cached_tokens if last else 0},
-         "ttft_s": last.ttft_s if last else None,
-         "time_per_output_token_s": last.time_per_output_token_s if last else None}
-    if last is not None and last.num_proposed:
-        u["speculative"] = {"proposed_tokens": last.num_proposed, "accepted_tokens": last.num_accepted}
+         "prompt_tokens_details": {"cached_tokens": first.num_cached_tokens if first else 0},
+         "ttft_s": first.ttft_s if first else None,
+         "time_per_output_token_s": first.time_per_output_token_s if first else None}
+    proposed = sum(o.num_proposed for o in lasts if o is not None)
+    if proposed:
+        u["speculative"] = {"proposed_tokens": proposed, "accepted_tokens": sum(o.num_accepted for o in lasts if o)}
     return u
 
 
@@ -236,7 +332,17 @@ class LLM:
         await self.engine.close()
 
     def prompt_ids(self, r: ParsedRequest) -> list[int]:
-        return self.prompter.chat_ids(r.prompt) if r.kind == "chat" else self.prompter.prompt_ids(r.prompt)
+        return self.prompter.chat_ids(r.prompt, r.tools) if r.kind == "chat" else self.prompter.prompt_ids(r.prompt)
+
+    def tool_format(self, r: ParsedRequest):
+        """The tool-call format to parse the reply with (None: no tool calls in this request)."""
+        if r.tool_choice == "none" or not r.tools:
+            return None
+        fmt = template_format(self.prompter.chat_template)
+        if fmt is None:
+            raise InvalidRequestError("tools", "this model's chat template has no tool-call format webinfer reads "
+                                               "(supported: <tool_call> JSON as Qwen2.5 / Hermes, Llama 3.1 JSON)")
+        return fmt
 
     def text_stream(self, params: SamplingParams) -> TextStream:
         skip = frozenset() if params.ignore_eos else self.engine.eos_ids
@@ -255,12 +361,14 @@ class LLM:
                                 ("logit_bias", bool(p.logit_bias)), ("min_p", p.min_p > 0),
                                 ("frequency_penalty", p.frequency_penalty != 0),
                                 ("presence_penalty", p.presence_penalty != 0),
-                                ("repetition_penalty", p.repetition_penalty != 1), ("logprobs", p.logprobs is not None)):
+                                ("repetition_penalty", p.repetition_penalty != 1), ("logprobs", p.logprobs is not None),
+                                ("tool_choice", r.tool_choice not in ("none", "auto"))):
                 if used:
                     raise InvalidRequestError(field, "is not supported by this backend (the CPU engine) yet")
         vocab = self.engine.runner.vocab_size
         if any(not 0 <= t < vocab for t in r.params.logit_bias):
             raise InvalidRequestError("logit_bias", f"token ids must be in [0, {vocab})")
+        self.tool_format(r)  # a 400 before any work when the template has no format we read
         ids = self.prompt_ids(r)
         self.engine.scheduler.check_prompt(len(ids))  # ContextOverflowError before any output
         return r, ids
@@ -277,30 +385,43 @@ class LLM:
     async def run(self, r: ParsedRequest, ids: list[int]):
         """Generate for a prepared request (see create)."""
         kind = r.kind
-        matcher = await self._matcher(r.response_format) if r.response_format is not None else None
+        fmt = self.tool_format(r)
+        masks = await self._masks(r, fmt)
         rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
-        gen = self.engine.generate(ids, r.params, self.text_stream(r.params), matcher)
+        outs = self._outputs(r, ids, masks)
         head = {"id": rid, "created": int(time.time()), "model": self.model_name}
         if r.stream:
-            return self._stream(r, head, gen, ids)
-        text, out_ids, lps, last = [], [], [], None
+            return self._stream(r, head, outs, ids, fmt)
+        text = [[] for _ in range(r.n)]
+        out_ids = [[] for _ in range(r.n)]
+        lps = [[] for _ in range(r.n)]
+        last: list[RequestOutput | None] = [None] * r.n
         try:
-            async for out in gen:
-                text.append(out.text)
-                out_ids += out.token_ids
-                lps += out.logprobs or []
-                last = out
+            async for i, out in outs:
+                text[i].append(out.text)
+                out_ids[i] += out.token_ids
+                lps[i] += out.logprobs or []
+                last[i] = out
         finally:
-            await gen.aclose()
-        choice = {"index": 0, "finish_reason": last.finish_reason if last else "abort", "token_ids": out_ids}
-        if kind == "chat":
-            choice["message"] = {"role": "assistant", "content": "".join(text)}
-        else:
-            choice["text"] = "".join(text)
-        if r.params.logprobs is not None:
-            choice["logprobs"] = self._logprobs(kind, out_ids, lps)
-        return {**head, "object": "chat.completion" if kind == "chat" else "text_completion", "choices": [choice],
-                "usage": usage(last, len(ids)), "prompt_token_ids": ids}
+            await outs.aclose()
+        choices = []
+        for i in range(r.n):
+            reason = last[i].finish_reason if last[i] else "abort"
+            choice = {"index": i, "finish_reason": reason, "token_ids": out_ids[i]}
+            if kind == "chat":
+                choice["message"] = {"role": "assistant", "content": "".join(text[i])}
+                if fmt is not None:
+                    content, calls = collect(ToolCallParser(fmt).feed("".join(text[i]), final=True))
+                    if calls:
+                        choice["message"] = {"role": "assistant", "content": content or None, "tool_calls": calls}
+                        choice["finish_reason"] = "tool_calls" if reason == "stop" else reason
+            else:
+                choice["text"] = "".join(text[i])
+            if r.params.logprobs is not None:
+                choice["logprobs"] = self._logprobs(kind, out_ids[i], lps[i])
+            choices.append(choice)
+        return {**head, "object": "chat.completion" if kind == "chat" else "text_completion", "choices": choices,
+                "usage": usage_of(last, len(ids)), "prompt_token_ids": ids}
 
     def _token(self, t: int) -> tuple[str, list[int]]:
         """A token's text and bytes as OpenAI's logprobs show them (special tokens: their name)."""
@@ -328,43 +449,117 @@ class LLM:
         return {"tokens": tokens, "token_logprobs": [lp for _, (lp, _) in rows], "text_offset": offsets,
                 "top_logprobs": [{self._token(i)[0]: v for i, v in top} for _, (_, top) in rows]}
 
-    async def _matcher(self, response_format):
-        """A GrammarMatcher for response_format (GrammarError, a 400 naming the field, when it cannot be enforced).
-        Compiling a schema can take seconds: CPython does it in a thread, off the event loop."""
-        from webinfer.grammar import GrammarCache, GrammarMatcher, TokenVocab
+    async def _masks(self, r: ParsedRequest, fmt):
+        """The grammar's TokenMasks for response_format or a forced tool call (None: unconstrained). GrammarError,
+        a 400 naming the field, when it cannot be enforced. Compiling a schema can take seconds: CPython does it in
+        a thread, off the event loop."""
+        if r.response_format is None and r.tool_choice in ("none", "auto"):
+            return None
+        from webinfer.grammar import GrammarCache, TokenVocab
 
         if self._grammars is None:
             self._grammars = GrammarCache(TokenVocab.from_tokenizer(self.tokenizer, self.engine.runner.vocab_size))
-        if sys.platform == "emscripten":  # Pyodide: no threads
-            masks = self._grammars.get(response_format)
+        if r.response_format is not None:
+            get = functools.partial(self._grammars.get, r.response_format)
         else:
-            masks = await asyncio.to_thread(self._grammars.get, response_format)
-        return GrammarMatcher(masks, stop_ids=self.engine.eos_ids)
+            key = grammar_key(r.tools, r.tool_choice, fmt, r.parallel_tool_calls)
+            get = functools.partial(self._grammars.get_grammar, key, lambda: call_grammar(key))
+        if sys.platform == "emscripten":  # Pyodide: no threads
+            return get()
+        return await asyncio.to_thread(get)
 
-    async def _stream(self, r: ParsedRequest, head: dict, gen, prompt_ids: list[int]) -> AsyncIterator[dict]:
+    async def _outputs(self, r: ParsedRequest, ids: list[int], masks) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """(choice index, output) of the request's n choices as they come. Choice 0 runs alone until its prompt is
+        computed (its first output); the others then start and find the prompt's full blocks in the prefix cache,
+        so the prompt is computed once (the last partial block again per choice). Leaving early aborts them all."""
+        from webinfer.grammar import GrammarMatcher
+
+        def start(i: int):
+            params = r.params if i == 0 else dataclasses.replace(r.params, seed=choice_seed(r.params.seed, i))
+            matcher = GrammarMatcher(masks, stop_ids=self.engine.eos_ids) if masks is not None else None
+            return self.engine.generate(ids, params, self.text_stream(params), matcher)
+
+        if r.n == 1:
+            gen = start(0)
+            try:
+                async for out in gen:
+                    yield 0, out
+            finally:
+                await gen.aclose()  # the consumer left: abort now, not at garbage collection
+            return
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(i: int) -> None:
+            gen = start(i)
+            try:
+                async for out in gen:
+                    queue.put_nowait((i, out))
+            except Exception as e:
+                queue.put_nowait((i, e))
+            finally:
+                await gen.aclose()
+                queue.put_nowait((i, None))
+
+        loop = asyncio.get_running_loop()
+        tasks = [loop.create_task(pump(0))]
+        running = 1
+        try:
+            while running:
+                i, item = await queue.get()
+                if i == 0 and len(tasks) == 1:  # the prompt is in the cache now (or choice 0 failed / ended)
+                    tasks += [loop.create_task(pump(j)) for j in range(1, r.n)]
+                    running += r.n - 1
+                if item is None:
+                    running -= 1
+                elif isinstance(item, Exception):
+                    raise item
+                else:
+                    yield i, item
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _stream(self, r: ParsedRequest, head: dict, outs, prompt_ids: list[int], fmt) -> AsyncIterator[dict]:
         chat = r.kind == "chat"
         obj = "chat.completion.chunk" if chat else "text_completion"
+        parsers = [ToolCallParser(fmt) if fmt is not None else None for _ in range(r.n)]
+        started, last = [False] * r.n, [None] * r.n
+        n_done = 0
         try:
-            first = True
-            async for out in gen:
-                c = {"index": 0, "finish_reason": out.finish_reason, "token_ids": out.token_ids}
+            async for i, out in outs:
+                last[i] = out
+                reason = out.finish_reason
+                c = {"index": i, "finish_reason": reason, "token_ids": out.token_ids}
                 if chat:
-                    c["delta"] = {"role": "assistant", "content": out.text} if first else {"content": out.text}
+                    delta = {"role": "assistant"} if not started[i] else {}
+                    if parsers[i] is None:
+                        delta["content"] = out.text
+                    else:
+                        ev = parsers[i].feed(out.text, final=reason is not None)
+                        delta["content"] = "".join(e[1] for e in ev if e[0] == "content")
+                        calls = delta_calls(ev)
+                        if calls:
+                            delta["tool_calls"] = calls
+                        if reason == "stop" and parsers[i].n_calls:
+                            c["finish_reason"] = "tool_calls"
+                    c["delta"] = delta
                 else:
                     c["text"] = out.text
                 if r.params.logprobs is not None:
                     c["logprobs"] = self._logprobs(r.kind, out.token_ids, out.logprobs or [])
                 d = {**head, "object": obj, "choices": [c]}
-                if first:
+                if not any(started):
                     d["prompt_token_ids"] = prompt_ids
-                if out.finish_reason is not None or r.continuous_usage:
-                    d["usage"] = usage(out, len(prompt_ids))
-                first = False
+                started[i] = True
+                n_done += reason is not None
+                if n_done == r.n and reason is not None or r.continuous_usage:
+                    d["usage"] = usage_of(last, len(prompt_ids))
                 yield d
-                if out.finish_reason is not None and r.include_usage:
-                    yield {**head, "object": obj, "choices": [], "usage": usage(out, len(prompt_ids))}
+                if n_done == r.n and reason is not None and r.include_usage:
+                    yield {**head, "object": obj, "choices": [], "usage": usage_of(last, len(prompt_ids))}
         finally:
-            await gen.aclose()  # the consumer left: abort now, not at garbage collection
+            await outs.aclose()  # the consumer left: abort now, not at garbage collection
 
 
 class _ChatCompletions:

@@ -139,14 +139,17 @@ class PageWorker:
                 return self.llm, self.build_timings
         return self.llm, None
 
-    async def chat(self, request_json: str, emit: Callable[[str], None], should_stop: Callable[[], bool]) -> dict:
-        """Stream one OpenAI-shaped chat completion: emit(chunk_json) per chunk.
+    async def chat(self, request_json: str, emit: Callable[[str], None], should_stop: Callable[[], bool],
+                   kind: str = "chat") -> dict:
+        """One OpenAI-shaped request of `kind` ("chat" or "completion"), streamed (emit(chunk_json) per chunk) when
+        request["stream"], else answered whole: {"response": the same dict as Python's LLM returns, "stats": ...}.
 
         Any number of chat() calls may run at once; each is one engine request, stepped together with the others.
         `prompt_ids` (an extension) sends token ids through the completions path instead of the chat template.
-        should_stop() is polled after every chunk: when it turns true the request is aborted (its KV blocks freed)
-        and a last chunk with finish_reason "abort" is sent. Returns this request's stats; host_ms_per_step is the
-        engine-wide Python time per step while it ran."""
+        should_stop() is polled after every chunk (every 50 ms without a stream): when it turns true the request is
+        aborted (its KV blocks freed); a stream then gets a last chunk with finish_reason "abort", a whole request
+        fails with an AbortError. Returns this request's stats; host_ms_per_step is the engine-wide Python time per
+        step while it ran."""
         req = json.loads(request_json)
         llm, rebuilt = await self.ensure_llm()
         runner = llm.engine.runner
@@ -154,12 +157,25 @@ class PageWorker:
         dev = self.device if self.backend == "webgpu" else None
         dev0 = dict(dev.time_ms) if dev is not None else {}
         prompt_ids = req.pop("prompt_ids", None)
-        req["stream"] = True
+        as_chat = bool(prompt_ids) and kind == "chat"  # chunks of the completions path reshaped as chat chunks
         if prompt_ids:
             req.pop("messages", None)
-            stream = await llm.completions.create(prompt=[int(i) for i in prompt_ids], **req)
-        else:
-            stream = await llm.chat.completions.create(**req)
+            req["prompt"] = [int(i) for i in prompt_ids]
+            kind = "completion"
+        if not req.get("stream"):
+            task = asyncio.ensure_future(llm.create(kind, req))
+            while not task.done():
+                await asyncio.wait([task], timeout=0.05)
+                if not task.done() and should_stop():
+                    task.cancel()  # its engine requests are aborted as the task unwinds
+                    await asyncio.gather(task, return_exceptions=True)
+                    raise AbortError("the request was stopped")
+            r = task.result()
+            out_ids = [t for c in r["choices"] for t in c["token_ids"]]
+            return {"response": r,
+                    "stats": self._stats(llm, r["id"], out_ids, r["usage"], False, steps0, host_ms0, rebuilt,
+                                         dev, dev0)}
+        stream = await llm.create(kind, req)
         ids: list[int] = []
         last, first, stopped = None, True, False
         try:
@@ -167,7 +183,7 @@ class PageWorker:
                 if not c["choices"]:  # stream_options.include_usage: the usage-only chunk
                     emit(json.dumps(c))
                     continue
-                if prompt_ids:
+                if as_chat:
                     c = _as_chat_chunk(c, first)
                 first = False
                 ids += c["choices"][0].get("token_ids") or []
@@ -185,7 +201,13 @@ class PageWorker:
         if stopped:
             emit(json.dumps({**last, "choices": [{**last["choices"][0], "delta": {}, "token_ids": [],
                                                   "finish_reason": "abort"}]}))
-        usage = (last or {}).get("usage") or {}
+        return self._stats(llm, (last or {}).get("id"), ids, (last or {}).get("usage") or {}, stopped, steps0,
+                           host_ms0, rebuilt, dev, dev0)
+
+    def _stats(self, llm: LLM, rid, ids: list[int], usage: dict, stopped: bool, steps0: int, host_ms0: float,
+               rebuilt, dev=None, dev0=None) -> dict:
+        """A request's stats; dev, dev0: the browser device and its time counters when the request began."""
+        runner = llm.engine.runner
         tpot = usage.get("time_per_output_token_s")
         steps = llm.engine.steps - steps0
         split = None
@@ -193,7 +215,7 @@ class PageWorker:
             # per decoded token (prefill included: the split is over the whole request): Python recording the
             # steps, the JS FFI encode + submit, waiting for read-backs (map latency and GPU time, which SwiftShader
             # cannot tell apart without timestamp queries), and the rest (event loop, worker messages)
-            d = {k: dev.time_ms[k] - dev0.get(k, 0.0) for k in ("submit", "read_wait")}
+            d = {k: dev.time_ms[k] - (dev0 or {}).get(k, 0.0) for k in ("submit", "read_wait")}
             host = getattr(runner, "host_ms", 0.0) - host_ms0
             n = len(ids)
             wall = (usage["ttft_s"] + tpot * (n - 1)) * 1e3
@@ -201,7 +223,7 @@ class PageWorker:
                      "read_wait_ms": d["read_wait"] / n}
             split["other_ms"] = max(0.0, split["wall_ms"] - split["python_ms"] - split["js_submit_ms"]
                                     - split["read_wait_ms"])
-        return {"id": (last or {}).get("id"), "token_ids": ids, "completion_tokens": len(ids),
+        return {"id": rid, "token_ids": ids, "completion_tokens": len(ids),
                 "prompt_tokens": usage.get("prompt_tokens"), "stopped": stopped,
                 "ttft_ms": usage["ttft_s"] * 1e3 if usage.get("ttft_s") is not None else None,
                 "decode_tok_s": 1.0 / tpot if tpot else 0.0,
@@ -216,6 +238,10 @@ class PageWorker:
         """Destroy the JS device behind the engine's back, as a driver reset would (tests of the rebuild path)."""
         if self.device is not None:
             self.device.device.destroy()  # not device.destroy(): that one marks the loss as intentional
+
+
+class AbortError(WebinferError):
+    """A whole (not streamed) request stopped by the page before it finished."""
 
 
 def _as_chat_chunk(c: dict, first: bool) -> dict:
@@ -242,8 +268,9 @@ async def load(manifest_text: str, js_files, where: str = "manifest.json", engin
     return await _result(WORKER.load(manifest_text, js_files, where, engine_json))
 
 
-async def chat(request_json: str, emit: Callable[[str], None], should_stop: Callable[[], bool]) -> dict:
-    return await _result(WORKER.chat(request_json, emit, should_stop))
+async def chat(request_json: str, emit: Callable[[str], None], should_stop: Callable[[], bool],
+               kind: str = "chat") -> dict:
+    return await _result(WORKER.chat(request_json, emit, should_stop, kind))
 
 
 async def selftest(name: str = "copy", spec_json: str = "{}") -> dict:

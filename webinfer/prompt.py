@@ -15,6 +15,8 @@ encoded as transformers encodes it.
 
 from __future__ import annotations
 
+import json
+
 from webinfer.chat_template import render
 from webinfer.errors import ChatTemplateError, InvalidRequestError
 from webinfer.tokenizer.chat import chat_segments
@@ -44,21 +46,42 @@ class Prompter:
             ids.append(self.eos_token_id)
         return ids
 
-    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True, tools: list | None = None) -> str:
         if not self.chat_template:
             raise InvalidRequestError("messages", "this model has no chat template: pack it with --chat-template FILE, "
                                                   "or send a plain prompt to /v1/completions")
         st = self.special_tokens
         return render(self.chat_template, messages, add_generation_prompt=add_generation_prompt,
-                      bos_token=st.get("bos_token") or "", eos_token=st.get("eos_token") or "")
+                      bos_token=st.get("bos_token") or "", eos_token=st.get("eos_token") or "", tools=tools)
 
-    def chat_ids(self, messages: list[dict]) -> list[int]:
-        """Messages through the chat template; the template writes the special tokens, the contents are text."""
+    def chat_ids(self, messages: list[dict], tools: list | None = None) -> list[int]:
+        """Messages through the chat template; the template writes the special tokens, the contents are text.
+        tools: OpenAI's `tools`, passed to the template as transformers passes them (InvalidRequestError naming
+        `tools` when the template ignores them)."""
+        if tools:
+            if self.render_chat(messages, tools=tools) == self.render_chat(messages):
+                raise InvalidRequestError("tools", "this model's chat template does not support tools (it renders "
+                                                   "the same prompt with and without them)")
+        self._check_template_text(messages, tools)
+        render_ = (lambda msgs: self.render_chat(msgs, tools=tools)) if tools else self.render_chat
         try:
-            segments = chat_segments(self.render_chat, messages)
+            segments = chat_segments(render_, messages)
         except ChatTemplateError:  # a template that rewrites content (e.g. splits out reasoning): see the docstring
-            return list(self.tokenizer.encode(self.render_chat(messages), add_special_tokens=False))
+            return list(self.tokenizer.encode(render_(messages), add_special_tokens=False))
         return list(self.tokenizer.encode_segments(segments, add_special_tokens=False))
+
+    def _check_template_text(self, messages: list[dict], tools: list | None) -> None:
+        """`tools` and past tool calls' arguments are rendered by the template (with tojson), outside any content
+        span, so they are encoded as template text: refuse any that spell a special token (a forged turn)."""
+        specials = [t for t in (self.tokenizer.id_to_token(i) for i in getattr(self.tokenizer, "special_ids", ()))
+                    if t]
+        texts = [(f"tools[{k}]", t) for k, t in enumerate(tools or ())]
+        texts += [(f"messages[{i}].tool_calls[{j}].function", c["function"])
+                  for i, m in enumerate(messages) for j, c in enumerate(m.get("tool_calls") or ())]
+        for where, obj in texts:
+            text = json.dumps(obj, ensure_ascii=False)
+            if any(t in text for t in specials):
+                raise InvalidRequestError(where, "spells a special token of the model")
 
     def prompt_ids(self, prompt) -> list[int]:
         """A completions `prompt`: text, or a list of token ids taken as they are."""

@@ -78,14 +78,18 @@ class GrammarCache:
     def get(self, response_format) -> TokenMasks | None:
         if response_format is None or (isinstance(response_format, dict) and response_format.get("type") == "text"):
             return None
+        return self.get_grammar(response_format, lambda: grammar_from_response_format(response_format))
+
+    def get_grammar(self, key, build) -> TokenMasks:
+        """The masks of the grammar `build()` makes, cached under the JSON of `key` (e.g. a tool-call grammar keyed
+        by its tools and format)."""
         try:
-            key = json.dumps(response_format, sort_keys=True)
+            key = json.dumps(key, sort_keys=True)
         except (TypeError, ValueError):
             raise GrammarError("response_format", "is not JSON-serialisable") from None
         masks = self._lru.get(key)
         if masks is None:
-            g = grammar_from_response_format(response_format)
-            masks = TokenMasks(g.compile(), self.vocab)
+            masks = TokenMasks(build().compile(), self.vocab)
             if self.warm and masks.g.n_nodes <= WARM_MAX_NODES:  # now, so that no decoding step pays for one
                 masks.warm()
             self._lru[key] = masks

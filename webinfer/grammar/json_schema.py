@@ -525,12 +525,12 @@ def json_schema_grammar(schema, where: str = "response_format.json_schema.schema
 
 
 def tool_call_grammar(tools: list, begin: str = "<tool_call>\n", end: str = "\n</tool_call>", parallel: bool = True,
-                      where: str = "tools") -> Grammar:
-    """Tool calls as the chat template expects them: begin {"name": ..., "arguments": {...}} end, one or (parallel)
-    several separated by whitespace, each call's arguments valid for that tool's parameters schema. `tools` is the
-    OpenAI list ([{"type": "function", "function": {"name", "parameters"}}]); pass one tool to force it
-    (tool_choice naming a function), all of them for tool_choice "required". begin / end: the template's markers
-    (Qwen2.5 / Hermes: the defaults)."""
+                      where: str = "tools", args_key: str = "arguments", sep: str = "") -> Grammar:
+    """Tool calls as the chat template expects them: begin {"name": ..., "<args_key>": {...}} end, one or (parallel)
+    several separated by `sep` and whitespace, each call's arguments valid for that tool's parameters schema. `tools`
+    is the OpenAI list ([{"type": "function", "function": {"name", "parameters"}}]); pass one tool to force it
+    (tool_choice naming a function), all of them for tool_choice "required". begin / end / args_key / sep: the
+    template's format (the defaults: Qwen2.5 / Hermes; Llama 3.1's JSON calls: "", "", "parameters", ";")."""
     if not isinstance(tools, list) or not tools:
         raise GrammarError(where, "expected a non-empty list of tools")
     calls = []
@@ -539,12 +539,15 @@ def tool_call_grammar(tools: list, begin: str = "<tool_call>\n", end: str = "\n<
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise GrammarError(f"{where}[{i}].function", "expected an object with a string 'name'")
         params = fn.get("parameters", {"type": "object", "properties": {}})
-        calls.append({"type": "object", "properties": {"name": {"const": fn["name"]}, "arguments": params},
-                      "required": ["name", "arguments"], "additionalProperties": False})
+        calls.append({"type": "object", "properties": {"name": {"const": fn["name"]}, args_key: params},
+                      "required": ["name", args_key], "additionalProperties": False})
     schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
     c = _Compiler(schema, where)
-    one = seq(literal(begin), c.ws, c.rule(schema, where), c.ws, literal(end))
-    c.rules["root"] = seq(c.ws, one, rep(seq(c.ws, one), 0, None) if parallel else EMPTY, c.ws)
+    one = seq(literal(begin), c.ws, c.rule(schema, where), c.ws, literal(end)) if begin or end else c.rule(schema, where)
+    more = rep(seq(c.ws, literal(sep), c.ws, one) if sep else seq(c.ws, one), 0, None) if parallel else EMPTY
+    # nothing after the last call: the model's next token is its end of turn (trailing white space would let a
+    # model that wants another call, but may not make one, pad with blanks up to max_tokens)
+    c.rules["root"] = seq(c.ws, one, more)
     return Grammar(c.rules, "root", where)
 
 

@@ -1,0 +1,120 @@
+"""webinfer.js takes the request objects of Python's LLM and returns the same response shapes: one plain chat request
+and one with a forced tool call and n=2, whole (not streamed), in Chromium (Pyodide + WebGPU on SwiftShader) against
+the same requests through the native engine (webinfer.open, wgpu-py on lavapipe): the same keys, token ids, text
+and tool calls. The tool call's stream, assembled as a client does, gives the same call.
+
+Run: python -m pytest tests/browser/test_api_js.py -q
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from .conftest import SiteServer, attach_console
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
+                                            "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+           "required": ["city", "days"], "additionalProperties": False}
+PLAIN = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "temperature": 0}
+TOOL_N = {"messages": [{"role": "user", "content": "weather?"}], "max_tokens": 400, "temperature": 1.0, "seed": 1,
+          "n": 2, "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}],
+          "tool_choice": "required", "parallel_tool_calls": False}
+
+RUN = """async ([url, reqs]) => {
+    const w = await import("./webinfer.js");
+    const engine = await w.load(url);
+    const out = [];
+    for (const r of reqs) out.push(await engine.chat.completions.create(r));
+    const calls = {};
+    for await (const c of engine.chat.completions.create({...reqs[1], n: 1, stream: true}))
+        for (const tc of c.choices[0]?.delta?.tool_calls ?? []) {
+            const t = calls[tc.index] ??= {name: null, arguments: ""};
+            t.name = tc.function?.name ?? t.name;
+            t.arguments += tc.function?.arguments ?? "";
+        }
+    engine.unload();
+    return {out, streamed: Object.values(calls)};
+}"""
+
+
+@pytest.fixture(scope="module")
+def tools_site(tmp_path_factory):
+    from tests.synthetic import write_hf
+    from webinfer_packager.pack.build import pack
+    from webinfer_packager.site.build import build_site
+
+    d = tmp_path_factory.mktemp("apijs")
+    write_hf(d / "hf", max_position_embeddings=2048)
+    pkg = pack(d / "hf", d / "tiny", progress=False, name="tiny", shard_mb=1,
+               chat_template=(ROOT / "docs/chat-templates/hermes-tools.jinja").read_text())
+    build_site([pkg], d / "site")
+    return pkg, d / "site"
+
+
+def _native(package, reqs):
+    from concurrent.futures import ThreadPoolExecutor
+
+    def run():
+        import asyncio
+
+        import webinfer.factory as factory
+
+        llm = factory.open(package)
+        return [asyncio.run(llm.chat.completions.create(**r)) for r in reqs]
+
+    with ThreadPoolExecutor(1) as ex:  # Playwright's sync API keeps an asyncio loop running in this thread
+        return ex.submit(run).result()
+
+
+def _shape(x):
+    """Keys (recursively) and value types, without the values: what must agree between the two APIs."""
+    if isinstance(x, dict):
+        return {k: _shape(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_shape(v) for v in x]
+    return type(x).__name__ if x is not None else None
+
+
+def _volatile(r):
+    """The response without what differs between runs: ids, timestamps, timings."""
+    r = json.loads(json.dumps(r))
+    for k in ("id", "created"):
+        r.pop(k)
+    for k in ("ttft_s", "time_per_output_token_s"):
+        r["usage"].pop(k)
+    r["usage"].pop("prompt_tokens_details")
+    for c in r["choices"]:
+        for tc in c.get("message", {}).get("tool_calls") or []:
+            assert tc.pop("id").startswith("call_")
+    return r
+
+
+def test_js_api_returns_what_python_returns(tools_site, browser, tmp_path):
+    package, site_dir = tools_site
+    srv = SiteServer(site_dir)
+    logs: list[str] = []
+    try:
+        site = json.loads((site_dir / "site.json").read_text())
+        page = browser.new_page()
+        attach_console(page, logs)
+        page.goto(srv.url + "index.html")
+        r = page.evaluate(RUN, [site["models"][0]["manifest"], [PLAIN, TOOL_N]])
+    finally:
+        srv.stop()
+    want = _native(package, [PLAIN, TOOL_N])
+    for js, py in zip(r["out"], want):
+        assert _shape(_volatile(js)) == _shape(_volatile(py)), (js, py)
+        js_v, py_v = _volatile(js), _volatile(py)
+        js_v["usage"].pop("speculative", None), py_v["usage"].pop("speculative", None)
+        assert js_v == py_v, (js_v, py_v, logs)
+    tool = r["out"][1]
+    assert [c["finish_reason"] for c in tool["choices"]] == ["tool_calls", "tool_calls"], tool
+    assert tool["choices"][0]["token_ids"] != tool["choices"][1]["token_ids"]  # independent samples
+    first = tool["choices"][0]["message"]["tool_calls"][0]["function"]
+    assert r["streamed"] == [{"name": first["name"], "arguments": first["arguments"]}]
