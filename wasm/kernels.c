@@ -348,6 +348,114 @@ INLINE v128_t unit_dot_i8(u32 dt, v128_t c0, v128_t c1, const Acts *A, u32 ri, u
                           half_dot_i8(c1, xq + 16, xw + 16, dt == F_Q8, wide));
 }
 
+// integer sum of q * xq over one unit as an i32x4 whose lane sum is the exact total (lane layout differs between
+// the builds; only the total is used). Relaxed: two byte dots (codes < 64 are the i7 operand; q8's signed
+// weights and the int16 activations take the i16 path).
+INLINE v128_t unit_idot(u32 dt, v128_t c0, v128_t c1, const i8 *xq, const i16 *xw, int wide) {
+    int sgn = dt == F_Q8;
+#ifdef RELAXED
+    // i16 lanes: |x| <= 127 and codes <= 31, so each pair sum and the two halves' sum stay < 2^15 (no saturation,
+    // whatever the engine's choice)
+    if (!sgn && !wide)
+        return wasm_i32x4_extadd_pairwise_i16x8(wasm_i16x8_add(wasm_i16x8_relaxed_dot_i8x16_i7x16(wasm_v128_load(xq), c0),
+                                                               wasm_i16x8_relaxed_dot_i8x16_i7x16(wasm_v128_load(xq + 16), c1)));
+#endif
+    (void)xq;
+    v128_t w0 = sgn ? wasm_i16x8_extend_low_i8x16(c0) : wasm_u16x8_extend_low_u8x16(c0);
+    v128_t w1 = sgn ? wasm_i16x8_extend_high_i8x16(c0) : wasm_u16x8_extend_high_u8x16(c0);
+    v128_t w2 = sgn ? wasm_i16x8_extend_low_i8x16(c1) : wasm_u16x8_extend_low_u8x16(c1);
+    v128_t w3 = sgn ? wasm_i16x8_extend_high_i8x16(c1) : wasm_u16x8_extend_high_u8x16(c1);
+    return wasm_i32x4_add(wasm_i32x4_add(wasm_i32x4_dot_i16x8(w0, wasm_v128_load(xw)),
+                                         wasm_i32x4_dot_i16x8(w1, wasm_v128_load(xw + 8))),
+                          wasm_i32x4_add(wasm_i32x4_dot_i16x8(w2, wasm_v128_load(xw + 16)),
+                                         wasm_i32x4_dot_i16x8(w3, wasm_v128_load(xw + 24))));
+}
+
+// lane j = the lane sum of s_j
+INLINE v128_t reduce4(v128_t s0, v128_t s1, v128_t s2, v128_t s3) {
+    v128_t a = wasm_i32x4_add(wasm_i32x4_shuffle(s0, s1, 0, 4, 1, 5), wasm_i32x4_shuffle(s0, s1, 2, 6, 3, 7));
+    v128_t b = wasm_i32x4_add(wasm_i32x4_shuffle(s2, s3, 0, 4, 1, 5), wasm_i32x4_shuffle(s2, s3, 2, 6, 3, 7));
+    return wasm_i32x4_add(wasm_i32x4_shuffle(a, b, 0, 1, 4, 5), wasm_i32x4_shuffle(a, b, 2, 3, 6, 7));
+}
+
+// Fast mode over units u .. u + m - 1 (m <= 4) of NW weight rows against R activation rows (NW * R <= 4):
+// av / bv[i] weight row i's coefficients (value = a * q + b), one lane per unit, zero past m; `keep` masks lanes
+// past m. acc / bacc[i * R + r]: the pair's scaled integer dots and offset terms.
+INLINE void fast_group(u32 dt, const u8 *const *qrow, const u8 *const *hrow, int NW, const Acts *A, u32 r0, int R,
+                       int fast, u32 kp, u32 nu, u32 u, u32 m, const v128_t *av, const v128_t *bv, v128_t keep,
+                       v128_t *acc, v128_t *bacc) {
+    v128_t s[4][4];
+    for (u32 j = 0; j < 4; j++) {
+        for (int i = 0; i < NW; i++) {
+            v128_t c0 = wasm_i32x4_splat(0), c1 = c0;
+            if (j < m) unit_codes(dt, qrow[i], hrow[i], u + j, &c0, &c1);
+            for (int r = 0; r < R; r++) {
+                u32 o = (r0 + r) * kp + 32 * (u + j);
+                s[i * R + r][j] = j < m ? unit_idot(dt, c0, c1, A->xq + o, A->xw + o, fast == 2) : wasm_i32x4_splat(0);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        u32 ri = r0 + r;
+        // activation scales and sums past the last unit are other scratch: masked, never multiplied
+        v128_t xd = wasm_v128_and(wasm_v128_load(A->xd + ri * nu + u), keep);
+        v128_t xs = wasm_v128_and(wasm_v128_load(A->xs32 + ri * nu + u), keep);
+        for (int i = 0; i < NW; i++) {
+            v128_t *sp = s[i * R + r];
+            v128_t t = wasm_f32x4_convert_i32x4(reduce4(sp[0], sp[1], sp[2], sp[3]));
+            acc[i * R + r] = wasm_f32x4_add(acc[i * R + r], wasm_f32x4_mul(t, wasm_f32x4_mul(av[i], xd)));
+            if (dt != F_Q8) bacc[i * R + r] = wasm_f32x4_add(bacc[i * R + r], wasm_f32x4_mul(bv[i], xs));
+        }
+    }
+}
+
+// (a, b) of units u .. u + m - 1 of a row with one f16 scale (and min) per unit, one lane per unit, zero past m
+INLINE void unit_coefs4(u32 dt, const RowCoefs *rc, u32 u, u32 m, v128_t *av, v128_t *bv) {
+    if (m >= 4) {
+        *av = f16x4(rc->sc + 2 * u);
+        *bv = (dt == F_Q4A || dt == F_Q5_1) ? f16x4(rc->mn + 2 * u) : wasm_f32x4_splat(0.0f);
+    } else {  // no loads past the row's scales
+        const u16 *sc = (const u16 *)rc->sc + u, *mn = (const u16 *)rc->mn + u;
+        *av = wasm_f32x4_make(f16_to_f32(sc[0]), m > 1 ? f16_to_f32(sc[1]) : 0.0f, m > 2 ? f16_to_f32(sc[2]) : 0.0f,
+                              0.0f);
+        *bv = wasm_f32x4_splat(0.0f);
+        if (dt == F_Q4A || dt == F_Q5_1)
+            *bv = wasm_f32x4_make(f16_to_f32(mn[0]), m > 1 ? f16_to_f32(mn[1]) : 0.0f,
+                                  m > 2 ? f16_to_f32(mn[2]) : 0.0f, 0.0f);
+    }
+    if (dt == F_Q4) *bv = wasm_f32x4_mul(*av, wasm_f32x4_splat(-8.0f));
+    else if (dt == F_Q5_0) *bv = wasm_f32x4_mul(*av, wasm_f32x4_splat(-16.0f));
+}
+
+// Fast mode for the formats with one scale per 32-unit (VEC4): NW weight rows n0.. against R activation rows,
+// out[i * R + r]. Each unit's integer dot is reduced exactly to one lane (reduce4) and scaled by the unit's weight
+// scale times its activation scale; a row's arithmetic is the same for every NW and R (batch invariance).
+INLINE void rows_dot_fast(u32 dt, const Weight *w, u32 n0, int NW, const Acts *A, u32 r0, int R, int fast,
+                          float *out) {
+    u32 kp = w->kp, nu = kp / 32;
+    const u8 *qrow[4], *hrow[4];
+    RowCoefs rc[4];
+    v128_t acc[4], bacc[4], av[4], bv[4];
+    for (int i = 0; i < NW; i++) {
+        qrow[i] = w->qweight + (n0 + i) * row_bytes_q(w);
+        hrow[i] = qhigh_row(w, n0 + i);
+        rc[i] = row_coefs(dt, w, n0 + i);
+    }
+    for (int i = 0; i < NW * R; i++) acc[i] = bacc[i] = wasm_f32x4_splat(0.0f);
+    u32 u = 0;
+    for (; u + 4 <= nu; u += 4) {
+        for (int i = 0; i < NW; i++) unit_coefs4(dt, &rc[i], u, 4, &av[i], &bv[i]);
+        fast_group(dt, qrow, hrow, NW, A, r0, R, fast, kp, nu, u, 4, av, bv, wasm_i32x4_splat(-1), acc, bacc);
+    }
+    if (u < nu) {  // the last 1-3 units: the same arithmetic, missing lanes zero
+        u32 m = nu - u;
+        for (int i = 0; i < NW; i++) unit_coefs4(dt, &rc[i], u, m, &av[i], &bv[i]);
+        fast_group(dt, qrow, hrow, NW, A, r0, R, fast, kp, nu, u, m, av, bv,
+                   wasm_i32x4_make(-1, m > 1 ? -1 : 0, m > 2 ? -1 : 0, 0), acc, bacc);
+    }
+    for (int i = 0; i < NW * R; i++) out[i] = hsum(acc[i]) + hsum(bacc[i]);
+}
+
 #define LANE(v, j) wasm_i32x4_shuffle(v, v, j, j, j, j)
 
 // One weight row against R activation rows (R constant after inlining). Per row the operations are the same
@@ -360,34 +468,23 @@ INLINE void row_dot(u32 dt, const Weight *w, u32 row, const Acts *A, u32 r0, int
     float bacc[4];
     for (int r = 0; r < R; r++) { acc[r] = bv4[r] = wasm_f32x4_splat(0.0f); bacc[r] = 0.0f; }
     u32 u = 0;
-    if (VEC4(dt, w)) {
+    if (VEC4(dt, w)) {  // (fast mode: rows_dot_fast)
         // 4 units per step: their scales, offsets and activation scales as vectors, one lane per unit
         for (; u + 4 <= nu; u += 4) {
             v128_t av = f16x4(rc.sc + 2 * u), bv = wasm_f32x4_splat(0.0f);
             if (dt == F_Q4) bv = wasm_f32x4_mul(av, wasm_f32x4_splat(-8.0f));
             else if (dt == F_Q5_0) bv = wasm_f32x4_mul(av, wasm_f32x4_splat(-16.0f));
             else if (dt == F_Q4A || dt == F_Q5_1) bv = f16x4(rc.mn + 2 * u);
-            v128_t cv[4];
-            for (int r = 0; r < R; r++) {
-                u32 ri = r0 + r;
-                bv4[r] = wasm_f32x4_add(bv4[r], wasm_f32x4_mul(bv, wasm_v128_load(A->xs32 + ri * nu + u)));
-                cv[r] = fast ? wasm_f32x4_mul(av, wasm_v128_load(A->xd + ri * nu + u)) : av;
-            }
+            for (int r = 0; r < R; r++)
+                bv4[r] = wasm_f32x4_add(bv4[r], wasm_f32x4_mul(bv, wasm_v128_load(A->xs32 + (r0 + r) * nu + u)));
 #define UNIT(j)                                                                                                   \
             {                                                                                                     \
                 v128_t c0, c1;                                                                                    \
                 unit_codes(dt, qrow, hrow, u + j, &c0, &c1);                                                      \
                 for (int r = 0; r < R; r++) {                                                                     \
-                    u32 ri = r0 + r;                                                                              \
-                    v128_t p;                                                                                     \
-                    if (fast) {                                                                                   \
-                        p = wasm_f32x4_convert_i32x4(unit_dot_i8(dt, c0, c1, A, ri, kp, u + j, fast == 2));                \
-                    } else {                                                                                      \
-                        v128_t h0, h1;                                                                            \
-                        unit_dot_f32(dt, c0, c1, A->x + ri * A->x_stride + 32 * (u + j), &h0, &h1);               \
-                        p = wasm_f32x4_add(h0, h1);                                                               \
-                    }                                                                                             \
-                    acc[r] = wasm_f32x4_add(acc[r], wasm_f32x4_mul(p, LANE(cv[r], j)));                           \
+                    v128_t h0, h1;                                                                                \
+                    unit_dot_f32(dt, c0, c1, A->x + (r0 + r) * A->x_stride + 32 * (u + j), &h0, &h1);             \
+                    acc[r] = wasm_f32x4_add(acc[r], wasm_f32x4_mul(wasm_f32x4_add(h0, h1), LANE(av, j)));         \
                 }                                                                                                 \
             }
             UNIT(0) UNIT(1) UNIT(2) UNIT(3)
@@ -448,6 +545,20 @@ INLINE void linear_rows(u32 dt, const Weight *w, const Acts *A, float *y, u32 y_
             if (dt == F_F32) {
                 if (R == TILE) row_dot_f32(w, n, A, r0, TILE, out);
                 else row_dot_f32(w, n, A, r0, 1, out);
+            } else if (fast && VEC4(dt, w)) {
+                // one activation row (decode): two weight rows at a time share its loads
+                u32 nw = R == 1 && n + 1 < w->n ? 2 : 1;
+                if (R == TILE) rows_dot_fast(dt, w, n, 1, A, r0, TILE, fast, out);
+                else if (nw == 2) rows_dot_fast(dt, w, n, 2, A, r0, 1, fast, out);
+                else rows_dot_fast(dt, w, n, 1, A, r0, 1, fast, out);
+                for (u32 i = 0; i < nw * R; i++) {  // out[i * R + r]: weight row n + i, activation row r0 + r
+                    u32 wi = i / R, r = i % R;
+                    float v = out[i] + (w->bias ? w->bias[n + wi] : 0.0f);
+                    float *dst = y + (r0 + r) * y_stride + n + wi;
+                    *dst = accumulate ? *dst + v : v;
+                }
+                n += nw - 1;
+                continue;
             } else if (fast == 2) {
                 if (R == TILE) row_dot(dt, w, n, A, r0, TILE, 2, out);
                 else row_dot(dt, w, n, A, r0, 1, 2, out);
@@ -755,6 +866,12 @@ EXPORT(wi_step) void wi_step(const Model *m, const Step *s) {
 EXPORT(wi_linear) void wi_linear(const Weight *w, const float *x, u32 x_stride, float *y, u32 y_stride, u32 rows,
                                  u32 accumulate, u32 fast, u8 *scratch) {
     linear(w, x, x_stride, y, y_stride, rows, accumulate, fast, scratch);
+}
+
+// wi_linear `reps` times in one call: the bench times kernels without the host's per-call cost (~40 us in wasmtime-py)
+EXPORT(wi_linear_reps) void wi_linear_reps(const Weight *w, const float *x, u32 x_stride, float *y, u32 y_stride,
+                                           u32 rows, u32 fast, u8 *scratch, u32 reps) {
+    for (u32 i = 0; i < reps; i++) linear(w, x, x_stride, y, y_stride, rows, 0, fast, scratch);
 }
 
 // bytes of scratch wi_linear needs for `rows` rows of K = kp
