@@ -546,8 +546,9 @@ INLINE void linear_rows(u32 dt, const Weight *w, const Acts *A, float *y, u32 y_
                 if (R == TILE) row_dot_f32(w, n, A, r0, TILE, out);
                 else row_dot_f32(w, n, A, r0, 1, out);
             } else if (fast && VEC4(dt, w)) {
-                // one activation row (decode): two weight rows at a time share its loads
-                u32 nw = R == 1 && n + 1 < w->n ? 2 : 1;
+                // one activation row (decode): two nibble-format weight rows at a time share its loads (q8: one,
+                // measured faster: its i16 path needs more registers)
+                u32 nw = R == 1 && dt != F_Q8 && n + 1 < w->n ? 2 : 1;
                 if (R == TILE) rows_dot_fast(dt, w, n, 1, A, r0, TILE, fast, out);
                 else if (nw == 2) rows_dot_fast(dt, w, n, 2, A, r0, 1, fast, out);
                 else rows_dot_fast(dt, w, n, 1, A, r0, 1, fast, out);
