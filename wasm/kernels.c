@@ -709,16 +709,48 @@ INLINE u32 pcg(u32 v) {
     return (w >> 22) ^ w;
 }
 
+// webinfer/kernels/sampling.py's RowParams (sample.wgsl), packed by its pack(): the CPU engine reads the mask, the
+// logit_bias entries and min_p; counts_slot and the penalties / logprobs fields are not used here (the engine's
+// chunks carry none of them).
 typedef struct {
     u32 logit_row, top_k, seed, index;
     float temperature, top_p;
-    u32 _pad0, _pad1;
-} SampleParams;  // sample.wgsl's RowParams
+    u32 mask_off, bias_off, bias_n;  // word offsets into the step's aux words; mask_off NONE: no mask
+    u32 counts_slot;
+    float freq, pres, rep, min_p;
+    u32 n_logprobs, _pad;
+} SampleParams;
+#define NONE 0xffffffffu
 
-// The GPU sampler's rule (webinfer/kernels/sampling.py): greedy = argmax, lowest id on ties; else temperature ->
-// top-k (logit descending, id ascending) -> top-p (shortest prefix of that order whose mass reaches top_p of the
-// kept mass) -> inverse CDF in id order at u * mass, u = uniform(seed, index). scratch: 17 bytes x vocab.
-static u32 sample_row(const float *l, u32 vocab, const SampleParams *p, u8 *scratch) {
+// natural log for x in (0, 1] (min_p's threshold), within a few ulp: x = 2^e m, m in [sqrt(1/2), sqrt(2)),
+// log m = 2 atanh(s), s = (m - 1) / (m + 1), by its odd series
+static float logf_(float x) {
+    u32 b = f32_bits(x);
+    i32 e = (i32)((b >> 23) & 0xff) - 127;
+    float m = bits_f32((b & 0x7fffffu) | 0x3f800000u);
+    if (m > 1.41421356f) { m *= 0.5f; e += 1; }
+    float t = (m - 1.0f) / (m + 1.0f), t2 = t * t;
+    float poly = 1.0f + t2 * (1.0f / 3 + t2 * (1.0f / 5 + t2 * (1.0f / 7 + t2 * (1.0f / 9 + t2 * (1.0f / 11)))));
+    return 2.0f * t * poly + (float)e * 0.693147180559945f;
+}
+
+// The GPU sampler's rule (webinfer/kernels/sampling.py, sample.wgsl): the row's controls first (the mask's
+// disallowed tokens -> -inf, then logit_bias added); greedy = argmax, lowest id on ties; else temperature ->
+// min_p (logits below max + T ln(min_p) -> -inf) -> top-k (logit descending, id ascending) -> top-p (shortest
+// prefix of that order whose mass reaches top_p of the kept mass) -> inverse CDF in id order at u * mass,
+// u = uniform(seed, index). aux: the step's mask / bias words. scratch: 21 bytes x vocab (+ 32).
+static u32 sample_row(const float *l, u32 vocab, const SampleParams *p, const u32 *aux, u8 *scratch) {
+    float *proc = (float *)(scratch + ((17 * vocab + 31) & ~15u));  // the processed logits, when there are controls
+    if (p->mask_off != NONE || p->bias_n) {
+        const u32 *mask = p->mask_off != NONE ? aux + p->mask_off : 0;
+        for (u32 i = 0; i < vocab; i++)
+            proc[i] = mask && !((mask[i >> 5] >> (i & 31)) & 1u) ? bits_f32(0xff800000u) : l[i];
+        for (u32 j = 0; j < p->bias_n; j++) {
+            u32 id = aux[p->bias_off + 2 * j];
+            if (id < vocab) proc[id] += bits_f32(aux[p->bias_off + 2 * j + 1]);
+        }
+        l = proc;
+    }
     u32 best = 0;
     u32 bk = okey(l[0]);
     for (u32 i = 1; i < vocab; i++) {
@@ -727,6 +759,11 @@ static u32 sample_row(const float *l, u32 vocab, const SampleParams *p, u8 *scra
     }
     if (p->temperature <= 0.0f || p->top_k == 1) return best;
     float mx = l[best], inv_t = 1.0f / p->temperature;
+    if (p->min_p > 0.0f) {  // p_i >= min_p * p_max  <=>  l_i >= max + T ln(min_p): the rest count as -inf
+        float thr = mx + logf_(p->min_p) * p->temperature;
+        for (u32 i = 0; i < vocab; i++) proc[i] = l[i] >= thr ? l[i] : bits_f32(0xff800000u);
+        l = proc;
+    }
     float u = (float)(pcg(pcg(p->seed) + p->index) >> 8) * (1.0f / 16777216.0f);
     int use_k = p->top_k > 0 && p->top_k < vocab;
     u8 *kept = scratch;
@@ -819,6 +856,7 @@ typedef struct {
     const u32 *sample_rows;        // token row of each sampled chunk
     const SampleParams *params;    // per sampled chunk (logit_row = its index)
     u32 *out_ids;
+    const u32 *aux;                // the sampled rows' masks and logit_bias entries (SampleParams offsets)
 } Step;
 
 // One engine step: every fed token through the model, K/V into the paged cache, the sampled rows' next ids.
@@ -858,7 +896,7 @@ EXPORT(wi_step) void wi_step(const Model *m, const Step *s) {
     if (s->n_sampled)
         linear(m->lm_head, m->xs, d, m->logits, m->vocab, s->n_sampled, 0, (m->fast & FAST_HEAD) != 0, m->work);
     for (u32 j = 0; j < s->n_sampled; j++)
-        s->out_ids[j] = sample_row(m->logits + j * m->vocab, m->vocab, s->params + j, m->work);
+        s->out_ids[j] = sample_row(m->logits + j * m->vocab, m->vocab, s->params + j, s->aux, m->work);
 }
 
 // ------------------------------------------------------------------------------------------------ single kernels
@@ -910,9 +948,9 @@ EXPORT(wi_exp) void wi_exp(const float *x, float *y, u32 n) {
     for (u32 i = 0; i < n; i++) y[i] = expf_(x[i]);
 }
 
-EXPORT(wi_sample) void wi_sample(const float *logits, u32 vocab, const SampleParams *p, u32 rows, u32 *out,
-                                 u8 *scratch) {
-    for (u32 j = 0; j < rows; j++) out[j] = sample_row(logits + p[j].logit_row * vocab, vocab, p + j, scratch);
+EXPORT(wi_sample) void wi_sample(const float *logits, u32 vocab, const SampleParams *p, const u32 *aux, u32 rows,
+                                 u32 *out, u8 *scratch) {
+    for (u32 j = 0; j < rows; j++) out[j] = sample_row(logits + p[j].logit_row * vocab, vocab, p + j, aux, scratch);
 }
 
 // Read bandwidth: sums `bytes` bytes (a multiple of 64) `reps` times; the bench sets GEMV GB/s beside it.

@@ -230,11 +230,6 @@ class LLM:
         if r.params.speculative_tokens and self.engine.proposer is None:
             raise InvalidRequestError("speculative_tokens", "this engine has no speculative proposer (start it with "
                                                             "speculative decoding on, e.g. --speculative prompt-lookup)")
-        if not getattr(self.engine.runner, "sampling_controls", True):
-            for field, used in (("response_format", r.response_format is not None),
-                                ("logit_bias", bool(r.params.logit_bias)), ("min_p", r.params.min_p > 0)):
-                if used:
-                    raise InvalidRequestError(field, "is not supported by this backend (the CPU engine) yet")
         vocab = self.engine.runner.vocab_size
         if any(not 0 <= t < vocab for t in r.params.logit_bias):
             raise InvalidRequestError("logit_bias", f"token ids must be in [0, {vocab})")
