@@ -226,7 +226,14 @@ typedef struct {
     i16 *xw;      // [rows, kp]
     float *xd;    // [rows, kp / 32]
     float *xs32;  // [rows, kp / 32]: sums of whole units (the 4-unit path's offset term)
+    i16 *xl;      // [rows, kp]: exact mode's low halves (EXACT_INT)
 } Acts;
+
+// linear()'s activation modes: f32, int8 / int16 codes per 32-block (fast mode), and exact mode's integer form for
+// the formats with one scale per unit (VEC4): each element as hi * D + lo * D / 32768 with int16 hi and lo
+// (D = block amax / 32767). That is x to within 2^-31 of its block's largest element: below f32's own rounding of
+// any dot product over the block, so this is exact mode's precision with the integer dot products' speed.
+enum { ACT_F32 = 0, ACT_I8 = 1, ACT_I16 = 2, EXACT_INT = 3 };
 
 INLINE float hsum(v128_t v) {
     return (wasm_f32x4_extract_lane(v, 0) + wasm_f32x4_extract_lane(v, 1)) +
@@ -246,7 +253,26 @@ static void prepare_acts(Acts *A, u32 rows, u32 k, u32 kp, int fast, int perm, f
         }
         for (u32 b = 0; b < kp / 32; b++)
             A->xs32[r * (kp / 32) + b] = A->xsum[r * (kp / 16) + 2 * b] + A->xsum[r * (kp / 16) + 2 * b + 1];
-        if (fast) {
+        if (fast == EXACT_INT) {
+            for (u32 b = 0; b < kp / 32; b++) {
+                float amax = 0.0f;
+                for (u32 i = 32 * b; i < 32 * b + 32 && i < k; i++) {
+                    float v = x[i] < 0 ? -x[i] : x[i];
+                    amax = v > amax ? v : amax;
+                }
+                // in f64: hi * D and x - hi * D are exact there, so lo rounds only once
+                float D = amax / 32767.0f;
+                double Dd = D, id = D > 0.0f ? 1.0 / Dd : 0.0, il = D > 0.0f ? 32768.0 / Dd : 0.0;
+                A->xd[r * (kp / 32) + b] = D / 32768.0f;
+                for (u32 i = 0; i < 32; i++) {
+                    u32 e = 32 * b + i, slot = 32 * b + (perm ? (i % 2) * 16 + i / 2 : i);
+                    double v = e < k ? (double)x[e] : 0.0, hi = __builtin_rint(v * id);
+                    hi = hi > 32767.0 ? 32767.0 : hi < -32767.0 ? -32767.0 : hi;
+                    A->xw[r * kp + slot] = (i16)(i32)hi;
+                    A->xl[r * kp + slot] = (i16)(i32)__builtin_rint((v - hi * Dd) * il);
+                }
+            }
+        } else if (fast) {
             for (u32 b = 0; b < kp / 32; b++) {
                 float amax = 0.0f;
                 for (u32 i = 32 * b; i < 32 * b + 32 && i < k; i++) {
@@ -384,14 +410,16 @@ INLINE v128_t reduce4(v128_t s0, v128_t s1, v128_t s2, v128_t s3) {
 INLINE void fast_group(u32 dt, const u8 *const *qrow, const u8 *const *hrow, int NW, const Acts *A, u32 r0, int R,
                        int fast, u32 kp, u32 nu, u32 u, u32 m, const v128_t *av, const v128_t *bv, v128_t keep,
                        v128_t *acc, v128_t *bacc) {
-    v128_t s[4][4];
+    v128_t s[4][4], sl[4][4];  // sl: EXACT_INT's low halves
     for (u32 j = 0; j < 4; j++) {
         for (int i = 0; i < NW; i++) {
             v128_t c0 = wasm_i32x4_splat(0), c1 = c0;
             if (j < m) unit_codes(dt, qrow[i], hrow[i], u + j, &c0, &c1);
             for (int r = 0; r < R; r++) {
                 u32 o = (r0 + r) * kp + 32 * (u + j);
-                s[i * R + r][j] = j < m ? unit_idot(dt, c0, c1, A->xq + o, A->xw + o, fast == 2) : wasm_i32x4_splat(0);
+                v128_t z = wasm_i32x4_splat(0);
+                s[i * R + r][j] = j < m ? unit_idot(dt, c0, c1, A->xq + o, A->xw + o, fast >= ACT_I16) : z;
+                if (fast == EXACT_INT) sl[i * R + r][j] = j < m ? unit_idot(dt, c0, c1, A->xq + o, A->xl + o, 1) : z;
             }
         }
     }
@@ -403,6 +431,11 @@ INLINE void fast_group(u32 dt, const u8 *const *qrow, const u8 *const *hrow, int
         for (int i = 0; i < NW; i++) {
             v128_t *sp = s[i * R + r];
             v128_t t = wasm_f32x4_convert_i32x4(reduce4(sp[0], sp[1], sp[2], sp[3]));
+            if (fast == EXACT_INT) {
+                v128_t *lp = sl[i * R + r];
+                t = wasm_f32x4_add(wasm_f32x4_mul(t, wasm_f32x4_splat(32768.0f)),
+                                   wasm_f32x4_convert_i32x4(reduce4(lp[0], lp[1], lp[2], lp[3])));
+            }
             acc[i * R + r] = wasm_f32x4_add(acc[i * R + r], wasm_f32x4_mul(t, wasm_f32x4_mul(av[i], xd)));
             if (dt != F_Q8) bacc[i * R + r] = wasm_f32x4_add(bacc[i * R + r], wasm_f32x4_mul(bv[i], xs));
         }
@@ -456,42 +489,17 @@ INLINE void rows_dot_fast(u32 dt, const Weight *w, u32 n0, int NW, const Acts *A
     for (int i = 0; i < NW * R; i++) out[i] = hsum(acc[i]) + hsum(bacc[i]);
 }
 
-#define LANE(v, j) wasm_i32x4_shuffle(v, v, j, j, j, j)
-
-// One weight row against R activation rows (R constant after inlining). Per row the operations are the same
+// One weight row against R activation rows (R constant after inlining), unit by unit: the formats other than
+// rows_dot_fast's (K-quants, groups over 32). Per row the operations are the same
 // whatever R is: a token's result does not depend on its neighbours.
 INLINE void row_dot(u32 dt, const Weight *w, u32 row, const Acts *A, u32 r0, int R, int fast, float *out) {
     const u8 *qrow = w->qweight + row * row_bytes_q(w), *hrow = qhigh_row(w, row);
     u32 kp = w->kp, nu = kp / 32;
     RowCoefs rc = row_coefs(dt, w, row);
-    v128_t acc[4], bv4[4];
+    v128_t acc[4];
     float bacc[4];
-    for (int r = 0; r < R; r++) { acc[r] = bv4[r] = wasm_f32x4_splat(0.0f); bacc[r] = 0.0f; }
-    u32 u = 0;
-    if (VEC4(dt, w)) {  // (fast mode: rows_dot_fast)
-        // 4 units per step: their scales, offsets and activation scales as vectors, one lane per unit
-        for (; u + 4 <= nu; u += 4) {
-            v128_t av = f16x4(rc.sc + 2 * u), bv = wasm_f32x4_splat(0.0f);
-            if (dt == F_Q4) bv = wasm_f32x4_mul(av, wasm_f32x4_splat(-8.0f));
-            else if (dt == F_Q5_0) bv = wasm_f32x4_mul(av, wasm_f32x4_splat(-16.0f));
-            else if (dt == F_Q4A || dt == F_Q5_1) bv = f16x4(rc.mn + 2 * u);
-            for (int r = 0; r < R; r++)
-                bv4[r] = wasm_f32x4_add(bv4[r], wasm_f32x4_mul(bv, wasm_v128_load(A->xs32 + (r0 + r) * nu + u)));
-#define UNIT(j)                                                                                                   \
-            {                                                                                                     \
-                v128_t c0, c1;                                                                                    \
-                unit_codes(dt, qrow, hrow, u + j, &c0, &c1);                                                      \
-                for (int r = 0; r < R; r++) {                                                                     \
-                    v128_t h0, h1;                                                                                \
-                    unit_dot_f32(dt, c0, c1, A->x + (r0 + r) * A->x_stride + 32 * (u + j), &h0, &h1);             \
-                    acc[r] = wasm_f32x4_add(acc[r], wasm_f32x4_mul(wasm_f32x4_add(h0, h1), LANE(av, j)));         \
-                }                                                                                                 \
-            }
-            UNIT(0) UNIT(1) UNIT(2) UNIT(3)
-#undef UNIT
-        }
-    }
-    for (; u < nu; u++) {
+    for (int r = 0; r < R; r++) { acc[r] = wasm_f32x4_splat(0.0f); bacc[r] = 0.0f; }
+    for (u32 u = 0; u < nu; u++) {
         v128_t c0, c1;
         unit_codes(dt, qrow, hrow, u, &c0, &c1);
         float a0, b0, a1, b1;
@@ -513,7 +521,7 @@ INLINE void row_dot(u32 dt, const Weight *w, u32 row, const Acts *A, u32 r0, int
             }
         }
     }
-    for (int r = 0; r < R; r++) out[r] = hsum(acc[r]) + (hsum(bv4[r]) + bacc[r]);
+    for (int r = 0; r < R; r++) out[r] = hsum(acc[r]) + bacc[r];
 }
 
 INLINE void row_dot_f32(const Weight *w, u32 row, const Acts *A, u32 r0, int R, float *out) {
@@ -548,7 +556,7 @@ INLINE void linear_rows(u32 dt, const Weight *w, const Acts *A, float *y, u32 y_
             } else if (fast && VEC4(dt, w)) {
                 // one activation row (decode): two nibble-format weight rows at a time share its loads (q8: one,
                 // measured faster: its i16 path needs more registers)
-                u32 nw = R == 1 && dt != F_Q8 && n + 1 < w->n ? 2 : 1;
+                u32 nw = R == 1 && dt != F_Q8 && fast != EXACT_INT && n + 1 < w->n ? 2 : 1;
                 if (R == TILE) rows_dot_fast(dt, w, n, 1, A, r0, TILE, fast, out);
                 else if (nw == 2) rows_dot_fast(dt, w, n, 2, A, r0, 1, fast, out);
                 else rows_dot_fast(dt, w, n, 1, A, r0, 1, fast, out);
@@ -586,8 +594,9 @@ INLINE void linear_rows(u32 dt, const Weight *w, const Acts *A, float *y, u32 y_
 static void linear(const Weight *w, const float *x, u32 x_stride, float *y, u32 y_stride, u32 rows, int accumulate,
                    int fast, u8 *scratch) {
     u32 kp = w->dtype == F_F32 ? w->k : w->kp;
-    Acts A = {x, x_stride, (float *)scratch, 0, 0, 0, 0};
-    if (w->dtype == F_F32) fast = 0;  // 0 exact, 1 int8 activations, 2 int16 activations
+    Acts A = {x, x_stride, (float *)scratch, 0, 0, 0, 0, 0};
+    if (w->dtype == F_F32) fast = ACT_F32;  // in: 0 exact, 1 int8 activations, 2 int16 activations
+    else if (fast == ACT_F32 && VEC4(w->dtype, w)) fast = EXACT_INT;
     if (w->dtype != F_F32) {
         u8 *p = scratch + rows * (kp / 16) * 4;
         A.xd = (float *)p;
@@ -597,6 +606,7 @@ static void linear(const Weight *w, const float *x, u32 x_stride, float *y, u32 
         A.xw = (i16 *)p;
         p += rows * kp * 2;
         A.xq = (i8 *)p;
+        A.xl = (i16 *)p;  // EXACT_INT uses neither xq nor xpad: its 2 bytes per element fit their 5
         p += rows * kp;
         prepare_acts(&A, rows, w->k, kp, fast, ODD_EVEN(w->dtype), (float *)(((uintptr_t)p + 15) & ~(uintptr_t)15));
     }
