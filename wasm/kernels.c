@@ -542,6 +542,14 @@ INLINE void row_dot_f32(const Weight *w, u32 row, const Acts *A, u32 r0, int R, 
 
 #define TILE 4
 
+// rows_dot_fast for a 4-row tile (R == TILE: one weight row) or one activation row (nw weight rows)
+INLINE void rows_dot_tile(u32 dt, const Weight *w, u32 n, u32 nw, const Acts *A, u32 r0, u32 R, int fast,
+                          float *out) {
+    if (R == TILE) rows_dot_fast(dt, w, n, 1, A, r0, TILE, fast, out);
+    else if (nw == 2) rows_dot_fast(dt, w, n, 2, A, r0, 1, fast, out);
+    else rows_dot_fast(dt, w, n, 1, A, r0, 1, fast, out);
+}
+
 // Rows in tiles of 4 (each weight row decoded once per tile), the rest one by one: a row's arithmetic is the same
 // in every path, so tiling never changes a result.
 INLINE void linear_rows(u32 dt, const Weight *w, const Acts *A, float *y, u32 y_stride, u32 rows, int accumulate,
@@ -557,9 +565,10 @@ INLINE void linear_rows(u32 dt, const Weight *w, const Acts *A, float *y, u32 y_
                 // one activation row (decode): two nibble-format weight rows at a time share its loads (q8: one,
                 // measured faster: its i16 path needs more registers)
                 u32 nw = R == 1 && dt != F_Q8 && fast != EXACT_INT && n + 1 < w->n ? 2 : 1;
-                if (R == TILE) rows_dot_fast(dt, w, n, 1, A, r0, TILE, fast, out);
-                else if (nw == 2) rows_dot_fast(dt, w, n, 2, A, r0, 1, fast, out);
-                else rows_dot_fast(dt, w, n, 1, A, r0, 1, fast, out);
+                // a constant mode per call, so that each mode's loop is specialised (no per-unit mode branches)
+                if (fast == EXACT_INT) rows_dot_tile(dt, w, n, nw, A, r0, R, EXACT_INT, out);
+                else if (fast == ACT_I16) rows_dot_tile(dt, w, n, nw, A, r0, R, ACT_I16, out);
+                else rows_dot_tile(dt, w, n, nw, A, r0, R, ACT_I8, out);
                 for (u32 i = 0; i < nw * R; i++) {  // out[i * R + r]: weight row n + i, activation row r0 + r
                     u32 wi = i / R, r = i % R;
                     float v = out[i] + (w->bias ? w->bias[n + wi] : 0.0f);
