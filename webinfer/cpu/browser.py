@@ -32,9 +32,19 @@ async def js_host(variant: str = "auto") -> JsHost:
         if v == "relaxed" and inst.exports.wi_selftest() != 1:
             why += "relaxed SIMD self-test failed; "
             continue
-        return JsHost(inst, v == "relaxed",
-                      why + ("relaxed SIMD: validated and self-test passed" if v == "relaxed" else "base SIMD128"))
+        variant = "relaxed SIMD: validated and self-test passed" if v == "relaxed" else "base SIMD128"
+        return JsHost(inst, v == "relaxed", f"{why}{variant}; {one_worker_reason()}")
     raise WebinferError(f"the CPU engine needs WebAssembly SIMD128, which this browser lacks ({why.rstrip('; ')})")
+
+
+def one_worker_reason() -> str:
+    """Why the engine runs in one Worker here: two need SharedArrayBuffer, i.e. a cross-origin isolated page."""
+    from js import globalThis  # noqa: PLC0415 (Pyodide only)
+
+    if not getattr(globalThis, "crossOriginIsolated", False):
+        return ("one Worker: the page is not cross-origin isolated (serve it with Cross-Origin-Opener-Policy: "
+                "same-origin and Cross-Origin-Embedder-Policy: require-corp, as `webinfer serve` does)")
+    return "one Worker: the page is cross-origin isolated, but the two-Worker engine is not built yet"
 
 
 async def choose_backend(backend: str, get_device) -> tuple[str, str]:
