@@ -9,10 +9,11 @@
 // 32 elements, each unit two halves of 16 with a coefficient pair (a, b) such that value = a * q + b, q the
 // element's code (q4k/q5k/q6k sub-block scales fold into a; offsets into b). A row's dot product with x is then
 //     sum over halves of  a * sum(q * x) + b * sum(x)
-// with the half-sums of x computed once per activation row (xsum16). Exact mode keeps x in f32; fast mode
-// quantizes each 32-element block of x to int8 with one f32 scale (as llama.cpp's Q8 activations) and sums q * x
-// in integers. A row's result depends only on that row (no cross-row reductions), so a token gives the same
-// numbers alone, batched, or in a prefill chunk (batch invariance).
+// with the half-sums of x computed once per activation row (xsum16). Fast mode quantizes each 32-element block of
+// x to int8 with one f32 scale (as llama.cpp's Q8 activations) and sums q * x in integers; exact mode keeps f32
+// precision: x as two int16 per element (EXACT_INT) for the formats with one scale per unit, f32 for the rest.
+// A row's result depends only on that row (no cross-row reductions), so a token gives the same numbers alone,
+// batched, or in a prefill chunk (batch invariance).
 #include <stdint.h>
 #include <wasm_simd128.h>
 
@@ -243,8 +244,10 @@ INLINE float hsum(v128_t v) {
 // x rows have k elements; the weights' padding up to kp multiplies zeros. `perm`: the nibble formats' block order
 // (ODD_EVEN): element i of each 32-block goes to slot (i % 2) * 16 + i / 2. The copy (exact mode) and the int8
 // codes (fast mode) are written in that order; the half-sums xsum stay in natural order (half = elements 16h..).
-static void prepare_acts(Acts *A, u32 rows, u32 k, u32 kp, int fast, int perm, float *xpad) {
-    for (u32 r = 0; r < rows; r++) {
+// prepare = 0: the arrays already hold this x's preparation for the same layout (the previous linear() call, on
+// a matrix with the same format, k and group size: q/k/v, gate/up); only the pointers are set.
+static void prepare_acts(Acts *A, u32 rows, u32 k, u32 kp, int fast, int perm, float *xpad, int prepare) {
+    for (u32 r = 0; r < rows && prepare; r++) {
         const float *x = A->x + r * A->x_stride;
         for (u32 h = 0; h < kp / 16; h++) {
             float s = 0.0f;
@@ -383,8 +386,9 @@ INLINE v128_t unit_idot(u32 dt, v128_t c0, v128_t c1, const i8 *xq, const i16 *x
     // i16 lanes: |x| <= 127 and codes <= 31, so each pair sum and the two halves' sum stay < 2^15 (no saturation,
     // whatever the engine's choice)
     if (!sgn && !wide)
-        return wasm_i32x4_extadd_pairwise_i16x8(wasm_i16x8_add(wasm_i16x8_relaxed_dot_i8x16_i7x16(wasm_v128_load(xq), c0),
-                                                               wasm_i16x8_relaxed_dot_i8x16_i7x16(wasm_v128_load(xq + 16), c1)));
+        return wasm_i32x4_extadd_pairwise_i16x8(
+            wasm_i16x8_add(wasm_i16x8_relaxed_dot_i8x16_i7x16(wasm_v128_load(xq), c0),
+                           wasm_i16x8_relaxed_dot_i8x16_i7x16(wasm_v128_load(xq + 16), c1)));
 #endif
     (void)xq;
     v128_t w0 = sgn ? wasm_i16x8_extend_low_i8x16(c0) : wasm_u16x8_extend_low_u8x16(c0);
@@ -599,9 +603,9 @@ INLINE void linear_rows(u32 dt, const Weight *w, const Acts *A, float *y, u32 y_
 }
 
 // y[r, n] (+)= W x[r] (+ bias) for `rows` activation rows: GEMV for one row, 4-row GEMM tiles for more.
-// scratch: room for prepare_acts (wi_linear_scratch_bytes).
+// scratch: room for prepare_acts (wi_linear_scratch_bytes); prepare: see prepare_acts.
 static void linear(const Weight *w, const float *x, u32 x_stride, float *y, u32 y_stride, u32 rows, int accumulate,
-                   int fast, u8 *scratch) {
+                   int fast, u8 *scratch, int prepare) {
     u32 kp = w->dtype == F_F32 ? w->k : w->kp;
     Acts A = {x, x_stride, (float *)scratch, 0, 0, 0, 0, 0};
     if (w->dtype == F_F32) fast = ACT_F32;  // in: 0 exact, 1 int8 activations, 2 int16 activations
@@ -617,7 +621,8 @@ static void linear(const Weight *w, const float *x, u32 x_stride, float *y, u32 
         A.xq = (i8 *)p;
         A.xl = (i16 *)p;  // EXACT_INT uses neither xq nor xpad: its 2 bytes per element fit their 5
         p += rows * kp;
-        prepare_acts(&A, rows, w->k, kp, fast, ODD_EVEN(w->dtype), (float *)(((uintptr_t)p + 15) & ~(uintptr_t)15));
+        prepare_acts(&A, rows, w->k, kp, fast, ODD_EVEN(w->dtype), (float *)(((uintptr_t)p + 15) & ~(uintptr_t)15),
+                     prepare);
     }
     switch (w->dtype) {  // one specialised loop per format: the format's branches fold away
         case F_F32: linear_rows(F_F32, w, &A, y, y_stride, rows, accumulate, 0); break;
@@ -878,6 +883,11 @@ typedef struct {
     const u32 *aux;                // the sampled rows' masks and logit_bias entries (SampleParams offsets)
 } Step;
 
+// whether b's activations are prepared as a's (same format, k and group size): the second may reuse the first's
+INLINE int same_layout(const Weight *a, const Weight *b) {
+    return a->dtype == b->dtype && a->k == b->k && a->kp == b->kp && a->gs == b->gs;
+}
+
 // One engine step: every fed token through the model, K/V into the paged cache, the sampled rows' next ids.
 EXPORT(wi_step) void wi_step(const Model *m, const Step *s) {
     u32 T = s->n_tokens, d = m->d, hd = m->hd, qd = m->n_heads * hd, kvd = m->n_kv * hd, bs = m->block_size;
@@ -886,9 +896,9 @@ EXPORT(wi_step) void wi_step(const Model *m, const Step *s) {
         const Layer *L = m->layers + li;
         rmsnorm(m->r, d, L->attn_norm, m->xn, d, T, d, m->eps);
         int fq = (m->fast & FAST_QKV) != 0;
-        linear(L->q, m->xn, d, m->q, qd, T, 0, fq, m->work);
-        linear(L->k, m->xn, d, m->k, kvd, T, 0, fq, m->work);
-        linear(L->v, m->xn, d, m->v, kvd, T, 0, fq, m->work);
+        linear(L->q, m->xn, d, m->q, qd, T, 0, fq, m->work, 1);
+        linear(L->k, m->xn, d, m->k, kvd, T, 0, fq, m->work, !same_layout(L->q, L->k));
+        linear(L->v, m->xn, d, m->v, kvd, T, 0, fq, m->work, !same_layout(L->k, L->v));
         for (u32 t = 0; t < T; t++) {
             rope_row(m->q + t * qd, m->n_heads, hd, m->cos_t, m->sin_t, s->pos[t]);
             rope_row(m->k + t * kvd, m->n_kv, hd, m->cos_t, m->sin_t, s->pos[t]);
@@ -903,17 +913,19 @@ EXPORT(wi_step) void wi_step(const Model *m, const Step *s) {
                            m->n_heads, m->n_kv, hd, bs, m->scores);
             }
         }
-        linear(L->o, m->attn, qd, m->r, d, T, 1, (m->fast & FAST_O) != 0, m->work);
+        linear(L->o, m->attn, qd, m->r, d, T, 1, (m->fast & FAST_O) != 0, m->work, 1);
         rmsnorm(m->r, d, L->ffn_norm, m->xn, d, T, d, m->eps);
-        linear(L->gate, m->xn, d, m->g, m->f, T, 0, (m->fast & FAST_GATE_UP) != 0, m->work);
-        linear(L->up, m->xn, d, m->u, m->f, T, 0, (m->fast & FAST_GATE_UP) != 0, m->work);
+        linear(L->gate, m->xn, d, m->g, m->f, T, 0, (m->fast & FAST_GATE_UP) != 0, m->work, 1);
+        linear(L->up, m->xn, d, m->u, m->f, T, 0, (m->fast & FAST_GATE_UP) != 0, m->work,
+               !same_layout(L->gate, L->up));
         for (u32 i = 0; i < T * m->f; i++) m->g[i] = silu(m->g[i]) * m->u[i];
-        linear(L->down, m->g, m->f, m->r, d, T, 1, (m->fast & FAST_DOWN16) ? 2 : (m->fast & FAST_DOWN) != 0, m->work);
+        linear(L->down, m->g, m->f, m->r, d, T, 1, (m->fast & FAST_DOWN16) ? 2 : (m->fast & FAST_DOWN) != 0, m->work,
+               1);
     }
     for (u32 j = 0; j < s->n_sampled; j++)
         rmsnorm(m->r + s->sample_rows[j] * d, d, m->norm, m->xs + j * d, d, 1, d, m->eps);
     if (s->n_sampled)
-        linear(m->lm_head, m->xs, d, m->logits, m->vocab, s->n_sampled, 0, (m->fast & FAST_HEAD) != 0, m->work);
+        linear(m->lm_head, m->xs, d, m->logits, m->vocab, s->n_sampled, 0, (m->fast & FAST_HEAD) != 0, m->work, 1);
     for (u32 j = 0; j < s->n_sampled; j++)
         s->out_ids[j] = sample_row(m->logits + j * m->vocab, m->vocab, s->params + j, s->aux, m->work);
 }
@@ -923,13 +935,13 @@ EXPORT(wi_step) void wi_step(const Model *m, const Step *s) {
 
 EXPORT(wi_linear) void wi_linear(const Weight *w, const float *x, u32 x_stride, float *y, u32 y_stride, u32 rows,
                                  u32 accumulate, u32 fast, u8 *scratch) {
-    linear(w, x, x_stride, y, y_stride, rows, accumulate, fast, scratch);
+    linear(w, x, x_stride, y, y_stride, rows, accumulate, fast, scratch, 1);
 }
 
 // wi_linear `reps` times in one call: the bench times kernels without the host's per-call cost (~40 us in wasmtime-py)
 EXPORT(wi_linear_reps) void wi_linear_reps(const Weight *w, const float *x, u32 x_stride, float *y, u32 y_stride,
                                            u32 rows, u32 fast, u8 *scratch, u32 reps) {
-    for (u32 i = 0; i < reps; i++) linear(w, x, x_stride, y, y_stride, rows, 0, fast, scratch);
+    for (u32 i = 0; i < reps; i++) linear(w, x, x_stride, y, y_stride, rows, 0, fast, scratch, 1);
 }
 
 // bytes of scratch wi_linear needs for `rows` rows of K = kp
