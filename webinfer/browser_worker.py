@@ -73,11 +73,13 @@ class PageWorker:
 
     async def load(self, manifest_text: str, js_files, where: str, engine_json: str = "{}") -> dict:
         """Take the files over from JS (a Map name -> Uint8Array), open the package and build the LLM.
-        engine_json: {"speculative": null | "prompt-lookup", "speculative_tokens": int} from webinfer.js load()."""
+        engine_json: {"backend", "cpu_mode", "speculative": null | "prompt-lookup", "speculative_tokens": int} from
+        webinfer.js load()."""
         t0 = time.perf_counter()
         eng = json.loads(engine_json)
         self.options = replace(PAGE_ENGINE, speculative=eng.get("speculative") or None,
-                               speculative_tokens=int(eng.get("speculative_tokens") or 4))
+                               speculative_tokens=int(eng.get("speculative_tokens") or 4),
+                               cpu_mode=eng.get("cpu_mode") or "exact")
         from .cpu.browser import choose_backend  # noqa: PLC0415
 
         self.backend, self.backend_reason = await choose_backend(eng.get("backend") or "webgpu", self.get_device)
