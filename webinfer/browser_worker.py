@@ -80,12 +80,15 @@ class PageWorker:
         self.options = replace(PAGE_ENGINE, speculative=eng.get("speculative") or None,
                                speculative_tokens=int(eng.get("speculative_tokens") or 4),
                                cpu_mode=eng.get("cpu_mode") or "exact")
-        from .cpu.browser import choose_backend  # noqa: PLC0415
+        from .cpu.browser import choose_backend, js_host  # noqa: PLC0415
 
-        self.backend, self.backend_reason = await choose_backend(eng.get("backend") or "webgpu", self.get_device)
         files = {str(name): js_files.get(name).to_bytes() for name in list(js_files.keys())}  # one copy each
         t_copy = time.perf_counter()
         self.package = open_package(manifest_text, files, where)
+        cfg = self.package.config  # "auto" on a real adapter times both engines on the model's gate matrix
+        self.backend, self.backend_reason = await choose_backend(
+            eng.get("backend") or "webgpu", self.get_device, shape=(cfg.intermediate_size, cfg.hidden_size),
+            make_host=js_host)
         dev = await self.get_device() if self.backend == "webgpu" else None
         await self.build()
         timings = {"handover_ms": (t_copy - t0) * 1e3, **self.build_timings}

@@ -61,3 +61,39 @@ def test_cpu_equals_reference_under_controls(llms, req):
     ref, cpu = llms
     a, b = _complete(ref, **req)["choices"][0], _complete(cpu, **req)["choices"][0]
     assert a["token_ids"] == b["token_ids"] and a["finish_reason"] == b["finish_reason"], (req, a, b)
+
+
+@pytest.mark.gpu
+def test_auto_backend_times_both_engines(gpu):
+    """"auto" on a real adapter: a start-up GEMV of the model's shape on each side decides, and the reason says so.
+    (lavapipe reports itself as a CPU adapter, i.e. fallback: the proxy below presents it as a real one.)"""
+    from dataclasses import replace
+
+    from webinfer.cpu.browser import choose_backend, time_backends
+    from webinfer.cpu.wasm import WasmtimeHost
+
+    class Real:  # the lavapipe device, reported as a non-fallback adapter
+        info = replace(gpu.info, is_fallback=False)
+
+        def __getattr__(self, name):
+            return getattr(gpu, name)
+
+    async def get_device():
+        return Real()
+
+    async def make_host():
+        return WasmtimeHost()
+
+    assert asyncio.run(choose_backend("auto", get_device))[0] == "webgpu"  # no shape: no measurement
+    choice, why = asyncio.run(choose_backend("auto", get_device, shape=(256, 320), make_host=make_host))
+    m = re.search(r"q4a 256x320: WebGPU \(.*\) ([0-9.]+) ms, CPU ([0-9.]+) ms", why)
+    assert m, why
+    gpu_ms, cpu_ms = map(float, m.groups())
+    assert choice == ("cpu" if cpu_ms < gpu_ms else "webgpu") and gpu_ms > 0 and cpu_ms > 0, why
+    fallback = asyncio.run(choose_backend("auto", lambda: _ready(gpu), shape=(256, 320), make_host=make_host))
+    assert fallback[0] == "cpu" and "fallback" in fallback[1]
+    assert all(t > 0 for t in asyncio.run(time_backends(Real(), WasmtimeHost(), 64, 100, reps=2)))
+
+
+async def _ready(value):
+    return value
