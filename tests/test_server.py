@@ -168,6 +168,9 @@ def test_static_mime_and_cache(server, name, mime, immutable):
     r = httpx.get(f"{url}/{name}")
     assert r.status_code == 200 and r.headers["content-type"].split(";")[0] == mime
     assert (r.headers["cache-control"] == "public, max-age=31536000, immutable") == immutable
+    # cross-origin isolated pages (the CPU engine's shared wasm memory between Workers)
+    assert r.headers["cross-origin-opener-policy"] == "same-origin"
+    assert r.headers["cross-origin-embedder-policy"] == "require-corp"
 
 
 def test_16_concurrent_streams_with_random_disconnects(server):

@@ -9,10 +9,11 @@
 // 32 elements, each unit two halves of 16 with a coefficient pair (a, b) such that value = a * q + b, q the
 // element's code (q4k/q5k/q6k sub-block scales fold into a; offsets into b). A row's dot product with x is then
 //     sum over halves of  a * sum(q * x) + b * sum(x)
-// with the half-sums of x computed once per activation row (xsum16). Exact mode keeps x in f32; fast mode
-// quantizes each 32-element block of x to int8 with one f32 scale (as llama.cpp's Q8 activations) and sums q * x
-// in integers. A row's result depends only on that row (no cross-row reductions), so a token gives the same
-// numbers alone, batched, or in a prefill chunk (batch invariance).
+// with the half-sums of x computed once per activation row (xsum16). Fast mode quantizes each 32-element block of
+// x to int8 with one f32 scale (as llama.cpp's Q8 activations) and sums q * x in integers; exact mode keeps f32
+// precision: x as two int16 per element (EXACT_INT) for the formats with one scale per unit, f32 for the rest.
+// A row's result depends only on that row (no cross-row reductions), so a token gives the same numbers alone,
+// batched, or in a prefill chunk (batch invariance).
 #include <stdint.h>
 #include <wasm_simd128.h>
 
@@ -226,7 +227,14 @@ typedef struct {
     i16 *xw;      // [rows, kp]
     float *xd;    // [rows, kp / 32]
     float *xs32;  // [rows, kp / 32]: sums of whole units (the 4-unit path's offset term)
+    i16 *xl;      // [rows, kp]: exact mode's low halves (EXACT_INT)
 } Acts;
+
+// linear()'s activation modes: f32, int8 / int16 codes per 32-block (fast mode), and exact mode's integer form for
+// the formats with one scale per unit (VEC4): each element as hi * D + lo * D / 32768 with int16 hi and lo
+// (D = block amax / 32767). That is x to within 2^-31 of its block's largest element: below f32's own rounding of
+// any dot product over the block, so this is exact mode's precision with the integer dot products' speed.
+enum { ACT_F32 = 0, ACT_I8 = 1, ACT_I16 = 2, EXACT_INT = 3 };
 
 INLINE float hsum(v128_t v) {
     return (wasm_f32x4_extract_lane(v, 0) + wasm_f32x4_extract_lane(v, 1)) +
@@ -236,8 +244,10 @@ INLINE float hsum(v128_t v) {
 // x rows have k elements; the weights' padding up to kp multiplies zeros. `perm`: the nibble formats' block order
 // (ODD_EVEN): element i of each 32-block goes to slot (i % 2) * 16 + i / 2. The copy (exact mode) and the int8
 // codes (fast mode) are written in that order; the half-sums xsum stay in natural order (half = elements 16h..).
-static void prepare_acts(Acts *A, u32 rows, u32 k, u32 kp, int fast, int perm, float *xpad) {
-    for (u32 r = 0; r < rows; r++) {
+// prepare = 0: the arrays already hold this x's preparation for the same layout (the previous linear() call, on
+// a matrix with the same format, k and group size: q/k/v, gate/up); only the pointers are set.
+static void prepare_acts(Acts *A, u32 rows, u32 k, u32 kp, int fast, int perm, float *xpad, int prepare) {
+    for (u32 r = 0; r < rows && prepare; r++) {
         const float *x = A->x + r * A->x_stride;
         for (u32 h = 0; h < kp / 16; h++) {
             float s = 0.0f;
@@ -246,7 +256,26 @@ static void prepare_acts(Acts *A, u32 rows, u32 k, u32 kp, int fast, int perm, f
         }
         for (u32 b = 0; b < kp / 32; b++)
             A->xs32[r * (kp / 32) + b] = A->xsum[r * (kp / 16) + 2 * b] + A->xsum[r * (kp / 16) + 2 * b + 1];
-        if (fast) {
+        if (fast == EXACT_INT) {
+            for (u32 b = 0; b < kp / 32; b++) {
+                float amax = 0.0f;
+                for (u32 i = 32 * b; i < 32 * b + 32 && i < k; i++) {
+                    float v = x[i] < 0 ? -x[i] : x[i];
+                    amax = v > amax ? v : amax;
+                }
+                // in f64: hi * D and x - hi * D are exact there, so lo rounds only once
+                float D = amax / 32767.0f;
+                double Dd = D, id = D > 0.0f ? 1.0 / Dd : 0.0, il = D > 0.0f ? 32768.0 / Dd : 0.0;
+                A->xd[r * (kp / 32) + b] = D / 32768.0f;
+                for (u32 i = 0; i < 32; i++) {
+                    u32 e = 32 * b + i, slot = 32 * b + (perm ? (i % 2) * 16 + i / 2 : i);
+                    double v = e < k ? (double)x[e] : 0.0, hi = __builtin_rint(v * id);
+                    hi = hi > 32767.0 ? 32767.0 : hi < -32767.0 ? -32767.0 : hi;
+                    A->xw[r * kp + slot] = (i16)(i32)hi;
+                    A->xl[r * kp + slot] = (i16)(i32)__builtin_rint((v - hi * Dd) * il);
+                }
+            }
+        } else if (fast) {
             for (u32 b = 0; b < kp / 32; b++) {
                 float amax = 0.0f;
                 for (u32 i = 32 * b; i < 32 * b + 32 && i < k; i++) {
@@ -348,53 +377,133 @@ INLINE v128_t unit_dot_i8(u32 dt, v128_t c0, v128_t c1, const Acts *A, u32 ri, u
                           half_dot_i8(c1, xq + 16, xw + 16, dt == F_Q8, wide));
 }
 
-#define LANE(v, j) wasm_i32x4_shuffle(v, v, j, j, j, j)
+// integer sum of q * xq over one unit as an i32x4 whose lane sum is the exact total (lane layout differs between
+// the builds; only the total is used). Relaxed: two byte dots (codes < 64 are the i7 operand; q8's signed
+// weights and the int16 activations take the i16 path).
+INLINE v128_t unit_idot(u32 dt, v128_t c0, v128_t c1, const i8 *xq, const i16 *xw, int wide) {
+    int sgn = dt == F_Q8;
+#ifdef RELAXED
+    // i16 lanes: |x| <= 127 and codes <= 31, so each pair sum and the two halves' sum stay < 2^15 (no saturation,
+    // whatever the engine's choice)
+    if (!sgn && !wide)
+        return wasm_i32x4_extadd_pairwise_i16x8(
+            wasm_i16x8_add(wasm_i16x8_relaxed_dot_i8x16_i7x16(wasm_v128_load(xq), c0),
+                           wasm_i16x8_relaxed_dot_i8x16_i7x16(wasm_v128_load(xq + 16), c1)));
+#endif
+    (void)xq;
+    v128_t w0 = sgn ? wasm_i16x8_extend_low_i8x16(c0) : wasm_u16x8_extend_low_u8x16(c0);
+    v128_t w1 = sgn ? wasm_i16x8_extend_high_i8x16(c0) : wasm_u16x8_extend_high_u8x16(c0);
+    v128_t w2 = sgn ? wasm_i16x8_extend_low_i8x16(c1) : wasm_u16x8_extend_low_u8x16(c1);
+    v128_t w3 = sgn ? wasm_i16x8_extend_high_i8x16(c1) : wasm_u16x8_extend_high_u8x16(c1);
+    return wasm_i32x4_add(wasm_i32x4_add(wasm_i32x4_dot_i16x8(w0, wasm_v128_load(xw)),
+                                         wasm_i32x4_dot_i16x8(w1, wasm_v128_load(xw + 8))),
+                          wasm_i32x4_add(wasm_i32x4_dot_i16x8(w2, wasm_v128_load(xw + 16)),
+                                         wasm_i32x4_dot_i16x8(w3, wasm_v128_load(xw + 24))));
+}
 
-// One weight row against R activation rows (R constant after inlining). Per row the operations are the same
+// lane j = the lane sum of s_j
+INLINE v128_t reduce4(v128_t s0, v128_t s1, v128_t s2, v128_t s3) {
+    v128_t a = wasm_i32x4_add(wasm_i32x4_shuffle(s0, s1, 0, 4, 1, 5), wasm_i32x4_shuffle(s0, s1, 2, 6, 3, 7));
+    v128_t b = wasm_i32x4_add(wasm_i32x4_shuffle(s2, s3, 0, 4, 1, 5), wasm_i32x4_shuffle(s2, s3, 2, 6, 3, 7));
+    return wasm_i32x4_add(wasm_i32x4_shuffle(a, b, 0, 1, 4, 5), wasm_i32x4_shuffle(a, b, 2, 3, 6, 7));
+}
+
+// Fast mode over units u .. u + m - 1 (m <= 4) of NW weight rows against R activation rows (NW * R <= 4):
+// av / bv[i] weight row i's coefficients (value = a * q + b), one lane per unit, zero past m; `keep` masks lanes
+// past m. acc / bacc[i * R + r]: the pair's scaled integer dots and offset terms.
+INLINE void fast_group(u32 dt, const u8 *const *qrow, const u8 *const *hrow, int NW, const Acts *A, u32 r0, int R,
+                       int fast, u32 kp, u32 nu, u32 u, u32 m, const v128_t *av, const v128_t *bv, v128_t keep,
+                       v128_t *acc, v128_t *bacc) {
+    v128_t s[4][4], sl[4][4];  // sl: EXACT_INT's low halves
+    for (u32 j = 0; j < 4; j++) {
+        for (int i = 0; i < NW; i++) {
+            v128_t c0 = wasm_i32x4_splat(0), c1 = c0;
+            if (j < m) unit_codes(dt, qrow[i], hrow[i], u + j, &c0, &c1);
+            for (int r = 0; r < R; r++) {
+                u32 o = (r0 + r) * kp + 32 * (u + j);
+                v128_t z = wasm_i32x4_splat(0);
+                s[i * R + r][j] = j < m ? unit_idot(dt, c0, c1, A->xq + o, A->xw + o, fast >= ACT_I16) : z;
+                if (fast == EXACT_INT) sl[i * R + r][j] = j < m ? unit_idot(dt, c0, c1, A->xq + o, A->xl + o, 1) : z;
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        u32 ri = r0 + r;
+        // activation scales and sums past the last unit are other scratch: masked, never multiplied
+        v128_t xd = wasm_v128_and(wasm_v128_load(A->xd + ri * nu + u), keep);
+        v128_t xs = wasm_v128_and(wasm_v128_load(A->xs32 + ri * nu + u), keep);
+        for (int i = 0; i < NW; i++) {
+            v128_t *sp = s[i * R + r];
+            v128_t t = wasm_f32x4_convert_i32x4(reduce4(sp[0], sp[1], sp[2], sp[3]));
+            if (fast == EXACT_INT) {
+                v128_t *lp = sl[i * R + r];
+                t = wasm_f32x4_add(wasm_f32x4_mul(t, wasm_f32x4_splat(32768.0f)),
+                                   wasm_f32x4_convert_i32x4(reduce4(lp[0], lp[1], lp[2], lp[3])));
+            }
+            acc[i * R + r] = wasm_f32x4_add(acc[i * R + r], wasm_f32x4_mul(t, wasm_f32x4_mul(av[i], xd)));
+            if (dt != F_Q8) bacc[i * R + r] = wasm_f32x4_add(bacc[i * R + r], wasm_f32x4_mul(bv[i], xs));
+        }
+    }
+}
+
+// (a, b) of units u .. u + m - 1 of a row with one f16 scale (and min) per unit, one lane per unit, zero past m
+INLINE void unit_coefs4(u32 dt, const RowCoefs *rc, u32 u, u32 m, v128_t *av, v128_t *bv) {
+    if (m >= 4) {
+        *av = f16x4(rc->sc + 2 * u);
+        *bv = (dt == F_Q4A || dt == F_Q5_1) ? f16x4(rc->mn + 2 * u) : wasm_f32x4_splat(0.0f);
+    } else {  // no loads past the row's scales
+        const u16 *sc = (const u16 *)rc->sc + u, *mn = (const u16 *)rc->mn + u;
+        *av = wasm_f32x4_make(f16_to_f32(sc[0]), m > 1 ? f16_to_f32(sc[1]) : 0.0f, m > 2 ? f16_to_f32(sc[2]) : 0.0f,
+                              0.0f);
+        *bv = wasm_f32x4_splat(0.0f);
+        if (dt == F_Q4A || dt == F_Q5_1)
+            *bv = wasm_f32x4_make(f16_to_f32(mn[0]), m > 1 ? f16_to_f32(mn[1]) : 0.0f,
+                                  m > 2 ? f16_to_f32(mn[2]) : 0.0f, 0.0f);
+    }
+    if (dt == F_Q4) *bv = wasm_f32x4_mul(*av, wasm_f32x4_splat(-8.0f));
+    else if (dt == F_Q5_0) *bv = wasm_f32x4_mul(*av, wasm_f32x4_splat(-16.0f));
+}
+
+// Fast mode for the formats with one scale per 32-unit (VEC4): NW weight rows n0.. against R activation rows,
+// out[i * R + r]. Each unit's integer dot is reduced exactly to one lane (reduce4) and scaled by the unit's weight
+// scale times its activation scale; a row's arithmetic is the same for every NW and R (batch invariance).
+INLINE void rows_dot_fast(u32 dt, const Weight *w, u32 n0, int NW, const Acts *A, u32 r0, int R, int fast,
+                          float *out) {
+    u32 kp = w->kp, nu = kp / 32;
+    const u8 *qrow[4], *hrow[4];
+    RowCoefs rc[4];
+    v128_t acc[4], bacc[4], av[4], bv[4];
+    for (int i = 0; i < NW; i++) {
+        qrow[i] = w->qweight + (n0 + i) * row_bytes_q(w);
+        hrow[i] = qhigh_row(w, n0 + i);
+        rc[i] = row_coefs(dt, w, n0 + i);
+    }
+    for (int i = 0; i < NW * R; i++) acc[i] = bacc[i] = wasm_f32x4_splat(0.0f);
+    u32 u = 0;
+    for (; u + 4 <= nu; u += 4) {
+        for (int i = 0; i < NW; i++) unit_coefs4(dt, &rc[i], u, 4, &av[i], &bv[i]);
+        fast_group(dt, qrow, hrow, NW, A, r0, R, fast, kp, nu, u, 4, av, bv, wasm_i32x4_splat(-1), acc, bacc);
+    }
+    if (u < nu) {  // the last 1-3 units: the same arithmetic, missing lanes zero
+        u32 m = nu - u;
+        for (int i = 0; i < NW; i++) unit_coefs4(dt, &rc[i], u, m, &av[i], &bv[i]);
+        fast_group(dt, qrow, hrow, NW, A, r0, R, fast, kp, nu, u, m, av, bv,
+                   wasm_i32x4_make(-1, m > 1 ? -1 : 0, m > 2 ? -1 : 0, 0), acc, bacc);
+    }
+    for (int i = 0; i < NW * R; i++) out[i] = hsum(acc[i]) + hsum(bacc[i]);
+}
+
+// One weight row against R activation rows (R constant after inlining), unit by unit: the formats other than
+// rows_dot_fast's (K-quants, groups over 32). Per row the operations are the same
 // whatever R is: a token's result does not depend on its neighbours.
 INLINE void row_dot(u32 dt, const Weight *w, u32 row, const Acts *A, u32 r0, int R, int fast, float *out) {
     const u8 *qrow = w->qweight + row * row_bytes_q(w), *hrow = qhigh_row(w, row);
     u32 kp = w->kp, nu = kp / 32;
     RowCoefs rc = row_coefs(dt, w, row);
-    v128_t acc[4], bv4[4];
+    v128_t acc[4];
     float bacc[4];
-    for (int r = 0; r < R; r++) { acc[r] = bv4[r] = wasm_f32x4_splat(0.0f); bacc[r] = 0.0f; }
-    u32 u = 0;
-    if (VEC4(dt, w)) {
-        // 4 units per step: their scales, offsets and activation scales as vectors, one lane per unit
-        for (; u + 4 <= nu; u += 4) {
-            v128_t av = f16x4(rc.sc + 2 * u), bv = wasm_f32x4_splat(0.0f);
-            if (dt == F_Q4) bv = wasm_f32x4_mul(av, wasm_f32x4_splat(-8.0f));
-            else if (dt == F_Q5_0) bv = wasm_f32x4_mul(av, wasm_f32x4_splat(-16.0f));
-            else if (dt == F_Q4A || dt == F_Q5_1) bv = f16x4(rc.mn + 2 * u);
-            v128_t cv[4];
-            for (int r = 0; r < R; r++) {
-                u32 ri = r0 + r;
-                bv4[r] = wasm_f32x4_add(bv4[r], wasm_f32x4_mul(bv, wasm_v128_load(A->xs32 + ri * nu + u)));
-                cv[r] = fast ? wasm_f32x4_mul(av, wasm_v128_load(A->xd + ri * nu + u)) : av;
-            }
-#define UNIT(j)                                                                                                   \
-            {                                                                                                     \
-                v128_t c0, c1;                                                                                    \
-                unit_codes(dt, qrow, hrow, u + j, &c0, &c1);                                                      \
-                for (int r = 0; r < R; r++) {                                                                     \
-                    u32 ri = r0 + r;                                                                              \
-                    v128_t p;                                                                                     \
-                    if (fast) {                                                                                   \
-                        p = wasm_f32x4_convert_i32x4(unit_dot_i8(dt, c0, c1, A, ri, kp, u + j, fast == 2));                \
-                    } else {                                                                                      \
-                        v128_t h0, h1;                                                                            \
-                        unit_dot_f32(dt, c0, c1, A->x + ri * A->x_stride + 32 * (u + j), &h0, &h1);               \
-                        p = wasm_f32x4_add(h0, h1);                                                               \
-                    }                                                                                             \
-                    acc[r] = wasm_f32x4_add(acc[r], wasm_f32x4_mul(p, LANE(cv[r], j)));                           \
-                }                                                                                                 \
-            }
-            UNIT(0) UNIT(1) UNIT(2) UNIT(3)
-#undef UNIT
-        }
-    }
-    for (; u < nu; u++) {
+    for (int r = 0; r < R; r++) { acc[r] = wasm_f32x4_splat(0.0f); bacc[r] = 0.0f; }
+    for (u32 u = 0; u < nu; u++) {
         v128_t c0, c1;
         unit_codes(dt, qrow, hrow, u, &c0, &c1);
         float a0, b0, a1, b1;
@@ -416,7 +525,7 @@ INLINE void row_dot(u32 dt, const Weight *w, u32 row, const Acts *A, u32 r0, int
             }
         }
     }
-    for (int r = 0; r < R; r++) out[r] = hsum(acc[r]) + (hsum(bv4[r]) + bacc[r]);
+    for (int r = 0; r < R; r++) out[r] = hsum(acc[r]) + bacc[r];
 }
 
 INLINE void row_dot_f32(const Weight *w, u32 row, const Acts *A, u32 r0, int R, float *out) {
@@ -437,6 +546,14 @@ INLINE void row_dot_f32(const Weight *w, u32 row, const Acts *A, u32 r0, int R, 
 
 #define TILE 4
 
+// rows_dot_fast for a 4-row tile (R == TILE: one weight row) or one activation row (nw weight rows)
+INLINE void rows_dot_tile(u32 dt, const Weight *w, u32 n, u32 nw, const Acts *A, u32 r0, u32 R, int fast,
+                          float *out) {
+    if (R == TILE) rows_dot_fast(dt, w, n, 1, A, r0, TILE, fast, out);
+    else if (nw == 2) rows_dot_fast(dt, w, n, 2, A, r0, 1, fast, out);
+    else rows_dot_fast(dt, w, n, 1, A, r0, 1, fast, out);
+}
+
 // Rows in tiles of 4 (each weight row decoded once per tile), the rest one by one: a row's arithmetic is the same
 // in every path, so tiling never changes a result.
 INLINE void linear_rows(u32 dt, const Weight *w, const Acts *A, float *y, u32 y_stride, u32 rows, int accumulate,
@@ -448,6 +565,22 @@ INLINE void linear_rows(u32 dt, const Weight *w, const Acts *A, float *y, u32 y_
             if (dt == F_F32) {
                 if (R == TILE) row_dot_f32(w, n, A, r0, TILE, out);
                 else row_dot_f32(w, n, A, r0, 1, out);
+            } else if (fast && VEC4(dt, w)) {
+                // one activation row (decode): two nibble-format weight rows at a time share its loads (q8: one,
+                // measured faster: its i16 path needs more registers)
+                u32 nw = R == 1 && dt != F_Q8 && fast != EXACT_INT && n + 1 < w->n ? 2 : 1;
+                // a constant mode per call, so that each mode's loop is specialised (no per-unit mode branches)
+                if (fast == EXACT_INT) rows_dot_tile(dt, w, n, nw, A, r0, R, EXACT_INT, out);
+                else if (fast == ACT_I16) rows_dot_tile(dt, w, n, nw, A, r0, R, ACT_I16, out);
+                else rows_dot_tile(dt, w, n, nw, A, r0, R, ACT_I8, out);
+                for (u32 i = 0; i < nw * R; i++) {  // out[i * R + r]: weight row n + i, activation row r0 + r
+                    u32 wi = i / R, r = i % R;
+                    float v = out[i] + (w->bias ? w->bias[n + wi] : 0.0f);
+                    float *dst = y + (r0 + r) * y_stride + n + wi;
+                    *dst = accumulate ? *dst + v : v;
+                }
+                n += nw - 1;
+                continue;
             } else if (fast == 2) {
                 if (R == TILE) row_dot(dt, w, n, A, r0, TILE, 2, out);
                 else row_dot(dt, w, n, A, r0, 1, 2, out);
@@ -470,12 +603,13 @@ INLINE void linear_rows(u32 dt, const Weight *w, const Acts *A, float *y, u32 y_
 }
 
 // y[r, n] (+)= W x[r] (+ bias) for `rows` activation rows: GEMV for one row, 4-row GEMM tiles for more.
-// scratch: room for prepare_acts (wi_linear_scratch_bytes).
+// scratch: room for prepare_acts (wi_linear_scratch_bytes); prepare: see prepare_acts.
 static void linear(const Weight *w, const float *x, u32 x_stride, float *y, u32 y_stride, u32 rows, int accumulate,
-                   int fast, u8 *scratch) {
+                   int fast, u8 *scratch, int prepare) {
     u32 kp = w->dtype == F_F32 ? w->k : w->kp;
-    Acts A = {x, x_stride, (float *)scratch, 0, 0, 0, 0};
-    if (w->dtype == F_F32) fast = 0;  // 0 exact, 1 int8 activations, 2 int16 activations
+    Acts A = {x, x_stride, (float *)scratch, 0, 0, 0, 0, 0};
+    if (w->dtype == F_F32) fast = ACT_F32;  // in: 0 exact, 1 int8 activations, 2 int16 activations
+    else if (fast == ACT_F32 && VEC4(w->dtype, w)) fast = EXACT_INT;
     if (w->dtype != F_F32) {
         u8 *p = scratch + rows * (kp / 16) * 4;
         A.xd = (float *)p;
@@ -485,8 +619,10 @@ static void linear(const Weight *w, const float *x, u32 x_stride, float *y, u32 
         A.xw = (i16 *)p;
         p += rows * kp * 2;
         A.xq = (i8 *)p;
+        A.xl = (i16 *)p;  // EXACT_INT uses neither xq nor xpad: its 2 bytes per element fit their 5
         p += rows * kp;
-        prepare_acts(&A, rows, w->k, kp, fast, ODD_EVEN(w->dtype), (float *)(((uintptr_t)p + 15) & ~(uintptr_t)15));
+        prepare_acts(&A, rows, w->k, kp, fast, ODD_EVEN(w->dtype), (float *)(((uintptr_t)p + 15) & ~(uintptr_t)15),
+                     prepare);
     }
     switch (w->dtype) {  // one specialised loop per format: the format's branches fold away
         case F_F32: linear_rows(F_F32, w, &A, y, y_stride, rows, accumulate, 0); break;
@@ -597,16 +733,48 @@ INLINE u32 pcg(u32 v) {
     return (w >> 22) ^ w;
 }
 
+// webinfer/kernels/sampling.py's RowParams (sample.wgsl), packed by its pack(): the CPU engine reads the mask, the
+// logit_bias entries and min_p; counts_slot and the penalties / logprobs fields are not used here (the engine's
+// chunks carry none of them).
 typedef struct {
     u32 logit_row, top_k, seed, index;
     float temperature, top_p;
-    u32 _pad0, _pad1;
-} SampleParams;  // sample.wgsl's RowParams
+    u32 mask_off, bias_off, bias_n;  // word offsets into the step's aux words; mask_off NONE: no mask
+    u32 counts_slot;
+    float freq, pres, rep, min_p;
+    u32 n_logprobs, _pad;
+} SampleParams;
+#define NONE 0xffffffffu
 
-// The GPU sampler's rule (webinfer/kernels/sampling.py): greedy = argmax, lowest id on ties; else temperature ->
-// top-k (logit descending, id ascending) -> top-p (shortest prefix of that order whose mass reaches top_p of the
-// kept mass) -> inverse CDF in id order at u * mass, u = uniform(seed, index). scratch: 17 bytes x vocab.
-static u32 sample_row(const float *l, u32 vocab, const SampleParams *p, u8 *scratch) {
+// natural log for x in (0, 1] (min_p's threshold), within a few ulp: x = 2^e m, m in [sqrt(1/2), sqrt(2)),
+// log m = 2 atanh(s), s = (m - 1) / (m + 1), by its odd series
+static float logf_(float x) {
+    u32 b = f32_bits(x);
+    i32 e = (i32)((b >> 23) & 0xff) - 127;
+    float m = bits_f32((b & 0x7fffffu) | 0x3f800000u);
+    if (m > 1.41421356f) { m *= 0.5f; e += 1; }
+    float t = (m - 1.0f) / (m + 1.0f), t2 = t * t;
+    float poly = 1.0f + t2 * (1.0f / 3 + t2 * (1.0f / 5 + t2 * (1.0f / 7 + t2 * (1.0f / 9 + t2 * (1.0f / 11)))));
+    return 2.0f * t * poly + (float)e * 0.693147180559945f;
+}
+
+// The GPU sampler's rule (webinfer/kernels/sampling.py, sample.wgsl): the row's controls first (the mask's
+// disallowed tokens -> -inf, then logit_bias added); greedy = argmax, lowest id on ties; else temperature ->
+// min_p (logits below max + T ln(min_p) -> -inf) -> top-k (logit descending, id ascending) -> top-p (shortest
+// prefix of that order whose mass reaches top_p of the kept mass) -> inverse CDF in id order at u * mass,
+// u = uniform(seed, index). aux: the step's mask / bias words. scratch: 21 bytes x vocab (+ 32).
+static u32 sample_row(const float *l, u32 vocab, const SampleParams *p, const u32 *aux, u8 *scratch) {
+    float *proc = (float *)(scratch + ((17 * vocab + 31) & ~15u));  // the processed logits, when there are controls
+    if (p->mask_off != NONE || p->bias_n) {
+        const u32 *mask = p->mask_off != NONE ? aux + p->mask_off : 0;
+        for (u32 i = 0; i < vocab; i++)
+            proc[i] = mask && !((mask[i >> 5] >> (i & 31)) & 1u) ? bits_f32(0xff800000u) : l[i];
+        for (u32 j = 0; j < p->bias_n; j++) {
+            u32 id = aux[p->bias_off + 2 * j];
+            if (id < vocab) proc[id] += bits_f32(aux[p->bias_off + 2 * j + 1]);
+        }
+        l = proc;
+    }
     u32 best = 0;
     u32 bk = okey(l[0]);
     for (u32 i = 1; i < vocab; i++) {
@@ -615,6 +783,11 @@ static u32 sample_row(const float *l, u32 vocab, const SampleParams *p, u8 *scra
     }
     if (p->temperature <= 0.0f || p->top_k == 1) return best;
     float mx = l[best], inv_t = 1.0f / p->temperature;
+    if (p->min_p > 0.0f) {  // p_i >= min_p * p_max  <=>  l_i >= max + T ln(min_p): the rest count as -inf
+        float thr = mx + logf_(p->min_p) * p->temperature;
+        for (u32 i = 0; i < vocab; i++) proc[i] = l[i] >= thr ? l[i] : bits_f32(0xff800000u);
+        l = proc;
+    }
     float u = (float)(pcg(pcg(p->seed) + p->index) >> 8) * (1.0f / 16777216.0f);
     int use_k = p->top_k > 0 && p->top_k < vocab;
     u8 *kept = scratch;
@@ -707,7 +880,13 @@ typedef struct {
     const u32 *sample_rows;        // token row of each sampled chunk
     const SampleParams *params;    // per sampled chunk (logit_row = its index)
     u32 *out_ids;
+    const u32 *aux;                // the sampled rows' masks and logit_bias entries (SampleParams offsets)
 } Step;
+
+// whether b's activations are prepared as a's (same format, k and group size): the second may reuse the first's
+INLINE int same_layout(const Weight *a, const Weight *b) {
+    return a->dtype == b->dtype && a->k == b->k && a->kp == b->kp && a->gs == b->gs;
+}
 
 // One engine step: every fed token through the model, K/V into the paged cache, the sampled rows' next ids.
 EXPORT(wi_step) void wi_step(const Model *m, const Step *s) {
@@ -717,9 +896,9 @@ EXPORT(wi_step) void wi_step(const Model *m, const Step *s) {
         const Layer *L = m->layers + li;
         rmsnorm(m->r, d, L->attn_norm, m->xn, d, T, d, m->eps);
         int fq = (m->fast & FAST_QKV) != 0;
-        linear(L->q, m->xn, d, m->q, qd, T, 0, fq, m->work);
-        linear(L->k, m->xn, d, m->k, kvd, T, 0, fq, m->work);
-        linear(L->v, m->xn, d, m->v, kvd, T, 0, fq, m->work);
+        linear(L->q, m->xn, d, m->q, qd, T, 0, fq, m->work, 1);
+        linear(L->k, m->xn, d, m->k, kvd, T, 0, fq, m->work, !same_layout(L->q, L->k));
+        linear(L->v, m->xn, d, m->v, kvd, T, 0, fq, m->work, !same_layout(L->k, L->v));
         for (u32 t = 0; t < T; t++) {
             rope_row(m->q + t * qd, m->n_heads, hd, m->cos_t, m->sin_t, s->pos[t]);
             rope_row(m->k + t * kvd, m->n_kv, hd, m->cos_t, m->sin_t, s->pos[t]);
@@ -734,19 +913,21 @@ EXPORT(wi_step) void wi_step(const Model *m, const Step *s) {
                            m->n_heads, m->n_kv, hd, bs, m->scores);
             }
         }
-        linear(L->o, m->attn, qd, m->r, d, T, 1, (m->fast & FAST_O) != 0, m->work);
+        linear(L->o, m->attn, qd, m->r, d, T, 1, (m->fast & FAST_O) != 0, m->work, 1);
         rmsnorm(m->r, d, L->ffn_norm, m->xn, d, T, d, m->eps);
-        linear(L->gate, m->xn, d, m->g, m->f, T, 0, (m->fast & FAST_GATE_UP) != 0, m->work);
-        linear(L->up, m->xn, d, m->u, m->f, T, 0, (m->fast & FAST_GATE_UP) != 0, m->work);
+        linear(L->gate, m->xn, d, m->g, m->f, T, 0, (m->fast & FAST_GATE_UP) != 0, m->work, 1);
+        linear(L->up, m->xn, d, m->u, m->f, T, 0, (m->fast & FAST_GATE_UP) != 0, m->work,
+               !same_layout(L->gate, L->up));
         for (u32 i = 0; i < T * m->f; i++) m->g[i] = silu(m->g[i]) * m->u[i];
-        linear(L->down, m->g, m->f, m->r, d, T, 1, (m->fast & FAST_DOWN16) ? 2 : (m->fast & FAST_DOWN) != 0, m->work);
+        linear(L->down, m->g, m->f, m->r, d, T, 1, (m->fast & FAST_DOWN16) ? 2 : (m->fast & FAST_DOWN) != 0, m->work,
+               1);
     }
     for (u32 j = 0; j < s->n_sampled; j++)
         rmsnorm(m->r + s->sample_rows[j] * d, d, m->norm, m->xs + j * d, d, 1, d, m->eps);
     if (s->n_sampled)
-        linear(m->lm_head, m->xs, d, m->logits, m->vocab, s->n_sampled, 0, (m->fast & FAST_HEAD) != 0, m->work);
+        linear(m->lm_head, m->xs, d, m->logits, m->vocab, s->n_sampled, 0, (m->fast & FAST_HEAD) != 0, m->work, 1);
     for (u32 j = 0; j < s->n_sampled; j++)
-        s->out_ids[j] = sample_row(m->logits + j * m->vocab, m->vocab, s->params + j, m->work);
+        s->out_ids[j] = sample_row(m->logits + j * m->vocab, m->vocab, s->params + j, s->aux, m->work);
 }
 
 // ------------------------------------------------------------------------------------------------ single kernels
@@ -754,7 +935,13 @@ EXPORT(wi_step) void wi_step(const Model *m, const Step *s) {
 
 EXPORT(wi_linear) void wi_linear(const Weight *w, const float *x, u32 x_stride, float *y, u32 y_stride, u32 rows,
                                  u32 accumulate, u32 fast, u8 *scratch) {
-    linear(w, x, x_stride, y, y_stride, rows, accumulate, fast, scratch);
+    linear(w, x, x_stride, y, y_stride, rows, accumulate, fast, scratch, 1);
+}
+
+// wi_linear `reps` times in one call: the bench times kernels without the host's per-call cost (~40 us in wasmtime-py)
+EXPORT(wi_linear_reps) void wi_linear_reps(const Weight *w, const float *x, u32 x_stride, float *y, u32 y_stride,
+                                           u32 rows, u32 fast, u8 *scratch, u32 reps) {
+    for (u32 i = 0; i < reps; i++) linear(w, x, x_stride, y, y_stride, rows, 0, fast, scratch, 1);
 }
 
 // bytes of scratch wi_linear needs for `rows` rows of K = kp
@@ -792,9 +979,9 @@ EXPORT(wi_exp) void wi_exp(const float *x, float *y, u32 n) {
     for (u32 i = 0; i < n; i++) y[i] = expf_(x[i]);
 }
 
-EXPORT(wi_sample) void wi_sample(const float *logits, u32 vocab, const SampleParams *p, u32 rows, u32 *out,
-                                 u8 *scratch) {
-    for (u32 j = 0; j < rows; j++) out[j] = sample_row(logits + p[j].logit_row * vocab, vocab, p + j, scratch);
+EXPORT(wi_sample) void wi_sample(const float *logits, u32 vocab, const SampleParams *p, const u32 *aux, u32 rows,
+                                 u32 *out, u8 *scratch) {
+    for (u32 j = 0; j < rows; j++) out[j] = sample_row(logits + p[j].logit_row * vocab, vocab, p + j, aux, scratch);
 }
 
 // Read bandwidth: sums `bytes` bytes (a multiple of 64) `reps` times; the bench sets GEMV GB/s beside it.

@@ -169,6 +169,7 @@ class Engine {
  *          backend: "webgpu" (default), "cpu" (the WebAssembly SIMD engine, no GPU needed) or "auto" (the CPU
  *          when there is no WebGPU adapter or only a fallback/software one); engine.info.backend and
  *          engine.info.backend_reason say which was chosen and why,
+ *          cpuMode: the CPU engine's "exact" (default; f32 precision) or "fast" (int8 activations) mode,
  *          speculative: "prompt-lookup" to verify proposed tokens each step (the same output, fewer steps when the
  *          answer repeats its context), speculativeTokens (proposals per step, default 4),
  *          decodeBlock: decode steps the GPU runs per read-back while every request decodes (default 8, 1: off;
@@ -192,8 +193,8 @@ export async function load(manifestUrl, options = {}) {
   const { promise } = client.call("load", {
     manifestUrl: abs, sha256: options.manifestSha256 ?? model?.sha256 ?? null,
     keepPackages: cfg.models.map((m) => m.sha256),
-    engine: { backend, speculative: options.speculative ?? null, speculative_tokens: options.speculativeTokens ?? 4,
-              decode_block: options.decodeBlock ?? 8 },
+    engine: { backend, cpu_mode: options.cpuMode ?? "exact", speculative: options.speculative ?? null,
+              speculative_tokens: options.speculativeTokens ?? 4, decode_block: options.decodeBlock ?? 8 },
   }, { onProgress });
   const info = await promise;
   info.timings = { ...initInfo.timings, ...info.timings };

@@ -355,14 +355,11 @@ class LLM:
         if r.params.speculative_tokens and self.engine.proposer is None:
             raise InvalidRequestError("speculative_tokens", "this engine has no speculative proposer (start it with "
                                                             "speculative decoding on, e.g. --speculative prompt-lookup)")
-        if not getattr(self.engine.runner, "sampling_controls", True):
+        if not getattr(self.engine.runner, "penalties_and_logprobs", True):
             p = r.params
-            for field, used in (("response_format", r.response_format is not None),
-                                ("logit_bias", bool(p.logit_bias)), ("min_p", p.min_p > 0),
-                                ("frequency_penalty", p.frequency_penalty != 0),
+            for field, used in (("frequency_penalty", p.frequency_penalty != 0),
                                 ("presence_penalty", p.presence_penalty != 0),
-                                ("repetition_penalty", p.repetition_penalty != 1), ("logprobs", p.logprobs is not None),
-                                ("tool_choice", r.tool_choice not in ("none", "auto"))):
+                                ("repetition_penalty", p.repetition_penalty != 1), ("logprobs", p.logprobs is not None)):
                 if used:
                     raise InvalidRequestError(field, "is not supported by this backend (the CPU engine) yet")
         vocab = self.engine.runner.vocab_size

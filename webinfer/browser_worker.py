@@ -73,19 +73,23 @@ class PageWorker:
 
     async def load(self, manifest_text: str, js_files, where: str, engine_json: str = "{}") -> dict:
         """Take the files over from JS (a Map name -> Uint8Array), open the package and build the LLM.
-        engine_json: {"speculative": null | "prompt-lookup", "speculative_tokens": int, "decode_block": int} from
-        webinfer.js load()."""
+        engine_json: {"backend", "cpu_mode", "speculative": null | "prompt-lookup", "speculative_tokens": int,
+        "decode_block": int} from webinfer.js load()."""
         t0 = time.perf_counter()
         eng = json.loads(engine_json)
         self.options = replace(PAGE_ENGINE, speculative=eng.get("speculative") or None,
                                speculative_tokens=int(eng.get("speculative_tokens") or 4),
-                               decode_block=max(1, min(int(eng.get("decode_block") or PAGE_ENGINE.decode_block), 64)))
-        from .cpu.browser import choose_backend  # noqa: PLC0415
+                               decode_block=max(1, min(int(eng.get("decode_block") or PAGE_ENGINE.decode_block), 64)),
+                               cpu_mode=eng.get("cpu_mode") or "exact")
+        from .cpu.browser import choose_backend, js_host  # noqa: PLC0415
 
-        self.backend, self.backend_reason = await choose_backend(eng.get("backend") or "webgpu", self.get_device)
         files = {str(name): js_files.get(name).to_bytes() for name in list(js_files.keys())}  # one copy each
         t_copy = time.perf_counter()
         self.package = open_package(manifest_text, files, where)
+        cfg = self.package.config  # "auto" on a real adapter times both engines on the model's gate matrix
+        self.backend, self.backend_reason = await choose_backend(
+            eng.get("backend") or "webgpu", self.get_device, shape=(cfg.intermediate_size, cfg.hidden_size),
+            make_host=js_host)
         dev = await self.get_device() if self.backend == "webgpu" else None
         await self.build()
         timings = {"handover_ms": (t_copy - t0) * 1e3, **self.build_timings}

@@ -13,10 +13,10 @@ from .conftest import attach_console
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-GENERATE = """async ([url, ids, n, backend]) => {
+GENERATE = """async ([url, ids, n, backend, cpuMode]) => {
     const w = await import("./webinfer.js");
     const t0 = performance.now();
-    const engine = await w.load(url, {backend});
+    const engine = await w.load(url, {backend, cpuMode: cpuMode || "exact"});
     const loadMs = performance.now() - t0;
     const got = [];
     for await (const c of engine.chat.completions.create({prompt_ids: ids, max_tokens: n, temperature: 0, ignore_eos: true, stream: true}))
@@ -27,7 +27,7 @@ GENERATE = """async ([url, ids, n, backend]) => {
 }"""
 
 
-def _native_cpu_ids(package, prompt, n):
+def _native_cpu_ids(package, prompt, n, cpu_mode="exact"):
     from concurrent.futures import ThreadPoolExecutor
 
     def run():  # the same request through the native CPU engine: webinfer.open(backend="cpu") -> LLM
@@ -35,7 +35,7 @@ def _native_cpu_ids(package, prompt, n):
 
         import webinfer.factory as factory
 
-        llm = factory.open(package, backend="cpu")
+        llm = factory.open(package, backend="cpu", options=factory.EngineOptions(cpu_mode=cpu_mode))
         r = asyncio.run(llm.completions.create(prompt=prompt, max_tokens=n, temperature=0, ignore_eos=True))
         return r["choices"][0]["token_ids"], r["usage"]
 
@@ -64,7 +64,8 @@ def test_tiny_model_cpu_backend_matches_native(served, browser, tiny_package, ba
 
 @pytest.mark.model
 def test_smollm2_cpu_backend_in_the_page(smollm2_package, browser, tmp_path_factory):
-    """The real model on the page's CPU backend: greedy ids equal the native CPU engine; prints tok/s."""
+    """The real model on the page's CPU backend, exact and fast mode: greedy ids equal the native CPU engine's;
+    prints the page's and the native tok/s, measured in the same minutes."""""
     from webinfer_packager.site.build import build_site
 
     from .conftest import SiteServer
@@ -79,10 +80,12 @@ def test_smollm2_cpu_backend_in_the_page(smollm2_package, browser, tmp_path_fact
         page.goto(srv.url + "index.html")
         prompt, n = [1, 6403, 1980, 253, 655], 24
         m = json.loads((out / "site.json").read_text())["models"][0]
-        r = page.evaluate(GENERATE, [m["manifest"], prompt, n, "cpu"])
-        want, native = _native_cpu_ids(smollm2_package, prompt, n)
-        assert r["ids"] == want, (r["ids"], want, logs[-5:])
-        print("page cpu:", json.dumps({"load_ms": r["loadMs"], "stats": r["stats"], "timings": r["info"]["timings"]}))
-        print("native cpu:", json.dumps(native))
+        for mode in ("exact", "fast"):
+            r = page.evaluate(GENERATE, [m["manifest"], prompt, n, "cpu", mode])
+            want, native = _native_cpu_ids(smollm2_package, prompt, n, mode)
+            assert r["ids"] == want, (mode, r["ids"], want, logs[-5:])
+            print(f"page cpu {mode}:", json.dumps({"load_ms": r["loadMs"], "stats": r["stats"],
+                                                   "timings": r["info"]["timings"]}))
+            print(f"native cpu {mode}:", json.dumps(native))
     finally:
         srv.stop()

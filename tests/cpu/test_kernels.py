@@ -15,7 +15,7 @@ import pytest
 from tests.cpu.formats_np import decode, random_components
 from tests.cpu.harness import WasmMem, check
 from webinfer.formats import k_padded
-from webinfer.cpu.runner import sample_params
+from webinfer.kernels.sampling import SampleRow, pack
 from webinfer.kernels.sampling import uniform
 from webinfer_packager.reference import model as ref
 
@@ -185,6 +185,16 @@ def _rule(logits, temperature, top_k, top_p, seed, index):
     return int(min(np.searchsorted(cdf, r, side="right"), keep.max()))
 
 
+def _sample(mem, la, V, rows):
+    """wi_sample over the logits at `la` for SampleRows, packed as the runner packs them (sampling.pack)."""
+    packed = pack(rows, V)
+    out = mem.empty((len(rows),), np.uint32)
+    scratch = mem.scratch(21 * V + 64)
+    mem.call("wi_sample", la.off, V, mem.put(np.frombuffer(packed.params, np.uint8)).off,
+             mem.put(np.frombuffer(packed.aux, np.uint8)).off, len(rows), out.off, scratch.off)
+    return out.read().tolist()
+
+
 def test_sampling_matches_rule(mem):
     V = 1000
     rng = np.random.default_rng(10)
@@ -193,15 +203,45 @@ def test_sampling_matches_rule(mem):
     cases = [(0, 0.0, 0, 1.0), (1, 0.8, 0, 1.0), (2, 1.0, 40, 1.0), (3, 0.7, 0, 0.9), (1, 1.3, 100, 0.5),
              (2, 0.5, 1, 1.0), (0, 1.0, 2, 1.0)]
     la = mem.put(logits)
-    scratch = mem.scratch(17 * V + 64)
     for seed in range(5):
         rows = [(r, t, k, p, seed, 3 * seed + i) for i, (r, t, k, p) in enumerate(cases)]
-        out = mem.empty((len(rows),), np.uint32)
-        params = np.frombuffer(sample_params(rows), np.uint8)
-        mem.call("wi_sample", la.off, V, mem.put(params).off, len(rows), out.off, scratch.off)
+        got = _sample(mem, la, V, [SampleRow(*row) for row in rows])
         want = [_rule(logits[r], t, k, p, s, i) for r, t, k, p, s, i in rows]
-        assert out.read().tolist() == want
+        assert got == want
     assert want[0] == 17 and want[-1] in (17, 400)
+
+
+def test_sampling_controls_match_reference(mem):
+    """Structured-output mask, logit_bias and min_p: the reference Sampler's processed logits and distribution
+    (webinfer_packager.reference.model.Sampler, float64), drawn by inverse CDF in id order at uniform(seed, index)
+    as the GPU sampler draws."""
+    V = 700
+    rng = np.random.default_rng(11)
+    logits = (rng.standard_normal((3, V)) * 2).astype(np.float32)
+    la = mem.put(logits)
+    allowed = rng.random(V) < 0.3
+    allowed[[5, 699]] = True
+    mask = np.packbits(np.pad(allowed, (0, -V % 32)).reshape(-1, 8)[:, ::-1]).tobytes()  # bit i of word i // 32
+    bias = ((3, 8.0), (450, 5.5), (699, -2.0), (10, -100.0))
+    cases = [dict(logit_bias=bias), dict(mask=mask), dict(mask=mask, logit_bias=bias), dict(min_p=0.05),
+             dict(min_p=0.3, top_k=50), dict(min_p=0.1, mask=mask, logit_bias=bias, top_p=0.8)]
+    for seed in range(4):
+        for temperature in (0.0, 0.7, 1.5):
+            rows, want = [], []
+            for i, c in enumerate(cases):
+                row = SampleRow(i % 3, temperature, c.get("top_k", 0), c.get("top_p", 1.0), seed, 5 * seed + i,
+                                min_p=c.get("min_p", 0.0), logit_bias=c.get("logit_bias", ()), mask=c.get("mask"))
+                rows.append(row)
+                s = ref.Sampler(temperature, row.top_k, row.top_p, min_p=row.min_p, logit_bias=dict(row.logit_bias))
+                z = s.process(logits[row.logit_row], allowed=allowed if row.mask is not None else None)
+                if temperature == 0:
+                    want.append(int(np.argmax(z)))
+                    continue
+                cdf = np.cumsum(s.probs(z))
+                want.append(int(np.searchsorted(cdf, uniform(seed, row.index) * cdf[-1], side="right")))
+            got = _sample(mem, la, V, rows)
+            assert got == want, (seed, temperature)
+            assert all(allowed[t] for t, r in zip(got, rows) if r.mask is not None)
 
 
 def test_read_bandwidth_kernel_sums(mem):

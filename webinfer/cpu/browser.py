@@ -5,11 +5,14 @@ choice for `load(manifest, {backend})`, and the step timer the worker reports.
     choice, reason = await choose_backend("auto", get_device)
 
 Auto picks the CPU when there is no WebGPU adapter or when the adapter is a fallback (software) one: there the
-wasm engine beats a software rasterizer's compute (SwiftShader). The reason is returned to the page.
+wasm engine beats a software rasterizer's compute (SwiftShader). With a real adapter and the model's shape it
+times a few GEMVs of the model's largest layer matrix on each side (`time_backends`) and takes the faster one.
+The reason is returned to the page.
 """
 
 from __future__ import annotations
 
+import struct
 import time
 
 from ..errors import GPUError, WebinferError
@@ -32,13 +35,84 @@ async def js_host(variant: str = "auto") -> JsHost:
         if v == "relaxed" and inst.exports.wi_selftest() != 1:
             why += "relaxed SIMD self-test failed; "
             continue
-        return JsHost(inst, v == "relaxed",
-                      why + ("relaxed SIMD: validated and self-test passed" if v == "relaxed" else "base SIMD128"))
+        variant = "relaxed SIMD: validated and self-test passed" if v == "relaxed" else "base SIMD128"
+        return JsHost(inst, v == "relaxed", f"{why}{variant}; {one_worker_reason()}")
     raise WebinferError(f"the CPU engine needs WebAssembly SIMD128, which this browser lacks ({why.rstrip('; ')})")
 
 
-async def choose_backend(backend: str, get_device) -> tuple[str, str]:
-    """("webgpu" | "cpu", why) for the requested backend; get_device() -> the worker's WebGPU device."""
+def one_worker_reason() -> str:
+    """Why the engine runs in one Worker here: two need SharedArrayBuffer, i.e. a cross-origin isolated page."""
+    from js import globalThis  # noqa: PLC0415 (Pyodide only)
+
+    if not getattr(globalThis, "crossOriginIsolated", False):
+        return ("one Worker: the page is not cross-origin isolated (serve it with Cross-Origin-Opener-Policy: "
+                "same-origin and Cross-Origin-Embedder-Policy: require-corp, as `webinfer serve` does)")
+    return "one Worker: the page is cross-origin isolated, but the two-Worker engine is not built yet"
+
+
+def _random_q4a(n: int, k: int) -> dict[str, bytes]:
+    """q4a components of an [n, k] matrix (k a multiple of 32): codes from a fixed pattern, f16 scales 0.01 and
+    mins -0.08 (the values do not matter for timing; no RNG so every start measures the same work)."""
+    units = n * k // 32
+    return {"qweight": bytes((i * 37 + 11) & 255 for i in range(256)) * (n * k // 512) + bytes(n * k // 2 % 256),
+            "scales": b"\x1f\x21" * units, "mins": b"\x1f\xad" * units}
+
+
+async def time_backends(dev, host, n: int, k: int, reps: int = 8) -> tuple[float, float]:
+    """(GPU ms, CPU ms) per GEMV of a q4a [n, k] matrix (one activation row): the GPU's Linear kernel
+    (webinfer/kernels/linear.py) with its pipeline built before timing, and the wasm module's fast-mode GEMV
+    (`wi_linear_reps`) in `host`'s memory. Wall clock on both sides, each over `reps` GEMVs after a warm-up."""
+    from ..gpu.device import COPY_DST, COPY_SRC, STORAGE, BufferBinding  # noqa: PLC0415
+    from ..kernels.library import KernelLibrary  # noqa: PLC0415
+    from ..kernels.linear import Linear, LinearIO, QuantWeight, WeightPart, pack_meta  # noqa: PLC0415
+    from .runner import Arena, weight_desc  # noqa: PLC0415
+
+    k = -(-k // 32) * 32
+    comps = _random_q4a(n, k)
+    x = struct.pack(f"<{k}f", *(((i * 7) % 13 - 6) / 8 for i in range(k)))
+    # CPU: the weight in a throwaway arena of this host's memory
+    arena = Arena(host)
+    offs = {c: arena.put(b, f"start-up {c}") for c, b in comps.items()}
+    desc = arena.put(weight_desc("q4a", n, k, 32, offs), "start-up desc")
+    xo, yo = arena.put(x, "start-up x"), arena.alloc(4 * n, "start-up y")
+    scratch = arena.alloc(host.call("wi_linear_scratch_bytes", 1, k), "start-up scratch")
+    host.call("wi_linear_reps", desc, xo, k, yo, n, 1, 1, scratch, 1)
+    t0 = time.perf_counter()
+    host.call("wi_linear_reps", desc, xo, k, yo, n, 1, 1, scratch, reps)
+    cpu_ms = (time.perf_counter() - t0) * 1e3 / reps
+    # GPU: the same matrix through the Linear kernel, reps dispatches in one submission
+    owned = []
+
+    def upload(data: bytes):
+        buf = dev.create_buffer(len(data), STORAGE | COPY_DST, "start-up")
+        dev.write_buffer(buf, 0, data)
+        owned.append(buf)
+        return BufferBinding(buf, 0, len(data))
+
+    step = upload(struct.pack("<4I", 1, 0, 0, 0))
+    y = dev.create_buffer(4 * n, STORAGE | COPY_SRC, "start-up y")
+    owned.append(y)
+    weight = QuantWeight("q4a", n, k, 32, (WeightPart(0, n, upload(comps["qweight"]), upload(pack_meta("q4a", comps))),))
+    lin = Linear(KernelLibrary(dev), weight, LinearIO(upload(x), BufferBinding(y, 0, 4 * n), k, n, step), kernel="gemv")
+    gpu_ms = 0.0
+    for count in (1, reps):  # the first submission builds the pipeline
+        cmds = dev.commands()
+        for _ in range(count):
+            lin.encode(cmds, 1)
+        t0 = time.perf_counter()
+        dev.submit(cmds)
+        await dev.read_buffer(y, 0, 4)
+        gpu_ms = (time.perf_counter() - t0) * 1e3 / count
+    for b in owned:
+        dev.destroy_buffer(b)
+    return gpu_ms, cpu_ms
+
+
+async def choose_backend(backend: str, get_device, shape: tuple[int, int] | None = None,
+                         make_host=None) -> tuple[str, str]:
+    """("webgpu" | "cpu", why) for the requested backend; get_device() -> the worker's WebGPU device.
+    shape: (rows, k) of the model's largest layer matrix; with it and make_host() -> a wasm host, "auto" on a
+    real adapter times both engines on that matrix (time_backends) and picks the faster."""
     if backend not in BACKENDS:
         raise WebinferError(f"backend {backend!r}: expected one of {', '.join(BACKENDS)}")
     if backend != "auto":
@@ -51,7 +125,11 @@ async def choose_backend(backend: str, get_device) -> tuple[str, str]:
         return "cpu", f"WebGPU unavailable ({e})"
     if dev.info.is_fallback:
         return "cpu", f"the WebGPU adapter is a fallback (software) one: {dev.info.name}"
-    return "webgpu", f"WebGPU adapter {dev.info.name}"
+    if shape is None or make_host is None:
+        return "webgpu", f"WebGPU adapter {dev.info.name}"
+    gpu_ms, cpu_ms = await time_backends(dev, await make_host(), *shape)
+    what = f"start-up GEMV q4a {shape[0]}x{shape[1]}: WebGPU ({dev.info.name}) {gpu_ms:.2f} ms, CPU {cpu_ms:.2f} ms"
+    return ("cpu", f"the CPU was faster ({what})") if cpu_ms < gpu_ms else ("webgpu", f"WebGPU was faster ({what})")
 
 
 class StepTimer:

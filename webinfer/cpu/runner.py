@@ -15,8 +15,9 @@ Modes: "exact" (f32 activations; greedy ids follow the numpy reference) and "fas
 32 with an f32 scale, as llama.cpp; see docs/performance.md for its perplexity change). `set_mode` switches
 between them without reloading.
 
-Sampling runs in the module with the GPU sampler's rule (webinfer/kernels/sampling.py): greedy = argmax with the
-lowest id on ties; otherwise temperature -> top-k -> top-p -> inverse CDF at uniform(seed, sample_index).
+Sampling runs in the module with the GPU sampler's rule (webinfer/kernels/sampling.py), from the same packed rows
+(sampling.pack): structured-output mask and logit_bias first; greedy = argmax with the lowest id on ties; otherwise
+temperature -> min_p -> top-k -> top-p -> inverse CDF at uniform(seed, sample_index).
 Pure Python (runs in Pyodide): struct and array only.
 """
 
@@ -30,26 +31,22 @@ from array import array
 from ..engine.batch import StepBatch
 from ..engine.gpu_model import GPUModel
 from ..kernels.rope import inv_freq
+from ..kernels.sampling import MAX_LOGIT_BIAS, SampleRow, pack
 from .wasm import WasmMemoryError
 
 DTYPE_CODES = {"f32": 0, "q4": 1, "q4a": 2, "q8": 3, "q5_0": 4, "q5_1": 5, "q4k": 6, "q5k": 7, "q6k": 8}
-WEIGHT_WORDS, LAYER_WORDS, MODEL_WORDS, STEP_WORDS = 12, 11, 30, 10
+WEIGHT_WORDS, LAYER_WORDS, MODEL_WORDS, STEP_WORDS = 12, 11, 30, 11
+PARAM_BYTES = 64  # sampling.py's RowParams, as kernels.c's SampleParams reads it
 # the Model's FAST_* bits (kernels.c): fast = int8 activations everywhere but the down projection, which takes int16
 # (measured: all-int8 cost +1.7 % perplexity on SmolLM2, the down projection's share the largest)
 MODES = {"exact": 0, "fast": 1 | 2 | 4 | 16 | 32}
 _FAST_WORD = 9  # index of `fast` in the Model struct
 
 
-def sample_params(rows) -> bytes:
-    """The module's SampleParams (wasm/kernels.c: sample.wgsl's original 32-byte RowParams) for rows of
-    (logit_row, temperature, top_k, top_p, seed, index). The CPU engine samples with the GPU's rule but has no
-    masks, biases, penalties or logprobs yet: its requests use the plain controls only."""
-    out = bytearray()
-    for row, t, k, p, seed, index in rows:
-        if t < 0 or k < 0 or not 0.0 < p <= 1.0:
-            raise ValueError(f"sampling: need temperature >= 0, top_k >= 0, 0 < top_p <= 1; got {t}, {k}, {p}")
-        out += struct.pack("<4I2f2I", row, k, seed & 0xFFFFFFFF, index & 0xFFFFFFFF, t, p, 0, 0)
-    return bytes(out)
+def sample_rows(chunks) -> list[SampleRow]:
+    """The GPU sampler's rows (webinfer/engine/gpu_model.py) for the sampled chunks: same fields, same checks."""
+    return [SampleRow(j, c.temperature, c.top_k, c.top_p, c.seed, c.sample_index, min_p=c.min_p,
+                      logit_bias=c.logit_bias, mask=c.mask) for j, c in enumerate(chunks)]
 
 
 class Arena:
@@ -98,7 +95,7 @@ def rope_tables(head_dim: int, theta: float, scaling: dict | None, positions: in
 class CpuRunner:
     """ModelRunner over a wasm host (webinfer/cpu/wasm.py). Build with `await CpuRunner.load(host, package, ...)`."""
 
-    sampling_controls = False  # no masks, logit_bias or min_p in the module yet: the API refuses them
+    penalties_and_logprobs = False  # the wasm sampler has masks, logit_bias and min_p, not these (the API refuses)
 
     def __init__(self):  # use load()
         self.block_size = self.num_blocks = self.max_model_len = 0
@@ -172,7 +169,7 @@ class CpuRunner:
 
         T, S = max_batch_tokens, max_seqs
         kmax = max((t.k_padded or t.k) for t in package.tensors.values() if len(t.shape) == 2)
-        work = max(host.call("wi_linear_scratch_bytes", max(T, S), kmax), 17 * V + 64)
+        work = max(host.call("wi_linear_scratch_bytes", max(T, S), kmax), 21 * V + 64)  # sample_row: 21 x vocab
         a = lambda n, what: arena.alloc(4 * n, what)  # noqa: E731
         scratch = [a(T * d, "r"), a(T * d, "xn"), a(T * qd, "q"), a(T * kvd, "k"), a(T * kvd, "v"), a(T * qd, "attn"),
                    a(T * f, "g"), a(T * f, "u"), a(S * V, "logits"), a(S * d, "xs"), a(self.max_model_len, "scores"),
@@ -183,7 +180,9 @@ class CpuRunner:
         self.model_off = arena.put(head + struct.pack("<18I", embed, lm_head, norm, cos_t, sin_t, layers_off, *scratch),
                                    "model")
         self.max_blocks_per_seq = -(-self.max_model_len // block_size)
-        step_bytes = 4 * (STEP_WORDS + 3 * T + 4 * S + S * self.max_blocks_per_seq + S + 8 * S + S)
+        aux_words = S * ((V + 31) // 32 + 2 * MAX_LOGIT_BIAS)  # a mask and the bias entries per sampled row
+        step_bytes = (4 * (STEP_WORDS + 3 * T + 4 * S + S * self.max_blocks_per_seq + S + S + aux_words)
+                      + PARAM_BYTES * S)
         self.step_off = arena.alloc(step_bytes, "step")
         self.memory_bytes = arena.top
         return self
@@ -196,8 +195,9 @@ class CpuRunner:
         self.mode = mode
 
     # ------------------------------------------------------------------------------------------------ step
-    def _write_step(self, ids, pos, slots, seqs, rows, params: bytes) -> int:
-        """Lay out the step area (kernels.c Step) in one write; returns the offset of out_ids."""
+    def _write_step(self, ids, pos, slots, seqs, rows, sampling) -> int:
+        """Lay out the step area (kernels.c Step) in one write; returns the offset of out_ids.
+        sampling: sampling.pack() of the sampled rows (params and the aux words of masks and biases)."""
         T, S, N = len(ids), len(rows), len(seqs)
         base = self.step_off
         o_ids = base + 4 * STEP_WORDS
@@ -210,25 +210,25 @@ class CpuRunner:
             tables += s.block_table
         o_rows = o_tables + 4 * len(tables)
         o_params = o_rows + 4 * S
-        o_out = o_params + len(params)
-        head = struct.pack(f"<{STEP_WORDS}I", T, N, S, o_ids, o_pos, o_slot, o_seqs, o_rows, o_params, o_out)
+        o_out = o_params + len(sampling.params)
+        o_aux = o_out + 4 * S
+        head = struct.pack(f"<{STEP_WORDS}I", T, N, S, o_ids, o_pos, o_slot, o_seqs, o_rows, o_params, o_out, o_aux)
         body = struct.pack(f"<{3 * T + len(seq_words) + len(tables) + S}I", *ids, *pos, *slots, *seq_words, *tables,
                            *rows)
-        self.host.write(base, head + body + params)
+        self.host.write(base, head + body + sampling.params + bytes(4 * S) + sampling.aux)
         return o_out
 
-    def _run(self, ids, pos, slots, seqs, rows, params: bytes) -> list[int]:
-        o_out = self._write_step(ids, pos, slots, seqs, rows, params)
+    def _run(self, ids, pos, slots, seqs, rows, sampling) -> list[int]:
+        o_out = self._write_step(ids, pos, slots, seqs, rows, sampling)
         self.host.call("wi_step", self.model_off, self.step_off)
         n = len(rows)
         return list(struct.unpack(f"<{n}I", self.host.read(o_out, 4 * n))) if n else []
 
     async def execute(self, batch: StepBatch) -> list[int]:
-        # the GPU model's validation and row layout (pure host code): same errors, same token rows
+        # the GPU model's validation and row layout (pure host code): same errors, same token rows; the sampling
+        # rows and their packing are the GPU sampler's too (masks, logit_bias, min_p)
         ids, pos, slots, rows, seqs, sampled, _ = GPUModel._prepare(self, batch)
-        params = sample_params([(j, c.temperature, c.top_k, c.top_p, c.seed, c.sample_index)
-                            for j, c in enumerate(sampled)])
-        return self._run(ids, pos, slots, seqs, rows, params)
+        return self._run(ids, pos, slots, seqs, rows, pack(sample_rows(sampled), self.vocab_size))
 
     def logits(self, n_rows: int) -> list[array]:
         """The logits rows of the last step's sampled chunks (f32 arrays; tests, evaluation)."""
@@ -248,7 +248,7 @@ class CpuRunner:
         ids, pos, slots, _, _, _, _ = GPUModel._prepare(self, batch)
         seqs = [SeqStep(ctx_len=start_pos + n, block_table=list(block_table[: -(-(start_pos + n) // self.block_size)]),
                         q_row=0, n_q=n)]
-        self._run(ids, pos, slots, seqs, list(range(n)), sample_params([(j, 0.0, 0, 1.0, 0, 0) for j in range(n)]))
+        self._run(ids, pos, slots, seqs, list(range(n)), pack([SampleRow(j) for j in range(n)]))
         return self.logits(n)
 
 

@@ -6,7 +6,11 @@ In one process run, so the ratios hold on a busy machine:
     variant      which module runs (relaxed SIMD or base SIMD128) and why
     read_bw      a wasm read-bandwidth kernel (wi_read_bw: v128 loads summed) over 64 MiB
     gemv         per format of the package's linears and the LM head, and a large q4a matrix that does not fit
-                 in cache: ms per GEMV and GB/s of weight bytes, exact and fast, beside read_bw
+                 in cache: ms per GEMV and GB/s of weight bytes, exact and fast, beside read_bw (timed inside the
+                 module, wi_linear_reps: the host's ~40-80 us per call from wasmtime-py is not in them)
+    profile      where a decode step's time goes: every matrix of the model timed alone (layer 0's shapes x the
+                 layer count, plus the LM head), against the measured step; the rest is attention, norms, RoPE,
+                 sampling and the host (one wi_step call per step, its step-area write and the ids read)
     decode       tok/s of single-sequence greedy decode, exact and fast; first-token time of a 40-token prompt
     ppl          (--ppl-text) perplexity of exact and fast mode on the same windows, and the relative change
 Native wasmtime figures; the page runs the same module in the browser's engine.
@@ -25,14 +29,15 @@ import time
 import numpy as np
 
 
-def _time(fn, reps: int) -> float:
-    """Median seconds of fn() over reps runs (after one warm-up)."""
+def _time(fn, reps: int, clock=time.process_time) -> float:
+    """Median seconds of fn() over reps runs (after one warm-up). The default clock is this process's CPU time:
+    on a shared machine wall-clock time mostly measures the other jobs (the module runs on one thread)."""
     fn()
     out = []
     for _ in range(reps):
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
-        out.append(time.perf_counter() - t0)
+        out.append(clock() - t0)
     return statistics.median(out)
 
 
@@ -42,16 +47,51 @@ def read_bandwidth(host, arena, nbytes: int = 64 << 20, reps: int = 5) -> float:
     return nbytes / _time(lambda: host.call("wi_read_bw", off, nbytes, 1), reps) / 1e9
 
 
-def gemv(host, arena, desc: int, k: int, weight_bytes: int, reps: int) -> dict:
-    """ms and GB/s of one GEMV (one activation row) of the weight at `desc`, exact and fast."""
+def gemv_seconds(host, arena, desc: int, k: int, fast: int, reps: int) -> float:
+    """Seconds of one GEMV (one activation row) of the weight at `desc`, timed over `reps` runs inside the module
+    (one host call), median of 3 such calls after a warm-up."""
     n = struct.unpack("<2I", host.read(desc, 8))[1]
     x = arena.put(np.random.default_rng(0).standard_normal(k).astype(np.float32).tobytes(), "bench x")
     y = arena.alloc(4 * n, "bench y")
     scratch = arena.alloc(host.call("wi_linear_scratch_bytes", 1, k + 256), "bench scratch")
+    return _time(lambda: host.call("wi_linear_reps", desc, x, k, y, n, 1, fast, scratch, reps), 3) / reps
+
+
+def gemv(host, arena, desc: int, k: int, weight_bytes: int, reps: int) -> dict:
+    """ms and GB/s of one GEMV of the weight at `desc`, exact and fast."""
     out = {}
     for mode, fast in (("exact", 0), ("fast", 1)):
-        s = _time(lambda fast=fast: host.call("wi_linear", desc, x, k, y, n, 1, 0, fast, scratch), reps)
+        s = gemv_seconds(host, arena, desc, k, fast, reps)
         out[mode] = {"ms": round(s * 1e3, 4), "gb_s": round(weight_bytes / s / 1e9, 2)}
+    return out
+
+
+def step_profile(runner, layer0: tuple, head_desc: int, decode: dict, reps: int) -> dict:
+    """Per mode, in CPU milliseconds: a decode step's matrices (layer 0's seven x the layer count, and the LM head;
+    each timed alone, so with warm caches), the measured step (1000 / decode tok per CPU-second) and the remainder
+    (attention, norms, RoPE, SwiGLU, sampling, the host)."""
+    from webinfer.cpu.runner import MODES
+
+    cfg, host, arena = runner.cfg, runner.host, runner.arena
+    d, f = cfg.hidden_size, cfg.intermediate_size
+    shapes = {"q": (layer0[4], d), "k": (layer0[5], d), "v": (layer0[6], d), "o": (layer0[7], cfg.q_dim),
+              "gate": (layer0[8], d), "up": (layer0[9], d), "down": (layer0[10], f)}
+    out = {}
+    for mode in ("exact", "fast"):
+        bits = MODES[mode]
+        fast = {"q": bits & 1, "k": bits & 1, "v": bits & 1, "o": (bits >> 1) & 1, "gate": (bits >> 2) & 1,
+                "up": (bits >> 2) & 1, "down": 2 if bits & 32 else (bits >> 3) & 1}
+        ms = {name: 1e3 * cfg.num_hidden_layers * gemv_seconds(host, arena, desc, k, fast[name], reps)
+              for name, (desc, k) in shapes.items()}
+        ms["lm_head"] = 1e3 * gemv_seconds(host, arena, head_desc, d, (bits >> 4) & 1, max(1, reps // 20))
+        tok_s = decode[mode]["decode_tok_per_cpu_s"]
+        step = 1e3 / tok_s if tok_s else None
+        mats = sum(ms.values())
+        out[mode] = {"matrices_ms": {k: round(v, 3) for k, v in ms.items()}, "matrices_total_ms": round(mats, 2),
+                     "step_ms": round(step, 2) if step else None,
+                     "rest_ms": round(step - mats, 2) if step else None}
+    host_us = _time(lambda: [host.call("wi_relaxed") for _ in range(100)], 3) / 100 * 1e6
+    out["host_call_us"] = round(host_us, 1)
     return out
 
 
@@ -60,15 +100,25 @@ def _weight_bytes(t) -> int:
 
 
 def decode_speed(runner, n_tokens: int, prompt_len: int = 40) -> dict:
-    """One greedy request through the engine and API over `runner` (as a user runs it)."""
+    """Greedy requests through the engine and API over `runner` (as a user runs it): wall-clock figures from the
+    API's usage, and per CPU-second of this process (a 1-token request's CPU time subtracted from an n-token one's:
+    the decode steps alone), the figure that holds on a busy machine."""
     from webinfer.factory import EngineOptions, llm_for
 
     prompt = [(7 * i + 11) % runner.vocab_size for i in range(prompt_len)]
     llm = llm_for(runner.package, runner, EngineOptions(max_seqs=1, max_batch_tokens=runner.max_tokens))
-    r = asyncio.run(llm.completions.create(prompt=prompt, max_tokens=n_tokens, temperature=0, ignore_eos=True))
-    u = r["usage"]
+
+    def req(n):
+        c0 = time.process_time()
+        r = asyncio.run(llm.completions.create(prompt=prompt, max_tokens=n, temperature=0, ignore_eos=True))
+        return r["usage"], time.process_time() - c0
+
+    req(1)  # warm-up (the first request builds the engine's state)
+    _, cpu1 = req(1)
+    u, cpu_n = req(n_tokens)
     tpot = u["time_per_output_token_s"]
-    return {"first_token_s": round(u["ttft_s"], 4), "decode_tok_s": round(1.0 / tpot, 2) if tpot else None}
+    return {"first_token_s": round(u["ttft_s"], 4), "decode_tok_s": round(1.0 / tpot, 2) if tpot else None,
+            "decode_tok_per_cpu_s": round((n_tokens - 1) / (cpu_n - cpu1), 2) if cpu_n > cpu1 else None}
 
 
 def perplexity(runner, ids: list[int], window: int, stride: int) -> dict:
@@ -104,7 +154,8 @@ def run(package_path, quick: bool = False, ppl_text: str | None = None) -> dict:
     host, arena = runner.host, runner.arena
     res = {"backend": "cpu (wasm in wasmtime)", "variant": host.variant, "variant_reason": host.reason,
            "threads": 1, "load_s": round(load_s, 3), "wasm_memory_mb": round(runner.memory_bytes / 2**20, 1),
-           "note": "measured on a shared machine under load unless stated otherwise"}
+           "note": "kernel, bandwidth, profile and per-CPU-second figures: this process's CPU time; wall-clock "
+                   "ones (decode_tok_s, first_token_s, load_s) include whatever else the machine runs"}
     res["read_bw_gb_s"] = round(read_bandwidth(host, arena, (16 if quick else 64) << 20), 2)
     m = struct.unpack("<30I", host.read(runner.model_off, 120))
     layer0 = struct.unpack("<11I", host.read(m[17], 44))
@@ -133,6 +184,7 @@ def run(package_path, quick: bool = False, ppl_text: str | None = None) -> dict:
     for mode in ("exact", "fast"):
         runner.set_mode(mode)
         res["decode"][mode] = decode_speed(runner, n_tok)
+    res["profile"] = step_profile(runner, layer0, m[13], res["decode"], reps=20 if quick else 100)
     if ppl_text:
         from pathlib import Path
 
@@ -170,7 +222,11 @@ def cli_main(args) -> int:
         print(f"gemv {name:34s} exact {v['exact']['ms']:8.3f} ms {v['exact']['gb_s']:6.2f} GB/s"
               f"   fast {v['fast']['ms']:8.3f} ms {v['fast']['gb_s']:6.2f} GB/s")
     for mode, v in res["decode"].items():
-        print(f"decode {mode:5s}: {v['decode_tok_s']} tok/s, first token of a 40-token prompt {v['first_token_s']} s")
+        print(f"decode {mode:5s}: {v['decode_tok_s']} tok/s wall, {v['decode_tok_per_cpu_s']} per CPU-second; "
+              f"first token of a 40-token prompt {v['first_token_s']} s")
+        p = res["profile"][mode]
+        print(f"  step {p['step_ms']} ms: matrices {p['matrices_total_ms']} ms "
+              f"({', '.join(f'{k} {v}' for k, v in p['matrices_ms'].items())}), rest {p['rest_ms']} ms")
     if "ppl" in res:
         p = res["ppl"]
         print(f"perplexity exact {p['exact']['ppl']:.4f}  fast {p['fast']['ppl']:.4f}  "

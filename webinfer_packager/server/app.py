@@ -66,6 +66,10 @@ MIME = {".wasm": "application/wasm", ".mjs": "text/javascript", ".js": "text/jav
 # content-addressed names (a 64-hex sha256 anywhere, or a "name.<8+ hex>.ext" / "name-<8+ hex>.ext" suffix)
 HASHED = re.compile(r"(^|[^0-9a-f])[0-9a-f]{64}([^0-9a-f]|$)|[.-][0-9a-f]{8,}\.[A-Za-z0-9]+$")
 IMMUTABLE = "public, max-age=31536000, immutable"
+# The site's pages cross-origin isolated (crossOriginIsolated, SharedArrayBuffer): what the CPU engine needs to share
+# its wasm memory between Workers (docs/cpu-backend.md). require-corp blocks nothing the site loads: its own files
+# are same-origin, and a model on another origin is fetched with CORS, which that origin must allow anyway.
+CROSS_ORIGIN_ISOLATION = {"Cross-Origin-Opener-Policy": "same-origin", "Cross-Origin-Embedder-Policy": "require-corp"}
 
 
 def _error(status: int, message: str, param: str | None = None, kind: str = "invalid_request_error",
@@ -409,7 +413,7 @@ def create_app(llm: LLM, site: str | Path | None = None, allowed_hosts=DEFAULT_H
                 return _error(404, "not found", kind="not_found")
             mime = MIME.get(f.suffix.lower()) or mimetypes.guess_type(f.name)[0] or "application/octet-stream"
             cache = IMMUTABLE if HASHED.search(f.name) else "no-cache"
-            return FileResponse(f, media_type=mime, headers={"Cache-Control": cache})
+            return FileResponse(f, media_type=mime, headers={"Cache-Control": cache, **CROSS_ORIGIN_ISOLATION})
 
     app.add_middleware(GuardMiddleware, allowed_hosts=allowed_hosts, max_body_bytes=max_body_bytes,
                        allowed_origins=allowed_origins, api_key=api_key, body_timeout_s=body_timeout_s)

@@ -1,0 +1,99 @@
+"""Sampling controls on the CPU engine: structured output (response_format), logit_bias and min_p through the one
+path (request -> API -> engine -> the wasm runner's sampler), on a tiny random-weight model whose unconstrained
+text is noise. References: the numpy reference backend's ids for the same requests (its Sampler applies the
+controls in float64), re.fullmatch, json + the jsonschema library. The kernel-level check of the rule against the
+reference Sampler is tests/cpu/test_kernels.py::test_sampling_controls_match_reference.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+
+import pytest
+
+from tests.synthetic import write_hf
+
+SCHEMA = {"type": "object", "properties": {"a": {"enum": ["x", "yy"]}, "n": {"type": "integer", "minimum": 0,
+                                                                             "maximum": 9}},
+          "required": ["a", "n"], "additionalProperties": False}
+
+
+@pytest.fixture(scope="module")
+def llms(tmp_path_factory):
+    from webinfer_packager.cli.backend import open_llm
+    from webinfer_packager.pack.build import pack
+
+    tmp = tmp_path_factory.mktemp("cpu_controls")
+    write_hf(tmp / "hf", arch="llama")
+    pkg = pack(tmp / "hf", tmp / "pkg", progress=False)
+    return open_llm(pkg, "reference"), open_llm(pkg, "cpu")
+
+
+def _complete(llm, **req):
+    return asyncio.run(llm.completions.create(prompt="hello world", **{"temperature": 0, **req}))
+
+
+def test_structured_output_on_the_cpu(llms):
+    import jsonschema
+
+    ref, cpu = llms
+    regex = {"type": "regex", "regex": "(yes|no)[.!]"}
+    c = _complete(cpu, max_tokens=16, response_format=regex)["choices"][0]
+    assert c["finish_reason"] == "stop" and re.fullmatch("(yes|no)[.!]", c["text"]), c
+    assert not re.fullmatch("(yes|no)[.!]", _complete(cpu, max_tokens=16)["choices"][0]["text"])  # noise without it
+    c = _complete(cpu, max_tokens=400, response_format={"type": "json_schema", "json_schema": {"schema": SCHEMA}})
+    c = c["choices"][0]
+    assert c["finish_reason"] == "stop", c
+    jsonschema.validate(json.loads(c["text"]), SCHEMA)
+
+
+@pytest.mark.parametrize("req", [
+    {"max_tokens": 16, "response_format": {"type": "regex", "regex": "[a-z]{3,6} (one|two|three)"}},
+    {"max_tokens": 120, "response_format": {"type": "json_object"}},
+    {"max_tokens": 6, "logit_bias": {"7": 8.0, "9": 6.0}, "temperature": 0.9, "seed": 1},
+    {"max_tokens": 6, "min_p": 0.2, "temperature": 1.2, "seed": 5, "ignore_eos": True},
+    {"max_tokens": 5, "logit_bias": {"42": -100, "43": 100}, "min_p": 0.5, "temperature": 1.0, "seed": 3,
+     "ignore_eos": True},
+])
+def test_cpu_equals_reference_under_controls(llms, req):
+    ref, cpu = llms
+    a, b = _complete(ref, **req)["choices"][0], _complete(cpu, **req)["choices"][0]
+    assert a["token_ids"] == b["token_ids"] and a["finish_reason"] == b["finish_reason"], (req, a, b)
+
+
+@pytest.mark.gpu
+def test_auto_backend_times_both_engines(gpu):
+    """"auto" on a real adapter: a start-up GEMV of the model's shape on each side decides, and the reason says so.
+    (lavapipe reports itself as a CPU adapter, i.e. fallback: the proxy below presents it as a real one.)"""
+    from dataclasses import replace
+
+    from webinfer.cpu.browser import choose_backend, time_backends
+    from webinfer.cpu.wasm import WasmtimeHost
+
+    class Real:  # the lavapipe device, reported as a non-fallback adapter
+        info = replace(gpu.info, is_fallback=False)
+
+        def __getattr__(self, name):
+            return getattr(gpu, name)
+
+    async def get_device():
+        return Real()
+
+    async def make_host():
+        return WasmtimeHost()
+
+    assert asyncio.run(choose_backend("auto", get_device))[0] == "webgpu"  # no shape: no measurement
+    choice, why = asyncio.run(choose_backend("auto", get_device, shape=(256, 320), make_host=make_host))
+    m = re.search(r"q4a 256x320: WebGPU \(.*\) ([0-9.]+) ms, CPU ([0-9.]+) ms", why)
+    assert m, why
+    gpu_ms, cpu_ms = map(float, m.groups())
+    assert choice == ("cpu" if cpu_ms < gpu_ms else "webgpu") and gpu_ms > 0 and cpu_ms > 0, why
+    fallback = asyncio.run(choose_backend("auto", lambda: _ready(gpu), shape=(256, 320), make_host=make_host))
+    assert fallback[0] == "cpu" and "fallback" in fallback[1]
+    assert all(t > 0 for t in asyncio.run(time_backends(Real(), WasmtimeHost(), 64, 100, reps=2)))
+
+
+async def _ready(value):
+    return value
