@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.gpu.check_op import GpuArray, check_op, run
-from webinfer.kernels.attention import PagedAttention, SeqStep, pack_step
+from webinfer.kernels.attention import AttentionBinding, PagedAttention, SeqStep, pack_step
 from webinfer.kernels.library import KernelLibrary
 from webinfer_packager.reference.model import attention as ref_attention
 
@@ -163,6 +163,87 @@ def test_attention_hypothesis(gpu_f32, lib32, raw, heads, bs):
     H, Hkv, hd = heads
     out, ref = _case(gpu_f32, lib32, H=H, Hkv=Hkv, hd=hd, bs=bs, seqs=seqs, split=32)
     check_op(out, ref, ATOL, RTOL, f"{seqs}")
+
+
+LONGROPE = {"rope_type": "longrope", "short_factor": [1.0 + 0.1 * i for i in range(16)], "attention_factor": 1.2}
+
+
+@pytest.mark.parametrize("kv_f16", [False, True])
+@pytest.mark.parametrize("subgroups", [True, False], ids=["shuffle", "workgroup_memory"])
+def test_attention_decode_rope_and_kv_write(gpu, kernels, kv_f16, subgroups):
+    """rope=True: decode rows come un-rotated in fused qkv rows (q | k | v, after a pad); the decode kernel ropes q
+    and the token's k, writes k and v into the token's cache slot (checked element for element against rope.py's
+    reference) and attends over earlier cache entries plus the new key. Contexts on both sides of the split
+    length 32 (one split: output written by the decode kernel; several: the reduce), GROUP 5 (two head blocks
+    writing the same K/V), LongRoPE's mscale; a prefill sequence in the same step is left to the rope kernel."""
+    from webinfer.kernels.rope import rope_table
+    from webinfer_packager.reference.model import rope
+
+    if kv_f16 and not gpu.caps.f16:
+        pytest.skip("no shader-f16")
+    if subgroups and not (gpu.caps.subgroups and gpu.caps.subgroup_size >= 2):
+        pytest.skip("needs subgroups")
+    H, Hkv, hd, bs, pad, theta = 10, 2, 32, 8, 4, 1e4
+    kvt = np.float16 if kv_f16 else np.float32
+    seqs = [(1, 1), (32, 1), (33, 1), (90, 1), (12, 5)]
+    rng = np.random.default_rng(7)
+    qd, kvd = H * hd, Hkv * hd
+    stride = pad + qd + 2 * kvd
+    T = sum(n for _, n in seqs)
+    qkv = rng.standard_normal((T, stride)).astype(np.float32)
+    num_blocks = 1 + sum(-(-c // bs) for c, _ in seqs) + 2
+    kc = rng.standard_normal((num_blocks, bs, Hkv, hd)).astype(kvt)
+    vc = rng.standard_normal((num_blocks, bs, Hkv, hd)).astype(kvt)
+    free = list(rng.permutation(np.arange(1, num_blocks)))
+    steps, ref, row = [], np.full((T, qd), np.nan, np.float32), 0
+    want_k, want_v = kc.astype(np.float32), vc.astype(np.float32)
+    for ctx, nq in seqs:
+        table = [int(free.pop()) for _ in range(-(-ctx // bs))]
+        steps.append(SeqStep(ctx, table, row, nq))
+        if nq == 1:
+            p = ctx - 1
+            k_old = np.stack([kc[table[i // bs], i % bs] for i in range(p)]).astype(np.float32) if p else \
+                np.zeros((0, Hkv, hd), np.float32)
+            v_old = np.stack([vc[table[i // bs], i % bs] for i in range(p)]).astype(np.float32) if p else \
+                np.zeros((0, Hkv, hd), np.float32)
+            x = qkv[row]
+            q = rope(x[pad:pad + qd].reshape(1, H, hd), np.array([p]), theta, hd, LONGROPE)
+            k_new = rope(x[pad + qd:pad + qd + kvd].reshape(1, Hkv, hd), np.array([p]), theta, hd, LONGROPE)
+            v_new = x[pad + qd + kvd:].reshape(1, Hkv, hd)
+            k_new, v_new = k_new.astype(kvt).astype(np.float32), v_new.astype(kvt).astype(np.float32)
+            ref[row] = ref_attention(q, np.concatenate([k_old, k_new]), np.concatenate([v_old, v_new]),
+                                     np.array([p])).reshape(qd)
+            want_k[table[p // bs], p % bs], want_v[table[p // bs], p % bs] = k_new[0], v_new[0]
+        row += nq
+    info, tables, shape = pack_step(steps)
+    attn = PagedAttention(kernels, n_heads=H, n_kv_heads=Hkv, head_dim=hd, block_size=bs, max_model_len=256,
+                          max_seqs=len(seqs), q_stride=stride, q_offset=pad, kv_f16=kv_f16, rope=True,
+                          subgroup_decode=subgroups)
+    gq, gk, gv = GpuArray.upload(gpu, qkv), GpuArray.upload(gpu, kc), GpuArray.upload(gpu, vc)
+    gi = GpuArray.upload(gpu, np.frombuffer(info, np.uint32))
+    gt = GpuArray.upload(gpu, np.frombuffer(tables, np.uint32))
+    gr = GpuArray.upload(gpu, np.frombuffer(rope_table(hd, theta, LONGROPE), np.float32))
+    out = GpuArray.empty(gpu, (T, qd), np.float32)
+    b = attn.bind(gq.binding, gk.binding, gv.binding, gt.binding, gi.binding, out.binding, gr.binding)
+    run(gpu, lambda c: attn.encode(c, b, shape))
+    dec = np.isfinite(ref[:, 0])  # the prefill rows' output is not checked here (their q is not roped)
+    np.testing.assert_allclose(out.read()[dec], ref[dec], atol=ATOL, rtol=RTOL)
+    tol = 1e-3 if kv_f16 else 2e-5
+    np.testing.assert_allclose(gk.read().astype(np.float32), want_k, atol=tol, rtol=tol)
+    np.testing.assert_allclose(gv.read().astype(np.float32), want_v, atol=0, rtol=0)
+
+
+def test_attention_one_split_needs_no_reduce(gpu_f32, lib32):
+    """Contexts within one split record the decode dispatch only (its output is checked by the cases above,
+    e.g. contexts 1, 31, 32 in test_attention_decode_lane_sum_paths); one context past it adds the reduce."""
+    attn = PagedAttention(lib32, n_heads=4, n_kv_heads=2, head_dim=16, block_size=16, max_model_len=256,
+                          max_seqs=2, split=32)
+    cmds = lib32.device.commands()
+    attn.encode(cmds, AttentionBinding(None, None, None), pack_step([SeqStep(32, [1, 2], 0, 1), SeqStep(3, [3], 1, 1)])[2])
+    assert [op[-1] for op in cmds.ops if op[0] == "dispatch"] == ["attn.decode"]
+    cmds = lib32.device.commands()
+    attn.encode(cmds, AttentionBinding(None, None, None), pack_step([SeqStep(33, [1, 2, 3], 0, 1)])[2])
+    assert [op[-1] for op in cmds.ops if op[0] == "dispatch"] == ["attn.decode", "attn.reduce"]
 
 
 def test_bad_shapes_are_rejected(lib32):

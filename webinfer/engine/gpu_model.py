@@ -57,7 +57,7 @@ from ..kernels.library import KernelLibrary
 from ..kernels.linear import (Epilogue, Linear, LinearIO, QuantWeight, WeightPart, interleave_gate_up, pack_meta,
                               split_rows)
 from ..kernels.norm import HeadNorm, RMSNorm
-from ..kernels.rope import Rope, attention_factor, inv_freq
+from ..kernels.rope import Rope, attention_factor, inv_freq, rope_table
 from ..kernels.swiglu import SoftCap, SwiGLU
 from .batch import StepBatch
 
@@ -237,7 +237,8 @@ class GPUModel:
         attn_kw = dict(n_heads=cfg.num_attention_heads, n_kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
                        block_size=block_size, max_model_len=self.max_model_len, max_seqs=S, q_stride=self.qkv_stride,
                        q_offset=0, kv_f16=kv_f16, softcap=cfg.attn_logit_softcapping,
-                       scale=cfg.attn_scale if cfg.query_pre_attn_scalar is not None else None)
+                       scale=cfg.attn_scale if cfg.query_pre_attn_scalar is not None else None,
+                       rope=cfg.head_dim % 16 == 0)  # decode rows: RoPE + KV write inside attention
         self.attention = PagedAttention(lib, **attn_kw)
         sliding = None
         if any(cfg.is_sliding(i) for i in range(L)) and cfg.sliding_window < self.max_model_len:
@@ -259,12 +260,16 @@ class GPUModel:
                 qk_norm = HeadNorm(lib, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, eps,
                                    bf.qkv, wqk, self.qkv_stride, step, STEP_TOKENS, p, label=f"{pre}qk_norm")
             theta, scaling = cfg.layer_rope(i)
+            attention = sliding if cfg.is_sliding(i) and sliding else self.attention
+            # with attention.rope the decode kernel ropes the decode rows: this kernel only the prefill rows
             rope = Rope(lib, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, bf.qkv,
                         self.qkv_stride, self.k_cache[i], self.v_cache[i], bf.pos, bf.slot,
-                        await self._inv_freq_buf(theta, scaling), step, STEP_TOKENS, p, label=f"{pre}rope",
-                        kv_f16=kv_f16, mscale=attention_factor(scaling))
-            attention = sliding if cfg.is_sliding(i) and sliding else self.attention
-            attn = attention.bind(bf.qkv, self.k_cache[i], self.v_cache[i], bf.tables, bf.seq_info, bf.attn)
+                        await self._inv_freq_buf(theta, scaling), step,
+                        STEP_PREFILL if attention.rope else STEP_TOKENS, p, label=f"{pre}rope", kv_f16=kv_f16,
+                        mscale=attention_factor(scaling), start_index=STEP_DECODE if attention.rope else None)
+            table = (await self._upload(rope_table(cfg.head_dim, theta, scaling), f"{pre}rope_table")
+                     if attention.rope else None)
+            attn = attention.bind(bf.qkv, self.k_cache[i], self.v_cache[i], bf.tables, bf.seq_info, bf.attn, table)
             # post norms: the projection writes xn (free at that point), an accumulating RMSNorm adds it to r
             post = cfg.post_norms
             out = bf.xn if post else bf.r
@@ -464,7 +469,7 @@ class GPUModel:
                 lin.encode(cmds, n_dec, n_pre)
             if ly.qk_norm:
                 ly.qk_norm.encode(cmds, T)
-            ly.rope.encode(cmds, T)
+            ly.rope.encode(cmds, n_pre if ly.attention.rope else T)
             ly.attention.encode(cmds, ly.attn, shape)
             ly.o.encode(cmds, n_dec, n_pre)
             if ly.post_attn_norm:
