@@ -348,7 +348,7 @@ class GPUModel:
         for row0, rows, comps in groups:
             qhigh = await self._upload(comps["qhigh"], f"{label}.qhigh") if "qhigh" in comps else None
             parts.append(WeightPart(row0, rows, await self._upload(comps["qweight"], f"{label}.qweight"),
-                                    await self._upload(pack_meta(t.dtype, comps), f"{label}.meta"), qhigh))
+                                    await self._upload(pack_meta(t.dtype, comps, rows), f"{label}.meta"), qhigh))
         return QuantWeight(t.dtype, sum(x.rows for x in ts), t.k, t.group_size, tuple(parts))
 
     async def _linear(self, names, x, x_stride, y, y_stride, epilogue: Epilogue = Epilogue(), *, n_offset=0,

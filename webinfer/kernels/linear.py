@@ -17,7 +17,7 @@ row count itself from the per-step buffer, so the same bind groups serve every s
 
 A weight on the device (`QuantWeight`) is split by rows into storage bindings (`WeightPart`s, the package's
 bindings), each holding qweight, qhigh (q5/q6 formats) and one `meta` buffer: its scales, then mins, then
-super-block words (`pack_meta`), so a q5k GEMV with a folded norm and a bias stays within 8 storage bindings.
+super-block words (`pack_meta`; each row padded to whole vec4s), so a q5k GEMV with a folded norm and a bias stays within 8 storage bindings.
 
 Pure Python (it runs in Pyodide): parameters are packed with `struct`.
 """
@@ -68,19 +68,35 @@ class WeightLayout:
             return 0
         return row_bytes(self.dtype, component, self.k, self.group_size) // 4
 
+    def meta_words(self, component: str) -> int:
+        """u32 words per row of a meta component inside a meta buffer: `words` rounded up to whole vec4s (the
+        kernels load a row's scale words 4 at a time; quant_unpack.wgsl meta_words)."""
+        return -(-self.words(component) // 4) * 4
+
     @property
     def w_stride4(self) -> int:
         return self.words("qweight") // 4
 
     def meta_offsets(self, rows: int) -> tuple[int, int]:
         """(mins, super) word offsets inside a meta buffer of `rows` rows."""
-        m_off = rows * self.words("scales")
-        return m_off, m_off + rows * self.words("mins")
+        m_off = rows * self.meta_words("scales")
+        return m_off, m_off + rows * self.meta_words("mins")
 
 
-def pack_meta(dtype: str, components: Mapping[str, bytes]) -> bytes:
-    """One meta buffer's bytes from the per-row components of a row range: scales, then mins, then super."""
-    return b"".join(bytes(components[c]) for c in META if c in FORMATS[dtype].components)
+def pack_meta(dtype: str, components: Mapping[str, bytes], rows: int) -> bytes:
+    """One meta buffer's bytes from the per-row components of `rows` rows: scales, then mins, then super, every
+    row of each padded with zero words to a multiple of 4 words (16 bytes: WeightLayout.meta_words)."""
+    out = []
+    for c in META:
+        if c not in FORMATS[dtype].components:
+            continue
+        data = bytes(components[c])
+        if rows <= 0 or len(data) % rows or (len(data) // rows) % 4:
+            raise ValueError(f"pack_meta: {len(data)} bytes of {dtype} {c} do not split into {rows} rows of words")
+        rb = len(data) // rows
+        pad = b"\0" * (-rb % 16)
+        out += [data[i * rb : (i + 1) * rb] + pad for i in range(rows)] if pad else [data]
+    return b"".join(out)
 
 
 @dataclass(frozen=True)
@@ -235,9 +251,9 @@ class Linear:
         for p in weight.parts:
             m_off, sup_off = lay.meta_offsets(p.rows)
             uniforms.append(params(struct.pack(
-                _PARAMS, p.rows, weight.k, weight.group_size, lay.w_stride4, lay.words("scales"), io.x_stride // 4,
-                io.y_stride, io.n_offset + p.row0, io.count_index, io.start_index, eps, lay.words("qhigh"), m_off,
-                sup_off, lay.words("super"), 0)))
+                _PARAMS, p.rows, weight.k, weight.group_size, lay.w_stride4, lay.meta_words("scales"),
+                io.x_stride // 4, io.y_stride, io.n_offset + p.row0, io.count_index, io.start_index, eps,
+                lay.words("qhigh"), m_off, sup_off, lay.meta_words("super"), 0)))
         self._variants: list[_Bound] = []
         for v in variants:  # bind
             pipeline = lib.variant_pipeline(kernel, v.defines)
