@@ -62,6 +62,11 @@ fn window_lo(qp: u32) -> u32 {
 #endif
 }
 const GROUP: u32 = N_HEADS / N_KV_HEADS;  // query heads per kv head
+
+// a decode sequence of context ctx has one live split (walked in one piece, or a window inside one SPLIT piece)
+fn single_split(ctx: u32) -> bool {
+    return ctx <= ONE_SPLIT || window_lo(ctx - 1u) / SPLIT == (ctx - 1u) / SPLIT;
+}
 const HD4: u32 = HEAD_DIM / 4;
 // a masked score; kept finite so that "max - max" never makes NaN
 const NEG: f32 = -1.0e30;
@@ -119,6 +124,12 @@ alias kv_vec = vec4<f32>;
 
 const NC: u32 = LANES;  // lanes per split: a power of two >= HEAD_DIM / 16 (wrapper)
 const SPLITS_PER_WG: u32 = DWG / NC;
+
+// A context of up to ONE_SPLIT (>= SPLIT) positions is walked as one split: its output needs no reduce pass
+// (one dispatch less per layer), and at such lengths the split parallelism saves less than that dispatch costs.
+fn seq_split(ctx: u32) -> u32 {
+    return select(u32(SPLIT), u32(ONE_SPLIT), ctx <= ONE_SPLIT);
+}
 const N_HB: u32 = (GROUP + HB - 1u) / HB;  // head blocks per kv head
 const REC: u32 = HD4 + 1u;  // partial record: vec4(max, sum, 0, 0), then HD4 vectors of the unnormalised output
 
@@ -331,15 +342,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let sq = seqs[wid.z];
     let ctx = sq.x;
     let lo = window_lo(ctx - 1u);
-    if (sq.w != 1u || wid.x * SPLITS_PER_WG * SPLIT >= ctx || (wid.x + 1u) * SPLITS_PER_WG * SPLIT <= lo) {
+    let sl = seq_split(ctx);  // this sequence's split length
+    if (sq.w != 1u || wid.x * SPLITS_PER_WG * sl >= ctx || (wid.x + 1u) * SPLITS_PER_WG * sl <= lo) {
         return;  // uniform per workgroup: not a decode sequence, or none of its splits here / in the window
     }
     let split = wid.x * SPLITS_PER_WG + lid / NC;
     let c = lid % NC;
-    let start = split * SPLIT;
+    let start = split * sl;
     // live steps of this lane; lanes past the last split or before the window (n = 0) and steps past the end
     // still run, masked, so that the lane sums stay in uniform control flow
-    let n = select(0u, min(ctx - start, SPLIT), start < ctx && start + SPLIT > lo);
+    let n = select(0u, min(ctx - start, sl), start < ctx && start + sl > lo);
     let scale = attn_scale();
     // head slot j of this block is query head kvh * GROUP + hb * HB + j (clamped; slots past GROUP not written)
     let g0 = hb * HB;
@@ -360,7 +372,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     // heads) into its cache slot, by the lanes of the split that holds the position: each lane writes the
     // vectors it reads below (program order makes its own write visible to it; other splits never read the
     // position, and head blocks of one kv head write identical values)
-    if (start <= lastp && lastp < start + SPLIT) {
+    if (start <= lastp && lastp < start + sl) {
         let kvrow = (sq.z * Q_STRIDE + Q_OFFSET) / 4u + N_HEADS * HD4 + kvh * HD4;
         let dst = ((block_tables[sq.y + lastp / BLOCK_SIZE] * BLOCK_SIZE + lastp % BLOCK_SIZE) * N_KV_HEADS + kvh) * HD4
                   + c * 4u;
@@ -369,7 +381,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         kv_store_v(dst, mat4x4<f32>(q[vr], q[vr + 1u], q[vr + 2u], q[vr + 3u]));
     }
 #endif
-    for (var i = 0u; i < SPLIT; i++) {
+    // uniform per workgroup: the live length of its first split (later ones are as long or shorter); steps
+    // past a split's end are masked, and a masked step after a live one changes nothing, bit for bit
+    let iters = min(sl, ctx - wid.x * SPLITS_PER_WG * sl);
+    for (var i = 0u; i < iters; i++) {
         let pos = min(start + i, ctx - 1u);  // masked steps re-read a valid position
         let blk = block_tables[sq.y + pos / BLOCK_SIZE];
         let base = ((blk * BLOCK_SIZE + pos % BLOCK_SIZE) * N_KV_HEADS + kvh) * HD4;
@@ -401,7 +416,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (n == 0u) {
         return;
     }
-    if (window_lo(lastp) / SPLIT == lastp / SPLIT) {
+    if (single_split(ctx)) {
         // one live split: its normalised output is final (what the reduce's merge of one record computes, bit
         // for bit: 0 * 0 + acc * 1, then acc / l), so the sequence needs no reduce
         let o = (sq.z * N_HEADS + kvh * GROUP + g0) * HD4;
@@ -443,7 +458,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let h = wid.x;
     let sq = seqs[wid.y];
-    if (sq.w != 1u || window_lo(sq.x - 1u) / SPLIT == (sq.x - 1u) / SPLIT) {
+    if (sq.w != 1u || single_split(sq.x)) {
         return;  // not a decode sequence, or one live split (decode wrote its output)
     }
     let n_splits = (sq.x + SPLIT - 1u) / SPLIT;

@@ -103,6 +103,10 @@ def test_attention_decode_lane_sum_paths(gpu_f32, lib32, subgroups):
     if subgroups and not (gpu_f32.caps.subgroups and gpu_f32.caps.subgroup_size >= 4):
         pytest.skip("needs subgroups of >= 4 lanes")
     out, ref = _case(gpu_f32, lib32, H=9, Hkv=3, hd=64, bs=16, seqs=[(1, 1), (31, 1), (32, 1), (33, 1), (97, 1)],
+                     subgroup_decode=subgroups, seed=5, one_split=1)
+    check_op(out, ref, ATOL, RTOL, f"lane sum subgroups={subgroups}")
+    # the same contexts walked as one split each (the default below 128 positions), and one of several splits
+    out, ref = _case(gpu_f32, lib32, H=9, Hkv=3, hd=64, bs=16, seqs=[(1, 1), (31, 1), (33, 1), (128, 1), (129, 1)],
                      subgroup_decode=subgroups, seed=5)
     check_op(out, ref, ATOL, RTOL, f"lane sum subgroups={subgroups}")
 
@@ -218,7 +222,7 @@ def test_attention_decode_rope_and_kv_write(gpu, kernels, kv_f16, subgroups):
     info, tables, shape = pack_step(steps)
     attn = PagedAttention(kernels, n_heads=H, n_kv_heads=Hkv, head_dim=hd, block_size=bs, max_model_len=256,
                           max_seqs=len(seqs), q_stride=stride, q_offset=pad, kv_f16=kv_f16, rope=True,
-                          subgroup_decode=subgroups)
+                          subgroup_decode=subgroups, one_split=32)
     gq, gk, gv = GpuArray.upload(gpu, qkv), GpuArray.upload(gpu, kc), GpuArray.upload(gpu, vc)
     gi = GpuArray.upload(gpu, np.frombuffer(info, np.uint32))
     gt = GpuArray.upload(gpu, np.frombuffer(tables, np.uint32))
@@ -235,9 +239,9 @@ def test_attention_decode_rope_and_kv_write(gpu, kernels, kv_f16, subgroups):
 
 def test_attention_one_split_needs_no_reduce(gpu_f32, lib32):
     """Contexts within one split record the decode dispatch only (its output is checked by the cases above,
-    e.g. contexts 1, 31, 32 in test_attention_decode_lane_sum_paths); one context past it adds the reduce."""
+    e.g. contexts 1, 31, 128 in test_attention_decode_lane_sum_paths); one context past it adds the reduce."""
     attn = PagedAttention(lib32, n_heads=4, n_kv_heads=2, head_dim=16, block_size=16, max_model_len=256,
-                          max_seqs=2, split=32)
+                          max_seqs=2, split=32, one_split=32)
     cmds = lib32.device.commands()
     attn.encode(cmds, AttentionBinding(None, None, None), pack_step([SeqStep(32, [1, 2], 0, 1), SeqStep(3, [3], 1, 1)])[2])
     assert [op[-1] for op in cmds.ops if op[0] == "dispatch"] == ["attn.decode"]

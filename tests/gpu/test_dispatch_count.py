@@ -15,18 +15,18 @@ def test_llama_decode_dispatches_per_layer(gpu, tiny_llama):
     from webinfer.package import Package
     from webinfer_packager.reference.model import ReferenceModel, Sampler, generate
 
-    runner = load_runner(tiny_llama, device=gpu, num_blocks=16, block_size=8, max_batch_tokens=16)
+    runner = load_runner(tiny_llama, device=gpu, num_blocks=40, block_size=8, max_batch_tokens=64)
     layers = Package.open(tiny_llama).config.num_hidden_layers
-    split = runner.attention.split
-    decode = StepBatch([SeqChunk(0, [7], split - 1, [1, 2, 3, 4], True)])  # context = split: one split
+    one = runner.attention.one_split  # contexts up to this are one attention split
+    decode = StepBatch([SeqChunk(0, [7], one - 1, list(range(1, 17)), True)])
     labels = [op[-1] for op in runner.encode_step(decode)[0].ops if op[0] == "dispatch"]
     assert runner.dispatch_count(decode) == len(labels) <= 1 + 5 * layers + 3, labels
     assert [x for x in labels if "rope" in x or "norm" in x and "final" not in x] == [], labels
     assert labels.count("attn.decode") == layers and "attn.reduce" not in labels, labels
     # a context past one split adds only the reduce, once per layer
-    longer = StepBatch([SeqChunk(0, [7], split, [1, 2, 3, 4, 5], True)])
+    longer = StepBatch([SeqChunk(0, [7], one, list(range(1, 18)), True)])
     assert runner.dispatch_count(longer) == len(labels) + layers
     # and the fused path still decodes the reference's ids
-    prompt = list(range(5, 5 + split + 3))  # decode crosses the split boundary
+    prompt = list(range(5, 5 + one - 2))  # decode crosses the one-split boundary
     ref = generate(ReferenceModel.from_package(tiny_llama), prompt, 6, Sampler(0.0))
     assert generate_ids(tiny_llama, prompt, 6, runner=runner) == ref

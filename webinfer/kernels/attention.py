@@ -39,6 +39,7 @@ from .common import WG
 DECODE, REDUCE, PREFILL = 0, 1, 2
 DECODE_WG = 8  # decode invocations per workgroup (shaders/attention.wgsl DWG)
 PARTIALS_BUDGET = 32 << 20  # default split: the shortest whose partials buffer stays under this
+ONE_SPLIT = 128  # decode contexts up to this many positions: one split, no reduce dispatch
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,9 @@ class PagedAttention:
     un-rotated in the fused qkv rows: k right after the n_heads q heads, v after the k heads; needs head_dim % 16
     == 0 and a rope table at bind): a decode step then needs no separate RoPE dispatch. A sequence whose live
     positions fit one split gets its output from the decode kernel directly; the reduce runs only when some
-    sequence of the step has more splits.
+    sequence of the step has more splits. one_split: contexts up to max(one_split, split) are walked as one split
+    (no reduce dispatch for the step; on lavapipe a dispatch costs more than walking 128 positions in one lane
+    group), longer ones in `split`-long pieces.
     scale: score scale (None: 1/sqrt(head_dim)); softcap: scores -> cap * tanh(score / cap); window: sliding
     window W (a query at p sees keys k with p - k < W). partials: share another instance's scratch buffer (the
     layers of one model run one at a time; a sliding and a full-attention instance need only one).
@@ -114,7 +117,8 @@ class PagedAttention:
                  max_seqs: int, q_stride: int | None = None, q_offset: int = 0, kv_f16: bool = False,
                  split: int | None = None, decode_wg: int = DECODE_WG,
                  subgroup_decode: bool | None = None, label: str = "attn", scale: float | None = None,
-                 softcap: float | None = None, window: int | None = None, partials=None, rope: bool = False):
+                 softcap: float | None = None, window: int | None = None, partials=None, rope: bool = False,
+                 one_split: int = ONE_SPLIT):
         if n_heads % n_kv_heads:
             raise ValueError(f"attention: n_heads {n_heads} is not a multiple of n_kv_heads {n_kv_heads}")
         if head_dim % 4 or head_dim > 4 * WG:
@@ -136,9 +140,11 @@ class PagedAttention:
         if split < 1:
             raise ValueError(f"attention: split length must be >= 1, got {split}")
         self.block_size, self.split, self.max_seqs = block_size, split, max_seqs
+        self.one_split = max(one_split, split)
         self.max_splits = -(-max_model_len // split)
         base = {"N_HEADS": n_heads, "N_KV_HEADS": n_kv_heads, "HEAD_DIM": head_dim, "BLOCK_SIZE": block_size,
-                "Q_STRIDE": q_stride, "Q_OFFSET": q_offset, "SPLIT": split, "MAX_SPLITS": self.max_splits}
+                "Q_STRIDE": q_stride, "Q_OFFSET": q_offset, "SPLIT": split, "MAX_SPLITS": self.max_splits,
+                "ONE_SPLIT": self.one_split}
         if kv_f16:
             base["KV_F16"] = 1
         if rope:
@@ -220,7 +226,7 @@ class PagedAttention:
             cmds.dispatch(dec, binding.decode, -(-splits // self.splits_per_wg), self.n_kv_heads * self.n_head_blocks,
                           step.n_seqs,
                           f"{self.label}.decode")
-            if splits > 1:  # else every decode sequence has one split, written by the decode kernel
+            if step.max_ctx_decode > self.one_split:  # else every decode sequence is one split, already written
                 cmds.dispatch(red, binding.reduce, self.n_heads, step.n_seqs, 1, f"{self.label}.reduce")
         if step.max_q_prefill:
             cmds.dispatch(pre, binding.prefill, -(-step.max_q_prefill // self.bq),
