@@ -10,7 +10,8 @@ One step, T tokens of any mix of prefill chunks and decode tokens (rows of every
     embed(ids) -> r                                          r: the residual stream [T, D]
     per layer:  xn = rmsnorm(r) * attn_norm                  prefill rows only: decode rows fold it into the GEMV
                 qkv = Wqkv xn (+ bias)                       q, k, v fused into one weight: one dispatch
-                rope(q, k) in place; k, v -> cache slots     (shaders/rope.wgsl)
+                rope(q, k) in place; k, v -> cache slots     (shaders/rope.wgsl; prefill rows only where the
+                                                             attention decode kernel ropes the decode rows)
                 a = attention(q, cache)                      (webinfer/kernels/attention.py)
                 r += Wo a                                    (accumulate epilogue: no separate add)
                 xn = rmsnorm(r) * ffn_norm                   prefill rows only, as above
@@ -19,7 +20,9 @@ One step, T tokens of any mix of prefill chunks and decode tokens (rows of every
     xs = rmsnorm(r[last row of each sampled chunk]) * norm    (row gather)
     logits = Wout xs; next ids = sample(logits)
 Decode rows (GEMV) read r itself and recompute the RMSNorm inside the kernel (gemv.wgsl NORM: cheap at these
-widths), so a decode step has no norm dispatches: 1 + 7 per layer (attention = decode + reduce) + 3. A step with
+widths), so a decode step has no norm dispatches, and (head_dim % 16 == 0) the attention decode kernel applies
+RoPE and writes the step's K/V itself: 1 + 5 per layer (qkv, attention, o, gate_up, down; + the attention reduce
+when a context passes one split, 128 positions) + 3 (final norm, LM head, sampling). A step with
 prefill chunks adds the two norms, a GEMM dispatch per matrix and the prefill attention kernel. Unfused q/k/v or
 gate/up add one dispatch per matrix: they stay unfused when their formats differ (a Q4_K_M file mixes q4k, q6k,
 q5_0 and q8 per tensor) or the fused weight would not fit one binding.
