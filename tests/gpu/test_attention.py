@@ -262,3 +262,42 @@ def test_bad_shapes_are_rejected(lib32):
     _, _, shape = pack_step([SeqStep(65, [1] * 5, 0, 1)])
     with pytest.raises(ValueError, match="exceeds max_model_len"):
         a.encode(lib32.device.commands(), None, shape)
+
+
+def test_attention_decode_rope_fused_equals_rope_kernel_bitwise(gpu_f32, lib32):
+    """Speculative verification puts several decode rows of one sequence in a step: the RoPE kernel then ropes
+    every row and writes its K/V first, and the decode kernel runs without its own RoPE (`roped=True`). A row must
+    get the same bits either way (the scheduler's promise: verification rows equal unspeculated steps)."""
+    from webinfer.kernels.rope import Rope, inv_freq, rope_table
+
+    H, Hkv, hd, bs, theta = 9, 3, 64, 16, 1e4
+    seqs = [(40, 1), (150, 1), (7, 1)]  # (context, one query)
+    rng = np.random.default_rng(3)
+    stride = (H + 2 * Hkv) * hd
+    qkv = rng.standard_normal((len(seqs), stride)).astype(np.float32)
+    kc = rng.standard_normal((16, bs, Hkv, hd)).astype(np.float32)
+    vc = rng.standard_normal((16, bs, Hkv, hd)).astype(np.float32)
+    # contexts 40 and 7 (one split), 150 (five splits of 32 + the reduce); blocks 1-14 of 16
+    steps = [SeqStep(40, [1, 2, 3], 0, 1), SeqStep(150, list(range(4, 14)), 1, 1), SeqStep(7, [14], 2, 1)]
+    info, tbl, shape = pack_step(steps)
+    attn = PagedAttention(lib32, n_heads=H, n_kv_heads=Hkv, head_dim=hd, block_size=bs, max_model_len=256,
+                          max_seqs=3, q_stride=stride, rope=True)
+    up = lambda a: GpuArray.upload(gpu_f32, a)  # noqa: E731
+    res = []
+    for roped in (False, True):
+        gq, gk, gv, out = up(qkv), up(kc), up(vc), GpuArray.empty(gpu_f32, (len(seqs), H * hd))
+        gi, gt = up(np.frombuffer(info, np.uint32)), up(np.frombuffer(tbl, np.uint32))
+        b = attn.bind(gq.binding, gk.binding, gv.binding, gt.binding, gi.binding, out.binding,
+                      up(np.frombuffer(rope_table(hd, theta), np.float32)).binding)
+        if roped:
+            pos = np.array([s.ctx_len - 1 for s in steps], np.uint32)
+            slot = np.array([s.block_table[p // bs] * bs + p % bs for s, p in zip(steps, pos)], np.uint32)
+            rope = Rope(lib32, H, Hkv, hd, gq.binding, stride, gk.binding, gv.binding, up(pos).binding,
+                        up(slot).binding, up(np.float32(inv_freq(hd, theta))).binding,
+                        up(np.array([len(seqs), 0, 0, 0], np.uint32)).binding)
+            run(gpu_f32, lambda c: (rope.encode(c, len(seqs)), attn.encode(c, b, shape, roped=True)))
+        else:
+            run(gpu_f32, lambda c: attn.encode(c, b, shape))
+        res.append((out.read(), gk.read(), gv.read()))
+    for a, b, what in zip(res[0], res[1], ("output", "k cache", "v cache")):
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), what

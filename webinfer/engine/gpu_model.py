@@ -123,7 +123,7 @@ class Buffers:
 class _Layer:
     attn_norm: RMSNorm
     qkv: list["DualLinear"]  # one fused q|k|v, or q, k, v
-    rope: Rope
+    rope: Rope  # prefill rows only when attention.rope (the decode kernel ropes decode rows), else all rows
     attn: AttentionBinding
     o: "DualLinear"
     ffn_norm: RMSNorm
@@ -134,6 +134,7 @@ class _Layer:
     qk_norm: HeadNorm | None = None  # qk_norm models (Qwen3, Gemma 3)
     post_attn_norm: RMSNorm | None = None  # post_norms models (Gemma): r += rmsnorm(xn) * w
     post_ffn_norm: RMSNorm | None = None
+    rope_all: Rope | None = None  # attention.rope: every row, for steps where a sequence has several decode rows
 
 
 def _round4(n: int) -> int:
@@ -270,8 +271,13 @@ class GPUModel:
                         await self._inv_freq_buf(theta, scaling), step,
                         STEP_PREFILL if attention.rope else STEP_TOKENS, p, label=f"{pre}rope", kv_f16=kv_f16,
                         mscale=attention_factor(scaling), start_index=STEP_DECODE if attention.rope else None)
-            table = (await self._upload(rope_table(cfg.head_dim, theta, scaling), f"{pre}rope_table")
-                     if attention.rope else None)
+            table = rope_all = None
+            if attention.rope:
+                table = await self._upload(rope_table(cfg.head_dim, theta, scaling), f"{pre}rope_table")
+                rope_all = Rope(lib, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, bf.qkv,
+                                self.qkv_stride, self.k_cache[i], self.v_cache[i], bf.pos, bf.slot,
+                                await self._inv_freq_buf(theta, scaling), step, STEP_TOKENS, p, label=f"{pre}rope",
+                                kv_f16=kv_f16, mscale=attention_factor(scaling))
             attn = attention.bind(bf.qkv, self.k_cache[i], self.v_cache[i], bf.tables, bf.seq_info, bf.attn, table)
             # post norms: the projection writes xn (free at that point), an accumulating RMSNorm adds it to r
             post = cfg.post_norms
@@ -287,7 +293,7 @@ class GPUModel:
                                       Epilogue(accumulate=not post))
             post_ffn = await self._post_norm(pre + "post_ffn_norm") if post else None
             self.layers.append(_Layer(attn_norm, qkv, rope, attn, o, ffn_norm, gate_up, swiglu, down, attention,
-                                      qk_norm, post_attn, post_ffn))
+                                      qk_norm, post_attn, post_ffn, rope_all))
         self.final_norm = RMSNorm(lib, d, eps, bf.r, await self._upload(await get("norm", "data"), "norm"),
                                   bf.xs, self.d_stride, self.d_stride, step, STEP_SAMPLED, p,
                                   row_map=bf.rows, label="final_norm")
@@ -464,6 +470,10 @@ class GPUModel:
         dev.write_buffer(bf.tables, 0, tables)
         cmds = dev.commands(timed=timed)
         self.embed.encode(cmds, T)
+        # several decode rows of one sequence (speculative verification): row j attends over the K/V of rows < j,
+        # so the RoPE kernel writes every row's K/V first instead of the attention decode kernel
+        dec_seqs = [c.seq_id for c in batch.chunks if len(c.token_ids) == 1]
+        shared = len(set(dec_seqs)) < len(dec_seqs)
         for ly in self.layers:
             norms = n_pre > 0  # the GEMM reads normalised rows; the decode GEMV normalises r itself
             if norms:
@@ -472,8 +482,11 @@ class GPUModel:
                 lin.encode(cmds, n_dec, n_pre)
             if ly.qk_norm:
                 ly.qk_norm.encode(cmds, T)
-            ly.rope.encode(cmds, n_pre if ly.attention.rope else T)
-            ly.attention.encode(cmds, ly.attn, shape)
+            if ly.rope_all is not None and shared:
+                ly.rope_all.encode(cmds, T)
+            else:
+                ly.rope.encode(cmds, n_pre if ly.attention.rope else T)
+            ly.attention.encode(cmds, ly.attn, shape, roped=ly.rope_all is not None and shared)
             ly.o.encode(cmds, n_dec, n_pre)
             if ly.post_attn_norm:
                 ly.post_attn_norm.encode(cmds, T)

@@ -85,6 +85,7 @@ class AttentionBinding:
     decode: Any
     reduce: Any
     prefill: Any
+    decode_roped: Any = None  # rope=True: the decode kernel for q and K/V already roped and written (RoPE kernel)
 
 
 class PagedAttention:
@@ -190,6 +191,12 @@ class PagedAttention:
         use_f16 = True if kv_f16 else False
         self.pipelines = [lib.pipeline("attention", defines={**base, "KERNEL": k}, use_f16=use_f16)
                           for k in (DECODE, REDUCE, PREFILL)]
+        # rope=True still needs the plain decode kernel for steps where one sequence has several one-token rows
+        # (speculative verification): a row's attention reads the K/V of the rows before it, which the RoPE
+        # kernel must have written first. Same arithmetic, so the same bits as the fused kernel.
+        plain = {k: v for k, v in base.items() if k != "ROPE"}
+        self.decode_plain = (lib.pipeline("attention", defines={**plain, "KERNEL": DECODE}, use_f16=use_f16)
+                             if rope else None)
         self.partials_bytes = partials_bytes(split)
         limit = lib.device.caps.max_binding_bytes
         if self.partials_bytes > limit:
@@ -207,14 +214,16 @@ class PagedAttention:
             raise ValueError(f"attention: rope={self.rope} {'needs' if self.rope else 'takes no'} rope_table")
         dec_bufs = [q, k_cache, v_cache, block_tables, seq_info, self.partials, out] + ([rope_table] if self.rope else [])
         return AttentionBinding(
+            decode_roped=dev.create_bind_group(self.decode_plain, dec_bufs[:7]) if self.rope else None,
             decode=dev.create_bind_group(dec, dec_bufs),
             reduce=dev.create_bind_group(red, [self.partials, seq_info, out]),
             prefill=dev.create_bind_group(pre, [q, k_cache, v_cache, block_tables, seq_info, out]),
         )
 
-    def encode(self, cmds, binding: AttentionBinding, step: StepShape) -> None:
+    def encode(self, cmds, binding: AttentionBinding, step: StepShape, roped: bool = False) -> None:
         """Record this step's attention: decode (+ reduce when a context passes one split) if any one-token
-        sequence, prefill if any longer one."""
+        sequence, prefill if any longer one. roped (rope=True only): the RoPE kernel has roped every row and
+        written its K/V this step, the decode kernel must not."""
         if step.n_seqs > self.max_seqs:
             raise ValueError(f"attention: {step.n_seqs} sequences in a step, built for at most {self.max_seqs}")
         dec, red, pre = self.pipelines
@@ -223,7 +232,11 @@ class PagedAttention:
             if splits > self.max_splits:
                 raise ValueError(f"attention: context {step.max_ctx_decode} exceeds max_model_len "
                                  f"{self.max_splits * self.split}")
-            cmds.dispatch(dec, binding.decode, -(-splits // self.splits_per_wg), self.n_kv_heads * self.n_head_blocks,
+            if roped:
+                dec, bg = self.decode_plain, binding.decode_roped
+            else:
+                bg = binding.decode
+            cmds.dispatch(dec, bg, -(-splits // self.splits_per_wg), self.n_kv_heads * self.n_head_blocks,
                           step.n_seqs,
                           f"{self.label}.decode")
             if step.max_ctx_decode > self.one_split:  # else every decode sequence is one split, already written
