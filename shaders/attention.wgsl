@@ -4,8 +4,11 @@
 // because an automatic layout drops unused bindings):
 //   KERNEL == 0  decode:  sequences with exactly one query token. Flash-decoding: the KV range [0, ctx) is cut
 //                into SPLIT-long splits; HEAD_DIM/16 lanes per (split, kv head, sequence) write a partial
-//                (max, sum, unnormalised acc) for the GROUP query heads that share the kv head.
-//   KERNEL == 1  reduce:  merges a decode sequence's partials in split order -> out.
+//                (max, sum, unnormalised acc) for the GROUP query heads that share the kv head. A sequence with
+//                one live split writes its output directly. ROPE: q and k arrive un-rotated in the fused qkv
+//                rows; decode applies RoPE itself and writes the token's K and V into the cache (so a decode
+//                step needs no rope dispatch).
+//   KERNEL == 1  reduce:  merges a decode sequence's partials in split order -> out (sequences of 2+ splits).
 //   KERNEL == 2  prefill: sequences with two or more query tokens (chunked prefill; earlier KV read from the
 //                cache). The decode lane layout with 4 consecutive queries per lane group instead of a split:
 //                each group walks positions 0 .. its workgroup's last query with an online softmax, causal mask
@@ -59,6 +62,11 @@ fn window_lo(qp: u32) -> u32 {
 #endif
 }
 const GROUP: u32 = N_HEADS / N_KV_HEADS;  // query heads per kv head
+
+// a decode sequence of context ctx has one live split (walked in one piece, or a window inside one SPLIT piece)
+fn single_split(ctx: u32) -> bool {
+    return ctx <= ONE_SPLIT || window_lo(ctx - 1u) / SPLIT == (ctx - 1u) / SPLIT;
+}
 const HD4: u32 = HEAD_DIM / 4;
 // a masked score; kept finite so that "max - max" never makes NaN
 const NEG: f32 = -1.0e30;
@@ -83,26 +91,45 @@ alias kv_vec = vec4<f32>;
 // loops are not unrolled there), ~3x slower than the fixed registers of the named per-head state used below.
 // The K/V loads, the per-head state and the lane sum below serve the decode and the prefill kernels alike.
 #if KERNEL != 1
+// decode under ROPE writes this step's K and V into the cache itself
+#define KV_ACCESS read
+#if KERNEL == 0
+#ifdef ROPE
+#define KV_ACCESS read_write
+#endif
+#endif
 @group(0) @binding(0) var<storage, read> q: array<vec4<f32>>;
 #ifdef KV_F16
 // f16 K/V read as vec4<u32> (8 halves per load): half the load instructions of vec4<f16>, and loads are what this
 // kernel spends its time on (see above)
-@group(0) @binding(1) var<storage, read> k_cache: array<vec4<u32>>;
-@group(0) @binding(2) var<storage, read> v_cache: array<vec4<u32>>;
+@group(0) @binding(1) var<storage, KV_ACCESS> k_cache: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, KV_ACCESS> v_cache: array<vec4<u32>>;
 #else
-@group(0) @binding(1) var<storage, read> k_cache: array<kv_vec>;
-@group(0) @binding(2) var<storage, read> v_cache: array<kv_vec>;
+@group(0) @binding(1) var<storage, KV_ACCESS> k_cache: array<kv_vec>;
+@group(0) @binding(2) var<storage, KV_ACCESS> v_cache: array<kv_vec>;
 #endif
 @group(0) @binding(3) var<storage, read> block_tables: array<u32>;
 @group(0) @binding(4) var<storage, read> seqs: array<vec4<u32>>;
 #if KERNEL == 0
 @group(0) @binding(5) var<storage, read_write> partials: array<vec4<f32>>;
+// a sequence whose live positions fit one split writes its output here directly (no reduce pass for it)
+@group(0) @binding(6) var<storage, read_write> out: array<vec4<f32>>;
+#ifdef ROPE
+// (mscale, 0, 0, 0), then the head_dim / 2 inverse frequencies as vec4s (kernels/rope.py rope_table)
+@group(0) @binding(7) var<storage, read> rope_tab: array<vec4<f32>>;
+#endif
 #else
 @group(0) @binding(5) var<storage, read_write> out: array<vec4<f32>>;
 #endif
 
 const NC: u32 = LANES;  // lanes per split: a power of two >= HEAD_DIM / 16 (wrapper)
 const SPLITS_PER_WG: u32 = DWG / NC;
+
+// A context of up to ONE_SPLIT (>= SPLIT) positions is walked as one split: its output needs no reduce pass
+// (one dispatch less per layer), and at such lengths the split parallelism saves less than that dispatch costs.
+fn seq_split(ctx: u32) -> u32 {
+    return select(u32(SPLIT), u32(ONE_SPLIT), ctx <= ONE_SPLIT);
+}
 const N_HB: u32 = (GROUP + HB - 1u) / HB;  // head blocks per kv head
 const REC: u32 = HD4 + 1u;  // partial record: vec4(max, sum, 0, 0), then HD4 vectors of the unnormalised output
 
@@ -236,6 +263,66 @@ fn lane_sum(v: vec4<f32>, lid: u32) -> vec4<f32> {
 #endif
 
 #if KERNEL == 0
+#ifdef ROPE
+// RoPE (half-split pairs, as rope.wgsl) of this lane's 4 vectors [4c, 4c + 4) of the head at vec4 index `row` of
+// q (the fused qkv rows), at position p. Needs HEAD_DIM % 16 == 0 (no PAD): the partner of vector j is
+// j +- HD4 / 2, loaded by the lane itself.
+fn rope_lane(row: u32, c: u32, p: u32) -> mat4x4<f32> {
+    var r = mat4x4<f32>();
+    let ms = rope_tab[0].x;
+    for (var t = 0u; t < 4u; t++) {
+        let j = c * 4u + t;
+        let i = j % (HD4 / 2u);
+        let angle = f32(p) * rope_tab[1u + i];
+        let cs = cos(angle) * ms;
+        let sn = sin(angle) * ms;
+        let x = q[row + j];
+        if (j < HD4 / 2u) {
+            r[t] = x * cs - q[row + j + HD4 / 2u] * sn;
+        } else {
+            r[t] = x * cs + q[row + j - HD4 / 2u] * sn;
+        }
+    }
+    return r;
+}
+
+fn kv_store_k(o: u32, m: mat4x4<f32>) {
+#ifdef KV_F16
+    k_cache[o / 2u] = vec4<u32>(pack2x16float(m[0].xy), pack2x16float(m[0].zw), pack2x16float(m[1].xy), pack2x16float(m[1].zw));
+    k_cache[o / 2u + 1u] = vec4<u32>(pack2x16float(m[2].xy), pack2x16float(m[2].zw), pack2x16float(m[3].xy), pack2x16float(m[3].zw));
+#else
+    k_cache[o] = kv_vec(m[0]); k_cache[o + 1u] = kv_vec(m[1]); k_cache[o + 2u] = kv_vec(m[2]); k_cache[o + 3u] = kv_vec(m[3]);
+#endif
+}
+
+fn kv_store_v(o: u32, m: mat4x4<f32>) {
+#ifdef KV_F16
+    v_cache[o / 2u] = vec4<u32>(pack2x16float(m[0].xy), pack2x16float(m[0].zw), pack2x16float(m[1].xy), pack2x16float(m[1].zw));
+    v_cache[o / 2u + 1u] = vec4<u32>(pack2x16float(m[2].xy), pack2x16float(m[2].zw), pack2x16float(m[3].xy), pack2x16float(m[3].zw));
+#else
+    v_cache[o] = kv_vec(m[0]); v_cache[o + 1u] = kv_vec(m[1]); v_cache[o + 2u] = kv_vec(m[2]); v_cache[o + 3u] = kv_vec(m[3]);
+#endif
+}
+#endif
+
+// query head of this lane's split: its q (RoPE'd at position p under ROPE), scaled
+fn head_dec(qbase: u32, c: u32, scale: f32, p: u32) -> Head {
+#ifdef ROPE
+    return Head(rope_lane(qbase, c, p) * scale, mat4x4<f32>(), NEG, 0.0);
+#else
+    return head_new(qbase, c, scale);
+#endif
+}
+
+fn head_out(h: Head, o: u32, c: u32) {
+    for (var t = 0u; t < 4u; t++) {
+        let j = c * 4u + t;
+        if (j < HD4) {
+            out[o + j] = h.acc[t] / h.l;
+        }
+    }
+}
+
 fn head_write(h: Head, rec: u32, c: u32) {
     if (c == 0u) {
         partials[rec] = vec4<f32>(h.m, h.l, 0.0, 0.0);
@@ -255,30 +342,49 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let sq = seqs[wid.z];
     let ctx = sq.x;
     let lo = window_lo(ctx - 1u);
-    if (sq.w != 1u || wid.x * SPLITS_PER_WG * SPLIT >= ctx || (wid.x + 1u) * SPLITS_PER_WG * SPLIT <= lo) {
+    let sl = seq_split(ctx);  // this sequence's split length
+    if (sq.w != 1u || wid.x * SPLITS_PER_WG * sl >= ctx || (wid.x + 1u) * SPLITS_PER_WG * sl <= lo) {
         return;  // uniform per workgroup: not a decode sequence, or none of its splits here / in the window
     }
     let split = wid.x * SPLITS_PER_WG + lid / NC;
     let c = lid % NC;
-    let start = split * SPLIT;
+    let start = split * sl;
     // live steps of this lane; lanes past the last split or before the window (n = 0) and steps past the end
     // still run, masked, so that the lane sums stay in uniform control flow
-    let n = select(0u, min(ctx - start, SPLIT), start < ctx && start + SPLIT > lo);
+    let n = select(0u, min(ctx - start, sl), start < ctx && start + sl > lo);
     let scale = attn_scale();
     // head slot j of this block is query head kvh * GROUP + hb * HB + j (clamped; slots past GROUP not written)
     let g0 = hb * HB;
     let qrow = (sq.z * Q_STRIDE + Q_OFFSET) / 4u + kvh * GROUP * HD4;
-    var h0 = head_new(qrow + min(g0, GROUP - 1u) * HD4, c, scale);
+    let lastp = ctx - 1u;  // the query's position
+    var h0 = head_dec(qrow + min(g0, GROUP - 1u) * HD4, c, scale, lastp);
 #ifdef H1
-    var h1 = head_new(qrow + min(g0 + 1u, GROUP - 1u) * HD4, c, scale);
+    var h1 = head_dec(qrow + min(g0 + 1u, GROUP - 1u) * HD4, c, scale, lastp);
 #endif
 #ifdef H2
-    var h2 = head_new(qrow + min(g0 + 2u, GROUP - 1u) * HD4, c, scale);
+    var h2 = head_dec(qrow + min(g0 + 2u, GROUP - 1u) * HD4, c, scale, lastp);
 #endif
 #ifdef H3
-    var h3 = head_new(qrow + min(g0 + 3u, GROUP - 1u) * HD4, c, scale);
+    var h3 = head_dec(qrow + min(g0 + 3u, GROUP - 1u) * HD4, c, scale, lastp);
 #endif
-    for (var i = 0u; i < SPLIT; i++) {
+#ifdef ROPE
+    // this step's K (RoPE'd) and V of the token, from the qkv row (k after the N_HEADS q heads, v after the k
+    // heads) into its cache slot, by the lanes of the split that holds the position: each lane writes the
+    // vectors it reads below (program order makes its own write visible to it; other splits never read the
+    // position, and head blocks of one kv head write identical values)
+    if (start <= lastp && lastp < start + sl) {
+        let kvrow = (sq.z * Q_STRIDE + Q_OFFSET) / 4u + N_HEADS * HD4 + kvh * HD4;
+        let dst = ((block_tables[sq.y + lastp / BLOCK_SIZE] * BLOCK_SIZE + lastp % BLOCK_SIZE) * N_KV_HEADS + kvh) * HD4
+                  + c * 4u;
+        kv_store_k(dst, rope_lane(kvrow, c, lastp));
+        let vr = kvrow + N_KV_HEADS * HD4 + c * 4u;
+        kv_store_v(dst, mat4x4<f32>(q[vr], q[vr + 1u], q[vr + 2u], q[vr + 3u]));
+    }
+#endif
+    // uniform per workgroup: the live length of its first split (later ones are as long or shorter); steps
+    // past a split's end are masked, and a masked step after a live one changes nothing, bit for bit
+    let iters = min(sl, ctx - wid.x * SPLITS_PER_WG * sl);
+    for (var i = 0u; i < iters; i++) {
         let pos = min(start + i, ctx - 1u);  // masked steps re-read a valid position
         let blk = block_tables[sq.y + pos / BLOCK_SIZE];
         let base = ((blk * BLOCK_SIZE + pos % BLOCK_SIZE) * N_KV_HEADS + kvh) * HD4;
@@ -310,6 +416,22 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (n == 0u) {
         return;
     }
+    if (single_split(ctx)) {
+        // one live split: its normalised output is final (what the reduce's merge of one record computes, bit
+        // for bit: 0 * 0 + acc * 1, then acc / l), so the sequence needs no reduce
+        let o = (sq.z * N_HEADS + kvh * GROUP + g0) * HD4;
+        head_out(h0, o, c);
+#ifdef H1
+        if (g0 + 1u < GROUP) { head_out(h1, o + HD4, c); }
+#endif
+#ifdef H2
+        if (g0 + 2u < GROUP) { head_out(h2, o + 2u * HD4, c); }
+#endif
+#ifdef H3
+        if (g0 + 3u < GROUP) { head_out(h3, o + 3u * HD4, c); }
+#endif
+        return;
+    }
     let rec0 = ((wid.z * N_HEADS + kvh * GROUP + g0) * MAX_SPLITS + split) * REC;
     head_write(h0, rec0, c);
 #ifdef H1
@@ -336,8 +458,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let h = wid.x;
     let sq = seqs[wid.y];
-    if (sq.w != 1u) {
-        return;
+    if (sq.w != 1u || single_split(sq.x)) {
+        return;  // not a decode sequence, or one live split (decode wrote its output)
     }
     let n_splits = (sq.x + SPLIT - 1u) / SPLIT;
     let rec = HD4 + 1u;

@@ -25,7 +25,7 @@ struct Params {
 }
 
 @group(0) @binding(0) var<storage, read> w: array<vec4<u32>>;
-@group(0) @binding(1) var<storage, read> sm: array<u32>;
+@group(0) @binding(1) var<storage, read> sm: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read> ids: array<u32>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 @group(0) @binding(4) var<uniform> params: Params;

@@ -4,7 +4,8 @@
 // What bounds these kernels on llvmpipe (8 invocations run as one SIMD batch) is the number of storage loads
 // per lane: every load whose address differs per lane becomes one scalar load per lane and component, and the
 // unpacking and FMAs are cheap beside it. So the layout minimises loads per multiply-add:
-//   - one invocation owns 4 weight rows (8 under SWIGLU: 4 gate + 4 up) and TT activation rows (4 or 8);
+//   - one invocation owns 4 weight rows, or 8 under PAIR (two blocks of 4: SWIGLU's 4 gate + 4 up rows, or
+//     ROWS8's rows 8i .. 8i + 7), and TT activation rows (4 or 8): every x load serves 8 rows under PAIR;
 //   - the weight words of a 32-wide chunk are loaded and unpacked once and used for all TT activation rows;
 //   - all lanes of a workgroup share the same TT activation rows (workgroup_id.y), so with SUBGROUPS each lane
 //     loads one vec4 of a row's chunk and the subgroup broadcasts the 8; without subgroups every lane loads them.
@@ -80,7 +81,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let last = params.n - 1u;
     // rows past N re-read the last row (in bounds) and are not stored; no early exit: every lane must reach the
     // subgroup broadcasts
-#ifdef SWIGLU
+#ifdef PAIR
     let rows = min(vec4<u32>(8u * i) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(last));
     let rows_up = min(vec4<u32>(8u * i) + vec4<u32>(4u, 5u, 6u, 7u), vec4<u32>(last));
     var up = Acc();
@@ -93,7 +94,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     // scale words shared by consecutive chunks, reloaded when the epoch changes (uniform branch)
     var epoch = 0xffffffffu;
     var ml = MetaW();
-#ifdef SWIGLU
+#ifdef PAIR
     var mu = MetaW();
 #endif
     for (var c = 0u; c < full; c++) {
@@ -101,12 +102,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         if (meta_epoch(c) != epoch) {
             epoch = meta_epoch(c);
             ml = meta_words(rows, c);
-#ifdef SWIGLU
+#ifdef PAIR
             mu = meta_words(rows_up, c);
 #endif
         }
         let bl = load_block(rows, c, ml);
-#ifdef SWIGLU
+#ifdef PAIR
         let bu = load_block(rows_up, c, mu);
         var xs = load_x(xb0, o, nc, lane); var sx = xsum(xs); a.t0 += apply(bl, xs, sx); up.t0 += apply(bu, xs, sx);
         xs = load_x(xb1, o, nc, lane); sx = xsum(xs); a.t1 += apply(bl, xs, sx); up.t1 += apply(bu, xs, sx);
@@ -136,7 +137,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #if TT == 8
         a.t4 += tail4(rows, xb4); a.t5 += tail4(rows, xb5); a.t6 += tail4(rows, xb6); a.t7 += tail4(rows, xb7);
 #endif
-#ifdef SWIGLU
+#ifdef PAIR
         up.t0 += tail4(rows_up, xb0); up.t1 += tail4(rows_up, xb1); up.t2 += tail4(rows_up, xb2);
         up.t3 += tail4(rows_up, xb3);
 #if TT == 8
@@ -160,7 +161,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
     }
 #else
+#ifdef PAIR
+    let n0 = 8u * i;
+#else
     let n0 = 4u * i;
+#endif
     for (var j = 0u; j < nt; j++) {
         let v4 = acc_at(a, j);
         let yb = (start + t0 + j) * params.y_stride + params.n_offset + n0;
@@ -169,6 +174,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 y[yb + r] = finish(v4[r], n0 + r, yb + r);
             }
         }
+#ifdef PAIR
+        let u4 = acc_at(up, j);
+        for (var r = 4u; r < 8u; r++) {
+            if (n0 + r < params.n) {
+                y[yb + r] = finish(u4[r - 4u], n0 + r, yb + r);
+            }
+        }
+#endif
     }
 #endif
 }

@@ -1,7 +1,7 @@
 // Reading one row of a package weight (webinfer/formats.py: layouts and value formulas), shared by gemv.wgsl,
 // gemm.wgsl (through linear_common.wgsl) and embed.wgsl.
 //
-// The includer declares `w: array<vec4<u32>>` (qweight), `sm: array<u32>` (the meta binding: scales, then
+// The includer declares `w: array<vec4<u32>>` (qweight), `sm: array<vec4<u32>>` (the meta binding: scales, then
 // mins at word params.m_off, then its super-block words at params.sup_off), `qhigh: array<u32>` under QHIGH, and
 // `params` with the fields gs, w_stride4, s_stride, h_stride, m_off, sup_off, sup_stride (per row: vec4 of
 // qweight, words of scales (= of mins), of qhigh, of super).
@@ -82,49 +82,85 @@ fn codes(row: u32, c: u32) -> W8 {
 #endif
 }
 
-// The scale words of 4 rows that serve several consecutive chunks: loaded when `meta_epoch(c)` changes (a uniform
-// branch in the chunk loop), so a word holding two f16 scales or four byte scales is loaded once, not per chunk.
+// The meta words of 4 rows that serve several consecutive chunks: every meta row is padded to whole vec4s
+// (kernels/linear.py pack_meta), so each row's 4 consecutive scale (mins, super) words come in one vec4 load,
+// reloaded when `meta_epoch(c)` changes (a uniform branch in the chunk loop). On llvmpipe a load costs the same
+// whatever its width, and these loads were half of a GEMV's: now 1 per chunk or less instead of 2-4.
 struct MetaW {
-    s: vec4<u32>,  // scales
-    m: vec4<u32>,  // mins (MINS)
-    d: vec4<u32>,  // super-block words (KQUANT)
+    s0: vec4<u32>, s1: vec4<u32>, s2: vec4<u32>, s3: vec4<u32>,  // scales words 4e .. 4e + 3 of rows r.x .. r.w
+    m0: vec4<u32>, m1: vec4<u32>, m2: vec4<u32>, m3: vec4<u32>,  // mins (MINS)
+    d0: vec4<u32>, d1: vec4<u32>, d2: vec4<u32>, d3: vec4<u32>,  // super-block words (KQUANT)
 }
 
-fn meta_epoch(c: u32) -> u32 {
+// one word per row: the scales / mins / super word of one chunk
+struct MetaC {
+    s: vec4<u32>,
+    m: vec4<u32>,
+    d: vec4<u32>,
+}
+
+// the scales (and mins) word of chunk c within its row
+fn word_index(c: u32) -> u32 {
 #ifdef KQUANT
 #if DTYPE == q6k
-    return c / 2u;  // a scales word = 4 sub-blocks of 16 = 2 chunks (a super word covers 16)
+    return c / 2u;  // a scales word = 4 sub-blocks of 16 = 2 chunks
 #else
-    return c / 4u;  // a scales / mins word = 4 sub-blocks of 32 = 4 chunks (a super word covers 8)
+    return c / 4u;  // a scales / mins word = 4 sub-blocks of 32 = 4 chunks
 #endif
 #else
     return c * 32u / params.gs / 2u;  // a word = 2 groups
 #endif
 }
 
+// the super-block word of chunk c within its row (KQUANT); a vec4 of them spans a multiple of a scales vec4
+fn sup_index(c: u32) -> u32 {
+#if DTYPE == q6k
+    return c / 16u;  // two super-blocks of 256 per word
+#else
+    return c / 8u;
+#endif
+}
+
+fn meta_epoch(c: u32) -> u32 {
+    return word_index(c) / 4u;
+}
+
 fn meta_words(r: vec4<u32>, c: u32) -> MetaW {
     var mw: MetaW;
-    let st = r * params.s_stride;
-#ifdef KQUANT
-#if DTYPE == q6k
-    let o = c / 2u;
-    let od = c / 16u;
-#else
-    let o = c / 4u;
-    let od = c / 8u;
-#endif
-    let sd = r * params.sup_stride + vec4<u32>(params.sup_off + od);
-    mw.d = vec4<u32>(sm[sd.x], sm[sd.y], sm[sd.z], sm[sd.w]);
-#else
-    let o = c * 32u / params.gs / 2u;
-#endif
-    let s = st + vec4<u32>(o);
-    mw.s = vec4<u32>(sm[s.x], sm[s.y], sm[s.z], sm[s.w]);
+    let s = r * (params.s_stride / 4u) + vec4<u32>(meta_epoch(c));
+    mw.s0 = sm[s.x]; mw.s1 = sm[s.y]; mw.s2 = sm[s.z]; mw.s3 = sm[s.w];
 #ifdef MINS
-    let m = s + vec4<u32>(params.m_off);
-    mw.m = vec4<u32>(sm[m.x], sm[m.y], sm[m.z], sm[m.w]);
+    let m = s + vec4<u32>(params.m_off / 4u);
+    mw.m0 = sm[m.x]; mw.m1 = sm[m.y]; mw.m2 = sm[m.z]; mw.m3 = sm[m.w];
+#endif
+#ifdef KQUANT
+    let d = r * (params.sup_stride / 4u) + vec4<u32>(params.sup_off / 4u + sup_index(c) / 4u);
+    mw.d0 = sm[d.x]; mw.d1 = sm[d.y]; mw.d2 = sm[d.z]; mw.d3 = sm[d.w];
 #endif
     return mw;
+}
+
+fn pick(a: vec4<u32>, b: vec4<u32>, c: vec4<u32>, d: vec4<u32>, i: u32) -> vec4<u32> {
+    return vec4<u32>(a[i], b[i], c[i], d[i]);
+}
+
+// chunk c's words out of the epoch's vectors
+fn meta_chunk(m4: MetaW, c: u32) -> MetaC {
+    var mw: MetaC;
+    let i = word_index(c) % 4u;
+    mw.s = pick(m4.s0, m4.s1, m4.s2, m4.s3, i);
+#ifdef MINS
+    mw.m = pick(m4.m0, m4.m1, m4.m2, m4.m3, i);
+#endif
+#ifdef KQUANT
+    mw.d = pick(m4.d0, m4.d1, m4.d2, m4.d3, sup_index(c) % 4u);
+#endif
+    return mw;
+}
+
+// meta word i (value_at: one element at a time)
+fn smw(i: u32) -> u32 {
+    return sm[i / 4u][i % 4u];
 }
 
 // per-row f32 factors of one chunk (value formulas of formats.py):
@@ -140,7 +176,8 @@ fn halves(wd: vec4<u32>, i: u32) -> vec4<f32> {
     return vec4<f32>(half_at(wd.x, i), half_at(wd.y, i), half_at(wd.z, i), half_at(wd.w, i));
 }
 
-fn chunk_scales(mw: MetaW, c: u32) -> Scales {
+fn chunk_scales(m4: MetaW, c: u32) -> Scales {
+    let mw = meta_chunk(m4, c);
     var sc: Scales;
 #ifdef KQUANT
 #if DTYPE == q6k
@@ -187,20 +224,20 @@ fn value_at(row: u32, k: u32) -> f32 {
 #ifdef KQUANT
 #if DTYPE == q6k
     let s = k / 16u;
-    let d = half_at(sm[params.sup_off + row * params.sup_stride + k / 512u], k / 256u);
-    return (d * i8_at(sm[row * params.s_stride + s / 4u], s)) * (q - 32.0);
+    let d = half_at(smw(params.sup_off + row * params.sup_stride + k / 512u), k / 256u);
+    return (d * i8_at(smw(row * params.s_stride + s / 4u), s)) * (q - 32.0);
 #else
     let s = k / 32u;
-    let dd = unpack2x16float(sm[params.sup_off + row * params.sup_stride + k / 256u]);
-    let sc = u8_at(sm[row * params.s_stride + s / 4u], s);
-    let mn = u8_at(sm[params.m_off + row * params.s_stride + s / 4u], s);
+    let dd = unpack2x16float(smw(params.sup_off + row * params.sup_stride + k / 256u));
+    let sc = u8_at(smw(row * params.s_stride + s / 4u), s);
+    let mn = u8_at(smw(params.m_off + row * params.s_stride + s / 4u), s);
     return (dd.x * sc) * q - (dd.y * mn);
 #endif
 #else
     let g = k / params.gs;
-    let s = half_at(sm[row * params.s_stride + g / 2u], g);
+    let s = half_at(smw(row * params.s_stride + g / 2u), g);
 #ifdef MINS
-    return q * s + half_at(sm[params.m_off + row * params.s_stride + g / 2u], g);
+    return q * s + half_at(smw(params.m_off + row * params.s_stride + g / 2u), g);
 #else
 #if DTYPE == q4
     return (q - 8.0) * s;

@@ -16,7 +16,8 @@ struct Params {
     qkv_stride: u32,
     count_index: u32,
     mscale: f32,  // cos and sin are multiplied by this (LongRoPE's attention factor; 1 otherwise)
-    _p1: u32, _p2: u32,
+    start_index: u32,  // has_start: rows step[start_index] .. + step[count_index] (the prefill rows of a step)
+    has_start: u32,
 }
 
 #ifdef KV_F16
@@ -36,12 +37,12 @@ alias kv_t = f32;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let t = gid.y;
     let half = params.head_dim / 2u;
     let p = gid.x;
-    if (t >= step[params.count_index] || p >= (params.n_heads + params.n_kv_heads) * half) {
+    if (gid.y >= step[params.count_index] || p >= (params.n_heads + params.n_kv_heads) * half) {
         return;
     }
+    let t = gid.y + select(0u, step[params.start_index], params.has_start != 0u);
     let head = p / half;
     let i = p % half;
     let angle = f32(pos[t]) * inv_freq[i];

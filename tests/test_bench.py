@@ -43,7 +43,8 @@ def test_bench_quick_json(tiny_package, tmp_path, capsys):
         assert g["ms"] > 0 and g["gbps"] > 0 and g["ratio"] > 0
     # the tiny model: 64 hidden, 4 heads + 2*2 kv heads of 16 -> fused qkv is 128 x 64
     assert {g["name"]: g["shape"] for g in res["gemv"]}["qkv"] == [128, 64]
-    assert "attn.decode" in res["kernels"] and "attn.reduce" in res["kernels"] and "sample" in res["kernels"]
+    # a 32-token context is one attention split: the decode kernel writes the output, no reduce pass
+    assert "attn.decode" in res["kernels"] and "attn.reduce" not in res["kernels"] and "sample" in res["kernels"]
     assert all(ms > 0 for ms in res["kernels"].values())
     assert res["prefill_kernels"]["tokens"] == 32 and res["prefill_kernels"]["attn.prefill"] > 0
     assert "attn.decode" not in res["prefill_kernels"]
@@ -53,7 +54,7 @@ def test_bench_quick_json(tiny_package, tmp_path, capsys):
     blk = res["decode_block"]
     assert blk["steps"] == 8 and blk["tok_s"] > 0 and blk["single_step_tok_s"] > 0
     assert blk["ratio"] == pytest.approx(blk["tok_s"] / blk["single_step_tok_s"], rel=1e-2)
-    assert res["dispatches_per_token"] >= 2 + 8 * 2  # embed ... 2 layers ... sample
+    assert res["dispatches_per_token"] == 1 + 5 * 2 + 3  # embed, 5 per layer (2 layers), final norm + head + sample
     for k in ("ttft_s", "prefill_tok_s", "decode_tok_s"):
         assert res[k] > 0
     assert res["decode_tokens"] == 8 and res["prompt_tokens"] == 32

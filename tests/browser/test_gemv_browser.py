@@ -39,7 +39,7 @@ def _case(dtype, kernel, n, k, t, seed):
     b64 = lambda a: base64.b64encode(np.ascontiguousarray(a).tobytes()).decode()  # noqa: E731
     spec = {"dtype": dtype, "kernel": kernel, "n": n, "k": k, "t": t, "group_size": gs, "x_stride": xs,
             "qweight": b64(comps["qweight"]), "meta": base64.b64encode(pack_meta(dtype, {c: v.tobytes() for c, v in
-                                                                                        comps.items()})).decode(),
+                                                                                        comps.items()}, n)).decode(),
             "x": b64(x)}
     if "qhigh" in comps:
         spec["qhigh"] = b64(comps["qhigh"])

@@ -186,7 +186,7 @@ def upload_weight(dev, dtype: str, n: int, k: int, comps: dict[str, np.ndarray],
     parts = []
     for a, b in zip(bounds, bounds[1:]):
         rows = {c: np.ascontiguousarray(v[a:b]) for c, v in comps.items()}
-        meta = np.frombuffer(pack_meta(dtype, {c: v.tobytes() for c, v in rows.items()}), np.uint32)
+        meta = np.frombuffer(pack_meta(dtype, {c: v.tobytes() for c, v in rows.items()}, b - a), np.uint32)
         parts.append(WeightPart(a, b - a, GpuArray.upload(dev, rows["qweight"]).binding,
                                 GpuArray.upload(dev, meta).binding,
                                 GpuArray.upload(dev, rows["qhigh"]).binding if "qhigh" in rows else None))

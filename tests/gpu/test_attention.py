@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.gpu.check_op import GpuArray, check_op, run
-from webinfer.kernels.attention import PagedAttention, SeqStep, pack_step
+from webinfer.kernels.attention import AttentionBinding, PagedAttention, SeqStep, pack_step
 from webinfer.kernels.library import KernelLibrary
 from webinfer_packager.reference.model import attention as ref_attention
 
@@ -103,6 +103,10 @@ def test_attention_decode_lane_sum_paths(gpu_f32, lib32, subgroups):
     if subgroups and not (gpu_f32.caps.subgroups and gpu_f32.caps.subgroup_size >= 4):
         pytest.skip("needs subgroups of >= 4 lanes")
     out, ref = _case(gpu_f32, lib32, H=9, Hkv=3, hd=64, bs=16, seqs=[(1, 1), (31, 1), (32, 1), (33, 1), (97, 1)],
+                     subgroup_decode=subgroups, seed=5, one_split=1)
+    check_op(out, ref, ATOL, RTOL, f"lane sum subgroups={subgroups}")
+    # the same contexts walked as one split each (the default below 128 positions), and one of several splits
+    out, ref = _case(gpu_f32, lib32, H=9, Hkv=3, hd=64, bs=16, seqs=[(1, 1), (31, 1), (33, 1), (128, 1), (129, 1)],
                      subgroup_decode=subgroups, seed=5)
     check_op(out, ref, ATOL, RTOL, f"lane sum subgroups={subgroups}")
 
@@ -165,6 +169,87 @@ def test_attention_hypothesis(gpu_f32, lib32, raw, heads, bs):
     check_op(out, ref, ATOL, RTOL, f"{seqs}")
 
 
+LONGROPE = {"rope_type": "longrope", "short_factor": [1.0 + 0.1 * i for i in range(16)], "attention_factor": 1.2}
+
+
+@pytest.mark.parametrize("kv_f16", [False, True])
+@pytest.mark.parametrize("subgroups", [True, False], ids=["shuffle", "workgroup_memory"])
+def test_attention_decode_rope_and_kv_write(gpu, kernels, kv_f16, subgroups):
+    """rope=True: decode rows come un-rotated in fused qkv rows (q | k | v, after a pad); the decode kernel ropes q
+    and the token's k, writes k and v into the token's cache slot (checked element for element against rope.py's
+    reference) and attends over earlier cache entries plus the new key. Contexts on both sides of the split
+    length 32 (one split: output written by the decode kernel; several: the reduce), GROUP 5 (two head blocks
+    writing the same K/V), LongRoPE's mscale; a prefill sequence in the same step is left to the rope kernel."""
+    from webinfer.kernels.rope import rope_table
+    from webinfer_packager.reference.model import rope
+
+    if kv_f16 and not gpu.caps.f16:
+        pytest.skip("no shader-f16")
+    if subgroups and not (gpu.caps.subgroups and gpu.caps.subgroup_size >= 2):
+        pytest.skip("needs subgroups")
+    H, Hkv, hd, bs, pad, theta = 10, 2, 32, 8, 4, 1e4
+    kvt = np.float16 if kv_f16 else np.float32
+    seqs = [(1, 1), (32, 1), (33, 1), (90, 1), (12, 5)]
+    rng = np.random.default_rng(7)
+    qd, kvd = H * hd, Hkv * hd
+    stride = pad + qd + 2 * kvd
+    T = sum(n for _, n in seqs)
+    qkv = rng.standard_normal((T, stride)).astype(np.float32)
+    num_blocks = 1 + sum(-(-c // bs) for c, _ in seqs) + 2
+    kc = rng.standard_normal((num_blocks, bs, Hkv, hd)).astype(kvt)
+    vc = rng.standard_normal((num_blocks, bs, Hkv, hd)).astype(kvt)
+    free = list(rng.permutation(np.arange(1, num_blocks)))
+    steps, ref, row = [], np.full((T, qd), np.nan, np.float32), 0
+    want_k, want_v = kc.astype(np.float32), vc.astype(np.float32)
+    for ctx, nq in seqs:
+        table = [int(free.pop()) for _ in range(-(-ctx // bs))]
+        steps.append(SeqStep(ctx, table, row, nq))
+        if nq == 1:
+            p = ctx - 1
+            k_old = np.stack([kc[table[i // bs], i % bs] for i in range(p)]).astype(np.float32) if p else \
+                np.zeros((0, Hkv, hd), np.float32)
+            v_old = np.stack([vc[table[i // bs], i % bs] for i in range(p)]).astype(np.float32) if p else \
+                np.zeros((0, Hkv, hd), np.float32)
+            x = qkv[row]
+            q = rope(x[pad:pad + qd].reshape(1, H, hd), np.array([p]), theta, hd, LONGROPE)
+            k_new = rope(x[pad + qd:pad + qd + kvd].reshape(1, Hkv, hd), np.array([p]), theta, hd, LONGROPE)
+            v_new = x[pad + qd + kvd:].reshape(1, Hkv, hd)
+            k_new, v_new = k_new.astype(kvt).astype(np.float32), v_new.astype(kvt).astype(np.float32)
+            ref[row] = ref_attention(q, np.concatenate([k_old, k_new]), np.concatenate([v_old, v_new]),
+                                     np.array([p])).reshape(qd)
+            want_k[table[p // bs], p % bs], want_v[table[p // bs], p % bs] = k_new[0], v_new[0]
+        row += nq
+    info, tables, shape = pack_step(steps)
+    attn = PagedAttention(kernels, n_heads=H, n_kv_heads=Hkv, head_dim=hd, block_size=bs, max_model_len=256,
+                          max_seqs=len(seqs), q_stride=stride, q_offset=pad, kv_f16=kv_f16, rope=True,
+                          subgroup_decode=subgroups, one_split=32)
+    gq, gk, gv = GpuArray.upload(gpu, qkv), GpuArray.upload(gpu, kc), GpuArray.upload(gpu, vc)
+    gi = GpuArray.upload(gpu, np.frombuffer(info, np.uint32))
+    gt = GpuArray.upload(gpu, np.frombuffer(tables, np.uint32))
+    gr = GpuArray.upload(gpu, np.frombuffer(rope_table(hd, theta, LONGROPE), np.float32))
+    out = GpuArray.empty(gpu, (T, qd), np.float32)
+    b = attn.bind(gq.binding, gk.binding, gv.binding, gt.binding, gi.binding, out.binding, gr.binding)
+    run(gpu, lambda c: attn.encode(c, b, shape))
+    dec = np.isfinite(ref[:, 0])  # the prefill rows' output is not checked here (their q is not roped)
+    np.testing.assert_allclose(out.read()[dec], ref[dec], atol=ATOL, rtol=RTOL)
+    tol = 1e-3 if kv_f16 else 2e-5
+    np.testing.assert_allclose(gk.read().astype(np.float32), want_k, atol=tol, rtol=tol)
+    np.testing.assert_allclose(gv.read().astype(np.float32), want_v, atol=0, rtol=0)
+
+
+def test_attention_one_split_needs_no_reduce(gpu_f32, lib32):
+    """Contexts within one split record the decode dispatch only (its output is checked by the cases above,
+    e.g. contexts 1, 31, 128 in test_attention_decode_lane_sum_paths); one context past it adds the reduce."""
+    attn = PagedAttention(lib32, n_heads=4, n_kv_heads=2, head_dim=16, block_size=16, max_model_len=256,
+                          max_seqs=2, split=32, one_split=32)
+    cmds = lib32.device.commands()
+    attn.encode(cmds, AttentionBinding(None, None, None), pack_step([SeqStep(32, [1, 2], 0, 1), SeqStep(3, [3], 1, 1)])[2])
+    assert [op[-1] for op in cmds.ops if op[0] == "dispatch"] == ["attn.decode"]
+    cmds = lib32.device.commands()
+    attn.encode(cmds, AttentionBinding(None, None, None), pack_step([SeqStep(33, [1, 2, 3], 0, 1)])[2])
+    assert [op[-1] for op in cmds.ops if op[0] == "dispatch"] == ["attn.decode", "attn.reduce"]
+
+
 def test_bad_shapes_are_rejected(lib32):
     with pytest.raises(ValueError, match="multiple of n_kv_heads"):
         PagedAttention(lib32, n_heads=6, n_kv_heads=4, head_dim=16, block_size=16, max_model_len=64, max_seqs=1)
@@ -177,3 +262,42 @@ def test_bad_shapes_are_rejected(lib32):
     _, _, shape = pack_step([SeqStep(65, [1] * 5, 0, 1)])
     with pytest.raises(ValueError, match="exceeds max_model_len"):
         a.encode(lib32.device.commands(), None, shape)
+
+
+def test_attention_decode_rope_fused_equals_rope_kernel_bitwise(gpu_f32, lib32):
+    """Speculative verification puts several decode rows of one sequence in a step: the RoPE kernel then ropes
+    every row and writes its K/V first, and the decode kernel runs without its own RoPE (`roped=True`). A row must
+    get the same bits either way (the scheduler's promise: verification rows equal unspeculated steps)."""
+    from webinfer.kernels.rope import Rope, inv_freq, rope_table
+
+    H, Hkv, hd, bs, theta = 9, 3, 64, 16, 1e4
+    seqs = [(40, 1), (150, 1), (7, 1)]  # (context, one query)
+    rng = np.random.default_rng(3)
+    stride = (H + 2 * Hkv) * hd
+    qkv = rng.standard_normal((len(seqs), stride)).astype(np.float32)
+    kc = rng.standard_normal((16, bs, Hkv, hd)).astype(np.float32)
+    vc = rng.standard_normal((16, bs, Hkv, hd)).astype(np.float32)
+    # contexts 40 and 7 (one split), 150 (five splits of 32 + the reduce); blocks 1-14 of 16
+    steps = [SeqStep(40, [1, 2, 3], 0, 1), SeqStep(150, list(range(4, 14)), 1, 1), SeqStep(7, [14], 2, 1)]
+    info, tbl, shape = pack_step(steps)
+    attn = PagedAttention(lib32, n_heads=H, n_kv_heads=Hkv, head_dim=hd, block_size=bs, max_model_len=256,
+                          max_seqs=3, q_stride=stride, rope=True)
+    up = lambda a: GpuArray.upload(gpu_f32, a)  # noqa: E731
+    res = []
+    for roped in (False, True):
+        gq, gk, gv, out = up(qkv), up(kc), up(vc), GpuArray.empty(gpu_f32, (len(seqs), H * hd))
+        gi, gt = up(np.frombuffer(info, np.uint32)), up(np.frombuffer(tbl, np.uint32))
+        b = attn.bind(gq.binding, gk.binding, gv.binding, gt.binding, gi.binding, out.binding,
+                      up(np.frombuffer(rope_table(hd, theta), np.float32)).binding)
+        if roped:
+            pos = np.array([s.ctx_len - 1 for s in steps], np.uint32)
+            slot = np.array([s.block_table[p // bs] * bs + p % bs for s, p in zip(steps, pos)], np.uint32)
+            rope = Rope(lib32, H, Hkv, hd, gq.binding, stride, gk.binding, gv.binding, up(pos).binding,
+                        up(slot).binding, up(np.float32(inv_freq(hd, theta))).binding,
+                        up(np.array([len(seqs), 0, 0, 0], np.uint32)).binding)
+            run(gpu_f32, lambda c: (rope.encode(c, len(seqs)), attn.encode(c, b, shape, roped=True)))
+        else:
+            run(gpu_f32, lambda c: attn.encode(c, b, shape))
+        res.append((out.read(), gk.read(), gv.read()))
+    for a, b, what in zip(res[0], res[1], ("output", "k cache", "v cache")):
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), what

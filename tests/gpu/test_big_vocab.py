@@ -41,7 +41,7 @@ def big_table(dev, dtype, vocab, k, x, keep_rows):
             for name, v in c.items():
                 comps.setdefault(name, []).append(v)
         comps = {name: np.concatenate(v) for name, v in comps.items()}
-        meta = np.frombuffer(pack_meta(dtype, {c: v.tobytes() for c, v in comps.items()}), np.uint32)
+        meta = np.frombuffer(pack_meta(dtype, {c: v.tobytes() for c, v in comps.items()}, rows), np.uint32)
         parts.append(WeightPart(row0, rows, GpuArray.upload(dev, comps["qweight"], guard=False).binding,
                                 GpuArray.upload(dev, meta, guard=False).binding))
         del comps, meta

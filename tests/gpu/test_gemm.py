@@ -15,7 +15,8 @@ from webinfer.kernels.linear import Epilogue, Linear, LinearIO
 pytestmark = pytest.mark.gpu
 
 
-def run_gemm(dev, lib, dtype, n, k, t, start=0, gs=32, seed=0, bias=False, accumulate=False, swiglu=False, tt=8):
+def run_gemm(dev, lib, dtype, n, k, t, start=0, gs=32, seed=0, bias=False, accumulate=False, swiglu=False, tt=8,
+             wrows=None):
     comps, wref = random_weight(dtype, n, k, gs, seed)
     if swiglu:
         comps = interleave(comps, n // 2)
@@ -41,7 +42,8 @@ def run_gemm(dev, lib, dtype, n, k, t, start=0, gs=32, seed=0, bias=False, accum
     step = GpuArray.upload(dev, np.array([0, 0, start, t], np.uint32)).binding
     lin = Linear(lib, upload_weight(dev, dtype, n, k, comps, gs),
                  LinearIO(GpuArray.upload(dev, x).binding, out.binding, xs, n_out, step, count_index=3, start_index=2),
-                 kernel="gemm", epilogue=Epilogue(bias=b, accumulate=accumulate, swiglu=swiglu), tiles=(tt,))
+                 kernel="gemm", epilogue=Epilogue(bias=b, accumulate=accumulate, swiglu=swiglu), tiles=(tt,),
+                 rows=wrows)
     run(dev, lambda c: lin.encode(c, t))
     return out, want, k
 
@@ -69,6 +71,29 @@ def test_gemm_epilogues_f32_tt4_and_without_subgroups(gpu_f32, lib_nosg, dtype):
     check_op(out, want, 2e-3, 1e-4, name=f"{dtype} TT=4")
     out, want, k = run_gemm(lib_nosg.device, lib_nosg, dtype, 70, 100, 11, 1, accumulate=True)
     check_op(out, want, *tol(k), name=f"{dtype} no subgroups")
+
+
+@pytest.mark.parametrize("dtype", FORMAT_NAMES)
+def test_gemm_8_rows_per_invocation(gpu, kernels, lib_nosg, dtype):
+    """8 weight rows per invocation (two blocks of 4): N = 300 ends inside an invocation's second block; the
+    output is bit for bit that of 4 rows per invocation (same chunk sums), with and without subgroups."""
+    for lib in (kernels, lib_nosg):
+        got = {}
+        for rows in (4, 8):
+            out, want, k = run_gemm(lib.device, lib, dtype, 300, 200, 13, 2, seed=9, wrows=rows, accumulate=True)
+            check_op(out, want, *tol(k), name=f"{dtype} rows={rows}")
+            got[rows] = out.read()
+        assert np.array_equal(got[4].view(np.uint32), got[8].view(np.uint32)), dtype
+
+
+def test_gemm_rows_choice():
+    from webinfer.kernels.linear import QuantWeight, WeightPart, gemm_rows
+
+    def w(n):
+        return QuantWeight("q4a", n, 576, 32, (WeightPart(0, n, None, None),))
+
+    # 8 rows unless its workgroups (512 rows) leave more lanes idle than 4 rows' (256): SmolLM2's 576 -> 4
+    assert [gemm_rows(w(n)) for n in (576, 960, 1536, 64)] == [4, 8, 8, 4]
 
 
 @pytest.mark.parametrize("dtype", ["q4", "q4k", "q6k"])

@@ -52,3 +52,29 @@ def test_rope_and_cache_write(gpu, kernels, h, hkv, hd, t, scaling, kv_f16):
     ktol = (1e-3, 1e-3) if kv_f16 else (2e-5, 1e-5)
     check_op(kc, want_k.reshape(nb, bs, hkv, hd).astype(kvt), *ktol, "k cache")
     check_op(vc, want_v.reshape(nb, bs, hkv, hd).astype(kvt), 0, 0, "v cache")
+
+
+def test_rope_row_range(gpu, kernels):
+    """start_index: only rows step[start] .. + step[count] (a step's prefill rows; the attention decode kernel ropes
+    the decode rows itself): the rows before and after stay as they were, their cache slots untouched."""
+    h, hkv, hd, t, start, n = 4, 2, 16, 9, 3, 4
+    rng = np.random.default_rng(1)
+    stride = (h + 2 * hkv) * hd
+    qkv = rng.standard_normal((t, stride)).astype(np.float32)
+    pos = rng.integers(0, 100, t).astype(np.uint32)
+    slots = rng.permutation(24)[:t].astype(np.uint32)
+    kc = GpuArray.upload(gpu, np.zeros((6, 4, hkv, hd), np.float32))
+    vc = GpuArray.upload(gpu, np.zeros((6, 4, hkv, hd), np.float32))
+    buf = GpuArray.upload(gpu, qkv)
+    up = lambda a: GpuArray.upload(gpu, a).binding  # noqa: E731
+    r = Rope(kernels, h, hkv, hd, buf.binding, stride, kc.binding, vc.binding, up(pos), up(slots),
+             up(np.float32(inv_freq(hd, 1e4))), up(np.array([0, n, start, 0], np.uint32)), count_index=1,
+             start_index=2)
+    run(gpu, lambda c: r.encode(c, n))
+    rows = slice(start, start + n)
+    want = qkv.copy()
+    want[rows, : h * hd] = rope(qkv[rows, : h * hd].reshape(n, h, hd), pos[rows], 1e4, hd).reshape(n, h * hd)
+    want_k = np.zeros((24, hkv, hd), np.float32)
+    want_k[slots[rows]] = rope(qkv[rows, h * hd:(h + hkv) * hd].reshape(n, hkv, hd), pos[rows], 1e4, hd)
+    check_op(buf, want, 2e-5, 1e-5, "q of rows start .. start + n only")
+    check_op(kc, want_k.reshape(6, 4, hkv, hd), 2e-5, 1e-5, "k cache of those rows only")

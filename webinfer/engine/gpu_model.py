@@ -10,7 +10,8 @@ One step, T tokens of any mix of prefill chunks and decode tokens (rows of every
     embed(ids) -> r                                          r: the residual stream [T, D]
     per layer:  xn = rmsnorm(r) * attn_norm                  prefill rows only: decode rows fold it into the GEMV
                 qkv = Wqkv xn (+ bias)                       q, k, v fused into one weight: one dispatch
-                rope(q, k) in place; k, v -> cache slots     (shaders/rope.wgsl)
+                rope(q, k) in place; k, v -> cache slots     (shaders/rope.wgsl; prefill rows only where the
+                                                             attention decode kernel ropes the decode rows)
                 a = attention(q, cache)                      (webinfer/kernels/attention.py)
                 r += Wo a                                    (accumulate epilogue: no separate add)
                 xn = rmsnorm(r) * ffn_norm                   prefill rows only, as above
@@ -19,7 +20,9 @@ One step, T tokens of any mix of prefill chunks and decode tokens (rows of every
     xs = rmsnorm(r[last row of each sampled chunk]) * norm    (row gather)
     logits = Wout xs; next ids = sample(logits)
 Decode rows (GEMV) read r itself and recompute the RMSNorm inside the kernel (gemv.wgsl NORM: cheap at these
-widths), so a decode step has no norm dispatches: 1 + 7 per layer (attention = decode + reduce) + 3. A step with
+widths), so a decode step has no norm dispatches, and (head_dim % 16 == 0) the attention decode kernel applies
+RoPE and writes the step's K/V itself: 1 + 5 per layer (qkv, attention, o, gate_up, down; + the attention reduce
+when a context passes one split, 128 positions) + 3 (final norm, LM head, sampling). A step with
 prefill chunks adds the two norms, a GEMM dispatch per matrix and the prefill attention kernel. Unfused q/k/v or
 gate/up add one dispatch per matrix: they stay unfused when their formats differ (a Q4_K_M file mixes q4k, q6k,
 q5_0 and q8 per tensor) or the fused weight would not fit one binding.
@@ -57,7 +60,7 @@ from ..kernels.library import KernelLibrary
 from ..kernels.linear import (Epilogue, Linear, LinearIO, QuantWeight, WeightPart, interleave_gate_up, pack_meta,
                               split_rows)
 from ..kernels.norm import HeadNorm, RMSNorm
-from ..kernels.rope import Rope, attention_factor, inv_freq
+from ..kernels.rope import Rope, attention_factor, inv_freq, rope_table
 from ..kernels.swiglu import SoftCap, SwiGLU
 from ..kernels.sampling import LOGPROB_BYTES, unpack_logprobs
 from .batch import Sampled, StepBatch
@@ -121,7 +124,7 @@ class Buffers:
 class _Layer:
     attn_norm: RMSNorm
     qkv: list["DualLinear"]  # one fused q|k|v, or q, k, v
-    rope: Rope
+    rope: Rope  # prefill rows only when attention.rope (the decode kernel ropes decode rows), else all rows
     attn: AttentionBinding
     o: "DualLinear"
     ffn_norm: RMSNorm
@@ -132,6 +135,7 @@ class _Layer:
     qk_norm: HeadNorm | None = None  # qk_norm models (Qwen3, Gemma 3)
     post_attn_norm: RMSNorm | None = None  # post_norms models (Gemma): r += rmsnorm(xn) * w
     post_ffn_norm: RMSNorm | None = None
+    rope_all: Rope | None = None  # attention.rope: every row, for steps where a sequence has several decode rows
 
 
 def _round4(n: int) -> int:
@@ -244,7 +248,8 @@ class GPUModel:
         attn_kw = dict(n_heads=cfg.num_attention_heads, n_kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
                        block_size=block_size, max_model_len=self.max_model_len, max_seqs=S, q_stride=self.qkv_stride,
                        q_offset=0, kv_f16=kv_f16, softcap=cfg.attn_logit_softcapping,
-                       scale=cfg.attn_scale if cfg.query_pre_attn_scalar is not None else None)
+                       scale=cfg.attn_scale if cfg.query_pre_attn_scalar is not None else None,
+                       rope=cfg.head_dim % 16 == 0)  # decode rows: RoPE + KV write inside attention
         self.attention = PagedAttention(lib, **attn_kw)
         sliding = None
         if any(cfg.is_sliding(i) for i in range(L)) and cfg.sliding_window < self.max_model_len:
@@ -266,12 +271,21 @@ class GPUModel:
                 qk_norm = HeadNorm(lib, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, eps,
                                    bf.qkv, wqk, self.qkv_stride, step, STEP_TOKENS, p, label=f"{pre}qk_norm")
             theta, scaling = cfg.layer_rope(i)
+            attention = sliding if cfg.is_sliding(i) and sliding else self.attention
+            # with attention.rope the decode kernel ropes the decode rows: this kernel only the prefill rows
             rope = Rope(lib, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, bf.qkv,
                         self.qkv_stride, self.k_cache[i], self.v_cache[i], bf.pos, bf.slot,
-                        await self._inv_freq_buf(theta, scaling), step, STEP_TOKENS, p, label=f"{pre}rope",
-                        kv_f16=kv_f16, mscale=attention_factor(scaling))
-            attention = sliding if cfg.is_sliding(i) and sliding else self.attention
-            attn = attention.bind(bf.qkv, self.k_cache[i], self.v_cache[i], bf.tables, bf.seq_info, bf.attn)
+                        await self._inv_freq_buf(theta, scaling), step,
+                        STEP_PREFILL if attention.rope else STEP_TOKENS, p, label=f"{pre}rope", kv_f16=kv_f16,
+                        mscale=attention_factor(scaling), start_index=STEP_DECODE if attention.rope else None)
+            table = rope_all = None
+            if attention.rope:
+                table = await self._upload(rope_table(cfg.head_dim, theta, scaling), f"{pre}rope_table")
+                rope_all = Rope(lib, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, bf.qkv,
+                                self.qkv_stride, self.k_cache[i], self.v_cache[i], bf.pos, bf.slot,
+                                await self._inv_freq_buf(theta, scaling), step, STEP_TOKENS, p, label=f"{pre}rope",
+                                kv_f16=kv_f16, mscale=attention_factor(scaling))
+            attn = attention.bind(bf.qkv, self.k_cache[i], self.v_cache[i], bf.tables, bf.seq_info, bf.attn, table)
             # post norms: the projection writes xn (free at that point), an accumulating RMSNorm adds it to r
             post = cfg.post_norms
             out = bf.xn if post else bf.r
@@ -286,7 +300,7 @@ class GPUModel:
                                       Epilogue(accumulate=not post))
             post_ffn = await self._post_norm(pre + "post_ffn_norm") if post else None
             self.layers.append(_Layer(attn_norm, qkv, rope, attn, o, ffn_norm, gate_up, swiglu, down, attention,
-                                      qk_norm, post_attn, post_ffn))
+                                      qk_norm, post_attn, post_ffn, rope_all))
         self.final_norm = RMSNorm(lib, d, eps, bf.r, await self._upload(await get("norm", "data"), "norm"),
                                   bf.xs, self.d_stride, self.d_stride, step, STEP_SAMPLED, p,
                                   row_map=bf.rows, label="final_norm")
@@ -350,7 +364,7 @@ class GPUModel:
         for row0, rows, comps in groups:
             qhigh = await self._upload(comps["qhigh"], f"{label}.qhigh") if "qhigh" in comps else None
             parts.append(WeightPart(row0, rows, await self._upload(comps["qweight"], f"{label}.qweight"),
-                                    await self._upload(pack_meta(t.dtype, comps), f"{label}.meta"), qhigh))
+                                    await self._upload(pack_meta(t.dtype, comps, rows), f"{label}.meta"), qhigh))
         return QuantWeight(t.dtype, sum(x.rows for x in ts), t.k, t.group_size, tuple(parts))
 
     async def _linear(self, names, x, x_stride, y, y_stride, epilogue: Epilogue = Epilogue(), *, n_offset=0,
@@ -461,13 +475,17 @@ class GPUModel:
         dev.write_buffer(bf.seq_info, 0, info)
         dev.write_buffer(bf.tables, 0, tables)
         cmds = dev.commands(timed=timed)
-        self._record(cmds, T, n_dec, S, shape)
+        # several decode rows of one sequence (speculative verification): row j attends over the K/V of rows < j,
+        # so the RoPE kernel writes every row's K/V first instead of the attention decode kernel
+        dec_seqs = [c.seq_id for c in batch.chunks if len(c.token_ids) == 1]
+        self._record(cmds, T, n_dec, S, shape, shared=len(set(dec_seqs)) < len(dec_seqs))
         if S:
             self.sampler.encode(cmds, sampled)
         return cmds, sampled
 
-    def _record(self, cmds, T: int, n_dec: int, S: int, shape) -> None:
-        """The graph of one step over inputs already in place, up to the logits of its S sampled rows."""
+    def _record(self, cmds, T: int, n_dec: int, S: int, shape, shared: bool = False) -> None:
+        """The graph of one step over inputs already in place, up to the logits of its S sampled rows. shared:
+        some sequence has several decode rows in the step (see encode_step)."""
         n_pre = T - n_dec
         self.embed.encode(cmds, T)
         for ly in self.layers:
@@ -478,8 +496,11 @@ class GPUModel:
                 lin.encode(cmds, n_dec, n_pre)
             if ly.qk_norm:
                 ly.qk_norm.encode(cmds, T)
-            ly.rope.encode(cmds, T)
-            ly.attention.encode(cmds, ly.attn, shape)
+            if ly.rope_all is not None and shared:
+                ly.rope_all.encode(cmds, T)
+            else:
+                ly.rope.encode(cmds, n_pre if ly.attention.rope else T)
+            ly.attention.encode(cmds, ly.attn, shape, roped=ly.rope_all is not None and shared)
             ly.o.encode(cmds, n_dec, n_pre)
             if ly.post_attn_norm:
                 ly.post_attn_norm.encode(cmds, T)

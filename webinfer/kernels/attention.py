@@ -5,7 +5,8 @@ Contract with the model graph (webinfer/engine/gpu_model.py):
 - KV cache: per layer one K and one V buffer `[num_blocks, block_size, n_kv_heads, head_dim]`, f32 (or f16 with
   kv_f16=True, only where the device has shader-f16). Whoever computes k and v (the RoPE kernel) writes the
   roped k and the v of the token at position p of a sequence into block `block_table[p // block_size]`, slot
-  `p % block_size`, BEFORE attention is dispatched. Block 0 is the null block (padding).
+  `p % block_size`, BEFORE attention is dispatched (with rope=True the decode kernel does that itself for its
+  one-token sequences, from the un-rotated qkv rows). Block 0 is the null block (padding).
 - q: f32 rows `[T, q_stride]`; query head h of token row t at `t*q_stride + q_offset + h*head_dim` (so q can live
   inside a fused qkv buffer). out: f32 `[T, n_heads*head_dim]`, row t for token row t.
 - Per-step inputs, written once per step and shared by every layer (`pack_step`):
@@ -38,6 +39,7 @@ from .common import WG
 DECODE, REDUCE, PREFILL = 0, 1, 2
 DECODE_WG = 8  # decode invocations per workgroup (shaders/attention.wgsl DWG)
 PARTIALS_BUDGET = 32 << 20  # default split: the shortest whose partials buffer stays under this
+ONE_SPLIT = 128  # decode contexts up to this many positions: one split, no reduce dispatch
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,7 @@ class AttentionBinding:
     decode: Any
     reduce: Any
     prefill: Any
+    decode_roped: Any = None  # rope=True: the decode kernel for q and K/V already roped and written (RoPE kernel)
 
 
 class PagedAttention:
@@ -99,6 +102,13 @@ class PagedAttention:
     subgroup_decode: None = sum the lanes of a split (decode) or of a query group (prefill) with subgroup shuffles
     where the device has subgroups of at least head_dim/16 lanes, else through workgroup memory; False forces
     workgroup memory; True requires shuffles.
+    rope: the decode kernel applies RoPE to q and k itself and writes the step's K and V into the cache (q, k, v
+    un-rotated in the fused qkv rows: k right after the n_heads q heads, v after the k heads; needs head_dim % 16
+    == 0 and a rope table at bind): a decode step then needs no separate RoPE dispatch. A sequence whose live
+    positions fit one split gets its output from the decode kernel directly; the reduce runs only when some
+    sequence of the step has more splits. one_split: contexts up to max(one_split, split) are walked as one split
+    (no reduce dispatch for the step; on lavapipe a dispatch costs more than walking 128 positions in one lane
+    group), longer ones in `split`-long pieces.
     scale: score scale (None: 1/sqrt(head_dim)); softcap: scores -> cap * tanh(score / cap); window: sliding
     window W (a query at p sees keys k with p - k < W). partials: share another instance's scratch buffer (the
     layers of one model run one at a time; a sliding and a full-attention instance need only one).
@@ -108,7 +118,8 @@ class PagedAttention:
                  max_seqs: int, q_stride: int | None = None, q_offset: int = 0, kv_f16: bool = False,
                  split: int | None = None, decode_wg: int = DECODE_WG,
                  subgroup_decode: bool | None = None, label: str = "attn", scale: float | None = None,
-                 softcap: float | None = None, window: int | None = None, partials=None):
+                 softcap: float | None = None, window: int | None = None, partials=None, rope: bool = False,
+                 one_split: int = ONE_SPLIT):
         if n_heads % n_kv_heads:
             raise ValueError(f"attention: n_heads {n_heads} is not a multiple of n_kv_heads {n_kv_heads}")
         if head_dim % 4 or head_dim > 4 * WG:
@@ -130,11 +141,18 @@ class PagedAttention:
         if split < 1:
             raise ValueError(f"attention: split length must be >= 1, got {split}")
         self.block_size, self.split, self.max_seqs = block_size, split, max_seqs
+        self.one_split = max(one_split, split)
         self.max_splits = -(-max_model_len // split)
         base = {"N_HEADS": n_heads, "N_KV_HEADS": n_kv_heads, "HEAD_DIM": head_dim, "BLOCK_SIZE": block_size,
-                "Q_STRIDE": q_stride, "Q_OFFSET": q_offset, "SPLIT": split, "MAX_SPLITS": self.max_splits}
+                "Q_STRIDE": q_stride, "Q_OFFSET": q_offset, "SPLIT": split, "MAX_SPLITS": self.max_splits,
+                "ONE_SPLIT": self.one_split}
         if kv_f16:
             base["KV_F16"] = 1
+        if rope:
+            if head_dim % 16:
+                raise ValueError(f"attention: rope in the decode kernel needs head_dim % 16 == 0, not {head_dim}")
+            base["ROPE"] = 1
+        self.rope = rope
         if scale is not None:
             base["SCALE"] = repr(float(scale))
         if softcap is not None:
@@ -173,6 +191,12 @@ class PagedAttention:
         use_f16 = True if kv_f16 else False
         self.pipelines = [lib.pipeline("attention", defines={**base, "KERNEL": k}, use_f16=use_f16)
                           for k in (DECODE, REDUCE, PREFILL)]
+        # rope=True still needs the plain decode kernel for steps where one sequence has several one-token rows
+        # (speculative verification): a row's attention reads the K/V of the rows before it, which the RoPE
+        # kernel must have written first. Same arithmetic, so the same bits as the fused kernel.
+        plain = {k: v for k, v in base.items() if k != "ROPE"}
+        self.decode_plain = (lib.pipeline("attention", defines={**plain, "KERNEL": DECODE}, use_f16=use_f16)
+                             if rope else None)
         self.partials_bytes = partials_bytes(split)
         limit = lib.device.caps.max_binding_bytes
         if self.partials_bytes > limit:
@@ -181,18 +205,25 @@ class PagedAttention:
         self.partials = partials if partials is not None else lib.device.create_buffer(
             self.partials_bytes, STORAGE | COPY_DST, label=f"{label}.partials")
 
-    def bind(self, q, k_cache, v_cache, block_tables, seq_info, out) -> AttentionBinding:
-        """Bind groups for one layer: buffers or BufferBindings (bound once, at model load)."""
+    def bind(self, q, k_cache, v_cache, block_tables, seq_info, out, rope_table=None) -> AttentionBinding:
+        """Bind groups for one layer: buffers or BufferBindings (bound once, at model load). rope_table: the
+        layer's kernels/rope.py `rope_table` bytes on the device (required with rope=True)."""
         dev = self.lib.device
         dec, red, pre = self.pipelines
+        if self.rope != (rope_table is not None):
+            raise ValueError(f"attention: rope={self.rope} {'needs' if self.rope else 'takes no'} rope_table")
+        dec_bufs = [q, k_cache, v_cache, block_tables, seq_info, self.partials, out] + ([rope_table] if self.rope else [])
         return AttentionBinding(
-            decode=dev.create_bind_group(dec, [q, k_cache, v_cache, block_tables, seq_info, self.partials]),
+            decode_roped=dev.create_bind_group(self.decode_plain, dec_bufs[:7]) if self.rope else None,
+            decode=dev.create_bind_group(dec, dec_bufs),
             reduce=dev.create_bind_group(red, [self.partials, seq_info, out]),
             prefill=dev.create_bind_group(pre, [q, k_cache, v_cache, block_tables, seq_info, out]),
         )
 
-    def encode(self, cmds, binding: AttentionBinding, step: StepShape) -> None:
-        """Record this step's attention: decode + reduce if any one-token sequence, prefill if any longer one."""
+    def encode(self, cmds, binding: AttentionBinding, step: StepShape, roped: bool = False) -> None:
+        """Record this step's attention: decode (+ reduce when a context passes one split) if any one-token
+        sequence, prefill if any longer one. roped (rope=True only): the RoPE kernel has roped every row and
+        written its K/V this step, the decode kernel must not."""
         if step.n_seqs > self.max_seqs:
             raise ValueError(f"attention: {step.n_seqs} sequences in a step, built for at most {self.max_seqs}")
         dec, red, pre = self.pipelines
@@ -201,10 +232,15 @@ class PagedAttention:
             if splits > self.max_splits:
                 raise ValueError(f"attention: context {step.max_ctx_decode} exceeds max_model_len "
                                  f"{self.max_splits * self.split}")
-            cmds.dispatch(dec, binding.decode, -(-splits // self.splits_per_wg), self.n_kv_heads * self.n_head_blocks,
+            if roped:
+                dec, bg = self.decode_plain, binding.decode_roped
+            else:
+                bg = binding.decode
+            cmds.dispatch(dec, bg, -(-splits // self.splits_per_wg), self.n_kv_heads * self.n_head_blocks,
                           step.n_seqs,
                           f"{self.label}.decode")
-            cmds.dispatch(red, binding.reduce, self.n_heads, step.n_seqs, 1, f"{self.label}.reduce")
+            if step.max_ctx_decode > self.one_split:  # else every decode sequence is one split, already written
+                cmds.dispatch(red, binding.reduce, self.n_heads, step.n_seqs, 1, f"{self.label}.reduce")
         if step.max_q_prefill:
             cmds.dispatch(pre, binding.prefill, -(-step.max_q_prefill // self.bq),
                           self.n_kv_heads * self.n_head_blocks, step.n_seqs, f"{self.label}.prefill")

@@ -39,9 +39,9 @@ class Embed:
         self.bind_groups = []
         for p in table.parts:
             m_off, sup_off = lay.meta_offsets(p.rows)
-            u = make(struct.pack(_PARAMS, table.k, table.group_size, lay.w_stride4, lay.words("scales"), out_stride,
+            u = make(struct.pack(_PARAMS, table.k, table.group_size, lay.w_stride4, lay.meta_words("scales"), out_stride,
                                  table.n, count_index, p.row0, p.rows, lay.words("qhigh"), m_off, sup_off,
-                                 lay.words("super"), 0, 0, float(scale)))
+                                 lay.meta_words("super"), 0, 0, float(scale)))
             binds = [p.qweight, p.meta, ids, out, u, step] + ([p.qhigh] if p.qhigh is not None else [])
             self.bind_groups.append(lib.device.create_bind_group(self.pipeline, binds))
         self.groups_x = ceil_div(table.k, 8 * WG)

@@ -2,8 +2,8 @@
 
 Two kernels share one per-output arithmetic (shaders/linear_common.wgsl): gemv.wgsl (decode rows: each invocation
 loads and unpacks 4 weight rows' chunk once and applies it to a tile of up to 8 activation rows) and gemm.wgsl
-(prefill rows: 4 weight rows x TT activation rows that the whole workgroup shares, their chunks broadcast in the
-subgroup). Batch invariance rule: every y[t, n] is a sequential sum over 32-element chunks in a fixed order,
+(prefill rows: 4 or 8 weight rows (gemm_rows) x TT activation rows that the whole workgroup shares, their chunks
+broadcast in the subgroup). Batch invariance rule: every y[t, n] is a sequential sum over 32-element chunks in a fixed order,
 whatever T is and whichever other rows share the dispatch. The two kernels may differ in the last bits, so the
 model picks per sequence from the sequence's own chunk: one-token chunks -> gemv over rows [0, step[count_index]);
 multi-token chunks -> gemm over rows [step[start_index], + step[count_index]).
@@ -17,7 +17,7 @@ row count itself from the per-step buffer, so the same bind groups serve every s
 
 A weight on the device (`QuantWeight`) is split by rows into storage bindings (`WeightPart`s, the package's
 bindings), each holding qweight, qhigh (q5/q6 formats) and one `meta` buffer: its scales, then mins, then
-super-block words (`pack_meta`), so a q5k GEMV with a folded norm and a bias stays within 8 storage bindings.
+super-block words (`pack_meta`; each row padded to whole vec4s), so a q5k GEMV with a folded norm and a bias stays within 8 storage bindings.
 
 Pure Python (it runs in Pyodide): parameters are packed with `struct`.
 """
@@ -35,6 +35,7 @@ ROWS_PER_INVOCATION = 4
 AUTO_TILES = (1, 4, 8)  # gemv TILE variants: the dispatch picks the smallest that holds the rows
 # (lavapipe: a tile of 8 costs ~2x a tile of 1 for a single row, the skipped slots still cost registers)
 GEMM_TOKENS = 8  # gemm TT: activation rows per invocation (all lanes of a workgroup share them)
+GEMM_ROWS = (8, 4)  # gemm weight rows per invocation, by preference (see gemm_rows)
 _PARAMS = "<10If5I"  # Params in linear_common.wgsl (64 bytes)
 META = ("scales", "mins", "super")  # the components packed into one meta buffer, in this order
 
@@ -68,19 +69,35 @@ class WeightLayout:
             return 0
         return row_bytes(self.dtype, component, self.k, self.group_size) // 4
 
+    def meta_words(self, component: str) -> int:
+        """u32 words per row of a meta component inside a meta buffer: `words` rounded up to whole vec4s (the
+        kernels load a row's scale words 4 at a time; quant_unpack.wgsl meta_words)."""
+        return -(-self.words(component) // 4) * 4
+
     @property
     def w_stride4(self) -> int:
         return self.words("qweight") // 4
 
     def meta_offsets(self, rows: int) -> tuple[int, int]:
         """(mins, super) word offsets inside a meta buffer of `rows` rows."""
-        m_off = rows * self.words("scales")
-        return m_off, m_off + rows * self.words("mins")
+        m_off = rows * self.meta_words("scales")
+        return m_off, m_off + rows * self.meta_words("mins")
 
 
-def pack_meta(dtype: str, components: Mapping[str, bytes]) -> bytes:
-    """One meta buffer's bytes from the per-row components of a row range: scales, then mins, then super."""
-    return b"".join(bytes(components[c]) for c in META if c in FORMATS[dtype].components)
+def pack_meta(dtype: str, components: Mapping[str, bytes], rows: int) -> bytes:
+    """One meta buffer's bytes from the per-row components of `rows` rows: scales, then mins, then super, every
+    row of each padded with zero words to a multiple of 4 words (16 bytes: WeightLayout.meta_words)."""
+    out = []
+    for c in META:
+        if c not in FORMATS[dtype].components:
+            continue
+        data = bytes(components[c])
+        if rows <= 0 or len(data) % rows or (len(data) // rows) % 4:
+            raise ValueError(f"pack_meta: {len(data)} bytes of {dtype} {c} do not split into {rows} rows of words")
+        rb = len(data) // rows
+        pad = b"\0" * (-rb % 16)
+        out += [data[i * rb : (i + 1) * rb] + pad for i in range(rows)] if pad else [data]
+    return b"".join(out)
 
 
 @dataclass(frozen=True)
@@ -132,6 +149,7 @@ class LinearKey:
     accumulate: bool = False  # y += W x (the residual epilogue)
     swiglu: bool = False  # gate/up interleaved in blocks of 4; y = silu(gate) * up
     norm: bool = False  # gemv only: RMSNorm of x folded in
+    rows: int = ROWS_PER_INVOCATION  # gemm: weight rows per invocation (4 or 8; swiglu is always 4 gate + 4 up)
 
 
 @dataclass(frozen=True)
@@ -159,6 +177,8 @@ def linear_variant(key: LinearKey) -> LinearVariant:
         raise ValueError("Linear: a folded RMSNorm (norm=...) is implemented in the gemv kernel only")
     if key.swiglu and (key.bias or key.accumulate):
         raise ValueError("Linear: the swiglu epilogue takes no bias and no accumulate")
+    if key.rows not in (4, 8) or (key.rows == 8 and key.kernel != "gemm"):
+        raise ValueError(f"Linear: 8 weight rows per invocation is a gemm layout; got {key.rows} for {key.kernel}")
     d = {**format_defines(key.dtype), "WG": WG, "TILE" if key.kernel == "gemv" else "TT": key.tile}
     names = ["qweight", "meta", "x", "y", "params", "step"]
     for flag, name, define in ((True, "qhigh", "QHIGH"), (key.norm, "norm", "NORM"), (key.bias, "bias", "BIAS")):
@@ -170,8 +190,10 @@ def linear_variant(key: LinearKey) -> LinearVariant:
         d["ACCUMULATE"] = 1
     if key.swiglu:
         d["SWIGLU"] = 1
+    if key.swiglu or key.rows == 8:
+        d["PAIR"] = 1  # gemm.wgsl: two blocks of 4 weight rows per invocation
     return LinearVariant(key, tuple(sorted(d.items())), tuple(names), 2 * ROWS_PER_INVOCATION if key.swiglu
-                         else ROWS_PER_INVOCATION)
+                         else key.rows)
 
 
 @dataclass(frozen=True)
@@ -211,11 +233,12 @@ class Linear:
     """y[:, n_offset : n_offset + N] (=, +=, or + bias) W x for every row t < step[count_index] (gemm: from
     step[start_index]). swiglu: W holds gate and up rows interleaved in blocks of 4 (`interleave_gate_up`) and y
     receives silu(gate) * up (N/2 columns). tiles (gemv): the decode tiles to build, default all of AUTO_TILES,
-    one picked per dispatch by the row count; a row's result does not depend on the tile or the other rows."""
+    one picked per dispatch by the row count; a row's result does not depend on the tile or the other rows.
+    rows (gemm): weight rows per invocation, 4 or 8 (default gemm_rows(weight); the output bits are the same)."""
 
     def __init__(self, lib, weight: QuantWeight, io: LinearIO, *, kernel: str = "gemv",
                  epilogue: Epilogue = Epilogue(), tiles: tuple[int, ...] | None = None,
-                 params: ParamsFn | None = None, label: str = "linear"):
+                 params: ParamsFn | None = None, label: str = "linear", rows: int | None = None):
         ep = epilogue
         if io.x_stride % 4:
             raise ValueError(f"Linear: x row stride {io.x_stride} must be a multiple of 4 floats (vec4 loads)")
@@ -224,8 +247,10 @@ class Linear:
         if ep.bias is not None and len(weight.parts) != 1:
             raise ValueError("Linear: a bias is supported on single-binding weights only")
         tiles = tiles or (AUTO_TILES if kernel == "gemv" else (GEMM_TOKENS,))
-        keys = [LinearKey(kernel, weight.dtype, t, ep.bias is not None, ep.accumulate, ep.swiglu, ep.norm is not None)
-                for t in sorted(tiles)]
+        if rows is None:
+            rows = gemm_rows(weight) if kernel == "gemm" and not ep.swiglu else ROWS_PER_INVOCATION
+        keys = [LinearKey(kernel, weight.dtype, t, ep.bias is not None, ep.accumulate, ep.swiglu, ep.norm is not None,
+                          rows) for t in sorted(tiles)]
         variants = [linear_variant(k) for k in keys]  # decide (validates the key)
         self.n, self.k, self.label, self.dtype, self.kernel = weight.n, weight.k, label, weight.dtype, kernel
         params = params or standalone_params(lib.device)
@@ -235,9 +260,9 @@ class Linear:
         for p in weight.parts:
             m_off, sup_off = lay.meta_offsets(p.rows)
             uniforms.append(params(struct.pack(
-                _PARAMS, p.rows, weight.k, weight.group_size, lay.w_stride4, lay.words("scales"), io.x_stride // 4,
-                io.y_stride, io.n_offset + p.row0, io.count_index, io.start_index, eps, lay.words("qhigh"), m_off,
-                sup_off, lay.words("super"), 0)))
+                _PARAMS, p.rows, weight.k, weight.group_size, lay.w_stride4, lay.meta_words("scales"),
+                io.x_stride // 4, io.y_stride, io.n_offset + p.row0, io.count_index, io.start_index, eps,
+                lay.words("qhigh"), m_off, sup_off, lay.meta_words("super"), 0)))
         self._variants: list[_Bound] = []
         for v in variants:  # bind
             pipeline = lib.variant_pipeline(kernel, v.defines)
@@ -269,6 +294,17 @@ class Linear:
         gy = ceil_div(rows, b.variant.key.tile)
         for bg, gx in b.groups:
             cmds.dispatch(b.pipeline, bg, gx, gy, 1, self.label)
+
+
+def gemm_rows(weight: QuantWeight) -> int:
+    """Weight rows per gemm invocation: 8 (each activation load serves 8 rows: up to 2x faster on llvmpipe at
+    960 rows) unless its workgroups of WG * 8 rows would leave more lanes idle than 4 rows do (576 rows: 2
+    workgroups of 512 rows, 44 % idle, vs 3 of 256, 25 %): every lane computes, in bounds or not. The choice depends
+    on the weight alone and does not change any output bit."""
+    def used(r: int) -> float:
+        return sum(p.rows for p in weight.parts) / sum(ceil_div(p.rows, r * WG) * r * WG for p in weight.parts)
+
+    return max(GEMM_ROWS, key=lambda r: (used(r), r))
 
 
 def interleave_gate_up(gate_rows: list[bytes], up_rows: list[bytes]) -> bytes:

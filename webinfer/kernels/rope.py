@@ -55,10 +55,19 @@ def attention_factor(scaling: dict | None) -> float:
     return float(scaling["attention_factor"]) if scaling and scaling.get("rope_type") == "longrope" else 1.0
 
 
+def rope_table(head_dim: int, theta: float, scaling: dict | None = None) -> bytes:
+    """The table the attention decode kernel reads under rope=True: (mscale, 0, 0, 0), then inv_freq (f32)."""
+    return struct.pack(f"<4f{head_dim // 2}f", attention_factor(scaling), 0, 0, 0, *inv_freq(head_dim, theta, scaling))
+
+
 class Rope:
+    """RoPE of q and k in place + the K/V cache write for rows [0, step[count_index]) of the fused qkv rows, or
+    with start_index for rows step[start_index] + [0, step[count_index]) (the prefill rows, when the attention
+    decode kernel ropes the decode rows itself)."""
+
     def __init__(self, lib, n_heads: int, n_kv_heads: int, head_dim: int, qkv, qkv_stride: int, k_cache, v_cache,
                  pos, slot, inv_freq_buf, step, count_index: int = 0, params: ParamsFn | None = None,
-                 label: str = "rope", kv_f16: bool = False, mscale: float = 1.0):
+                 label: str = "rope", kv_f16: bool = False, mscale: float = 1.0, start_index: int | None = None):
         if head_dim % 2:
             raise ValueError(f"Rope: head_dim {head_dim} must be even")
         if kv_f16 and not lib.device.caps.f16:
@@ -70,7 +79,8 @@ class Rope:
             defines["KV_F16"] = 1
         self.pipeline = lib.pipeline("rope", defines=defines, use_f16=kv_f16)
         u = (params or standalone_params(lib.device))(
-            struct.pack("<5If2I", n_heads, n_kv_heads, head_dim, qkv_stride, count_index, float(mscale), 0, 0))
+            struct.pack("<5If2I", n_heads, n_kv_heads, head_dim, qkv_stride, count_index, float(mscale),
+                        start_index or 0, start_index is not None))
         self.bind_group = lib.device.create_bind_group(
             self.pipeline, [qkv, k_cache, v_cache, u, step, pos, slot, inv_freq_buf])
 

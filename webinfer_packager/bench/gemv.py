@@ -4,6 +4,8 @@ Run: XDG_RUNTIME_DIR=/tmp/xdg python -m webinfer_packager.bench.gemv [--reps 5] 
      XDG_RUNTIME_DIR=/tmp/xdg python -m webinfer_packager.bench.gemv --model PKG [--reps 7]: decode step A/B on a package,
      decode tiles (auto) against the same model restricted to tile 1 (one activation row per invocation, the old
      layout), alternating, at 1/4/16 sequences: median GPU ms per step, per-label split, and the copy kernel.
+     XDG_RUNTIME_DIR=/tmp/xdg python -m webinfer_packager.bench.gemv --dispatches PKG: dispatches of one decode step
+     per layer and in total, at a short and a long context (issue 12: <= 5 per layer + <= 3 after the layers).
 (WEBINFER_DISABLE_SUBGROUPS=1 for the path without subgroupBroadcast)
 Effective bytes = every component's bytes (qweight, qhigh, scales, mins, super); ratio = GEMV GB/s / copy GB/s
 (copy counts read + write bytes). Weights are random codes (tests/gpu/quant_ref.py): timing does not depend on them.
@@ -95,13 +97,32 @@ def model_ab(path: str, reps: int) -> None:
         print(f"{n:2d} seqs: " + "  ".join(f"{k} {med['tile1'][k]:.1f}->{med['tiles'][k]:.1f}" for k in top))
 
 
+def dispatches(path: str) -> None:
+    from webinfer.engine.batch import SeqChunk, StepBatch
+    from webinfer.engine.gpu_model import GPUModel
+    from webinfer.package import Package
+
+    dev = request_device_sync(limits="browser")
+    m = asyncio.run(GPUModel.load(dev, Package.open(path), num_blocks=64, block_size=16, max_seqs=4))
+    layers = len(m.layers)
+    for ctx in (m.attention.one_split, m.attention.one_split + 1):
+        labels = [op[-1] for op in m.encode_step(StepBatch([SeqChunk(0, [7], ctx - 1, list(range(1, 64)), True)]))[0].ops
+                  if op[0] == "dispatch"]
+        per_layer = [x for x in labels if x.startswith("layers.") or x.startswith("attn")]
+        print(f"decode step at context {ctx}: {len(labels)} dispatches = {len(per_layer) / layers:g} per layer x "
+              f"{layers} + {len(labels) - len(per_layer)} others ({', '.join(x for x in labels if x not in per_layer)})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--decode", action="store_true", help="only the decode shapes at 1/4/16 rows, tiles 1/4/8")
     ap.add_argument("--model", help="a package folder: decode step A/B (tiles vs tile 1) instead of the shapes")
     ap.add_argument("--formats", help="comma-separated formats to keep (default: all)")
+    ap.add_argument("--dispatches", metavar="PKG", help="a package folder: dispatches per decode step")
     args = ap.parse_args()
+    if args.dispatches:
+        return dispatches(args.dispatches)
     if args.model:
         return model_ab(args.model, args.reps)
     dev = request_device_sync(limits="browser", timestamps=True)
@@ -122,9 +143,11 @@ def main() -> None:
         comps, _ = random_weight(dtype, n, k, seed=n + k)
         nbytes = sum(v.nbytes for v in comps.values())
         w = upload_weight(dev, dtype, n, k, comps)
-        x = GpuArray.upload(dev, rng.standard_normal((t, k)).astype(np.float32), guard=False).buffer
-        y = GpuArray.empty(dev, (t, n)).buffer
-        step = GpuArray.upload(dev, np.array([t, 0, 0, 0], np.uint32), guard=False).buffer
+        # bindings, not whole buffers: the arrays sit between guard regions (NaN words: as activations or as the
+        # row count they would time something else)
+        x = GpuArray.upload(dev, rng.standard_normal((t, k)).astype(np.float32)).binding
+        y = GpuArray.empty(dev, (t, n)).binding
+        step = GpuArray.upload(dev, np.array([t, 0, 0, 0], np.uint32)).binding
         lin = Linear(lib, w, LinearIO(x, y, k, n, step, count_index=0, start_index=2), kernel=kernel[:4],
                      tiles=(int(kernel.split("/t")[1]),) if "/t" in kernel else None)
         ms = timed(dev, lambda c: lin.encode(c, t), args.reps)

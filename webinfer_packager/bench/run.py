@@ -122,7 +122,7 @@ def bench_gemv(dev, lib, name: str, n: int, k: int, copy_gbps: float, reps: int,
     x = upload(rng.standard_normal(-(-k // 4) * 4).astype(np.float32).tobytes(), "bench.x")
     y = upload(b"\0" * 4 * n, "bench.y")
     step = upload(struct.pack("<4I", 1, 1, 0, 0), "bench.step")
-    part = WeightPart(0, n, upload(comps["qweight"], "bench.w"), upload(pack_meta(dtype, comps), "bench.meta"),
+    part = WeightPart(0, n, upload(comps["qweight"], "bench.w"), upload(pack_meta(dtype, comps, n), "bench.meta"),
                       upload(comps["qhigh"], "bench.qhigh") if "qhigh" in comps else None)
     lin = Linear(lib, QuantWeight(dtype, n, k, group_size, (part,)), LinearIO(x, y, -(-k // 4) * 4, n, step),
                  label=f"gemv {name}")
