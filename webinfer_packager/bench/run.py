@@ -212,8 +212,9 @@ def bench_model(dev, package, prompt_len: int, decode_len: int, reps: int) -> di
 
     cfg = package.config
     total = prompt_len + decode_len + 16
+    # no prefix cache: the prompt is run several times and each run must prefill it (TTFT, prefill tok/s)
     llm = asyncio.run(load(package, device=dev, options=EngineOptions(
-        context_tokens=total, max_seqs=1, max_batch_tokens=min(256, prompt_len))))
+        context_tokens=total, max_seqs=1, max_batch_tokens=min(256, prompt_len), enable_prefix_caching=False)))
     runner = llm.engine.runner
     rng = np.random.default_rng(0)
     prompt = [int(t) for t in rng.integers(0, cfg.vocab_size, size=prompt_len)]
