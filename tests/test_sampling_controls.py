@@ -1,6 +1,7 @@
 """Penalties and logprobs end to end (issue 11): the native GPU engine (counts and log-softmax on the GPU, decode
 blocks on) against the numpy reference runner (webinfer_packager.reference: the reference Sampler's penalties and
-logprobs on float64 logits of the reference model), through the same API, alone and in a mixed batch.
+logprobs on float64 logits of the reference model), through the same API, alone and in a mixed batch of penalized,
+logprob, constrained and plain requests.
 
 Run: python -m pytest tests/test_sampling_controls.py -q
 """
@@ -21,6 +22,8 @@ REQS = [
     {"prompt": "A B C", "max_tokens": 12, "temperature": 0, "logprobs": 5},
     {"prompt": "Numbers", "max_tokens": 15, "temperature": 0.7, "seed": 9, "repetition_penalty": 0.7, "logprobs": 3},
     {"prompt": "plain", "max_tokens": 10, "temperature": 0},
+    {"prompt": "Letters:", "max_tokens": 8, "temperature": 0.6, "seed": 2,                # constrained (mask)
+     "response_format": {"type": "regex", "regex": "[a-e]{3,6}"}},
 ]
 
 
@@ -52,6 +55,9 @@ def test_penalties_and_logprobs_equal_the_reference_alone_and_batched(llms):
     alone = [_run(native, [r])[0] for r in REQS]
     batched = _run(native, REQS)
     assert native.engine.blocks > 0, "no decode block ran: the GPU counts were not exercised across a block"
+    import re
+
+    assert re.fullmatch("[a-e]{3,6}", batched[-1]["choices"][0]["text"])
     for w, a, b in zip(want, alone, batched):
         assert _ids(a) == _ids(w) and _ids(b) == _ids(w)
         assert a["choices"][0]["text"] == w["choices"][0]["text"]
