@@ -30,3 +30,18 @@ def test_llama_decode_dispatches_per_layer(gpu, tiny_llama):
     prompt = list(range(5, 5 + one - 2))  # decode crosses the one-split boundary
     ref = generate(ReferenceModel.from_package(tiny_llama), prompt, 6, Sampler(0.0))
     assert generate_ids(tiny_llama, prompt, 6, runner=runner) == ref
+
+
+@pytest.mark.parametrize("max_seqs, tiles", [(1, (1,)), (4, (1, 4)), (5, (1, 4, 8)), (16, (1, 4, 8))])
+def test_only_the_decode_tiles_a_step_can_pick_are_built(gpu, tiny_llama, max_seqs, tiles):
+    """Every GEMV pipeline costs a compile at load (seconds each on SwiftShader): a model whose steps hold at most
+    max_seqs decode rows builds no larger tile than the one that holds them, and still decodes the same ids."""
+    from tests.gpu_fixtures import generate_ids, load_runner
+
+    runner = load_runner(tiny_llama, device=gpu, num_blocks=40, block_size=8, max_batch_tokens=64, max_seqs=max_seqs)
+    lins = [runner.lm_head] + [lin.gemv for ly in runner.layers for lin in (*ly.qkv, ly.o, *ly.gate_up, ly.down)]
+    assert {lin.tiles for lin in lins} == {tiles}
+    if max_seqs == 4:
+        full = load_runner(tiny_llama, device=gpu, num_blocks=40, block_size=8, max_batch_tokens=64, max_seqs=16)
+        prompt = [5, 9, 11, 200]
+        assert generate_ids(tiny_llama, prompt, 8, runner=runner) == generate_ids(tiny_llama, prompt, 8, runner=full)

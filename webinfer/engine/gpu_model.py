@@ -58,7 +58,7 @@ from ..kernels.attention import AttentionBinding, PagedAttention, SeqStep, pack_
 from ..kernels.embed import Embed
 from ..kernels.library import KernelLibrary
 from ..kernels.linear import (Epilogue, Linear, LinearIO, QuantWeight, WeightPart, interleave_gate_up, pack_meta,
-                              split_rows)
+                              split_rows, tiles_for)
 from ..kernels.norm import HeadNorm, RMSNorm
 from ..kernels.rope import Rope, attention_factor, inv_freq, rope_table
 from ..kernels.swiglu import SoftCap, SwiGLU
@@ -156,9 +156,10 @@ class DualLinear:
     io.x, which the model fills with the normalised rows (only needed when there are prefill rows)."""
 
     def __init__(self, lib, weight: QuantWeight, io: LinearIO, *, params, epilogue: Epilogue = Epilogue(),
-                 norm_x=None, label: str = "linear"):
+                 norm_x=None, label: str = "linear", tiles: tuple[int, ...] | None = None):
         dec_io = replace(io, count_index=STEP_DECODE, x=norm_x if epilogue.norm is not None else io.x)
-        self.gemv = Linear(lib, weight, dec_io, kernel="gemv", epilogue=epilogue, params=params, label=label)
+        self.gemv = Linear(lib, weight, dec_io, kernel="gemv", epilogue=epilogue, params=params, label=label,
+                           tiles=tiles)
         self.gemm = Linear(lib, weight, replace(io, count_index=STEP_PREFILL, start_index=STEP_DECODE),
                            kernel="gemm", epilogue=replace(epilogue, norm=None), params=params, label=label)
 
@@ -198,6 +199,7 @@ class GPUModel:
         self.vocab_size = cfg.vocab_size
         self.max_tokens, self.max_seqs = max_batch_tokens, max_seqs
         self.max_steps = max(1, max_steps)
+        self.tiles = tiles_for(max_seqs)  # decode rows per step <= max_seqs: only the GEMV tiles that can be picked
         self._block_staging, self._block_staging_size = None, 0
         if num_blocks < 2:
             raise ValueError(f"num_blocks={num_blocks}: need the null block plus at least one")
@@ -306,7 +308,7 @@ class GPUModel:
                                   row_map=bf.rows, label="final_norm")
         head = emb if cfg.tie_word_embeddings else await self._weight(["lm_head"])
         self.lm_head = Linear(lib, head, LinearIO(bf.xs, bf.logits, self.d_stride, cfg.vocab_size, step, STEP_SAMPLED),
-                              params=p, label="lm_head")
+                              tiles=self.tiles, params=p, label="lm_head")
         self.logit_cap = None
         if cfg.final_logit_softcapping is not None:
             self.logit_cap = SoftCap(lib, cfg.vocab_size, cfg.final_logit_softcapping, bf.logits, cfg.vocab_size,
@@ -372,7 +374,7 @@ class GPUModel:
         w = await self._weight(names, gate_up_rows)
         io = LinearIO(x, y, x_stride, y_stride, self.bufs.step, n_offset=n_offset)
         return DualLinear(self.lib, w, io, params=self.arena, epilogue=epilogue, norm_x=self.bufs.r,
-                          label=label or names[0])
+                          tiles=self.tiles, label=label or names[0])
 
     def _fusable(self, names: list[str], fuse: bool) -> bool:
         """Fuse only tensors of one format, group and K, each in one binding, whose fused components still fit
