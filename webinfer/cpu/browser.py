@@ -92,7 +92,8 @@ async def time_backends(dev, host, n: int, k: int, reps: int = 8) -> tuple[float
     step = upload(struct.pack("<4I", 1, 0, 0, 0))
     y = dev.create_buffer(4 * n, STORAGE | COPY_SRC, "start-up y")
     owned.append(y)
-    weight = QuantWeight("q4a", n, k, 32, (WeightPart(0, n, upload(comps["qweight"]), upload(pack_meta("q4a", comps))),))
+    meta = upload(pack_meta("q4a", comps, n))
+    weight = QuantWeight("q4a", n, k, 32, (WeightPart(0, n, upload(comps["qweight"]), meta),))
     lin = Linear(KernelLibrary(dev), weight, LinearIO(upload(x), BufferBinding(y, 0, 4 * n), k, n, step), kernel="gemv")
     gpu_ms = 0.0
     for count in (1, reps):  # the first submission builds the pipeline
