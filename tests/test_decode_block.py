@@ -28,7 +28,7 @@ def llms(tiny_llama, gpu):
 
     opts = dict(context_tokens=512, max_seqs=4)
     return (open_llm(tiny_llama, "native", device=gpu, options=EngineOptions(**opts, decode_block=1)),
-            open_llm(tiny_llama, "native", device=gpu, options=EngineOptions(**opts, decode_block=8)))
+            open_llm(tiny_llama, "native", device=gpu, options=EngineOptions(**opts, decode_block=8, decode_block_ms=0)))
 
 
 def _run(llm, reqs, stagger: float = 0.0):

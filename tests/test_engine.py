@@ -134,3 +134,25 @@ def test_overflow_and_failing_runner():
         assert ids == generate_alone([1, 2, 3], 5, VOCAB, ())[0]
         await engine.close()
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("delay_s, budget_ms, blocks", [(0.002, 50, True), (0.03, 50, False), (0.03, 0, True)])
+def test_decode_blocks_shrink_to_single_steps_when_a_step_is_slow(delay_s, budget_ms, blocks):
+    """A block amortizes per-step read-backs, which matter when steps are short; when a step is long it only delays
+    streaming and Stop: with decode_block_ms the engine measures a decode step and caps the block at that budget."""
+    import asyncio
+
+    from tests.fake_model import FakeRunner, generate_alone
+    from webinfer.engine.engine import AsyncEngine
+    from webinfer.engine.stopping import SamplingParams
+
+    runner = FakeRunner(num_blocks=64, block_size=4, max_model_len=128, vocab=40, delay_s=delay_s)
+
+    async def main():
+        eng = AsyncEngine(runner, decode_block=8, decode_block_ms=budget_ms)
+        ids = [t async for o in eng.generate([1, 2, 3], SamplingParams(max_tokens=24, ignore_eos=True))
+               for t in o.token_ids]
+        await eng.close()
+        return ids
+    assert asyncio.run(main()) == generate_alone([1, 2, 3], 24, 40)[0]
+    assert (runner.blocks > 0) == blocks

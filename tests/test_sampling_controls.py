@@ -32,7 +32,7 @@ def llms(tiny_llama, gpu):
     from webinfer.factory import EngineOptions
     from webinfer_packager.cli.backend import open_llm
 
-    opts = EngineOptions(context_tokens=512, max_seqs=4)
+    opts = EngineOptions(context_tokens=512, max_seqs=4, decode_block_ms=0)  # blocks of 8 however slow
     return open_llm(tiny_llama, "native", device=gpu, options=opts), open_llm(tiny_llama, "reference", options=opts)
 
 

@@ -173,7 +173,8 @@ class Engine {
  *          speculative: "prompt-lookup" to verify proposed tokens each step (the same output, fewer steps when the
  *          answer repeats its context), speculativeTokens (proposals per step, default 4),
  *          decodeBlock: decode steps the GPU runs per read-back while every request decodes (default 8, 1: off;
- *          the same tokens, streamed a block at a time).
+ *          the same tokens, streamed a block at a time), decodeBlockMs: and at most about this long, from the
+ *          measured step time (default 50; a slow GPU then decodes single steps, so streaming and Stop stay prompt).
  */
 export async function load(manifestUrl, options = {}) {
   const { onProgress = () => {} } = options;
@@ -194,7 +195,8 @@ export async function load(manifestUrl, options = {}) {
     manifestUrl: abs, sha256: options.manifestSha256 ?? model?.sha256 ?? null,
     keepPackages: cfg.models.map((m) => m.sha256),
     engine: { backend, cpu_mode: options.cpuMode ?? "exact", speculative: options.speculative ?? null,
-              speculative_tokens: options.speculativeTokens ?? 4, decode_block: options.decodeBlock ?? 8 },
+              speculative_tokens: options.speculativeTokens ?? 4, decode_block: options.decodeBlock ?? 8,
+              decode_block_ms: options.decodeBlockMs ?? 50 },
   }, { onProgress });
   const info = await promise;
   info.timings = { ...initInfo.timings, ...info.timings };

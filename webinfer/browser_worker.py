@@ -74,12 +74,13 @@ class PageWorker:
     async def load(self, manifest_text: str, js_files, where: str, engine_json: str = "{}") -> dict:
         """Take the files over from JS (a Map name -> Uint8Array), open the package and build the LLM.
         engine_json: {"backend", "cpu_mode", "speculative": null | "prompt-lookup", "speculative_tokens": int,
-        "decode_block": int} from webinfer.js load()."""
+        "decode_block": int, "decode_block_ms": number} from webinfer.js load()."""
         t0 = time.perf_counter()
         eng = json.loads(engine_json)
         self.options = replace(PAGE_ENGINE, speculative=eng.get("speculative") or None,
                                speculative_tokens=int(eng.get("speculative_tokens") or 4),
                                decode_block=max(1, min(int(eng.get("decode_block") or PAGE_ENGINE.decode_block), 64)),
+                               decode_block_ms=max(0.0, float(eng.get("decode_block_ms", PAGE_ENGINE.decode_block_ms))),
                                cpu_mode=eng.get("cpu_mode") or "exact")
         from .cpu.browser import choose_backend, js_host  # noqa: PLC0415
 

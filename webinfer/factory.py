@@ -40,6 +40,7 @@ class EngineOptions:
     speculative_tokens: int = 4       # the default per request when speculative is on (a request may override)
     cpu_mode: str = "exact"           # backend "cpu": f32 activations (exact) or int8 ones (fast)
     decode_block: int = 8             # decode steps run on the GPU per read-back when all requests decode (1: off)
+    decode_block_ms: float = 50.0     # ... and at most about this long (a slow GPU gets single steps; 0: no cap)
 
     @property
     def runner_rows(self) -> int:
@@ -130,7 +131,7 @@ def llm_for(pkg: Package, runner, opts: EngineOptions | None = None, limits: Lim
     engine = AsyncEngine(runner, eos_ids=pkg.config.eos_token_ids,
                          max_num_batched_tokens=min(opts.max_batch_tokens, getattr(runner, "max_tokens", 1 << 30)),
                          max_num_seqs=opts.max_seqs, enable_prefix_caching=opts.enable_prefix_caching,
-                         proposer=proposer, decode_block=opts.decode_block)
+                         proposer=proposer, decode_block=opts.decode_block, decode_block_ms=opts.decode_block_ms)
     return LLM(engine, tok, Prompter.for_package(pkg, tok), name or pkg.name or "webinfer", limits,
                speculative_tokens=opts.speculative_tokens if opts.speculative else 0)
 

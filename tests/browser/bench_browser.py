@@ -18,7 +18,7 @@ from .conftest import ARGS, CHROMIUM, SiteServer
 RUN = """async ([url, n, lose, block]) => {
     const w = await import("./webinfer.js");
     const t0 = performance.now();
-    const engine = await w.load(url, {decodeBlock: block});
+    const engine = await w.load(url, {decodeBlock: block, decodeBlockMs: 0});  // exactly `block` steps
     const loadMs = performance.now() - t0;
     const messages = [{role: "user", content: "What is the capital of France?"}];
     const chat = async () => {

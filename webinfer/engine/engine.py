@@ -62,14 +62,20 @@ class _Stream:
 
 class AsyncEngine:
     def __init__(self, runner: ModelRunner, eos_ids=(), max_num_batched_tokens: int = 256, max_num_seqs: int = 16,
-                 enable_prefix_caching: bool = True, clock=time.perf_counter, proposer=None, decode_block: int = 1):
+                 enable_prefix_caching: bool = True, clock=time.perf_counter, proposer=None, decode_block: int = 1,
+                 decode_block_ms: float = 0.0):
         """proposer: speculative decoding's proposer (speculative.PromptLookup) for requests whose
         params.speculative_tokens > 0; their proposals use the runner's rows the running requests leave free.
         decode_block: when every running request is decoding (none waiting, speculating or constrained), run up to
         this many decode steps as one block on the runner (sampled ids stay on the GPU between them; one read-back
-        per block). Capped by the runner's max_steps; the tokens are the same as one step at a time."""
+        per block). Capped by the runner's max_steps; the tokens are the same as one step at a time.
+        decode_block_ms > 0: also cap a block at about this much time, from the measured time of a decode step. A
+        block saves the fixed cost of each step's read-back, which matters when steps are short (a real GPU); when a
+        step is long (a software GPU), a block only delays streaming and Stop, so it shrinks to one step."""
         self.runner = runner
         self.decode_block = max(1, min(decode_block, getattr(runner, "max_steps", 1)))
+        self.decode_block_ms = decode_block_ms
+        self._step_s: float | None = None  # moving average of a decode step's wall time (decode-only steps)
         self.eos_ids = frozenset(eos_ids)
         self.proposer = proposer
         self.scheduler = Scheduler(runner.num_blocks, runner.block_size, runner.max_model_len, self.eos_ids,
@@ -175,10 +181,11 @@ class AsyncEngine:
                 continue
             if self.proposer is not None:
                 await self._propose()
-            batch = self.scheduler.schedule(self.decode_block)
+            batch = self.scheduler.schedule(self._block_steps())
             if not batch.chunks:
                 await asyncio.sleep(0)
                 continue
+            t0 = self.clock()
             try:
                 sampled = await self.runner.execute(batch)
             except asyncio.CancelledError:
@@ -190,6 +197,9 @@ class AsyncEngine:
             self.steps += batch.steps
             self.blocks += batch.steps > 1
             now = self.clock()
+            if all(len(c.token_ids) == 1 for c in batch.chunks):
+                dt = (now - t0) / batch.steps
+                self._step_s = dt if self._step_s is None else 0.8 * self._step_s + 0.2 * dt
             vocab = getattr(self.runner, "vocab_size", 0)
             rows = [c for c in batch.chunks if c.sample] * batch.steps
             bad = sorted({c.seq_id for c, t in zip(rows, sampled) if vocab and not 0 <= t < vocab})
@@ -206,6 +216,14 @@ class AsyncEngine:
             while self._recent and now - self._recent[0][0] > 10.0:
                 self._recent.popleft()
             await asyncio.sleep(0)  # let consumers and new arrivals in between steps
+
+    def _block_steps(self) -> int:
+        """The decode block to ask for: decode_block, capped by the time budget once a step's time is known."""
+        if self.decode_block_ms <= 0 or self.decode_block == 1:
+            return self.decode_block
+        if self._step_s is None:
+            return 1  # measure a plain decode step first
+        return max(1, min(self.decode_block, int(self.decode_block_ms / 1e3 / max(self._step_s, 1e-6))))
 
     async def _propose(self) -> None:
         """Give each decoding request that asked for it this step's speculative proposals (a proposer with

@@ -221,6 +221,7 @@ def bench_model(dev, package, prompt_len: int, decode_len: int, reps: int) -> di
     # generation through the API, as a user runs it: prefill (in chunks of max_batch_tokens) + greedy decode, no EOS;
     # decode blocks (K steps per read-back) and single steps alternate, on the same model
     block = llm.engine.decode_block
+    llm.engine.decode_block_ms = 0  # blocks of exactly `block` steps, however long a step is here
     rates: dict[int, list[float]] = {block: [], 1: []}
     for _ in range(max(1, reps // 2)):
         for k in rates:
