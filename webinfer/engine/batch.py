@@ -12,7 +12,7 @@ for padding rows (writes there are garbage nobody reads).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Awaitable, Callable, Protocol
+from typing import Protocol
 
 NULL_BLOCK = 0  # never allocated to a sequence; free for the runner to use as a padding target
 
@@ -76,16 +76,6 @@ class StepBatch:
     def check_block(self) -> None:
         if self.steps > 1 and not all(len(c.token_ids) == 1 and c.sample and c.mask is None for c in self.chunks):
             raise ValueError("a decode block holds only one-token chunks that sample, without a mask")
-
-
-async def run_block(execute: Callable[["StepBatch"], Awaitable[list[int]]], batch: StepBatch) -> list[int]:
-    """A decode block as batch.steps plain steps (runners without a block of their own): step-major ids."""
-    batch.check_block()
-    ids, out = [c.token_ids[0] for c in batch.chunks], []
-    for j in range(batch.steps):
-        ids = list(await execute(batch.unrolled(j, ids)))
-        out += ids
-    return out
 
 
 class ModelRunner(Protocol):
