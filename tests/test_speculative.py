@@ -34,7 +34,8 @@ class OracleProposer:
 
     def propose(self, req, k):
         p = req.params
-        full, _ = generate_alone(req.prompt_ids, p.max_tokens, VOCAB, EOS, temperature=p.temperature, seed=p.seed)
+        full, _ = generate_alone(req.prompt_ids, p.max_tokens, VOCAB, () if p.ignore_eos else EOS,
+                                 temperature=p.temperature, seed=p.seed)
         nxt = full[len(req.output_ids):len(req.output_ids) + k]
         out = [t if self.rng.random() > self.noise else (t + 1) % VOCAB for t in nxt]
         self.proposed += len(out)
@@ -64,7 +65,8 @@ def test_speculative_equals_plain_decoding(noise):
     async def main(proposer):
         # a tight pool (preemptions) and a budget that cuts proposals short
         runner = FakeRunner(14, 4, 128, vocab=VOCAB)
-        engine = AsyncEngine(runner, eos_ids=EOS, max_num_batched_tokens=12, max_num_seqs=6, proposer=proposer)
+        engine = AsyncEngine(runner, eos_ids=EOS, max_num_batched_tokens=12, max_num_seqs=6, proposer=proposer,
+                             clock=runner.clock)
         res = await asyncio.gather(*(_run(engine, p, sp) for p, sp in zip(prompts, params)))
         stats = engine.stats()
         await engine.close()
@@ -89,7 +91,7 @@ def test_accepted_proposals_save_steps_and_stop_strings_cut_exactly():
 
     async def main(proposer, stop_strings):
         runner = FakeRunner(40, 4, 128, vocab=VOCAB)
-        engine = AsyncEngine(runner, eos_ids=EOS, max_num_seqs=8, proposer=proposer)
+        engine = AsyncEngine(runner, eos_ids=EOS, max_num_seqs=8, proposer=proposer, clock=runner.clock)
         sp = SamplingParams(max_tokens=n, ignore_eos=True, stop=stop_strings, speculative_tokens=7)
         r = await _run(engine, prompt, sp)
         await engine.close()
@@ -103,6 +105,62 @@ def test_accepted_proposals_save_steps_and_stop_strings_cut_exactly():
     (b, bt, bl), _ = asyncio.run(main(OracleProposer(0.0), [stop]))
     assert (a, at, al.finish_reason, al.num_output_tokens) == (b, bt, bl.finish_reason, bl.num_output_tokens)
     assert at == text[:text.find(stop)] and len(b) == text.find(stop) + len(stop)
+
+
+@pytest.mark.parametrize("noise, adaptive", [(1.0, True), (1.0, False), (0.0, True), (0.3, True)])
+def test_proposals_are_verified_only_where_they_pay(noise, adaptive):
+    """A device where each verification row costs half a step (lavapipe-like): proposals that are always rejected
+    stop being verified (no slowdown beyond 5 %), proposals that are accepted keep being verified (fewer, cheaper
+    steps overall). Time is the fake runner's virtual clock, so the check is exact, not a timing."""
+    prompts = [[5, 7, 11], [2, 4, 6, 8]]
+
+    async def main(proposer, **kw):
+        runner = FakeRunner(64, 4, 256, vocab=VOCAB, step_cost=(1.0, 0.5))
+        engine = AsyncEngine(runner, eos_ids=EOS, max_num_seqs=8, proposer=proposer, clock=runner.clock, **kw)
+        res = []
+        for p in prompts:  # batch 1, one after the other
+            res.append(await _run(engine, p, SamplingParams(max_tokens=40, ignore_eos=True, speculative_tokens=4)))
+        await engine.close()
+        return [r[0] for r in res], runner.now, sum(r[2].num_proposed for r in res)
+
+    plain_ids, plain_t, _ = asyncio.run(main(None))
+    ids, t, verified = asyncio.run(main(OracleProposer(noise), adaptive_proposals=adaptive))
+    assert ids == plain_ids
+    if noise == 1.0 and adaptive:
+        assert t <= 1.05 * plain_t and verified < 40
+    elif noise == 1.0:
+        assert t > 1.5 * plain_t  # verifying everything: what the budget avoids
+    elif noise == 0.0:
+        assert t < 0.6 * plain_t
+    else:
+        assert t < plain_t
+
+
+def test_proposal_budget_prices_rows():
+    from webinfer.engine.speculative import ProposalBudget
+
+    class R:
+        request_id, num_proposed, num_accepted = 1, 0, 0
+    b = ProposalBudget()
+    assert b.lengths([(R, 4)], rows=1) == [0]  # a plain step first: the price of one row
+    b.observe_step(1, 1.0)
+    assert b.lengths([(R, 4)], rows=1) == [4]  # larger steps not priced yet: as cheap as the largest priced
+    b.observe_step(5, 2.1)
+    assert b.cost(3) == pytest.approx(1.55) and b.cost(9) == 2.1 and b.cost(1) == 1.0
+    for _ in range(10):  # accepted whole, again and again: a -> 1
+        R.num_proposed += 4
+        R.num_accepted += 4
+        assert b.lengths([(R, 4)], rows=1) == [4]
+    looks = 0
+    while b.lengths([(R, 4)], rows=1) != [0]:  # then rejected whole, again and again
+        R.num_proposed += 4
+        looks += 1
+    assert 3 <= looks <= 6
+    b.observe_step(5, 1.0)  # rows are free now (a real GPU): any chance of acceptance pays
+    b.row_s[5] = 1.0
+    R.num_accepted += 1
+    R.num_proposed += 4
+    assert b.lengths([(R, 4)], rows=1) == [4]
 
 
 class _Req:

@@ -38,6 +38,7 @@ class EngineOptions:
     speculative: str | None = None   # "prompt-lookup", or a draft model's package path (native backend): requests
                                      # verify up to speculative_tokens proposals a step
     speculative_tokens: int = 4       # the default per request when speculative is on (a request may override)
+    adaptive_proposals: bool = True   # verify only the proposals that pay for their rows on this device (measured)
     cpu_mode: str = "exact"           # backend "cpu": f32 activations (exact) or int8 ones (fast)
     decode_block: int = 8             # decode steps run on the GPU per read-back when all requests decode (1: off)
     decode_block_ms: float = 50.0     # ... and at most about this long (a slow GPU gets single steps; 0: no cap)
@@ -131,7 +132,8 @@ def llm_for(pkg: Package, runner, opts: EngineOptions | None = None, limits: Lim
     engine = AsyncEngine(runner, eos_ids=pkg.config.eos_token_ids,
                          max_num_batched_tokens=min(opts.max_batch_tokens, getattr(runner, "max_tokens", 1 << 30)),
                          max_num_seqs=opts.max_seqs, enable_prefix_caching=opts.enable_prefix_caching,
-                         proposer=proposer, decode_block=opts.decode_block, decode_block_ms=opts.decode_block_ms)
+                         proposer=proposer, decode_block=opts.decode_block, decode_block_ms=opts.decode_block_ms,
+                         adaptive_proposals=opts.adaptive_proposals)
     return LLM(engine, tok, Prompter.for_package(pkg, tok), name or pkg.name or "webinfer", limits,
                speculative_tokens=opts.speculative_tokens if opts.speculative else 0)
 

@@ -24,6 +24,7 @@ from typing import AsyncIterator
 
 from webinfer.engine.batch import ModelRunner
 from webinfer.engine.scheduler import Request, Scheduler
+from webinfer.engine.speculative import ProposalBudget
 from webinfer.engine.stopping import FINISH_ABORT, FINISH_STOP, SamplingParams, TextStream
 from webinfer.errors import WebinferError
 
@@ -63,9 +64,11 @@ class _Stream:
 class AsyncEngine:
     def __init__(self, runner: ModelRunner, eos_ids=(), max_num_batched_tokens: int = 256, max_num_seqs: int = 16,
                  enable_prefix_caching: bool = True, clock=time.perf_counter, proposer=None, decode_block: int = 1,
-                 decode_block_ms: float = 0.0):
+                 decode_block_ms: float = 0.0, adaptive_proposals: bool = True):
         """proposer: speculative decoding's proposer (speculative.PromptLookup) for requests whose
         params.speculative_tokens > 0; their proposals use the runner's rows the running requests leave free.
+        adaptive_proposals: verify only as many proposals as pay for their rows on this device, from measured step
+        times and each request's acceptance rate (speculative.ProposalBudget); off: verify all proposed.
         decode_block: when every running request is decoding (none waiting, speculating or constrained), run up to
         this many decode steps as one block on the runner (sampled ids stay on the GPU between them; one read-back
         per block). Capped by the runner's max_steps; the tokens are the same as one step at a time.
@@ -78,6 +81,7 @@ class AsyncEngine:
         self._step_s: float | None = None  # moving average of a decode step's wall time (decode-only steps)
         self.eos_ids = frozenset(eos_ids)
         self.proposer = proposer
+        self.budget = ProposalBudget() if proposer is not None and adaptive_proposals else None
         self.scheduler = Scheduler(runner.num_blocks, runner.block_size, runner.max_model_len, self.eos_ids,
                                    max_num_batched_tokens, max_num_seqs, enable_prefix_caching,
                                    max_num_chunks=getattr(runner, "max_seqs", None))
@@ -134,6 +138,8 @@ class AsyncEngine:
         self.scheduler.finish_request(request_id, FINISH_ABORT)
         if self.proposer is not None:
             self.proposer.forget(request_id)
+        if self.budget is not None:
+            self.budget.forget(request_id)
 
     # ---- the loop
 
@@ -200,6 +206,8 @@ class AsyncEngine:
             if all(len(c.token_ids) == 1 for c in batch.chunks):
                 dt = (now - t0) / batch.steps
                 self._step_s = dt if self._step_s is None else 0.8 * self._step_s + 0.2 * dt
+                if self.budget is not None:
+                    self.budget.observe_step(len(batch.chunks), dt)
             vocab = getattr(self.runner, "vocab_size", 0)
             rows = [c for c in batch.chunks if c.sample] * batch.steps
             bad = sorted({c.seq_id for c, t in zip(rows, sampled) if vocab and not 0 <= t < vocab})
@@ -233,14 +241,22 @@ class AsyncEngine:
                  and r.matcher is None and not r.params.penalized]
         if not wants:
             return
+        if self.budget is not None:
+            rows = sum(r.num_tokens - r.num_computed_tokens == 1 for r in self.scheduler.running)
+            ks = self.budget.lengths(wants, rows)
+            for (r, _), k in zip(wants, ks):
+                r.proposal = []
+            wants = [(r, k) for (r, _), k in zip(wants, ks) if k > 0]
+            if not wants:
+                return
         if hasattr(self.proposer, "propose_batch"):
             try:
                 got = await self.proposer.propose_batch(wants)
             except Exception:  # a failing draft must not fail the target's requests: decode without proposals
                 self.proposer_errors += 1
                 return
-            for r, _ in wants:
-                r.proposal = got.get(r.request_id, [])
+            for r, k in wants:
+                r.proposal = got.get(r.request_id, [])[:k]
         else:
             for r, k in wants:
                 r.proposal = self.proposer.propose(r, k)
@@ -279,6 +295,8 @@ class AsyncEngine:
             del self._streams[st.req.request_id]
             if self.proposer is not None:
                 self.proposer.forget(st.req.request_id)
+            if self.budget is not None:
+                self.budget.forget(st.req.request_id)
         r = st.req
         st.queue.put_nowait(RequestOutput(
             r.request_id, toks, delta, reason, len(r.prompt_ids), len(r.output_ids) - dropped,

@@ -42,16 +42,17 @@ async def _one(llm, messages, max_tokens: int) -> dict:
 
 
 def bench_speculative(package, device=None, max_tokens: int = 96, tokens: int = 4, reps: int = 2,
-                      method: str = "prompt-lookup") -> dict:
+                      method: str = "prompt-lookup", adaptive: bool = True) -> dict:
     """{prompt: {plain, speculative, speedup, acceptance, identical}} measured alternately in one process.
-    method: "prompt-lookup" or a draft package's path."""
+    method: "prompt-lookup" or a draft package's path. adaptive: the engine verifies only the proposals that pay
+    for their rows on this device (the default); False: every proposal."""
     from webinfer.factory import EngineOptions, load
 
     base = EngineOptions(context_tokens=2048, max_seqs=1)
     plain = asyncio.run(load(package, device=device, options=base))
     spec = asyncio.run(load(package, device=plain.engine.runner.device,
                             options=EngineOptions(context_tokens=2048, max_seqs=1, speculative=str(method),
-                                                  speculative_tokens=tokens)))
+                                                  speculative_tokens=tokens, adaptive_proposals=adaptive)))
     from webinfer.errors import ContextOverflowError
 
     out = {}
@@ -80,8 +81,8 @@ def bench_speculative(package, device=None, max_tokens: int = 96, tokens: int = 
             "proposed": s["proposed"], "accepted": s["accepted"],
             "acceptance": round(s["accepted"] / s["proposed"], 3) if s["proposed"] else None,
         }
-    return {"method": str(method), "speculative_tokens": tokens, "max_tokens": max_tokens, "reps": reps,
-            "prompts": out}
+    return {"method": str(method), "speculative_tokens": tokens, "adaptive_proposals": adaptive,
+            "max_tokens": max_tokens, "reps": reps, "prompts": out}
 
 
 if __name__ == "__main__":
@@ -94,7 +95,9 @@ if __name__ == "__main__":
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--tokens", type=int, default=4)
     ap.add_argument("--draft", default=None, help="a draft package (same tokenizer) instead of prompt lookup")
+    ap.add_argument("--verify-all", action="store_true",
+                    help="verify every proposal (default: only those that pay for their rows on this device)")
     a = ap.parse_args()
     json.dump(bench_speculative(resolve_package(a.package), max_tokens=a.max_tokens, tokens=a.tokens,
-                                method=a.draft or "prompt-lookup"), sys.stdout, indent=1)
+                                method=a.draft or "prompt-lookup", adaptive=not a.verify_all), sys.stdout, indent=1)
     print()
