@@ -58,6 +58,9 @@ def test_bench_quick_json(tiny_package, tmp_path, capsys):
     for k in ("ttft_s", "prefill_tok_s", "decode_tok_s"):
         assert res[k] > 0
     assert res["decode_tokens"] == 8 and res["prompt_tokens"] == 32
+    t40 = res["ttft_40"]  # the quick bench's prompt is 32 tokens: all of it
+    assert t40["prompt_tokens"] == 32 and t40["ttft_s"] > 0
+    assert t40["decode_steps"] == pytest.approx(t40["ttft_s"] * 1e3 / res["step_ms"], rel=0.02)
     assert res["attention"]["decode"]["ms"] > 0 and res["attention"]["prefill"]["ms"] > 0
     assert res["attention"]["decode"]["queries"] == 4 and res["attention"]["prefill"]["queries"] == 32
     assert res["sampling"]["vocab"] == 300 and res["sampling"]["greedy_ms"] > 0 and res["sampling"]["top_k_top_p_ms"] > 0
@@ -70,4 +73,4 @@ def test_bench_quick_json(tiny_package, tmp_path, capsys):
 def test_bench_table(tiny_package, capsys):
     assert main(["bench", str(tiny_package), "--quick", "--skip-hf", "--skip-serving"]) == 0
     text = capsys.readouterr().out
-    assert "copy" in text and "gemv q4" in text and "decode step" in text
+    assert "copy" in text and "gemv q4" in text and "decode step" in text and "first token" in text

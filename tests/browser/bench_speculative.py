@@ -1,0 +1,66 @@
+"""Speculative decoding (prompt lookup) in the page (not a test): the prompts of webinfer_packager.bench.speculative,
+greedy, batch 1, on one engine loaded with speculative: "prompt-lookup"; plain runs ask for speculative_tokens: 0
+(the request extension), so both sides share the device, the pipelines and the machine's load, and alternate.
+
+Run: XDG_RUNTIME_DIR=/tmp/xdg python -m tests.browser.bench_speculative SITE_DIR [max_tokens] [reps]
+Prints one JSON object per prompt: decode tok/s of both sides (the best of the reps), steps, proposals accepted,
+and whether every run produced the same ids."""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from webinfer_packager.bench.speculative import PROMPTS
+
+from .conftest import ARGS, CHROMIUM, SiteServer
+
+LOAD = """async ([url, k]) => {
+    const w = await import("./webinfer.js");
+    const t0 = performance.now();
+    window._engine = await w.load(url, {speculative: "prompt-lookup", speculativeTokens: k});
+    return performance.now() - t0;
+}"""
+
+RUN = """async ([messages, n, spec]) => {
+    const r = await window._engine.chat.completions.create(
+        {messages, max_tokens: n, temperature: 0, speculative_tokens: spec});
+    return {ids: r.choices[0].token_ids, usage: r.usage};
+}"""
+
+
+def main(site: Path, n: int, reps: int, k: int = 4) -> None:
+    from playwright.sync_api import sync_playwright
+
+    srv = SiteServer(site)
+    m = json.loads((site / "site.json").read_text())["models"][0]
+    with tempfile.TemporaryDirectory() as prof, sync_playwright() as p:
+        ctx = p.chromium.launch_persistent_context(prof, executable_path=CHROMIUM, args=ARGS, headless=True)
+        ctx.set_default_timeout(1_800_000)
+        page = ctx.new_page()
+        page.goto(srv.url + "index.html")
+        print(json.dumps({"load_ms": round(page.evaluate(LOAD, [m["manifest"], k]))}), flush=True)
+        page.evaluate(RUN, [[{"role": "user", "content": "Hi"}], 4, 0])  # warm-up
+        for name, msgs in PROMPTS.items():
+            runs = {"plain": [], "speculative": []}
+            for _ in range(reps):  # alternate, so both sides see the same machine load
+                for label, spec in (("plain", 0), ("speculative", k)):
+                    runs[label].append(page.evaluate(RUN, [msgs, n, spec]))
+            rate = lambda r: 1.0 / r["usage"]["time_per_output_token_s"] if r["usage"]["time_per_output_token_s"] else 0.0
+            best = {label: max(v, key=rate) for label, v in runs.items()}
+            s = best["speculative"]["usage"].get("speculative") or {}
+            ids = [r["ids"] for v in runs.values() for r in v]
+            print(json.dumps({
+                "prompt": name, "tokens": len(ids[0]), "identical": all(i == ids[0] for i in ids),
+                "plain_decode_tok_s": round(rate(best["plain"]), 2),
+                "spec_decode_tok_s": round(rate(best["speculative"]), 2),
+                "speedup": round(rate(best["speculative"]) / max(rate(best["plain"]), 1e-9), 3),
+                "proposed": s.get("proposed_tokens", 0), "accepted": s.get("accepted_tokens", 0)}), flush=True)
+        ctx.close()
+    srv.stop()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 64, int(sys.argv[3]) if len(sys.argv) > 3 else 1)
