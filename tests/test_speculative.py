@@ -169,8 +169,8 @@ class _Req:
         self.num_proposed = self.num_accepted = 0
 
 
-def _brute(toks, max_n, k):
-    for n in range(min(max_n, len(toks)), 0, -1):
+def _brute(toks, min_n, max_n, k):
+    for n in range(min(max_n, len(toks)), min_n - 1, -1):
         tail = toks[len(toks) - n:]
         for start in range(len(toks) - n - 1, -1, -1):  # latest earlier occurrence
             if toks[start:start + n] == tail:
@@ -178,23 +178,14 @@ def _brute(toks, max_n, k):
     return []
 
 
+@pytest.mark.parametrize("min_n, max_n", [(1, 3), (2, 4)])
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.integers(0, 5), min_size=1, max_size=40), st.integers(1, 6))
-def test_prompt_lookup_matches_brute_force(toks, k):
+def test_prompt_lookup_matches_brute_force(min_n, max_n, toks, k):
     """Growing the token list one token at a time, the incremental index proposes what a full scan finds."""
-    pl = PromptLookup(max_ngram=3)
+    pl = PromptLookup(max_ngram=max_n, min_ngram=min_n)
     req = _Req([])
     for t in toks:
         req.all_token_ids.append(t)
         got = pl.propose(req, k)
-        assert got == _brute(req.all_token_ids, 3, k)
-
-
-def test_prompt_lookup_backs_off_after_misses():
-    pl = PromptLookup()
-    req = _Req([1, 2, 3, 1, 2])
-    assert pl.propose(req, 4) == [3, 1, 2]
-    req.num_proposed += 3  # the model rejected all three
-    req.all_token_ids.append(9)
-    assert pl.propose(req, 4) == []  # resting after a miss
-    assert pl.propose(req, 4) == []
+        assert got == _brute(req.all_token_ids, min_n, max_n, k)
