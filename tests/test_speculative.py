@@ -189,3 +189,21 @@ def test_prompt_lookup_matches_brute_force(min_n, max_n, toks, k):
         req.all_token_ids.append(t)
         got = pl.propose(req, k)
         assert got == _brute(req.all_token_ids, min_n, max_n, k)
+
+
+def test_replay_prices_steps_by_rows():
+    """The bench's replay (prompt lookup + ProposalBudget over a known output, no model): a quoted output takes
+    few steps, an unrelated one loses little where rows are dear and nothing where they are free."""
+    from webinfer_packager.bench.speculative import replay
+
+    rng = random.Random(3)
+    passage = [rng.randrange(100, 500) for _ in range(60)]
+    prompt = [1, 2] + passage + [3]
+    quoted = replay(prompt, passage, 4, {1: 1.0})
+    assert quoted["accepted"] >= 45 and quoted["steps"] <= 15 and quoted["speedup"] > 3.5
+    other = [rng.randrange(500, 900) for _ in range(60)]
+    assert replay(prompt, other, 4, {1: 1.0})["speedup"] == 1.0  # nothing to propose from
+    dear = {1: 1.0, 2: 1.4, 3: 1.6, 4: 1.85, 5: 2.1}
+    assert replay(prompt, passage, 4, dear)["speedup"] > 1.8
+    noisy = prompt[:20] + other[:40]  # starts quoting, then goes its own way
+    assert replay(prompt, noisy, 4, dear)["speedup"] >= 0.95

@@ -7,6 +7,11 @@ so for each prompt.
 
 --draft: proposals from a draft model (a smaller package with the same tokenizer) instead of prompt lookup.
 The plain side runs with the engine's defaults (decode blocks on), the speculative side verifies every step.
+
+`replay` (prompt lookup only): the same proposer and ProposalBudget replayed over the plain run's greedy output
+with a table of step costs by row count, no model: with the row costs this device measured (a check on the
+replay: it should land near the measured speedup) and with flat row costs (a GPU whose decode step reads the
+weights once for any few rows: the speedup this output would get there).
 """
 
 from __future__ import annotations
@@ -27,6 +32,41 @@ PROMPTS = {
                                               f"code:\n\n{CODE}"}],
     "open_chat": [{"role": "user", "content": "Tell me a short story about a dragon who learns to cook."}],
 }
+
+
+class _Replayed:
+    def __init__(self, prompt: list[int]):
+        self.request_id, self.all_token_ids, self.num_proposed, self.num_accepted = 0, list(prompt), 0, 0
+
+
+def replay(prompt: list[int], output: list[int], k_max: int, row_cost: dict[int, float]) -> dict:
+    """Speculative decoding of `output` (the plain greedy answer to `prompt`) with prompt lookup and the engine's
+    ProposalBudget, stepping a clock by row_cost[rows] (a row count not in the table costs what the largest count
+    below it costs): steps, proposals, and the speedup over plain decoding (one row a step) at these costs."""
+    from webinfer.engine.speculative import PromptLookup, ProposalBudget
+
+    def cost(rows: int) -> float:
+        return row_cost[max(r for r in row_cost if r <= rows)]
+
+    prop, budget, req = PromptLookup(), ProposalBudget(), _Replayed(prompt)
+    budget.observe_step(1, cost(1))
+    t, i, steps = 0.0, 0, 0
+    while i < len(output):
+        k = budget.lengths([(req, k_max)], 1)[0]
+        p = prop.propose(req, k) if k else []
+        budget.observe_step(1 + len(p), cost(1 + len(p)))
+        t += cost(1 + len(p))
+        steps += 1
+        a = 0
+        while a < len(p) and i + a < len(output) and p[a] == output[i + a]:
+            a += 1
+        req.num_proposed += len(p)
+        req.num_accepted += a
+        take = min(a + 1, len(output) - i)
+        req.all_token_ids += output[i:i + take]
+        i += take
+    return {"steps": steps, "proposed": req.num_proposed, "accepted": req.num_accepted,
+            "speedup": round(len(output) * cost(1) / t, 3) if t else None}
 
 
 async def _one(llm, messages, max_tokens: int) -> dict:
@@ -81,8 +121,16 @@ def bench_speculative(package, device=None, max_tokens: int = 96, tokens: int = 
             "proposed": s["proposed"], "accepted": s["accepted"],
             "acceptance": round(s["accepted"] / s["proposed"], 3) if s["proposed"] else None,
         }
+        if method == "prompt-lookup" and spec.engine.budget is not None:
+            prompt_ids, out_ids = plain.prepare("chat", {"messages": msgs})[1], runs["plain"][0]["ids"]
+            measured = dict(spec.engine.budget.row_s)
+            out[name]["replay"] = {
+                "measured_row_costs": replay(prompt_ids, out_ids, tokens, measured),
+                "flat_row_costs": replay(prompt_ids, out_ids, tokens, {1: 1.0})}
+    row_s = spec.engine.budget.row_s if spec.engine.budget is not None else {}
     return {"method": str(method), "speculative_tokens": tokens, "adaptive_proposals": adaptive,
-            "max_tokens": max_tokens, "reps": reps, "prompts": out}
+            "max_tokens": max_tokens, "reps": reps, "prompts": out,
+            "step_ms_by_rows": {r: round(v * 1e3, 2) for r, v in sorted(row_s.items())}}
 
 
 if __name__ == "__main__":
