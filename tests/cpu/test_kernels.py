@@ -21,6 +21,9 @@ from webinfer_packager.reference import model as ref
 
 FORMATS = [("q4", 32), ("q4", 128), ("q4a", 32), ("q4a", 64), ("q8", 32), ("q5_0", 32), ("q5_1", 32), ("q4k", 256),
            ("q5k", 256), ("q6k", 256), ("f32", None)]
+# the formats the runner repacks into the packed GEMV layout (wi_repack): tested in both layouts
+PACKED = [("q4", 32), ("q4a", 32), ("q8", 32)]
+LAYOUTS = [(d, g, False) for d, g in FORMATS] + [(d, g, True) for d, g in PACKED]
 
 
 @pytest.fixture(scope="module", params=["base", "relaxed"])
@@ -33,16 +36,16 @@ def both():
     return WasmMem("base"), WasmMem("relaxed")
 
 
-def _weight(mem, dtype, gs, n, k, seed, bias=None):
+def _weight(mem, dtype, gs, n, k, seed, bias=None, packed=False):
     rng = np.random.default_rng(seed)
     comps = random_components(dtype, n, k, gs, rng)
-    return mem.weight(dtype, n, k, gs, comps, bias), decode(dtype, comps, n, k, gs)
+    return mem.weight(dtype, n, k, gs, comps, bias, packed), decode(dtype, comps, n, k, gs)
 
 
-@pytest.mark.parametrize("dtype,gs", FORMATS)
-def test_dequant_bit_exact(mem, dtype, gs):
-    n, k = 7, 300  # K not a multiple of any group: padding columns must not leak
-    w, (want, _, _, _) = _weight(mem, dtype, gs, n, k, 1)
+@pytest.mark.parametrize("dtype,gs,packed", LAYOUTS)
+def test_dequant_bit_exact(mem, dtype, gs, packed):
+    n, k = 7, 300  # K not a multiple of any group: padding columns must not leak; 7 rows: a partial packed group
+    w, (want, _, _, _) = _weight(mem, dtype, gs, n, k, 1, packed=packed)
     out = mem.empty((n, k))
     mem.call("wi_dequant_rows", w, 0, n, out.off)
     got = out.read()
@@ -62,13 +65,13 @@ def _quantize_x(x, kp, qmax=127):
     return (q * d).reshape(x.shape[0], kp)[:, : x.shape[1]]
 
 
-@pytest.mark.parametrize("dtype,gs", FORMATS)
+@pytest.mark.parametrize("dtype,gs,packed", LAYOUTS)
 @pytest.mark.parametrize("fast", [0, 1, 2])
-def test_linear(mem, dtype, gs, fast):
-    n, k, rows = 37, 300, 6  # 6 rows: one GEMM tile of 4, then two single rows
+def test_linear(mem, dtype, gs, packed, fast):
+    n, k, rows = 37, 300, 6  # 6 rows: one GEMM tile of 4, then two single rows; 37: a partial packed group
     rng = np.random.default_rng(2)
     bias = rng.standard_normal(n).astype(np.float32)
-    w, (_, q, a, b) = _weight(mem, dtype, gs, n, k, 3, bias)
+    w, (_, q, a, b) = _weight(mem, dtype, gs, n, k, 3, bias, packed)
     x = rng.standard_normal((rows, k)).astype(np.float32)
     xa = mem.put(x)
     y0 = rng.standard_normal((rows, n)).astype(np.float32)
@@ -92,14 +95,15 @@ def test_linear(mem, dtype, gs, fast):
         assert np.array_equal(one.read()[0], got[r]), f"{dtype}: row {r} alone differs from the batch"
 
 
-@pytest.mark.parametrize("dtype,gs", [("q4a", 32), ("q6k", 256), ("q5k", 256), ("q8", 32)])
+@pytest.mark.parametrize("dtype,gs,packed", [("q4a", 32, False), ("q6k", 256, False), ("q5k", 256, False),
+                                             ("q8", 32, False), ("q4a", 32, True), ("q4", 32, True), ("q8", 32, True)])
 @pytest.mark.parametrize("fast", [0, 1, 2])
-def test_base_and_relaxed_builds_agree_bitwise(both, dtype, gs, fast):
+def test_base_and_relaxed_builds_agree_bitwise(both, dtype, gs, packed, fast):
     n, k, rows = 20, 512, 5
     x = np.random.default_rng(4).standard_normal((rows, k)).astype(np.float32)
     outs = []
     for mem in both:
-        w, _ = _weight(mem, dtype, gs, n, k, 5)
+        w, _ = _weight(mem, dtype, gs, n, k, 5, packed=packed)
         y = mem.empty((rows, n))
         scratch = mem.scratch(mem.call("wi_linear_scratch_bytes", rows, k))
         mem.call("wi_linear", w, mem.put(x).off, k, y.off, n, rows, 0, fast, scratch.off)

@@ -2,7 +2,9 @@
 
 Everything lives in the module's linear memory, placed once at load by a bump allocator here:
     weights       every component of every tensor, in its package encoding (webinfer/formats.py), copied one
-                  binding at a time (no transient copy of the whole model)
+                  binding at a time (no transient copy of the whole model); q4, q4a and q8 at group 32 are then
+                  rewritten by the module into its packed GEMV layout (kernels.c wi_repack: 4 rows interleaved, f32
+                  scales), their package bytes held only until then, one matrix at a time
     descriptors   a 12-word Weight per matrix, an 11-word Layer per layer, one Model (see kernels.c)
     KV cache      per layer K and V [num_blocks, block_size, n_kv_heads, head_dim] f32 (block 0 = the null block)
     RoPE tables   cos / sin [max_model_len, head_dim / 2] f32, computed here in double precision
@@ -81,6 +83,16 @@ def weight_desc(dtype: str, n: int, k: int, group_size: int | None, comps: dict[
                        c("scales"), c("mins"), c("super"), bias, 0)
 
 
+def repack(host, arena, desc: int, what: str) -> int:
+    """Rewrite the matrix at `desc` into the module's packed GEMV layout (kernels.c wi_repack: q4, q4a and q8 at
+    group 32), placed by `arena`, as the runner loads it; returns the packed bytes (0: the format keeps its package
+    layout). The package components stay where they are (the runner's own loading reuses their space)."""
+    nbytes = host.call("wi_repack_bytes", desc)
+    if nbytes:
+        host.call("wi_repack", desc, arena.alloc(nbytes, f"{what} (packed)"))
+    return nbytes
+
+
 def rope_tables(head_dim: int, theta: float, scaling: dict | None, positions: int) -> tuple[bytes, bytes]:
     """cos and sin of angle = f32(pos) * f32(inv_freq[i]) rounded to f32, as the reference computes them."""
     freqs = array("f", inv_freq(head_dim, theta, scaling))
@@ -141,7 +153,20 @@ class CpuRunner:
         async def matrix(name: str, bias: str | None = None) -> int:
             t = package.tensors[name]
             b = (await tensor(bias))["data"] if bias else 0
-            return arena.put(weight_desc(t.dtype, t.rows, t.k, t.group_size, await tensor(name), b), f"{name}.desc")
+            desc = arena.alloc(4 * WEIGHT_WORDS, f"{name}.desc")
+            host.write(desc, weight_desc(t.dtype, t.rows, t.k, t.group_size, {"qweight": 0}, b))
+            packed = host.call("wi_repack_bytes", desc)
+            if not packed:
+                host.write(desc, weight_desc(t.dtype, t.rows, t.k, t.group_size, await tensor(name), b))
+                return desc
+            # the package's components go to a transient area above the packed matrix, which the next
+            # allocations reuse: one matrix's package bytes at a time on top of the model
+            dst = arena.alloc(packed, f"{name} (packed)")
+            mark = arena.top
+            host.write(desc, weight_desc(t.dtype, t.rows, t.k, t.group_size, await tensor(name), b))
+            host.call("wi_repack", desc, dst)
+            arena.top = mark
+            return desc
 
         d, f, L, hd = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.head_dim
         qd, kvd, V = cfg.q_dim, cfg.kv_dim, cfg.vocab_size

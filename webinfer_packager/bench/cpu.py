@@ -165,7 +165,7 @@ def run(package_path, quick: bool = False, ppl_text: str | None = None) -> dict:
         t = pkg.tensors[name]
         g[f"{name} {t.dtype} {t.rows}x{t.k}"] = gemv(host, arena, desc, t.k_padded or t.k, _weight_bytes(t), reps)
     # a q4a matrix far larger than the caches: streaming bandwidth
-    from webinfer.cpu.runner import weight_desc
+    from webinfer.cpu.runner import repack, weight_desc
 
     n, k = (2048, 4096) if quick else (8192, 4096)
     rng = np.random.default_rng(1)
@@ -174,6 +174,7 @@ def run(package_path, quick: bool = False, ppl_text: str | None = None) -> dict:
              "mins": np.full(n * k // 32, -0.08, np.float16).tobytes()}
     offs = {c: arena.put(b, f"bench {c}") for c, b in comps.items()}
     desc = arena.put(weight_desc("q4a", n, k, 32, offs), "bench desc")
+    repack(host, arena, desc, "bench q4a")  # as the runner loads it
     g[f"synthetic q4a {n}x{k}"] = gemv(host, arena, desc, k, sum(map(len, comps.values())), reps)
     for v in g.values():
         for mode in ("exact", "fast"):
