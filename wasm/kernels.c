@@ -770,8 +770,9 @@ INLINE void packed_unit(u32 dt, const u8 *blk, const Acts *A, u32 r0, int R, int
             v128_t lo = wasm_v128_and(v, m), hi = wasm_v128_and(wasm_u16x8_shr(v, 4), m);
             for (int r = 0; r < R; r++) {
                 const i8 *xb = A->xq + (r0 + r) * kp * 4 + 4 * (32 * u + 8 * t);
-                s[r] = wasm_i16x8_add(s[r], wasm_i16x8_add(wasm_i16x8_relaxed_dot_i8x16_i7x16(wasm_v128_load(xb), lo),
-                                                           wasm_i16x8_relaxed_dot_i8x16_i7x16(wasm_v128_load(xb + 16), hi)));
+                v128_t d0 = wasm_i16x8_relaxed_dot_i8x16_i7x16(wasm_v128_load(xb), lo);
+                v128_t d1 = wasm_i16x8_relaxed_dot_i8x16_i7x16(wasm_v128_load(xb + 16), hi);
+                s[r] = wasm_i16x8_add(s[r], wasm_i16x8_add(d0, d1));
             }
         }
         for (int r = 0; r < R; r++) is[r] = wasm_i32x4_extadd_pairwise_i16x8(s[r]);
@@ -1023,9 +1024,7 @@ INLINE u32 pcg(u32 v) {
     return (w >> 22) ^ w;
 }
 
-// webinfer/kernels/sampling.py's RowParams (sample.wgsl), packed by its pack(): the CPU engine reads the mask, the
-// logit_bias entries and min_p; counts_slot and the penalties / logprobs fields are not used here (the engine's
-// chunks carry none of them).
+// webinfer/kernels/sampling.py's RowParams (sample.wgsl), packed by its pack()
 typedef struct {
     u32 logit_row, top_k, seed, index;
     float temperature, top_p;
@@ -1036,8 +1035,8 @@ typedef struct {
 } SampleParams;
 #define NONE 0xffffffffu
 
-// natural log for x in (0, 1] (min_p's threshold), within a few ulp: x = 2^e m, m in [sqrt(1/2), sqrt(2)),
-// log m = 2 atanh(s), s = (m - 1) / (m + 1), by its odd series
+// natural log of a positive normal x (min_p's threshold, the logprobs' log-sum-exp), within a few ulp: x = 2^e m,
+// m in [sqrt(1/2), sqrt(2)), log m = 2 atanh(s), s = (m - 1) / (m + 1), by its odd series
 static float logf_(float x) {
     u32 b = f32_bits(x);
     i32 e = (i32)((b >> 23) & 0xff) - 127;
@@ -1048,23 +1047,12 @@ static float logf_(float x) {
     return 2.0f * t * poly + (float)e * 0.693147180559945f;
 }
 
-// The GPU sampler's rule (webinfer/kernels/sampling.py, sample.wgsl): the row's controls first (the mask's
-// disallowed tokens -> -inf, then logit_bias added); greedy = argmax, lowest id on ties; else temperature ->
-// min_p (logits below max + T ln(min_p) -> -inf) -> top-k (logit descending, id ascending) -> top-p (shortest
-// prefix of that order whose mass reaches top_p of the kept mass) -> inverse CDF in id order at u * mass,
-// u = uniform(seed, index). aux: the step's mask / bias words. scratch: 21 bytes x vocab (+ 32).
-static u32 sample_row(const float *l, u32 vocab, const SampleParams *p, const u32 *aux, u8 *scratch) {
-    float *proc = (float *)(scratch + ((17 * vocab + 31) & ~15u));  // the processed logits, when there are controls
-    if (p->mask_off != NONE || p->bias_n) {
-        const u32 *mask = p->mask_off != NONE ? aux + p->mask_off : 0;
-        for (u32 i = 0; i < vocab; i++)
-            proc[i] = mask && !((mask[i >> 5] >> (i & 31)) & 1u) ? bits_f32(0xff800000u) : l[i];
-        for (u32 j = 0; j < p->bias_n; j++) {
-            u32 id = aux[p->bias_off + 2 * j];
-            if (id < vocab) proc[id] += bits_f32(aux[p->bias_off + 2 * j + 1]);
-        }
-        l = proc;
-    }
+// The GPU sampler's rule (webinfer/kernels/sampling.py, sample.wgsl) on processed logits l: greedy = argmax, lowest
+// id on ties; else temperature -> min_p (logits below max + T ln(min_p) -> -inf) -> top-k (logit descending, id
+// ascending) -> top-p (shortest prefix of that order whose mass reaches top_p of the kept mass) -> inverse CDF in id
+// order at u * mass, u = uniform(seed, index). proc: where min_p writes (may be l: the kept logits stay as they
+// are). scratch: 17 bytes x vocab (+ 16).
+static u32 draw(const float *l, u32 vocab, const SampleParams *p, u8 *scratch, float *proc) {
     u32 best = 0;
     u32 bk = okey(l[0]);
     for (u32 i = 1; i < vocab; i++) {
@@ -1134,6 +1122,78 @@ static u32 sample_row(const float *l, u32 vocab, const SampleParams *p, const u3
     return last;  // r within rounding of the total
 }
 
+#define LPW 42u  // logprob words per row (sampling.py LOGPROB_WORDS): sampled logprob, n, then n x (id, logprob)
+
+// log-sum-exp of l, and the top n (<= 20) ids and log-softmax values (logit descending, id ascending: ids ascend,
+// so an equal logit never displaces an earlier id) into lp[1 ..]; returns the log-sum-exp
+static float logprobs_top(const float *l, u32 vocab, u32 n, u32 *lp) {
+    u32 mk = okey(l[0]);
+    for (u32 i = 1; i < vocab; i++) mk = okey(l[i]) > mk ? okey(l[i]) : mk;
+    float mx = bits_f32(mk & 0x80000000u ? mk & 0x7fffffffu : ~mk), m = 0.0f;
+    for (u32 i = 0; i < vocab; i++) m += expf_(l[i] - mx);
+    float lse = mx + logf_(m);
+    n = n < 20 ? n : 20;
+    n = n < vocab ? n : vocab;
+    u32 tk[20], ti[20], cnt = 0;
+    for (u32 i = 0; i < vocab && n; i++) {
+        u32 k = okey(l[i]);
+        if (cnt < n || k > tk[n - 1]) {
+            u32 j = cnt < n ? cnt : n - 1;
+            for (; j > 0 && tk[j - 1] < k; j--) {
+                tk[j] = tk[j - 1];
+                ti[j] = ti[j - 1];
+            }
+            tk[j] = k;
+            ti[j] = i;
+            cnt = cnt + 1 < n ? cnt + 1 : n;
+        }
+    }
+    lp[1] = n;
+    for (u32 r = 0; r < n; r++) {
+        lp[2 + 2 * r] = ti[r];
+        lp[3 + 2 * r] = f32_bits(l[ti[r]] - lse);
+    }
+    return lse;
+}
+
+// One sampled row as the GPU sampler does it: the row's controls (repetition_penalty on tokens of the prompt or
+// the output, frequency / presence penalties on output counts, the mask's disallowed tokens -> -inf, logit_bias)
+// make the processed logits; draw() picks the id; the id is counted in the row's counts slot; with logprobs, the
+// log-softmax of the processed logits (no temperature, no filters) at the id and the top n go to lp (LPW words).
+// aux: the step's mask / bias words; counts: the counts slots (vocab u32 each: bit 31 = in the prompt, low bits =
+// times sampled; sampling.py counts_slot_init) or 0; lp: this row's logprob words or 0. scratch: 21 bytes x vocab
+// (+ 32).
+static u32 sample_row(const float *l, u32 vocab, const SampleParams *p, const u32 *aux, u32 *counts, u32 *lp,
+                      u8 *scratch) {
+    float *proc = (float *)(scratch + ((17 * vocab + 31) & ~15u));  // the processed logits, when there are controls
+    u32 *cnt = counts && p->counts_slot != NONE ? counts + p->counts_slot * vocab : 0;
+    int penal = cnt && (p->freq != 0.0f || p->pres != 0.0f || p->rep != 1.0f);
+    if (penal || p->mask_off != NONE || p->bias_n) {
+        const u32 *mask = p->mask_off != NONE ? aux + p->mask_off : 0;
+        for (u32 i = 0; i < vocab; i++) {
+            float v = l[i];
+            if (penal) {  // (sample.wgsl's order and arithmetic)
+                u32 c = cnt[i];
+                float n = (float)(c & 0x7fffffffu);
+                if (c) v = v > 0.0f ? v / p->rep : v * p->rep;
+                v -= n * p->freq + (n > 0.0f ? p->pres : 0.0f);
+            }
+            proc[i] = mask && !((mask[i >> 5] >> (i & 31)) & 1u) ? bits_f32(0xff800000u) : v;
+        }
+        for (u32 j = 0; j < p->bias_n; j++) {
+            u32 id = aux[p->bias_off + 2 * j];
+            if (id < vocab) proc[id] += bits_f32(aux[p->bias_off + 2 * j + 1]);
+        }
+        l = proc;
+    }
+    int want_lp = lp && p->n_logprobs != NONE;
+    float lse = want_lp ? logprobs_top(l, vocab, p->n_logprobs, lp) : 0.0f;
+    u32 id = draw(l, vocab, p, scratch, proc);  // (min_p keeps the drawn id's logit as it was)
+    if (cnt) cnt[id] += 1;
+    if (want_lp) lp[0] = f32_bits(l[id] - lse);
+    return id;
+}
+
 // ------------------------------------------------------------------------------------------------ the model
 
 // FAST_DOWN16: the down projection's activations (after SwiGLU: the largest outliers) as int16 instead of int8
@@ -1171,6 +1231,8 @@ typedef struct {
     const SampleParams *params;    // per sampled chunk (logit_row = its index)
     u32 *out_ids;
     const u32 *aux;                // the sampled rows' masks and logit_bias entries (SampleParams offsets)
+    u32 *counts;                   // the penalties' token counts slots (SampleParams counts_slot)
+    u32 *logprobs;                 // LPW words per sampled row (filled for the rows that ask)
 } Step;
 
 // whether b's activations are prepared as a's (same format, k and group size): the second may reuse the first's
@@ -1217,7 +1279,8 @@ EXPORT(wi_step) void wi_step(const Model *m, const Step *s) {
     if (s->n_sampled)
         linear(m->lm_head, m->xs, d, m->logits, m->vocab, s->n_sampled, 0, (m->fast & FAST_HEAD) != 0, m->work, 1);
     for (u32 j = 0; j < s->n_sampled; j++)
-        s->out_ids[j] = sample_row(m->logits + j * m->vocab, m->vocab, s->params + j, s->aux, m->work);
+        s->out_ids[j] = sample_row(m->logits + j * m->vocab, m->vocab, s->params + j, s->aux, s->counts,
+                                   s->logprobs + LPW * j, m->work);
 }
 
 // ------------------------------------------------------------------------------------------------ single kernels
@@ -1269,9 +1332,12 @@ EXPORT(wi_exp) void wi_exp(const float *x, float *y, u32 n) {
     for (u32 i = 0; i < n; i++) y[i] = expf_(x[i]);
 }
 
+// counts, logprobs: as the Step's (0: none)
 EXPORT(wi_sample) void wi_sample(const float *logits, u32 vocab, const SampleParams *p, const u32 *aux, u32 rows,
-                                 u32 *out, u8 *scratch) {
-    for (u32 j = 0; j < rows; j++) out[j] = sample_row(logits + p[j].logit_row * vocab, vocab, p + j, aux, scratch);
+                                 u32 *out, u8 *scratch, u32 *counts, u32 *logprobs) {
+    for (u32 j = 0; j < rows; j++)
+        out[j] = sample_row(logits + p[j].logit_row * vocab, vocab, p + j, aux, counts,
+                            logprobs ? logprobs + LPW * j : 0, scratch);
 }
 
 // Read bandwidth: sums `bytes` bytes (a multiple of 64) `reps` times; the bench sets GEMV GB/s beside it.

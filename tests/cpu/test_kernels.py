@@ -189,13 +189,15 @@ def _rule(logits, temperature, top_k, top_p, seed, index):
     return int(min(np.searchsorted(cdf, r, side="right"), keep.max()))
 
 
-def _sample(mem, la, V, rows):
-    """wi_sample over the logits at `la` for SampleRows, packed as the runner packs them (sampling.pack)."""
+def _sample(mem, la, V, rows, counts=None, logprobs=None):
+    """wi_sample over the logits at `la` for SampleRows, packed as the runner packs them (sampling.pack); counts /
+    logprobs: WasmArrays of the token counts slots and the logprob words (None: none)."""
     packed = pack(rows, V)
     out = mem.empty((len(rows),), np.uint32)
     scratch = mem.scratch(21 * V + 64)
     mem.call("wi_sample", la.off, V, mem.put(np.frombuffer(packed.params, np.uint8)).off,
-             mem.put(np.frombuffer(packed.aux, np.uint8)).off, len(rows), out.off, scratch.off)
+             mem.put(np.frombuffer(packed.aux, np.uint8)).off, len(rows), out.off, scratch.off,
+             counts.off if counts is not None else 0, logprobs.off if logprobs is not None else 0)
     return out.read().tolist()
 
 
@@ -246,6 +248,58 @@ def test_sampling_controls_match_reference(mem):
             got = _sample(mem, la, V, rows)
             assert got == want, (seed, temperature)
             assert all(allowed[t] for t, r in zip(got, rows) if r.mask is not None)
+
+
+def test_penalties_and_logprobs_match_reference(mem):
+    """Repetition / frequency / presence penalties from a counts slot (sampling.counts_slot_init: prompt marked,
+    output counted) and logprobs, against the reference Sampler's process() and logprobs() in float64; the sampled
+    id is counted in its slot."""
+    from webinfer.kernels.sampling import LOGPROB_BYTES, counts_slot_init, unpack_logprobs
+
+    V = 500
+    rng = np.random.default_rng(12)
+    logits = (rng.standard_normal((2, V)) * 3).astype(np.float32)
+    la = mem.put(logits)
+    a0, a1 = (int(i) for i in logits.argmax(axis=1))
+    prompt, output = [3, 7, 7, 400, 499, a1], [7, 12, 12, 12, 250, a0, a0]  # penalize both rows' best tokens
+    cases = [dict(repetition_penalty=1.6), dict(frequency_penalty=0.8, presence_penalty=0.5, logprobs=5),
+             dict(repetition_penalty=0.7, frequency_penalty=-0.4, logprobs=20), dict(logprobs=0),
+             dict(repetition_penalty=1.3, presence_penalty=2.0, logprobs=3, logit_bias=((12, 4.0),))]
+    counts = np.bincount(output, minlength=V)
+    # a slot per row (the engine never samples two rows of one sequence in a step), all alike
+    slots = np.frombuffer(counts_slot_init(V, prompt, output) * len(cases), np.uint32)
+    changed = 0  # greedy rows whose penalties change the argmax: the test can tell penalties from none
+    for seed in range(3):
+        for temperature in (0.0, 0.8):
+            rows = [SampleRow(i % 2, temperature, 0, 0.9 if i == 4 else 1.0, seed, 3 * seed + i,
+                              counts_slot=i if any(k.endswith("penalty") for k in c) else None, **c)
+                    for i, c in enumerate(cases)]
+            ca, lpa = mem.put(slots), mem.empty((len(rows), LOGPROB_BYTES // 4), np.uint32)
+            got = _sample(mem, la, V, rows, ca, lpa)
+            lps = unpack_logprobs(lpa.read().tobytes(), len(rows))
+            added = np.zeros(len(cases) * V, np.int64)
+            for row, t in zip(rows, got):
+                s = ref.Sampler(temperature, 0, row.top_p, frequency_penalty=row.frequency_penalty,
+                                presence_penalty=row.presence_penalty, repetition_penalty=row.repetition_penalty,
+                                logit_bias=dict(row.logit_bias))
+                pen = row.counts_slot is not None
+                z = s.process(logits[row.logit_row], counts if pen else None, prompt if pen else ())
+                if temperature == 0:
+                    assert t == int(np.argmax(z))
+                    changed += pen and t != int(np.argmax(logits[row.logit_row]))
+                else:
+                    cdf = np.cumsum(s.probs(z))
+                    assert t == int(np.searchsorted(cdf, uniform(seed, row.index) * cdf[-1], side="right"))
+                if pen:
+                    added[row.counts_slot * V + t] += 1
+                if row.logprobs is not None:
+                    lsm, top = ref.Sampler.logprobs(z, row.logprobs)
+                    lp, alts = lps[rows.index(row)]
+                    assert lp == pytest.approx(lsm[t], abs=1e-4)
+                    assert [i for i, _ in alts] == top.tolist()
+                    assert [v for _, v in alts] == pytest.approx(lsm[top].tolist(), abs=1e-4)
+            assert np.array_equal(ca.read().astype(np.int64), slots.astype(np.int64) + added)
+    assert changed
 
 
 def test_read_bandwidth_kernel_sums(mem):
