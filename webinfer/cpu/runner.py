@@ -48,20 +48,27 @@ _FAST_WORD = 9  # index of `fast` in the Model struct
 
 
 class _Counts:
-    """The penalties' token counts in the module's memory (one vocab-sized u32 slot per sequence, max_seqs slots):
-    the GPU sampler's slot bookkeeping and row packing (gpu_model._StepSampler: a slot taken on a sequence's first
-    penalized row and filled from its history, kept while its sample_index follows on, least recently used reused)
-    over a `device` whose write_buffer writes the module's memory. The module counts each id it samples."""
+    """The penalties' token counts in the module's memory (one vocab-sized u32 slot per sequence, max_seqs slots,
+    placed when a first penalized row comes): the GPU sampler's slot bookkeeping and row packing
+    (gpu_model._StepSampler: a slot taken on a sequence's first penalized row and filled from its history, kept while
+    its sample_index follows on, least recently used reused) over a `device` that places and writes the module's
+    memory. The module counts each id it samples."""
 
     _counts_slots = _StepSampler._counts_slots
     pack = _StepSampler.pack
 
-    def __init__(self, host, counts_off: int, max_rows: int, vocab: int):
-        self.host, self.counts, self.max_rows, self.vocab = host, counts_off, max_rows, vocab
-        self.device, self.slots = self, {}
+    def __init__(self, host, arena: Arena, max_rows: int, vocab: int):
+        self.host, self.arena, self.max_rows, self.vocab = host, arena, max_rows, vocab
+        self.device, self.slots, self.counts = self, {}, None
+
+    def create_buffer(self, nbytes: int, usage, label: str) -> int:
+        return self.arena.alloc(nbytes, label)
 
     def write_buffer(self, base: int, offset: int, data: bytes) -> None:
         self.host.write(base + offset, data)
+
+    def _bind(self) -> None:  # (the GPU sampler rebinds its buffers here; the module reads the Step's offset)
+        pass
 
 
 class Arena:
@@ -223,9 +230,13 @@ class CpuRunner:
                       + PARAM_BYTES * S)
         self.step_off = arena.alloc(step_bytes, "step")
         self.logprobs_off = arena.alloc(LOGPROB_BYTES * S, "logprobs")
-        self.sampler = _Counts(host, arena.alloc(4 * V * S, "token counts"), S, V)
-        self.memory_bytes = arena.top
+        self.sampler = _Counts(host, arena, S, V)
         return self
+
+    @property
+    def memory_bytes(self) -> int:
+        """The module's memory in use (the penalties' token counts join when a first penalized request comes)."""
+        return self.arena.top
 
     def set_mode(self, mode: str) -> None:
         """Switch between "exact" and "fast" activations (the weights stay as they are)."""
@@ -253,7 +264,7 @@ class CpuRunner:
         o_out = o_params + len(sampling.params)
         o_aux = o_out + 4 * S
         head = struct.pack(f"<{STEP_WORDS}I", T, N, S, o_ids, o_pos, o_slot, o_seqs, o_rows, o_params, o_out, o_aux,
-                           self.sampler.counts, self.logprobs_off)
+                           self.sampler.counts or 0, self.logprobs_off)
         body = struct.pack(f"<{3 * T + len(seq_words) + len(tables) + S}I", *ids, *pos, *slots, *seq_words, *tables,
                            *rows)
         self.host.write(base, head + body + sampling.params + bytes(4 * S) + sampling.aux)
