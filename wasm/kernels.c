@@ -717,17 +717,54 @@ static void prepare_packed(Acts *A, u32 rows, u32 k, u32 kp, int mode, int i8cod
         i16 *xw = A->xw + r * kp * 2, *xl = A->xl + r * kp * 2;
         for (u32 b = 0; b < kp / 32; b++) {
             float s0 = 0.0f, s1 = 0.0f, amax = 0.0f;
+            int full = 32 * b + 32 <= k;
             for (u32 i = 32 * b; i < 32 * b + 32 && i < k; i++) {
                 if (i < 32 * b + 16) s0 += x[i];
                 else s1 += x[i];
                 float v = x[i] < 0 ? -x[i] : x[i];
-                amax = v > amax ? v : amax;
+                amax = full ? amax : v > amax ? v : amax;
+            }
+            if (full) {  // the same maximum (pmax: a NaN never replaces it, as above)
+                v128_t am = wasm_f32x4_splat(0.0f);
+                for (u32 q = 0; q < 8; q++) am = wasm_f32x4_pmax(am, wasm_f32x4_abs(wasm_v128_load(x + 32 * b + 4 * q)));
+                for (u32 l = 0; l < 4; l++) {
+                    float v = l == 0 ? wasm_f32x4_extract_lane(am, 0) : l == 1 ? wasm_f32x4_extract_lane(am, 1)
+                            : l == 2 ? wasm_f32x4_extract_lane(am, 2) : wasm_f32x4_extract_lane(am, 3);
+                    amax = v > amax ? v : amax;
+                }
             }
             A->xs32[r * (kp / 32) + b] = s0 + s1;
             float D = amax / (mode == ACT_I8 ? 127.0f : 32767.0f);
             double Dd = D, id = D > 0.0f ? 1.0 / Dd : 0.0, il = D > 0.0f ? 32768.0 / Dd : 0.0;
             float fid = D > 0.0f ? 1.0f / D : 0.0f;
             A->xd[r * (kp / 32) + b] = mode == EXACT_INT ? D / 32768.0f : D;
+            if (full) {  // the scalar loop's arithmetic, 4 elements (one broadcast group) at a time
+                for (u32 q = 0; q < 8; q++) {
+                    u32 g = 8 * b + q;
+                    v128_t v = wasm_v128_load(x + 4 * g), hi, lo;
+                    if (mode == EXACT_INT) {
+                        v128_t h2[2], l2[2];
+                        for (u32 half = 0; half < 2; half++) {
+                            v128_t d = wasm_f64x2_promote_low_f32x4(half ? wasm_i32x4_shuffle(v, v, 2, 3, 0, 1) : v);
+                            v128_t h = wasm_f64x2_nearest(wasm_f64x2_mul(d, wasm_f64x2_splat(id)));
+                            h = wasm_f64x2_pmax(wasm_f64x2_pmin(h, wasm_f64x2_splat(32767.0)), wasm_f64x2_splat(-32767.0));
+                            v128_t lw = wasm_f64x2_sub(d, wasm_f64x2_mul(h, wasm_f64x2_splat(Dd)));
+                            h2[half] = wasm_i32x4_trunc_sat_f64x2_zero(h);
+                            l2[half] = wasm_i32x4_trunc_sat_f64x2_zero(
+                                wasm_f64x2_nearest(wasm_f64x2_mul(lw, wasm_f64x2_splat(il))));
+                        }
+                        hi = wasm_i32x4_shuffle(h2[0], h2[1], 0, 1, 4, 5);
+                        lo = wasm_i32x4_shuffle(l2[0], l2[1], 0, 1, 4, 5);
+                        wasm_v128_store(xl + 8 * g, wasm_i16x8_narrow_i32x4(lo, lo));
+                    } else {
+                        hi = wasm_i32x4_trunc_sat_f32x4(wasm_f32x4_nearest(wasm_f32x4_mul(v, wasm_f32x4_splat(fid))));
+                    }
+                    v128_t h16 = wasm_i16x8_narrow_i32x4(hi, hi);  // [x0..x3] twice
+                    if (i8codes) wasm_v128_store(xb + 16 * g, wasm_i8x16_narrow_i16x8(h16, h16));
+                    else wasm_v128_store(xw + 8 * g, h16);
+                }
+                continue;
+            }
             for (u32 i = 0; i < 32; i++) {
                 u32 e = 32 * b + i;
                 i32 hi, lo = 0;
