@@ -76,7 +76,7 @@ typedef struct {
     u32 dtype, n, k, kp, gs;
     const u8 *qweight, *qhigh, *scales, *mins, *super;
     const float *bias;  // [n] or 0
-    u32 _pad;
+    u32 packed;         // 1: repacked by wi_repack into the PACKED layout at qweight (scales, mins, qhigh unused)
 } Weight;
 
 INLINE u32 row_bytes_q(const Weight *w) { return w->dtype == F_Q8 ? w->kp : w->kp / 2; }
@@ -183,9 +183,97 @@ INLINE const u8 *qhigh_row(const Weight *w, u32 row) {
     return w->qhigh ? w->qhigh + row * (w->kp / 8) : 0;
 }
 
+// ------------------------------------------------------------------------------------------------ packed weights
+//
+// The decode GEMV's layout (wi_repack, at load): q4, q4a and q8 with one scale per 32-element unit are rewritten
+// so that one SIMD lane holds one weight row. Rows go in groups of 4 (a last partial group padded with zero rows);
+// a group's units follow one another, each one block of
+//     nibble formats (q4, q4a): 64 code bytes, then f32 a[4] and f32 b[4] (value = a * q + b; q4: b = -8 a)
+//     q8:                       128 code bytes, then f32 a[4]
+// Code bytes come in 16-byte vectors whose byte 4r + j belongs to row r of the group: nibble vector t (0..3) holds
+// element 8t + j in its low nibble and element 8t + 4 + j in its high nibble; q8 vector t (0..7) holds element
+// 4t + j. Against activations broadcast per 4 elements, one byte or i16 dot product then sums 4 elements of 4 rows
+// at once, the unit's integer sums end as one lane per row without a horizontal reduction, the scales are f32 (no
+// f16 decode in the loop) and 4 rows share every activation load. Per row the arithmetic is a sequence over units,
+// so a row's result does not depend on its neighbours (batch invariance) nor on the build (exact integer sums).
+// Resident size per 32 weights: q4a 24 bytes (package 20), q4 24 (18), q8 36 (34).
+#define PACKABLE(dt, w) (((dt) == F_Q4 || (dt) == F_Q4A || (dt) == F_Q8) && (w)->gs == 32)
+#define PCODES(dt) ((dt) == F_Q8 ? 128u : 64u)
+#define PBLK(dt) ((dt) == F_Q8 ? 144u : 96u)
+
+// one unit of one row in element order: codes (q8: as i8) and the row's (a, b)
+static void unit_elements(const Weight *w, u32 row, u32 u, u8 *codes, float *a, float *b) {
+    u32 dt = w->dtype;
+    v128_t c0, c1;
+    u8 raw[32] __attribute__((aligned(16)));
+    unit_codes(dt, w->qweight + row * row_bytes_q(w), qhigh_row(w, row), u, &c0, &c1);
+    wasm_v128_store(raw, c0);
+    wasm_v128_store(raw + 16, c1);
+    for (u32 i = 0; i < 32; i++) codes[i] = raw[ODD_EVEN(dt) ? (i % 2) * 16 + i / 2 : i];
+    RowCoefs rc = row_coefs(dt, w, row);
+    float a1, b1;
+    unit_coefs(dt, &rc, u, a, b, &a1, &b1);
+}
+
+// bytes of w's packed layout (0: w is not packable or already packed)
+EXPORT(wi_repack_bytes) u32 wi_repack_bytes(const Weight *w) {
+    if (w->packed || !PACKABLE(w->dtype, w)) return 0;
+    return (w->n + 3) / 4 * (w->kp / 32) * PBLK(w->dtype);
+}
+
+// Writes w's packed layout to dst (wi_repack_bytes bytes, not overlapping w's components) and points w at it.
+EXPORT(wi_repack) void wi_repack(Weight *w, u8 *dst) {
+    u32 dt = w->dtype, nu = w->kp / 32, nc = PCODES(dt);
+    u8 codes[32];
+    for (u32 g = 0; g < (w->n + 3) / 4; g++)
+        for (u32 u = 0; u < nu; u++) {
+            u8 *blk = dst + (g * nu + u) * PBLK(dt);
+            float *coef = (float *)(blk + nc);
+            for (u32 i = 0; i < PBLK(dt); i++) blk[i] = 0;
+            for (u32 r = 0; r < 4 && 4 * g + r < w->n; r++) {
+                float a, b;
+                unit_elements(w, 4 * g + r, u, codes, &a, &b);
+                for (u32 t = 0; t < nc / 16; t++)
+                    for (u32 j = 0; j < 4; j++)
+                        blk[16 * t + 4 * r + j] = dt == F_Q8 ? codes[4 * t + j]
+                                                             : (u8)(codes[8 * t + j] | codes[8 * t + 4 + j] << 4);
+                coef[r] = a;
+                if (dt != F_Q8) coef[4 + r] = b;
+            }
+        }
+    w->qweight = dst;
+    w->qhigh = w->scales = w->mins = w->super = 0;
+    w->packed = 1;
+}
+
+// a packed row to f32, in dequant_row's order
+static void dequant_packed_row(const Weight *w, u32 row, float *out) {
+    u32 dt = w->dtype, nu = w->kp / 32, r = row % 4;
+    for (u32 u = 0; u < nu; u++) {
+        const u8 *blk = w->qweight + ((row / 4) * nu + u) * PBLK(dt);
+        const float *coef = (const float *)(blk + PCODES(dt));
+        float a = coef[r];
+        for (u32 i = 0; i < 32 && 32 * u + i < w->k; i++) {
+            float v;
+            if (dt == F_Q8) {
+                v = (float)(i8)blk[16 * (i / 4) + 4 * r + i % 4] * a;
+            } else {
+                u8 byte = blk[16 * (i / 8) + 4 * r + i % 4];
+                float q = (float)(i % 8 < 4 ? byte & 15 : byte >> 4);
+                v = dt == F_Q4 ? (q - 8.0f) * a : a * q + coef[4 + r];
+            }
+            out[32 * u + i] = v;
+        }
+    }
+}
+
 // Dequantize one row to f32 (the embedding gather, and the tests' decoder check): value = a * q + b, in the order
 // formats.py gives (q4k: (d * sc) * q - dmin * m), so repacked GGUF rows decode as gguf.quants does.
 static void dequant_row(const Weight *w, u32 row, float *out) {
+    if (w->packed) {
+        dequant_packed_row(w, row, out);
+        return;
+    }
     if (w->dtype == F_F32) {
         const float *src = (const float *)w->qweight + row * w->k;
         for (u32 i = 0; i < w->k; i++) out[i] = src[i];
@@ -602,6 +690,233 @@ INLINE void linear_rows(u32 dt, const Weight *w, const Acts *A, float *y, u32 y_
     }
 }
 
+// ------------------------------------------------------------------------------------------------ packed GEMV
+
+// Whether a packed matrix's fast-mode dot runs on int8 activations (the relaxed build's byte dot, for the nibble
+// formats' codes < 16: the 7-bit operand) or on int16 ones (i32x4.dot_i16x8: base build, q8's signed codes,
+// int16 and exact activations)
+INLINE int packed_i8(u32 dt, int mode) {
+#ifdef RELAXED
+    return dt != F_Q8 && mode == ACT_I8;
+#else
+    (void)dt;
+    (void)mode;
+    return 0;
+#endif
+}
+
+// The packed kernels' activations, per row: xd (the unit's activation scale) and xs32 (the unit's sum of x, for
+// the b term) per 32-block, and the codes broadcast per 4 elements: xb 16 bytes [x0..x3] x 4 (int8), or xw (and
+// exact mode's low halves xl) 8 int16 [x0..x3] x 2; element e's group at byte 4e of the row's kp * 4 bytes.
+// The codes are prepare_acts' (the same rounding): int8 / int16 with d = amax / qmax (fast), or exact mode's
+// hi * D + lo * D / 32768.
+static void prepare_packed(Acts *A, u32 rows, u32 k, u32 kp, int mode, int i8codes) {
+    for (u32 r = 0; r < rows; r++) {
+        const float *x = A->x + r * A->x_stride;
+        i8 *xb = A->xq + r * kp * 4;
+        i16 *xw = A->xw + r * kp * 2, *xl = A->xl + r * kp * 2;
+        for (u32 b = 0; b < kp / 32; b++) {
+            float s0 = 0.0f, s1 = 0.0f, amax = 0.0f;
+            int full = 32 * b + 32 <= k;
+            for (u32 i = 32 * b; i < 32 * b + 32 && i < k; i++) {
+                if (i < 32 * b + 16) s0 += x[i];
+                else s1 += x[i];
+                float v = x[i] < 0 ? -x[i] : x[i];
+                amax = full ? amax : v > amax ? v : amax;
+            }
+            if (full) {  // the same maximum (pmax: a NaN never replaces it, as above)
+                v128_t am = wasm_f32x4_splat(0.0f);
+                for (u32 q = 0; q < 8; q++) am = wasm_f32x4_pmax(am, wasm_f32x4_abs(wasm_v128_load(x + 32 * b + 4 * q)));
+                for (u32 l = 0; l < 4; l++) {
+                    float v = l == 0 ? wasm_f32x4_extract_lane(am, 0) : l == 1 ? wasm_f32x4_extract_lane(am, 1)
+                            : l == 2 ? wasm_f32x4_extract_lane(am, 2) : wasm_f32x4_extract_lane(am, 3);
+                    amax = v > amax ? v : amax;
+                }
+            }
+            A->xs32[r * (kp / 32) + b] = s0 + s1;
+            float D = amax / (mode == ACT_I8 ? 127.0f : 32767.0f);
+            double Dd = D, id = D > 0.0f ? 1.0 / Dd : 0.0, il = D > 0.0f ? 32768.0 / Dd : 0.0;
+            float fid = D > 0.0f ? 1.0f / D : 0.0f;
+            A->xd[r * (kp / 32) + b] = mode == EXACT_INT ? D / 32768.0f : D;
+            if (full) {  // the scalar loop's arithmetic, 4 elements (one broadcast group) at a time
+                for (u32 q = 0; q < 8; q++) {
+                    u32 g = 8 * b + q;
+                    v128_t v = wasm_v128_load(x + 4 * g), hi, lo;
+                    if (mode == EXACT_INT) {
+                        v128_t h2[2], l2[2];
+                        for (u32 half = 0; half < 2; half++) {
+                            v128_t d = wasm_f64x2_promote_low_f32x4(half ? wasm_i32x4_shuffle(v, v, 2, 3, 0, 1) : v);
+                            v128_t h = wasm_f64x2_nearest(wasm_f64x2_mul(d, wasm_f64x2_splat(id)));
+                            h = wasm_f64x2_pmax(wasm_f64x2_pmin(h, wasm_f64x2_splat(32767.0)), wasm_f64x2_splat(-32767.0));
+                            v128_t lw = wasm_f64x2_sub(d, wasm_f64x2_mul(h, wasm_f64x2_splat(Dd)));
+                            h2[half] = wasm_i32x4_trunc_sat_f64x2_zero(h);
+                            l2[half] = wasm_i32x4_trunc_sat_f64x2_zero(
+                                wasm_f64x2_nearest(wasm_f64x2_mul(lw, wasm_f64x2_splat(il))));
+                        }
+                        hi = wasm_i32x4_shuffle(h2[0], h2[1], 0, 1, 4, 5);
+                        lo = wasm_i32x4_shuffle(l2[0], l2[1], 0, 1, 4, 5);
+                        wasm_v128_store(xl + 8 * g, wasm_i16x8_narrow_i32x4(lo, lo));
+                    } else {
+                        hi = wasm_i32x4_trunc_sat_f32x4(wasm_f32x4_nearest(wasm_f32x4_mul(v, wasm_f32x4_splat(fid))));
+                    }
+                    v128_t h16 = wasm_i16x8_narrow_i32x4(hi, hi);  // [x0..x3] twice
+                    if (i8codes) wasm_v128_store(xb + 16 * g, wasm_i8x16_narrow_i16x8(h16, h16));
+                    else wasm_v128_store(xw + 8 * g, h16);
+                }
+                continue;
+            }
+            for (u32 i = 0; i < 32; i++) {
+                u32 e = 32 * b + i;
+                i32 hi, lo = 0;
+                if (mode == EXACT_INT) {  // in f64: hi * D and x - hi * D are exact there, so lo rounds only once
+                    double v = e < k ? (double)x[e] : 0.0, h = __builtin_rint(v * id);
+                    h = h > 32767.0 ? 32767.0 : h < -32767.0 ? -32767.0 : h;
+                    hi = (i32)h;
+                    lo = (i32)__builtin_rint((v - h * Dd) * il);
+                } else {
+                    hi = e < k ? (i32)__builtin_rintf(x[e] * fid) : 0;
+                }
+                u32 g = e / 4, j = e % 4;
+                if (i8codes) {
+                    for (u32 c = 0; c < 4; c++) xb[16 * g + 4 * c + j] = (i8)hi;
+                } else {
+                    xw[8 * g + j] = xw[8 * g + 4 + j] = (i16)hi;
+                    if (mode == EXACT_INT) xl[8 * g + j] = xl[8 * g + 4 + j] = (i16)lo;
+                }
+            }
+        }
+    }
+}
+
+// lane r = (lo01 lanes 2r, 2r + 1 for r < 2, hi23's for r >= 2) summed: the i16 dots' pair sums to one per row
+INLINE v128_t rows4(v128_t a01, v128_t a23) {
+    return wasm_i32x4_add(wasm_i32x4_shuffle(a01, a23, 0, 2, 4, 6), wasm_i32x4_shuffle(a01, a23, 1, 3, 5, 7));
+}
+
+// One unit of a packed group against R activation rows: is[r] (and exact mode's low halves il[r]) = the exact
+// integer sum of codes x activation codes, lane i = weight row i of the group.
+INLINE void packed_unit(u32 dt, const u8 *blk, const Acts *A, u32 r0, int R, int mode, u32 kp, u32 u, v128_t *is,
+                        v128_t *il) {
+    v128_t z = wasm_i32x4_splat(0);
+    if (packed_i8(dt, mode)) {
+#ifdef RELAXED
+        // i16 lanes: |x| <= 127 and codes <= 15, so 8 byte dots (2 products each) stay below 2^15
+        v128_t s[4] = {z, z, z, z};
+        for (u32 t = 0; t < 4; t++) {
+            v128_t v = wasm_v128_load(blk + 16 * t), m = wasm_i8x16_splat(0x0f);
+            v128_t lo = wasm_v128_and(v, m), hi = wasm_v128_and(wasm_u16x8_shr(v, 4), m);
+            for (int r = 0; r < R; r++) {
+                const i8 *xb = A->xq + (r0 + r) * kp * 4 + 4 * (32 * u + 8 * t);
+                v128_t d0 = wasm_i16x8_relaxed_dot_i8x16_i7x16(wasm_v128_load(xb), lo);
+                v128_t d1 = wasm_i16x8_relaxed_dot_i8x16_i7x16(wasm_v128_load(xb + 16), hi);
+                s[r] = wasm_i16x8_add(s[r], wasm_i16x8_add(d0, d1));
+            }
+        }
+        for (int r = 0; r < R; r++) is[r] = wasm_i32x4_extadd_pairwise_i16x8(s[r]);
+#endif
+        return;
+    }
+    v128_t a01[4] = {z, z, z, z}, a23[4] = {z, z, z, z}, l01[4] = {z, z, z, z}, l23[4] = {z, z, z, z};
+    for (u32 t = 0; t < PCODES(dt) / 16; t++) {
+        v128_t v = wasm_v128_load(blk + 16 * t);
+        v128_t w[4];  // i16 codes: rows 0-1 and 2-3 of the first 4 elements, then (nibbles) of the next 4
+        u32 nw;
+        if (dt == F_Q8) {
+            w[0] = wasm_i16x8_extend_low_i8x16(v);
+            w[1] = wasm_i16x8_extend_high_i8x16(v);
+            nw = 2;
+        } else {
+            v128_t m = wasm_i8x16_splat(0x0f);
+            v128_t lo = wasm_v128_and(v, m), hi = wasm_v128_and(wasm_u16x8_shr(v, 4), m);
+            w[0] = wasm_u16x8_extend_low_u8x16(lo);
+            w[1] = wasm_u16x8_extend_high_u8x16(lo);
+            w[2] = wasm_u16x8_extend_low_u8x16(hi);
+            w[3] = wasm_u16x8_extend_high_u8x16(hi);
+            nw = 4;
+        }
+        u32 e = dt == F_Q8 ? 32 * u + 4 * t : 32 * u + 8 * t;  // the vector's first element
+        for (int r = 0; r < R; r++) {
+            const i16 *xw = A->xw + (r0 + r) * kp * 2 + 2 * e, *xl = A->xl + (r0 + r) * kp * 2 + 2 * e;
+            for (u32 h = 0; h < nw; h += 2) {
+                v128_t xa = wasm_v128_load(xw + 4 * h);
+                a01[r] = wasm_i32x4_add(a01[r], wasm_i32x4_dot_i16x8(w[h], xa));
+                a23[r] = wasm_i32x4_add(a23[r], wasm_i32x4_dot_i16x8(w[h + 1], xa));
+                if (mode == EXACT_INT) {
+                    v128_t la = wasm_v128_load(xl + 4 * h);
+                    l01[r] = wasm_i32x4_add(l01[r], wasm_i32x4_dot_i16x8(w[h], la));
+                    l23[r] = wasm_i32x4_add(l23[r], wasm_i32x4_dot_i16x8(w[h + 1], la));
+                }
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        is[r] = rows4(a01[r], a23[r]);
+        if (mode == EXACT_INT) il[r] = rows4(l01[r], l23[r]);
+    }
+}
+
+// Weight rows 4g .. 4g + 3 (one lane each) against activation rows r0 .. r0 + R - 1: out[r]
+INLINE void packed_group(u32 dt, const Weight *w, u32 g, const Acts *A, u32 r0, int R, int mode, v128_t *out) {
+    u32 kp = w->kp, nu = kp / 32;
+    const u8 *blk = w->qweight + g * nu * PBLK(dt);
+    v128_t acc[4], bacc[4];
+    for (int r = 0; r < R; r++) acc[r] = bacc[r] = wasm_f32x4_splat(0.0f);
+    for (u32 u = 0; u < nu; u++, blk += PBLK(dt)) {
+        v128_t is[4], il[4];
+        packed_unit(dt, blk, A, r0, R, mode, kp, u, is, il);
+        v128_t av = wasm_v128_load(blk + PCODES(dt));
+        for (int r = 0; r < R; r++) {
+            u32 o = (r0 + r) * nu + u;
+            v128_t t = wasm_f32x4_convert_i32x4(is[r]);
+            if (mode == EXACT_INT)
+                t = wasm_f32x4_add(wasm_f32x4_mul(t, wasm_f32x4_splat(32768.0f)), wasm_f32x4_convert_i32x4(il[r]));
+            acc[r] = wasm_f32x4_add(acc[r], wasm_f32x4_mul(t, wasm_f32x4_mul(av, wasm_v128_load32_splat(A->xd + o))));
+            if (dt != F_Q8)
+                bacc[r] = wasm_f32x4_add(bacc[r], wasm_f32x4_mul(wasm_v128_load(blk + PCODES(dt) + 16),
+                                                                 wasm_v128_load32_splat(A->xs32 + o)));
+        }
+    }
+    for (int r = 0; r < R; r++) out[r] = wasm_f32x4_add(acc[r], bacc[r]);
+}
+
+// linear_rows for a packed matrix: activation rows in tiles of 4 (each group's codes decoded once per tile), the
+// rest one by one; every weight group in turn
+INLINE void linear_packed(u32 dt, const Weight *w, const Acts *A, float *y, u32 y_stride, u32 rows, int accumulate,
+                          int mode) {
+    v128_t out[TILE];
+    float lanes[4] __attribute__((aligned(16)));
+    for (u32 r0 = 0; r0 < rows;) {
+        u32 R = rows - r0 >= TILE ? TILE : 1;
+        for (u32 g = 0; g < (w->n + 3) / 4; g++) {
+            if (R == TILE) packed_group(dt, w, g, A, r0, TILE, mode, out);
+            else packed_group(dt, w, g, A, r0, 1, mode, out);
+            for (u32 r = 0; r < R; r++) {
+                wasm_v128_store(lanes, out[r]);
+                for (u32 i = 0; i < 4 && 4 * g + i < w->n; i++) {
+                    float v = lanes[i] + (w->bias ? w->bias[4 * g + i] : 0.0f);
+                    float *dst = y + (r0 + r) * y_stride + 4 * g + i;
+                    *dst = accumulate ? *dst + v : v;
+                }
+            }
+        }
+        r0 += R;
+    }
+}
+
+// one specialised loop per packed format and activation mode
+static void linear_packed_any(const Weight *w, const Acts *A, float *y, u32 y_stride, u32 rows, int acc, int mode) {
+#define LP(dt)                                                                          \
+    do {                                                                                \
+        if (mode == EXACT_INT) linear_packed(dt, w, A, y, y_stride, rows, acc, EXACT_INT); \
+        else if (mode == ACT_I16) linear_packed(dt, w, A, y, y_stride, rows, acc, ACT_I16); \
+        else linear_packed(dt, w, A, y, y_stride, rows, acc, ACT_I8);                    \
+    } while (0)
+    if (w->dtype == F_Q4) LP(F_Q4);
+    else if (w->dtype == F_Q4A) LP(F_Q4A);
+    else LP(F_Q8);
+#undef LP
+}
+
 // y[r, n] (+)= W x[r] (+ bias) for `rows` activation rows: GEMV for one row, 4-row GEMM tiles for more.
 // scratch: room for prepare_acts (wi_linear_scratch_bytes); prepare: see prepare_acts.
 static void linear(const Weight *w, const float *x, u32 x_stride, float *y, u32 y_stride, u32 rows, int accumulate,
@@ -610,6 +925,19 @@ static void linear(const Weight *w, const float *x, u32 x_stride, float *y, u32 
     Acts A = {x, x_stride, (float *)scratch, 0, 0, 0, 0, 0};
     if (w->dtype == F_F32) fast = ACT_F32;  // in: 0 exact, 1 int8 activations, 2 int16 activations
     else if (fast == ACT_F32 && VEC4(w->dtype, w)) fast = EXACT_INT;
+    if (w->packed) {  // (always a VEC4 format: exact mode is EXACT_INT)
+        u8 *p = scratch;
+        A.xd = (float *)p;
+        p += rows * (kp / 32) * 4;
+        A.xs32 = (float *)p;
+        p = (u8 *)(((uintptr_t)p + rows * (kp / 32) * 4 + 15) & ~(uintptr_t)15);
+        A.xw = (i16 *)p;
+        A.xq = (i8 *)(p + rows * kp * 4);
+        A.xl = (i16 *)(p + rows * kp * 4);  // xq (int8 codes) and xl (exact mode) are never both used
+        if (prepare) prepare_packed(&A, rows, w->k, kp, fast, packed_i8(w->dtype, fast));
+        linear_packed_any(w, &A, y, y_stride, rows, accumulate, fast);
+        return;
+    }
     if (w->dtype != F_F32) {
         u8 *p = scratch + rows * (kp / 16) * 4;
         A.xd = (float *)p;
@@ -733,9 +1061,7 @@ INLINE u32 pcg(u32 v) {
     return (w >> 22) ^ w;
 }
 
-// webinfer/kernels/sampling.py's RowParams (sample.wgsl), packed by its pack(): the CPU engine reads the mask, the
-// logit_bias entries and min_p; counts_slot and the penalties / logprobs fields are not used here (the engine's
-// chunks carry none of them).
+// webinfer/kernels/sampling.py's RowParams (sample.wgsl), packed by its pack()
 typedef struct {
     u32 logit_row, top_k, seed, index;
     float temperature, top_p;
@@ -746,8 +1072,8 @@ typedef struct {
 } SampleParams;
 #define NONE 0xffffffffu
 
-// natural log for x in (0, 1] (min_p's threshold), within a few ulp: x = 2^e m, m in [sqrt(1/2), sqrt(2)),
-// log m = 2 atanh(s), s = (m - 1) / (m + 1), by its odd series
+// natural log of a positive normal x (min_p's threshold, the logprobs' log-sum-exp), within a few ulp: x = 2^e m,
+// m in [sqrt(1/2), sqrt(2)), log m = 2 atanh(s), s = (m - 1) / (m + 1), by its odd series
 static float logf_(float x) {
     u32 b = f32_bits(x);
     i32 e = (i32)((b >> 23) & 0xff) - 127;
@@ -758,23 +1084,12 @@ static float logf_(float x) {
     return 2.0f * t * poly + (float)e * 0.693147180559945f;
 }
 
-// The GPU sampler's rule (webinfer/kernels/sampling.py, sample.wgsl): the row's controls first (the mask's
-// disallowed tokens -> -inf, then logit_bias added); greedy = argmax, lowest id on ties; else temperature ->
-// min_p (logits below max + T ln(min_p) -> -inf) -> top-k (logit descending, id ascending) -> top-p (shortest
-// prefix of that order whose mass reaches top_p of the kept mass) -> inverse CDF in id order at u * mass,
-// u = uniform(seed, index). aux: the step's mask / bias words. scratch: 21 bytes x vocab (+ 32).
-static u32 sample_row(const float *l, u32 vocab, const SampleParams *p, const u32 *aux, u8 *scratch) {
-    float *proc = (float *)(scratch + ((17 * vocab + 31) & ~15u));  // the processed logits, when there are controls
-    if (p->mask_off != NONE || p->bias_n) {
-        const u32 *mask = p->mask_off != NONE ? aux + p->mask_off : 0;
-        for (u32 i = 0; i < vocab; i++)
-            proc[i] = mask && !((mask[i >> 5] >> (i & 31)) & 1u) ? bits_f32(0xff800000u) : l[i];
-        for (u32 j = 0; j < p->bias_n; j++) {
-            u32 id = aux[p->bias_off + 2 * j];
-            if (id < vocab) proc[id] += bits_f32(aux[p->bias_off + 2 * j + 1]);
-        }
-        l = proc;
-    }
+// The GPU sampler's rule (webinfer/kernels/sampling.py, sample.wgsl) on processed logits l: greedy = argmax, lowest
+// id on ties; else temperature -> min_p (logits below max + T ln(min_p) -> -inf) -> top-k (logit descending, id
+// ascending) -> top-p (shortest prefix of that order whose mass reaches top_p of the kept mass) -> inverse CDF in id
+// order at u * mass, u = uniform(seed, index). proc: where min_p writes (may be l: the kept logits stay as they
+// are). scratch: 17 bytes x vocab (+ 16).
+static u32 draw(const float *l, u32 vocab, const SampleParams *p, u8 *scratch, float *proc) {
     u32 best = 0;
     u32 bk = okey(l[0]);
     for (u32 i = 1; i < vocab; i++) {
@@ -844,6 +1159,78 @@ static u32 sample_row(const float *l, u32 vocab, const SampleParams *p, const u3
     return last;  // r within rounding of the total
 }
 
+#define LPW 42u  // logprob words per row (sampling.py LOGPROB_WORDS): sampled logprob, n, then n x (id, logprob)
+
+// log-sum-exp of l, and the top n (<= 20) ids and log-softmax values (logit descending, id ascending: ids ascend,
+// so an equal logit never displaces an earlier id) into lp[1 ..]; returns the log-sum-exp
+static float logprobs_top(const float *l, u32 vocab, u32 n, u32 *lp) {
+    u32 mk = okey(l[0]);
+    for (u32 i = 1; i < vocab; i++) mk = okey(l[i]) > mk ? okey(l[i]) : mk;
+    float mx = bits_f32(mk & 0x80000000u ? mk & 0x7fffffffu : ~mk), m = 0.0f;
+    for (u32 i = 0; i < vocab; i++) m += expf_(l[i] - mx);
+    float lse = mx + logf_(m);
+    n = n < 20 ? n : 20;
+    n = n < vocab ? n : vocab;
+    u32 tk[20], ti[20], cnt = 0;
+    for (u32 i = 0; i < vocab && n; i++) {
+        u32 k = okey(l[i]);
+        if (cnt < n || k > tk[n - 1]) {
+            u32 j = cnt < n ? cnt : n - 1;
+            for (; j > 0 && tk[j - 1] < k; j--) {
+                tk[j] = tk[j - 1];
+                ti[j] = ti[j - 1];
+            }
+            tk[j] = k;
+            ti[j] = i;
+            cnt = cnt + 1 < n ? cnt + 1 : n;
+        }
+    }
+    lp[1] = n;
+    for (u32 r = 0; r < n; r++) {
+        lp[2 + 2 * r] = ti[r];
+        lp[3 + 2 * r] = f32_bits(l[ti[r]] - lse);
+    }
+    return lse;
+}
+
+// One sampled row as the GPU sampler does it: the row's controls (repetition_penalty on tokens of the prompt or
+// the output, frequency / presence penalties on output counts, the mask's disallowed tokens -> -inf, logit_bias)
+// make the processed logits; draw() picks the id; the id is counted in the row's counts slot; with logprobs, the
+// log-softmax of the processed logits (no temperature, no filters) at the id and the top n go to lp (LPW words).
+// aux: the step's mask / bias words; counts: the counts slots (vocab u32 each: bit 31 = in the prompt, low bits =
+// times sampled; sampling.py counts_slot_init) or 0; lp: this row's logprob words or 0. scratch: 21 bytes x vocab
+// (+ 32).
+static u32 sample_row(const float *l, u32 vocab, const SampleParams *p, const u32 *aux, u32 *counts, u32 *lp,
+                      u8 *scratch) {
+    float *proc = (float *)(scratch + ((17 * vocab + 31) & ~15u));  // the processed logits, when there are controls
+    u32 *cnt = counts && p->counts_slot != NONE ? counts + p->counts_slot * vocab : 0;
+    int penal = cnt && (p->freq != 0.0f || p->pres != 0.0f || p->rep != 1.0f);
+    if (penal || p->mask_off != NONE || p->bias_n) {
+        const u32 *mask = p->mask_off != NONE ? aux + p->mask_off : 0;
+        for (u32 i = 0; i < vocab; i++) {
+            float v = l[i];
+            if (penal) {  // (sample.wgsl's order and arithmetic)
+                u32 c = cnt[i];
+                float n = (float)(c & 0x7fffffffu);
+                if (c) v = v > 0.0f ? v / p->rep : v * p->rep;
+                v -= n * p->freq + (n > 0.0f ? p->pres : 0.0f);
+            }
+            proc[i] = mask && !((mask[i >> 5] >> (i & 31)) & 1u) ? bits_f32(0xff800000u) : v;
+        }
+        for (u32 j = 0; j < p->bias_n; j++) {
+            u32 id = aux[p->bias_off + 2 * j];
+            if (id < vocab) proc[id] += bits_f32(aux[p->bias_off + 2 * j + 1]);
+        }
+        l = proc;
+    }
+    int want_lp = lp && p->n_logprobs != NONE;
+    float lse = want_lp ? logprobs_top(l, vocab, p->n_logprobs, lp) : 0.0f;
+    u32 id = draw(l, vocab, p, scratch, proc);  // (min_p keeps the drawn id's logit as it was)
+    if (cnt) cnt[id] += 1;
+    if (want_lp) lp[0] = f32_bits(l[id] - lse);
+    return id;
+}
+
 // ------------------------------------------------------------------------------------------------ the model
 
 // FAST_DOWN16: the down projection's activations (after SwiGLU: the largest outliers) as int16 instead of int8
@@ -881,11 +1268,13 @@ typedef struct {
     const SampleParams *params;    // per sampled chunk (logit_row = its index)
     u32 *out_ids;
     const u32 *aux;                // the sampled rows' masks and logit_bias entries (SampleParams offsets)
+    u32 *counts;                   // the penalties' token counts slots (SampleParams counts_slot)
+    u32 *logprobs;                 // LPW words per sampled row (filled for the rows that ask)
 } Step;
 
 // whether b's activations are prepared as a's (same format, k and group size): the second may reuse the first's
 INLINE int same_layout(const Weight *a, const Weight *b) {
-    return a->dtype == b->dtype && a->k == b->k && a->kp == b->kp && a->gs == b->gs;
+    return a->dtype == b->dtype && a->k == b->k && a->kp == b->kp && a->gs == b->gs && a->packed == b->packed;
 }
 
 // One engine step: every fed token through the model, K/V into the paged cache, the sampled rows' next ids.
@@ -927,7 +1316,8 @@ EXPORT(wi_step) void wi_step(const Model *m, const Step *s) {
     if (s->n_sampled)
         linear(m->lm_head, m->xs, d, m->logits, m->vocab, s->n_sampled, 0, (m->fast & FAST_HEAD) != 0, m->work, 1);
     for (u32 j = 0; j < s->n_sampled; j++)
-        s->out_ids[j] = sample_row(m->logits + j * m->vocab, m->vocab, s->params + j, s->aux, m->work);
+        s->out_ids[j] = sample_row(m->logits + j * m->vocab, m->vocab, s->params + j, s->aux, s->counts,
+                                   s->logprobs + LPW * j, m->work);
 }
 
 // ------------------------------------------------------------------------------------------------ single kernels
@@ -946,7 +1336,7 @@ EXPORT(wi_linear_reps) void wi_linear_reps(const Weight *w, const float *x, u32 
 
 // bytes of scratch wi_linear needs for `rows` rows of K = kp
 EXPORT(wi_linear_scratch_bytes) u32 wi_linear_scratch_bytes(u32 rows, u32 kp) {
-    return rows * (kp / 16 * 4 + kp / 32 * 8 + kp * 7) + 64;
+    return rows * (kp / 16 * 4 + kp / 32 * 8 + kp * 8) + 64;  // the packed layout's: kp / 32 * 8 + kp * 8 + 16
 }
 
 EXPORT(wi_dequant_rows) void wi_dequant_rows(const Weight *w, u32 row0, u32 rows, float *out) {
@@ -979,9 +1369,12 @@ EXPORT(wi_exp) void wi_exp(const float *x, float *y, u32 n) {
     for (u32 i = 0; i < n; i++) y[i] = expf_(x[i]);
 }
 
+// counts, logprobs: as the Step's (0: none)
 EXPORT(wi_sample) void wi_sample(const float *logits, u32 vocab, const SampleParams *p, const u32 *aux, u32 rows,
-                                 u32 *out, u8 *scratch) {
-    for (u32 j = 0; j < rows; j++) out[j] = sample_row(logits + p[j].logit_row * vocab, vocab, p + j, aux, scratch);
+                                 u32 *out, u8 *scratch, u32 *counts, u32 *logprobs) {
+    for (u32 j = 0; j < rows; j++)
+        out[j] = sample_row(logits + p[j].logit_row * vocab, vocab, p + j, aux, counts,
+                            logprobs ? logprobs + LPW * j : 0, scratch);
 }
 
 // Read bandwidth: sums `bytes` bytes (a multiple of 64) `reps` times; the bench sets GEMV GB/s beside it.

@@ -56,11 +56,19 @@ class WasmMem:
         a = self.put(np.full((n + 3) // 4, GUARD_WORD, np.uint32))
         return WasmArray(self, a.off, shape, dtype)
 
-    def weight(self, dtype: str, n: int, k: int, group_size: int | None, comps: dict, bias=None) -> int:
-        """A Weight descriptor over components (bytes) placed in memory; returns its offset."""
+    def weight(self, dtype: str, n: int, k: int, group_size: int | None, comps: dict, bias=None,
+               packed: bool = False) -> int:
+        """A Weight descriptor over components (bytes) placed in memory; returns its offset. packed: rewritten
+        into the packed GEMV layout by wi_repack, as the runner loads q4/q4a/q8 at group 32 (the packed bytes
+        between guards)."""
         offs = {c: self.put(np.frombuffer(b, np.uint8)).off for c, b in comps.items()}
         b = self.put(np.asarray(bias, np.float32)).off if bias is not None else 0
-        return self.arena.put(weight_desc(dtype, n, k, group_size, offs, b), "weight desc")
+        desc = self.arena.put(weight_desc(dtype, n, k, group_size, offs, b), "weight desc")
+        if packed:
+            nbytes = self.call("wi_repack_bytes", desc)
+            assert nbytes, f"{dtype} at group {group_size} has no packed layout"
+            self.call("wi_repack", desc, self.scratch(nbytes).off)
+        return desc
 
     def scratch(self, nbytes: int) -> WasmArray:
         return self.empty((nbytes,), np.uint8)

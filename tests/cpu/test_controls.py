@@ -1,8 +1,9 @@
-"""Sampling controls on the CPU engine: structured output (response_format), logit_bias and min_p through the one
-path (request -> API -> engine -> the wasm runner's sampler), on a tiny random-weight model whose unconstrained
-text is noise. References: the numpy reference backend's ids for the same requests (its Sampler applies the
-controls in float64), re.fullmatch, json + the jsonschema library. The kernel-level check of the rule against the
-reference Sampler is tests/cpu/test_kernels.py::test_sampling_controls_match_reference.
+"""Sampling controls on the CPU engine: structured output (response_format), logit_bias, min_p, the penalties and
+logprobs through the one path (request -> API -> engine -> the wasm runner's sampler), on a tiny random-weight
+model whose unconstrained text is noise. References: the numpy reference backend's ids (and logprobs) for the same
+requests (its Sampler applies the controls in float64), re.fullmatch, json + the jsonschema library. The
+kernel-level checks against the reference Sampler are tests/cpu/test_kernels.py::test_sampling_controls_match_reference
+and ::test_penalties_and_logprobs_match_reference.
 """
 
 from __future__ import annotations
@@ -61,6 +62,48 @@ def test_cpu_equals_reference_under_controls(llms, req):
     ref, cpu = llms
     a, b = _complete(ref, **req)["choices"][0], _complete(cpu, **req)["choices"][0]
     assert a["token_ids"] == b["token_ids"] and a["finish_reason"] == b["finish_reason"], (req, a, b)
+
+
+PEN = {"frequency_penalty": 1.2, "presence_penalty": 0.6, "repetition_penalty": 1.4}
+PEN_REQS = [  # (tests/test_sampling_controls.py's requests for the GPU engine)
+    {"prompt": "the the the the the", "max_tokens": 20, "temperature": 0, **PEN},
+    {"prompt": "Once upon a time", "max_tokens": 18, "temperature": 0.9, "seed": 4, "frequency_penalty": 2.0},
+    {"prompt": "A B C", "max_tokens": 12, "temperature": 0, "logprobs": 5},
+    {"prompt": "Numbers", "max_tokens": 15, "temperature": 0.7, "seed": 9, "repetition_penalty": 0.7, "logprobs": 3},
+    {"prompt": "plain", "max_tokens": 10, "temperature": 0},
+    {"prompt": "Letters:", "max_tokens": 8, "temperature": 0.6, "seed": 2,                # constrained (mask)
+     "response_format": {"type": "regex", "regex": "[a-e]{3,6}"}},
+]
+
+
+def test_penalties_and_logprobs_equal_the_reference_alone_and_batched(llms):
+    """Penalties (token counts in the module's memory) and logprobs through the API: the same ids, text and
+    logprobs as the reference backend (its Sampler in float64), each request alone and all in one batch."""
+    ref, cpu = llms
+
+    def run(llm, reqs):
+        async def main():
+            return await asyncio.gather(*(llm.completions.create(**dict(r)) for r in reqs))
+        return asyncio.run(main())
+
+    want = [run(ref, [r])[0] for r in PEN_REQS]
+    plain = run(ref, [{k: v for k, v in PEN_REQS[0].items() if k not in PEN}])[0]
+    assert plain["choices"][0]["token_ids"] != want[0]["choices"][0]["token_ids"]  # the penalties change the output
+    alone = [run(cpu, [r])[0] for r in PEN_REQS]
+    batched = run(cpu, PEN_REQS)
+    for w, a, b in zip(want, alone, batched):
+        for got in (a, b):
+            g, e = got["choices"][0], w["choices"][0]
+            assert g["token_ids"] == e["token_ids"] and g["text"] == e["text"]
+            lg, lw = g.get("logprobs"), e.get("logprobs")
+            assert (lg is None) == (lw is None)
+            if lw is None:
+                continue
+            assert lg["tokens"] == lw["tokens"]
+            assert lg["token_logprobs"] == pytest.approx(lw["token_logprobs"], abs=2e-3)
+            for tg, tw in zip(lg["top_logprobs"], lw["top_logprobs"]):
+                assert list(tg) == list(tw)
+                assert list(tg.values()) == pytest.approx(list(tw.values()), abs=2e-3)
 
 
 @pytest.mark.gpu

@@ -21,6 +21,9 @@ from webinfer_packager.reference import model as ref
 
 FORMATS = [("q4", 32), ("q4", 128), ("q4a", 32), ("q4a", 64), ("q8", 32), ("q5_0", 32), ("q5_1", 32), ("q4k", 256),
            ("q5k", 256), ("q6k", 256), ("f32", None)]
+# the formats the runner repacks into the packed GEMV layout (wi_repack): tested in both layouts
+PACKED = [("q4", 32), ("q4a", 32), ("q8", 32)]
+LAYOUTS = [(d, g, False) for d, g in FORMATS] + [(d, g, True) for d, g in PACKED]
 
 
 @pytest.fixture(scope="module", params=["base", "relaxed"])
@@ -33,16 +36,16 @@ def both():
     return WasmMem("base"), WasmMem("relaxed")
 
 
-def _weight(mem, dtype, gs, n, k, seed, bias=None):
+def _weight(mem, dtype, gs, n, k, seed, bias=None, packed=False):
     rng = np.random.default_rng(seed)
     comps = random_components(dtype, n, k, gs, rng)
-    return mem.weight(dtype, n, k, gs, comps, bias), decode(dtype, comps, n, k, gs)
+    return mem.weight(dtype, n, k, gs, comps, bias, packed), decode(dtype, comps, n, k, gs)
 
 
-@pytest.mark.parametrize("dtype,gs", FORMATS)
-def test_dequant_bit_exact(mem, dtype, gs):
-    n, k = 7, 300  # K not a multiple of any group: padding columns must not leak
-    w, (want, _, _, _) = _weight(mem, dtype, gs, n, k, 1)
+@pytest.mark.parametrize("dtype,gs,packed", LAYOUTS)
+def test_dequant_bit_exact(mem, dtype, gs, packed):
+    n, k = 7, 300  # K not a multiple of any group: padding columns must not leak; 7 rows: a partial packed group
+    w, (want, _, _, _) = _weight(mem, dtype, gs, n, k, 1, packed=packed)
     out = mem.empty((n, k))
     mem.call("wi_dequant_rows", w, 0, n, out.off)
     got = out.read()
@@ -62,13 +65,13 @@ def _quantize_x(x, kp, qmax=127):
     return (q * d).reshape(x.shape[0], kp)[:, : x.shape[1]]
 
 
-@pytest.mark.parametrize("dtype,gs", FORMATS)
+@pytest.mark.parametrize("dtype,gs,packed", LAYOUTS)
 @pytest.mark.parametrize("fast", [0, 1, 2])
-def test_linear(mem, dtype, gs, fast):
-    n, k, rows = 37, 300, 6  # 6 rows: one GEMM tile of 4, then two single rows
+def test_linear(mem, dtype, gs, packed, fast):
+    n, k, rows = 37, 300, 6  # 6 rows: one GEMM tile of 4, then two single rows; 37: a partial packed group
     rng = np.random.default_rng(2)
     bias = rng.standard_normal(n).astype(np.float32)
-    w, (_, q, a, b) = _weight(mem, dtype, gs, n, k, 3, bias)
+    w, (_, q, a, b) = _weight(mem, dtype, gs, n, k, 3, bias, packed)
     x = rng.standard_normal((rows, k)).astype(np.float32)
     xa = mem.put(x)
     y0 = rng.standard_normal((rows, n)).astype(np.float32)
@@ -92,14 +95,15 @@ def test_linear(mem, dtype, gs, fast):
         assert np.array_equal(one.read()[0], got[r]), f"{dtype}: row {r} alone differs from the batch"
 
 
-@pytest.mark.parametrize("dtype,gs", [("q4a", 32), ("q6k", 256), ("q5k", 256), ("q8", 32)])
+@pytest.mark.parametrize("dtype,gs,packed", [("q4a", 32, False), ("q6k", 256, False), ("q5k", 256, False),
+                                             ("q8", 32, False), ("q4a", 32, True), ("q4", 32, True), ("q8", 32, True)])
 @pytest.mark.parametrize("fast", [0, 1, 2])
-def test_base_and_relaxed_builds_agree_bitwise(both, dtype, gs, fast):
+def test_base_and_relaxed_builds_agree_bitwise(both, dtype, gs, packed, fast):
     n, k, rows = 20, 512, 5
     x = np.random.default_rng(4).standard_normal((rows, k)).astype(np.float32)
     outs = []
     for mem in both:
-        w, _ = _weight(mem, dtype, gs, n, k, 5)
+        w, _ = _weight(mem, dtype, gs, n, k, 5, packed=packed)
         y = mem.empty((rows, n))
         scratch = mem.scratch(mem.call("wi_linear_scratch_bytes", rows, k))
         mem.call("wi_linear", w, mem.put(x).off, k, y.off, n, rows, 0, fast, scratch.off)
@@ -185,13 +189,15 @@ def _rule(logits, temperature, top_k, top_p, seed, index):
     return int(min(np.searchsorted(cdf, r, side="right"), keep.max()))
 
 
-def _sample(mem, la, V, rows):
-    """wi_sample over the logits at `la` for SampleRows, packed as the runner packs them (sampling.pack)."""
+def _sample(mem, la, V, rows, counts=None, logprobs=None):
+    """wi_sample over the logits at `la` for SampleRows, packed as the runner packs them (sampling.pack); counts /
+    logprobs: WasmArrays of the token counts slots and the logprob words (None: none)."""
     packed = pack(rows, V)
     out = mem.empty((len(rows),), np.uint32)
     scratch = mem.scratch(21 * V + 64)
     mem.call("wi_sample", la.off, V, mem.put(np.frombuffer(packed.params, np.uint8)).off,
-             mem.put(np.frombuffer(packed.aux, np.uint8)).off, len(rows), out.off, scratch.off)
+             mem.put(np.frombuffer(packed.aux, np.uint8)).off, len(rows), out.off, scratch.off,
+             counts.off if counts is not None else 0, logprobs.off if logprobs is not None else 0)
     return out.read().tolist()
 
 
@@ -242,6 +248,58 @@ def test_sampling_controls_match_reference(mem):
             got = _sample(mem, la, V, rows)
             assert got == want, (seed, temperature)
             assert all(allowed[t] for t, r in zip(got, rows) if r.mask is not None)
+
+
+def test_penalties_and_logprobs_match_reference(mem):
+    """Repetition / frequency / presence penalties from a counts slot (sampling.counts_slot_init: prompt marked,
+    output counted) and logprobs, against the reference Sampler's process() and logprobs() in float64; the sampled
+    id is counted in its slot."""
+    from webinfer.kernels.sampling import LOGPROB_BYTES, counts_slot_init, unpack_logprobs
+
+    V = 500
+    rng = np.random.default_rng(12)
+    logits = (rng.standard_normal((2, V)) * 3).astype(np.float32)
+    la = mem.put(logits)
+    a0, a1 = (int(i) for i in logits.argmax(axis=1))
+    prompt, output = [3, 7, 7, 400, 499, a1], [7, 12, 12, 12, 250, a0, a0]  # penalize both rows' best tokens
+    cases = [dict(repetition_penalty=1.6), dict(frequency_penalty=0.8, presence_penalty=0.5, logprobs=5),
+             dict(repetition_penalty=0.7, frequency_penalty=-0.4, logprobs=20), dict(logprobs=0),
+             dict(repetition_penalty=1.3, presence_penalty=2.0, logprobs=3, logit_bias=((12, 4.0),))]
+    counts = np.bincount(output, minlength=V)
+    # a slot per row (the engine never samples two rows of one sequence in a step), all alike
+    slots = np.frombuffer(counts_slot_init(V, prompt, output) * len(cases), np.uint32)
+    changed = 0  # greedy rows whose penalties change the argmax: the test can tell penalties from none
+    for seed in range(3):
+        for temperature in (0.0, 0.8):
+            rows = [SampleRow(i % 2, temperature, 0, 0.9 if i == 4 else 1.0, seed, 3 * seed + i,
+                              counts_slot=i if any(k.endswith("penalty") for k in c) else None, **c)
+                    for i, c in enumerate(cases)]
+            ca, lpa = mem.put(slots), mem.empty((len(rows), LOGPROB_BYTES // 4), np.uint32)
+            got = _sample(mem, la, V, rows, ca, lpa)
+            lps = unpack_logprobs(lpa.read().tobytes(), len(rows))
+            added = np.zeros(len(cases) * V, np.int64)
+            for row, t in zip(rows, got):
+                s = ref.Sampler(temperature, 0, row.top_p, frequency_penalty=row.frequency_penalty,
+                                presence_penalty=row.presence_penalty, repetition_penalty=row.repetition_penalty,
+                                logit_bias=dict(row.logit_bias))
+                pen = row.counts_slot is not None
+                z = s.process(logits[row.logit_row], counts if pen else None, prompt if pen else ())
+                if temperature == 0:
+                    assert t == int(np.argmax(z))
+                    changed += pen and t != int(np.argmax(logits[row.logit_row]))
+                else:
+                    cdf = np.cumsum(s.probs(z))
+                    assert t == int(np.searchsorted(cdf, uniform(seed, row.index) * cdf[-1], side="right"))
+                if pen:
+                    added[row.counts_slot * V + t] += 1
+                if row.logprobs is not None:
+                    lsm, top = ref.Sampler.logprobs(z, row.logprobs)
+                    lp, alts = lps[rows.index(row)]
+                    assert lp == pytest.approx(lsm[t], abs=1e-4)
+                    assert [i for i, _ in alts] == top.tolist()
+                    assert [v for _, v in alts] == pytest.approx(lsm[top].tolist(), abs=1e-4)
+            assert np.array_equal(ca.read().astype(np.int64), slots.astype(np.int64) + added)
+    assert changed
 
 
 def test_read_bandwidth_kernel_sums(mem):

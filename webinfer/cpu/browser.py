@@ -65,7 +65,7 @@ async def time_backends(dev, host, n: int, k: int, reps: int = 8) -> tuple[float
     from ..gpu.device import COPY_DST, COPY_SRC, STORAGE, BufferBinding  # noqa: PLC0415
     from ..kernels.library import KernelLibrary  # noqa: PLC0415
     from ..kernels.linear import Linear, LinearIO, QuantWeight, WeightPart, pack_meta  # noqa: PLC0415
-    from .runner import Arena, weight_desc  # noqa: PLC0415
+    from .runner import Arena, repack, weight_desc  # noqa: PLC0415
 
     k = -(-k // 32) * 32
     comps = _random_q4a(n, k)
@@ -74,6 +74,7 @@ async def time_backends(dev, host, n: int, k: int, reps: int = 8) -> tuple[float
     arena = Arena(host)
     offs = {c: arena.put(b, f"start-up {c}") for c, b in comps.items()}
     desc = arena.put(weight_desc("q4a", n, k, 32, offs), "start-up desc")
+    repack(host, arena, desc, "start-up weight")  # the layout the runner's GEMVs read
     xo, yo = arena.put(x, "start-up x"), arena.alloc(4 * n, "start-up y")
     scratch = arena.alloc(host.call("wi_linear_scratch_bytes", 1, k), "start-up scratch")
     host.call("wi_linear_reps", desc, xo, k, yo, n, 1, 1, scratch, 1)

@@ -2,7 +2,9 @@
 
 Everything lives in the module's linear memory, placed once at load by a bump allocator here:
     weights       every component of every tensor, in its package encoding (webinfer/formats.py), copied one
-                  binding at a time (no transient copy of the whole model)
+                  binding at a time (no transient copy of the whole model); q4, q4a and q8 at group 32 are then
+                  rewritten by the module into its packed GEMV layout (kernels.c wi_repack: 4 rows interleaved, f32
+                  scales), their package bytes held only until then, one matrix at a time
     descriptors   a 12-word Weight per matrix, an 11-word Layer per layer, one Model (see kernels.c)
     KV cache      per layer K and V [num_blocks, block_size, n_kv_heads, head_dim] f32 (block 0 = the null block)
     RoPE tables   cos / sin [max_model_len, head_dim / 2] f32, computed here in double precision
@@ -16,8 +18,10 @@ Modes: "exact" (f32 activations; greedy ids follow the numpy reference) and "fas
 between them without reloading.
 
 Sampling runs in the module with the GPU sampler's rule (webinfer/kernels/sampling.py), from the same packed rows
-(sampling.pack): structured-output mask and logit_bias first; greedy = argmax with the lowest id on ties; otherwise
-temperature -> min_p -> top-k -> top-p -> inverse CDF at uniform(seed, sample_index).
+(sampling.pack): repetition / frequency / presence penalties (token counts in the module's memory, kept as the GPU
+sampler keeps them), structured-output mask and logit_bias first; greedy = argmax with the lowest id on ties;
+otherwise temperature -> min_p -> top-k -> top-p -> inverse CDF at uniform(seed, sample_index); logprobs (the
+sampled token's and the top k) of the processed logits.
 Pure Python (runs in Pyodide): struct and array only.
 """
 
@@ -28,14 +32,14 @@ import math
 import struct
 from array import array
 
-from ..engine.batch import StepBatch
-from ..engine.gpu_model import GPUModel
+from ..engine.batch import Sampled, StepBatch
+from ..engine.gpu_model import GPUModel, _StepSampler
 from ..kernels.rope import inv_freq
-from ..kernels.sampling import MAX_LOGIT_BIAS, SampleRow, pack
+from ..kernels.sampling import LOGPROB_BYTES, MAX_LOGIT_BIAS, SampleRow, pack, unpack_logprobs
 from .wasm import WasmMemoryError
 
 DTYPE_CODES = {"f32": 0, "q4": 1, "q4a": 2, "q8": 3, "q5_0": 4, "q5_1": 5, "q4k": 6, "q5k": 7, "q6k": 8}
-WEIGHT_WORDS, LAYER_WORDS, MODEL_WORDS, STEP_WORDS = 12, 11, 30, 11
+WEIGHT_WORDS, LAYER_WORDS, MODEL_WORDS, STEP_WORDS = 12, 11, 30, 13
 PARAM_BYTES = 64  # sampling.py's RowParams, as kernels.c's SampleParams reads it
 # the Model's FAST_* bits (kernels.c): fast = int8 activations everywhere but the down projection, which takes int16
 # (measured: all-int8 cost +1.7 % perplexity on SmolLM2, the down projection's share the largest)
@@ -43,10 +47,28 @@ MODES = {"exact": 0, "fast": 1 | 2 | 4 | 16 | 32}
 _FAST_WORD = 9  # index of `fast` in the Model struct
 
 
-def sample_rows(chunks) -> list[SampleRow]:
-    """The GPU sampler's rows (webinfer/engine/gpu_model.py) for the sampled chunks: same fields, same checks."""
-    return [SampleRow(j, c.temperature, c.top_k, c.top_p, c.seed, c.sample_index, min_p=c.min_p,
-                      logit_bias=c.logit_bias, mask=c.mask) for j, c in enumerate(chunks)]
+class _Counts:
+    """The penalties' token counts in the module's memory (one vocab-sized u32 slot per sequence, max_seqs slots,
+    placed when a first penalized row comes): the GPU sampler's slot bookkeeping and row packing
+    (gpu_model._StepSampler: a slot taken on a sequence's first penalized row and filled from its history, kept while
+    its sample_index follows on, least recently used reused) over a `device` that places and writes the module's
+    memory. The module counts each id it samples."""
+
+    _counts_slots = _StepSampler._counts_slots
+    pack = _StepSampler.pack
+
+    def __init__(self, host, arena: Arena, max_rows: int, vocab: int):
+        self.host, self.arena, self.max_rows, self.vocab = host, arena, max_rows, vocab
+        self.device, self.slots, self.counts = self, {}, None
+
+    def create_buffer(self, nbytes: int, usage, label: str) -> int:
+        return self.arena.alloc(nbytes, label)
+
+    def write_buffer(self, base: int, offset: int, data: bytes) -> None:
+        self.host.write(base + offset, data)
+
+    def _bind(self) -> None:  # (the GPU sampler rebinds its buffers here; the module reads the Step's offset)
+        pass
 
 
 class Arena:
@@ -81,6 +103,16 @@ def weight_desc(dtype: str, n: int, k: int, group_size: int | None, comps: dict[
                        c("scales"), c("mins"), c("super"), bias, 0)
 
 
+def repack(host, arena, desc: int, what: str) -> int:
+    """Rewrite the matrix at `desc` into the module's packed GEMV layout (kernels.c wi_repack: q4, q4a and q8 at
+    group 32), placed by `arena`, as the runner loads it; returns the packed bytes (0: the format keeps its package
+    layout). The package components stay where they are (the runner's own loading reuses their space)."""
+    nbytes = host.call("wi_repack_bytes", desc)
+    if nbytes:
+        host.call("wi_repack", desc, arena.alloc(nbytes, f"{what} (packed)"))
+    return nbytes
+
+
 def rope_tables(head_dim: int, theta: float, scaling: dict | None, positions: int) -> tuple[bytes, bytes]:
     """cos and sin of angle = f32(pos) * f32(inv_freq[i]) rounded to f32, as the reference computes them."""
     freqs = array("f", inv_freq(head_dim, theta, scaling))
@@ -95,7 +127,7 @@ def rope_tables(head_dim: int, theta: float, scaling: dict | None, positions: in
 class CpuRunner:
     """ModelRunner over a wasm host (webinfer/cpu/wasm.py). Build with `await CpuRunner.load(host, package, ...)`."""
 
-    penalties_and_logprobs = False  # the wasm sampler has masks, logit_bias and min_p, not these (the API refuses)
+    penalties_and_logprobs = True  # the wasm sampler has the GPU sampler's controls (kernels/sampling.py)
 
     def __init__(self):  # use load()
         self.block_size = self.num_blocks = self.max_model_len = 0
@@ -141,7 +173,20 @@ class CpuRunner:
         async def matrix(name: str, bias: str | None = None) -> int:
             t = package.tensors[name]
             b = (await tensor(bias))["data"] if bias else 0
-            return arena.put(weight_desc(t.dtype, t.rows, t.k, t.group_size, await tensor(name), b), f"{name}.desc")
+            desc = arena.alloc(4 * WEIGHT_WORDS, f"{name}.desc")
+            host.write(desc, weight_desc(t.dtype, t.rows, t.k, t.group_size, {"qweight": 0}, b))
+            packed = host.call("wi_repack_bytes", desc)
+            if not packed:
+                host.write(desc, weight_desc(t.dtype, t.rows, t.k, t.group_size, await tensor(name), b))
+                return desc
+            # the package's components go to a transient area above the packed matrix, which the next
+            # allocations reuse: one matrix's package bytes at a time on top of the model
+            dst = arena.alloc(packed, f"{name} (packed)")
+            mark = arena.top
+            host.write(desc, weight_desc(t.dtype, t.rows, t.k, t.group_size, await tensor(name), b))
+            host.call("wi_repack", desc, dst)
+            arena.top = mark
+            return desc
 
         d, f, L, hd = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.head_dim
         qd, kvd, V = cfg.q_dim, cfg.kv_dim, cfg.vocab_size
@@ -184,8 +229,14 @@ class CpuRunner:
         step_bytes = (4 * (STEP_WORDS + 3 * T + 4 * S + S * self.max_blocks_per_seq + S + S + aux_words)
                       + PARAM_BYTES * S)
         self.step_off = arena.alloc(step_bytes, "step")
-        self.memory_bytes = arena.top
+        self.logprobs_off = arena.alloc(LOGPROB_BYTES * S, "logprobs")
+        self.sampler = _Counts(host, arena, S, V)
         return self
+
+    @property
+    def memory_bytes(self) -> int:
+        """The module's memory in use (the penalties' token counts join when a first penalized request comes)."""
+        return self.arena.top
 
     def set_mode(self, mode: str) -> None:
         """Switch between "exact" and "fast" activations (the weights stay as they are)."""
@@ -212,7 +263,8 @@ class CpuRunner:
         o_params = o_rows + 4 * S
         o_out = o_params + len(sampling.params)
         o_aux = o_out + 4 * S
-        head = struct.pack(f"<{STEP_WORDS}I", T, N, S, o_ids, o_pos, o_slot, o_seqs, o_rows, o_params, o_out, o_aux)
+        head = struct.pack(f"<{STEP_WORDS}I", T, N, S, o_ids, o_pos, o_slot, o_seqs, o_rows, o_params, o_out, o_aux,
+                           self.sampler.counts or 0, self.logprobs_off)
         body = struct.pack(f"<{3 * T + len(seq_words) + len(tables) + S}I", *ids, *pos, *slots, *seq_words, *tables,
                            *rows)
         self.host.write(base, head + body + sampling.params + bytes(4 * S) + sampling.aux)
@@ -228,7 +280,12 @@ class CpuRunner:
         # the GPU model's validation and row layout (pure host code): same errors, same token rows; the sampling
         # rows and their packing are the GPU sampler's too (masks, logit_bias, min_p)
         ids, pos, slots, rows, seqs, sampled, _ = GPUModel._prepare(self, batch)
-        return self._run(ids, pos, slots, seqs, rows, pack(sample_rows(sampled), self.vocab_size))
+        smp = self.sampler
+        out = self._run(ids, pos, slots, seqs, rows, smp.pack(sampled, smp._counts_slots(sampled)))
+        if all(c.logprobs is None for c in sampled):
+            return out
+        lps = unpack_logprobs(self.host.read(self.logprobs_off, LOGPROB_BYTES * len(out)), len(out))
+        return Sampled(out, [lp if c.logprobs is not None else None for lp, c in zip(lps, sampled)])
 
     def logits(self, n_rows: int) -> list[array]:
         """The logits rows of the last step's sampled chunks (f32 arrays; tests, evaluation)."""

@@ -1,12 +1,14 @@
 """`webinfer bench --backend cpu`: the WebAssembly CPU engine (webinfer/cpu) in wasmtime, one JSON report.
 
     webinfer bench --backend cpu [PACKAGE] [--quick] [--ppl-text examples/data/eval.txt] [--json]
+                   [--wasm-variant auto|base|relaxed]
 
 In one process run, so the ratios hold on a busy machine:
     variant      which module runs (relaxed SIMD or base SIMD128) and why
     read_bw      a wasm read-bandwidth kernel (wi_read_bw: v128 loads summed) over 64 MiB
     gemv         per format of the package's linears and the LM head, and a large q4a matrix that does not fit
-                 in cache: ms per GEMV and GB/s of weight bytes, exact and fast, beside read_bw (timed inside the
+                 in cache: ms per GEMV and GB/s of the package's weight bytes (the packed layout the module reads
+                 holds a little more: see wasm_memory_mb), exact and fast, beside read_bw (timed inside the
                  module, wi_linear_reps: the host's ~40-80 us per call from wasmtime-py is not in them)
     profile      where a decode step's time goes: every matrix of the model timed alone (layer 0's shapes x the
                  layer count, plus the LM head), against the measured step; the rest is attention, norms, RoPE,
@@ -141,7 +143,7 @@ def perplexity(runner, ids: list[int], window: int, stride: int) -> dict:
     return {"nll": nll / n, "ppl": math.exp(nll / n), "tokens_scored": n}
 
 
-def run(package_path, quick: bool = False, ppl_text: str | None = None) -> dict:
+def run(package_path, quick: bool = False, ppl_text: str | None = None, variant: str = "auto") -> dict:
     from webinfer.package import Package
     from webinfer.cpu import load_cpu_runner
 
@@ -149,7 +151,7 @@ def run(package_path, quick: bool = False, ppl_text: str | None = None) -> dict:
     reps = 3 if quick else 10
     t0 = time.perf_counter()
     runner = asyncio.run(load_cpu_runner(pkg, mode="exact", num_blocks=40, max_model_len=512,
-                                         max_seqs=64 if ppl_text else 16))
+                                         max_seqs=64 if ppl_text else 16, variant=variant))
     load_s = time.perf_counter() - t0
     host, arena = runner.host, runner.arena
     res = {"backend": "cpu (wasm in wasmtime)", "variant": host.variant, "variant_reason": host.reason,
@@ -165,7 +167,7 @@ def run(package_path, quick: bool = False, ppl_text: str | None = None) -> dict:
         t = pkg.tensors[name]
         g[f"{name} {t.dtype} {t.rows}x{t.k}"] = gemv(host, arena, desc, t.k_padded or t.k, _weight_bytes(t), reps)
     # a q4a matrix far larger than the caches: streaming bandwidth
-    from webinfer.cpu.runner import weight_desc
+    from webinfer.cpu.runner import repack, weight_desc
 
     n, k = (2048, 4096) if quick else (8192, 4096)
     rng = np.random.default_rng(1)
@@ -174,6 +176,7 @@ def run(package_path, quick: bool = False, ppl_text: str | None = None) -> dict:
              "mins": np.full(n * k // 32, -0.08, np.float16).tobytes()}
     offs = {c: arena.put(b, f"bench {c}") for c, b in comps.items()}
     desc = arena.put(weight_desc("q4a", n, k, 32, offs), "bench desc")
+    repack(host, arena, desc, "bench q4a")  # as the runner loads it
     g[f"synthetic q4a {n}x{k}"] = gemv(host, arena, desc, k, sum(map(len, comps.values())), reps)
     for v in g.values():
         for mode in ("exact", "fast"):
@@ -208,7 +211,8 @@ def run(package_path, quick: bool = False, ppl_text: str | None = None) -> dict:
 def cli_main(args) -> int:
     from webinfer_packager.paths import resolve_package
 
-    res = run(resolve_package(args.package), quick=args.quick, ppl_text=args.ppl_text)
+    res = run(resolve_package(args.package), quick=args.quick, ppl_text=args.ppl_text,
+              variant=getattr(args, "wasm_variant", "auto"))
     text = json.dumps(res, indent=1)
     if args.output:
         with open(args.output, "w") as fh:

@@ -119,6 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=["native", "cpu"], default="native",
                    help="cpu: the WebAssembly engine (GEMV GB/s beside read bandwidth, decode tok/s per mode)")
     p.add_argument("--ppl-text", help="cpu: also measure perplexity exact vs fast on this UTF-8 text")
+    p.add_argument("--wasm-variant", choices=["auto", "base", "relaxed"], default="auto",
+                   help="cpu: which module (default: relaxed SIMD when it validates, else base SIMD128)")
     p.set_defaults(handler="webinfer_packager.bench.run:cli_main")
 
     p = sub.add_parser("serve", help="OpenAI-compatible API and the chat site")
