@@ -355,13 +355,6 @@ class LLM:
         if r.params.speculative_tokens and self.engine.proposer is None:
             raise InvalidRequestError("speculative_tokens", "this engine has no speculative proposer (start it with "
                                                             "speculative decoding on, e.g. --speculative prompt-lookup)")
-        if not getattr(self.engine.runner, "penalties_and_logprobs", True):
-            p = r.params
-            for field, used in (("frequency_penalty", p.frequency_penalty != 0),
-                                ("presence_penalty", p.presence_penalty != 0),
-                                ("repetition_penalty", p.repetition_penalty != 1), ("logprobs", p.logprobs is not None)):
-                if used:
-                    raise InvalidRequestError(field, "is not supported by this backend (the CPU engine) yet")
         vocab = self.engine.runner.vocab_size
         if any(not 0 <= t < vocab for t in r.params.logit_bias):
             raise InvalidRequestError("logit_bias", f"token ids must be in [0, {vocab})")

@@ -127,8 +127,6 @@ def rope_tables(head_dim: int, theta: float, scaling: dict | None, positions: in
 class CpuRunner:
     """ModelRunner over a wasm host (webinfer/cpu/wasm.py). Build with `await CpuRunner.load(host, package, ...)`."""
 
-    penalties_and_logprobs = True  # the wasm sampler has the GPU sampler's controls (kernels/sampling.py)
-
     def __init__(self):  # use load()
         self.block_size = self.num_blocks = self.max_model_len = 0
 
