@@ -33,9 +33,10 @@ import struct
 from array import array
 
 from ..engine.batch import Sampled, StepBatch
-from ..engine.gpu_model import GPUModel, _StepSampler
+from ..engine.gpu_model import GPUModel
 from ..kernels.rope import inv_freq
-from ..kernels.sampling import LOGPROB_BYTES, MAX_LOGIT_BIAS, SampleRow, pack, unpack_logprobs
+from ..kernels.sampling import (LOGPROB_BYTES, MAX_LOGIT_BIAS, CountsSlots, SampleRow, pack, pack_chunks,
+                                unpack_logprobs)
 from .wasm import WasmMemoryError
 
 DTYPE_CODES = {"f32": 0, "q4": 1, "q4a": 2, "q8": 3, "q5_0": 4, "q5_1": 5, "q4k": 6, "q5k": 7, "q6k": 8}
@@ -45,30 +46,6 @@ PARAM_BYTES = 64  # sampling.py's RowParams, as kernels.c's SampleParams reads i
 # (measured: all-int8 cost +1.7 % perplexity on SmolLM2, the down projection's share the largest)
 MODES = {"exact": 0, "fast": 1 | 2 | 4 | 16 | 32}
 _FAST_WORD = 9  # index of `fast` in the Model struct
-
-
-class _Counts:
-    """The penalties' token counts in the module's memory (one vocab-sized u32 slot per sequence, max_seqs slots,
-    placed when a first penalized row comes): the GPU sampler's slot bookkeeping and row packing
-    (gpu_model._StepSampler: a slot taken on a sequence's first penalized row and filled from its history, kept while
-    its sample_index follows on, least recently used reused) over a `device` that places and writes the module's
-    memory. The module counts each id it samples."""
-
-    _counts_slots = _StepSampler._counts_slots
-    pack = _StepSampler.pack
-
-    def __init__(self, host, arena: Arena, max_rows: int, vocab: int):
-        self.host, self.arena, self.max_rows, self.vocab = host, arena, max_rows, vocab
-        self.device, self.slots, self.counts = self, {}, None
-
-    def create_buffer(self, nbytes: int, usage, label: str) -> int:
-        return self.arena.alloc(nbytes, label)
-
-    def write_buffer(self, base: int, offset: int, data: bytes) -> None:
-        self.host.write(base + offset, data)
-
-    def _bind(self) -> None:  # (the GPU sampler rebinds its buffers here; the module reads the Step's offset)
-        pass
 
 
 class Arena:
@@ -228,7 +205,13 @@ class CpuRunner:
                       + PARAM_BYTES * S)
         self.step_off = arena.alloc(step_bytes, "step")
         self.logprobs_off = arena.alloc(LOGPROB_BYTES * S, "logprobs")
-        self.sampler = _Counts(host, arena, S, V)
+        # the penalties' token counts (kernels/sampling.py CountsSlots), placed in the module's memory when a first
+        # penalized row comes; the module counts each id it samples
+        self.counts_off = 0
+
+        def allocate() -> None:
+            self.counts_off = arena.alloc(4 * S * V, "penalty counts")
+        self.counts_slots = CountsSlots(S, V, allocate, lambda off, data: host.write(self.counts_off + off, data))
         return self
 
     @property
@@ -262,7 +245,7 @@ class CpuRunner:
         o_out = o_params + len(sampling.params)
         o_aux = o_out + 4 * S
         head = struct.pack(f"<{STEP_WORDS}I", T, N, S, o_ids, o_pos, o_slot, o_seqs, o_rows, o_params, o_out, o_aux,
-                           self.sampler.counts or 0, self.logprobs_off)
+                           self.counts_off, self.logprobs_off)
         body = struct.pack(f"<{3 * T + len(seq_words) + len(tables) + S}I", *ids, *pos, *slots, *seq_words, *tables,
                            *rows)
         self.host.write(base, head + body + sampling.params + bytes(4 * S) + sampling.aux)
@@ -278,8 +261,8 @@ class CpuRunner:
         # the GPU model's validation and row layout (pure host code): same errors, same token rows; the sampling
         # rows and their packing are the GPU sampler's too (masks, logit_bias, min_p)
         ids, pos, slots, rows, seqs, sampled, _ = GPUModel._prepare(self, batch)
-        smp = self.sampler
-        out = self._run(ids, pos, slots, seqs, rows, smp.pack(sampled, smp._counts_slots(sampled)))
+        out = self._run(ids, pos, slots, seqs, rows,
+                        pack_chunks(sampled, self.vocab_size, self.counts_slots.assign(sampled)))
         if all(c.logprobs is None for c in sampled):
             return out
         lps = unpack_logprobs(self.host.read(self.logprobs_off, LOGPROB_BYTES * len(out)), len(out))

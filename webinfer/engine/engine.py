@@ -307,6 +307,6 @@ class AsyncEngine:
         now = self.clock()
         recent = [(t, n) for t, n in self._recent if now - t <= 10.0]
         span = (now - recent[0][0]) if len(recent) > 1 else 0.0
-        s.update(steps=self.steps, decode_blocks=self.blocks, tokens_generated=self.tokens_generated, requests_aborted=self.requests_aborted,
-                 tokens_per_s=(sum(n for _, n in recent[1:]) / span) if span > 0 else 0.0)
+        s.update(steps=self.steps, decode_blocks=self.blocks, tokens_generated=self.tokens_generated,
+                 requests_aborted=self.requests_aborted, tokens_per_s=(sum(n for _, n in recent[1:]) / span) if span > 0 else 0.0)
         return s

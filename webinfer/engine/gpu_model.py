@@ -548,7 +548,7 @@ class GPUModel:
         t0 = time.perf_counter()
         dev, bf, smp = self.device, self.bufs, self.sampler
         first = [c.token_ids[0] for c in batch.chunks]
-        counts_slots = smp._counts_slots(batch.chunks, steps=K)
+        counts_slots = smp.counts_slots.assign(batch.chunks, steps=K)
         want_lp = any(c.logprobs is not None for c in batch.chunks)
         data, plan = bytearray(), []
         for j in range(K):
@@ -615,16 +615,11 @@ class GPUModel:
 class _StepSampler:
     """Binds the GPU sampler to the logits buffer once; per step writes the rows' parameters (and the aux words of
     structured-output masks and logit biases) and reads the ids (and the logprobs, when some row asked).
-
-    Penalties read per-sequence token counts on the GPU (kernels/sampling.py): one vocab-sized slot per penalized
-    sequence, taken on its first penalized row and filled from its history (prompt marked, output counted); the
-    kernel then counts each id it samples, so later steps (and the steps of a decode block) upload nothing. A slot
-    goes on being used while the sequence's sample_index follows on; any gap (eviction, a restart) refills it from
-    the history, so the counts are always those of the tokens before the row. Slots are reused least recently used
-    first, never one of the current step's rows. The counts buffer is allocated when a first row needs it."""
+    Penalties read per-sequence token counts on the GPU (kernels/sampling.py CountsSlots); the counts buffer is
+    allocated when a first row needs it."""
 
     def __init__(self, lib, vocab: int, logits_buf, max_rows: int):
-        from ..kernels.sampling import GpuSampler, aux_buffer, buffers, logprobs_buffer
+        from ..kernels.sampling import CountsSlots, GpuSampler, aux_buffer, buffers, logprobs_buffer
 
         self.device, self.vocab, self.max_rows = lib.device, vocab, max_rows
         self.kernel = GpuSampler(lib, vocab)
@@ -633,63 +628,31 @@ class _StepSampler:
         self.aux = aux_buffer(lib.device, max_rows, vocab)
         self.logprobs = logprobs_buffer(lib.device, max_rows)
         self.counts = None
-        self.slots: dict[int, list[int]] = {}  # seq_id -> [slot, next sample_index], least recently used first
+        self.counts_slots = CountsSlots(max_rows, vocab, self._allocate_counts,
+                                        lambda off, data: self.device.write_buffer(self.counts, off, data))
+        self._bind()
+
+    def _allocate_counts(self) -> None:
+        from ..kernels.sampling import counts_buffer
+
+        self.counts = counts_buffer(self.device, self.max_rows, self.vocab)
         self._bind()
 
     def _bind(self) -> None:
         self.binding = self.kernel.bind(self.logits_buf, self.params, self.ids, aux=self.aux, counts=self.counts,
                                         logprobs=self.logprobs)
 
-    def _counts_slots(self, sampled, steps: int = 1) -> list[int | None]:
-        """The counts slot of each row (None: not penalized), filling new or stale slots from the history."""
-        from ..kernels.sampling import counts_buffer, counts_slot_init
-
-        if not any(c.penalized for c in sampled):
-            return [None] * len(sampled)
-        if self.counts is None:
-            self.counts = counts_buffer(self.device, self.max_rows, self.vocab)
-            self._bind()
-        step_ids = {c.seq_id for c in sampled}
-        out = []
-        for c in sampled:
-            if not c.penalized:
-                out.append(None)
-                continue
-            entry = self.slots.pop(c.seq_id, None)
-            if entry is None or entry[1] != c.sample_index:
-                if entry is None:
-                    used = {e[0] for e in self.slots.values()}
-                    free = [i for i in range(self.max_rows) if i not in used]
-                    if free:
-                        entry = [free[0], 0]
-                    else:  # evict the least recently used sequence that is not in this step
-                        victim = next(sid for sid in self.slots if sid not in step_ids)
-                        entry = [self.slots.pop(victim)[0], 0]
-                hist, n_p = c.history or [], c.num_prompt
-                init = counts_slot_init(self.vocab, hist[:n_p], hist[n_p:n_p + c.sample_index])
-                self.device.write_buffer(self.counts, 4 * self.vocab * entry[0], init)
-            entry[1] = c.sample_index + steps
-            self.slots[c.seq_id] = entry  # most recently used last
-            out.append(entry[0])
-        return out
-
     def pack(self, sampled, slots=None):
-        """The sampling rows of these chunks (kernels/sampling.py Packed: params and aux)."""
-        from ..kernels.sampling import SampleRow, pack
+        from ..kernels.sampling import pack_chunks
 
-        slots = slots or [None] * len(sampled)
-        return pack([SampleRow(j, c.temperature, c.top_k, c.top_p, c.seed, c.sample_index, min_p=c.min_p,
-                               frequency_penalty=c.frequency_penalty, presence_penalty=c.presence_penalty,
-                               repetition_penalty=c.repetition_penalty, logit_bias=c.logit_bias,
-                               counts_slot=slots[j], mask=c.mask, logprobs=c.logprobs)
-                     for j, c in enumerate(sampled)], self.vocab)
+        return pack_chunks(sampled, self.vocab, slots)
 
     def write_aux(self, packed, sampled) -> None:
         if any(c.mask is not None or c.logit_bias for c in sampled):
             self.device.write_buffer(self.aux, 0, packed.aux)
 
     def encode(self, cmds, sampled) -> None:
-        packed = self.pack(sampled, self._counts_slots(sampled))
+        packed = self.pack(sampled, self.counts_slots.assign(sampled))
         self.device.write_buffer(self.params, 0, packed.params)
         self.write_aux(packed, sampled)
         self.kernel.encode(cmds, self.binding, len(sampled))

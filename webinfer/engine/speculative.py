@@ -166,8 +166,6 @@ class DraftModel:
 
     async def propose_batch(self, wants: list) -> dict[int, list[int]]:
         """wants: [(request, k)] -> {request id: up to k proposed ids}."""
-        from webinfer.engine.batch import SeqChunk, StepBatch
-
         jobs = []  # (request id, tokens, start, k)
         budget = self.max_tokens
         wants = wants[: self.max_rows]

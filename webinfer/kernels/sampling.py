@@ -138,6 +138,67 @@ def counts_slot_init(vocab: int, prompt_ids=(), output_ids=()) -> bytes:
     return struct.pack(f"<{vocab}I", *words)
 
 
+class CountsSlots:
+    """Which counts slot each penalized sequence uses (the penalties' per-sequence token counts: one vocab-sized u32
+    slot per sequence, max_rows slots), for any sampler that keeps the counts beside its logits (the GPU's buffer,
+    the wasm module's memory).
+
+    A slot is taken on a sequence's first penalized row and filled from its history (prompt marked, output
+    counted); the sampler then counts each id it samples, so later steps (and a decode block's steps) upload
+    nothing. A slot goes on being used while the sequence's sample_index follows on; any gap (eviction, a restart)
+    refills it from the history, so the counts are always those of the tokens before the row. Slots are reused
+    least recently used first, never one of the current step's rows. `allocate()` places the counts storage when
+    a first row needs it; `write(offset, data)` writes into it."""
+
+    def __init__(self, max_rows: int, vocab: int, allocate, write):
+        self.max_rows, self.vocab, self._allocate, self._write = max_rows, vocab, allocate, write
+        self.allocated = False
+        self.slots: dict[int, list[int]] = {}  # seq_id -> [slot, next sample_index], least recently used first
+
+    def assign(self, sampled, steps: int = 1) -> list[int | None]:
+        """The counts slot of each row (None: not penalized), filling new or stale slots from the history; `steps`
+        rows of each sequence follow (a decode block)."""
+        if not any(c.penalized for c in sampled):
+            return [None] * len(sampled)
+        if not self.allocated:
+            self._allocate()
+            self.allocated = True
+        step_ids = {c.seq_id for c in sampled}
+        out = []
+        for c in sampled:
+            if not c.penalized:
+                out.append(None)
+                continue
+            entry = self.slots.pop(c.seq_id, None)
+            if entry is None or entry[1] != c.sample_index:
+                if entry is None:
+                    used = {e[0] for e in self.slots.values()}
+                    free = [i for i in range(self.max_rows) if i not in used]
+                    if free:
+                        entry = [free[0], 0]
+                    else:  # evict the least recently used sequence that is not in this step
+                        victim = next(sid for sid in self.slots if sid not in step_ids)
+                        entry = [self.slots.pop(victim)[0], 0]
+                hist, n_p = c.history or [], c.num_prompt
+                self._write(4 * self.vocab * entry[0],
+                            counts_slot_init(self.vocab, hist[:n_p], hist[n_p:n_p + c.sample_index]))
+            entry[1] = c.sample_index + steps
+            self.slots[c.seq_id] = entry  # most recently used last
+            out.append(entry[0])
+        return out
+
+
+def pack_chunks(sampled, vocab: int, slots=None) -> Packed:
+    """The sampling rows of a step's sampled chunks (engine/batch.py SeqChunk), row j = chunk j, with their
+    counts slots (CountsSlots.assign)."""
+    slots = slots or [None] * len(sampled)
+    return pack([SampleRow(j, c.temperature, c.top_k, c.top_p, c.seed, c.sample_index, min_p=c.min_p,
+                           frequency_penalty=c.frequency_penalty, presence_penalty=c.presence_penalty,
+                           repetition_penalty=c.repetition_penalty, logit_bias=c.logit_bias,
+                           counts_slot=slots[j], mask=c.mask, logprobs=c.logprobs)
+                 for j, c in enumerate(sampled)], vocab)
+
+
 def unpack_logprobs(raw: bytes, n_rows: int) -> list[tuple[float, list[tuple[int, float]]]]:
     """Per row: (logprob of the sampled token, [(id, logprob)] of the top n, best first)."""
     out = []
