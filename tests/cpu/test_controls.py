@@ -64,16 +64,8 @@ def test_cpu_equals_reference_under_controls(llms, req):
     assert a["token_ids"] == b["token_ids"] and a["finish_reason"] == b["finish_reason"], (req, a, b)
 
 
-PEN = {"frequency_penalty": 1.2, "presence_penalty": 0.6, "repetition_penalty": 1.4}
-PEN_REQS = [  # (tests/test_sampling_controls.py's requests for the GPU engine)
-    {"prompt": "the the the the the", "max_tokens": 20, "temperature": 0, **PEN},
-    {"prompt": "Once upon a time", "max_tokens": 18, "temperature": 0.9, "seed": 4, "frequency_penalty": 2.0},
-    {"prompt": "A B C", "max_tokens": 12, "temperature": 0, "logprobs": 5},
-    {"prompt": "Numbers", "max_tokens": 15, "temperature": 0.7, "seed": 9, "repetition_penalty": 0.7, "logprobs": 3},
-    {"prompt": "plain", "max_tokens": 10, "temperature": 0},
-    {"prompt": "Letters:", "max_tokens": 8, "temperature": 0.6, "seed": 2,                # constrained (mask)
-     "response_format": {"type": "regex", "regex": "[a-e]{3,6}"}},
-]
+from tests.test_sampling_controls import PEN  # noqa: E402  the GPU engine's requests, for the CPU engine
+from tests.test_sampling_controls import REQS as PEN_REQS  # noqa: E402
 
 
 def test_penalties_and_logprobs_equal_the_reference_alone_and_batched(llms):
