@@ -457,3 +457,54 @@ def test_grammar_bench_smoke(tiny_tok):
     res = bench_vocab(tiny_tok, quick=True)
     assert set(res["workloads"]) == {"json_schema", "json_object", "regex", "gbnf"}
     assert res["all"]["cold"]["steps"] > 50 and res["all"]["warm"]["p99_ms"] >= 0
+
+
+# -- shift chains: bounded repetitions share one trie walk --------------------------------------------------------
+
+# plain characters mostly (deep subtrees the walk takes whole), and the bytes that end, escape or split characters
+CHAIN_PIECES = [b"a", b"b", b"7", b" "] * 4 + [b'"', b"\\", b"u", b"0", b"n", "é".encode(), "€".encode(), b"\xc3", b"\xa9",
+                b"\x82", b"x", b"-", b"\n", b"}", b","]
+
+
+@st.composite
+def chain_case(draw):
+    """A grammar with a bounded repetition (a string's minLength / maxLength, a counted regex, a GBNF {m,n}) and a
+    random vocabulary built from the pieces those grammars care about."""
+    lo = draw(st.integers(0, 4))
+    hi = draw(st.integers(lo + 3, 12))
+    kind = draw(st.sampled_from(["string", "regex", "gbnf", "object"]))
+    if kind == "string":
+        g = json_schema_grammar({"type": "string", "minLength": lo, "maxLength": hi})
+    elif kind == "object":
+        g = json_schema_grammar({"type": "object", "properties": {"k": {"type": "string", "maxLength": hi},
+                                                                  "n": {"type": "integer"}}, "required": ["k"]})
+    elif kind == "regex":
+        g = regex_grammar(f"x([a-b7]|é|\\\\u[0-9]{{2}}){{{lo},{hi}}}-?")
+    else:
+        g = ebnf_grammar(f'root ::= "[" body "]" ws\nbody ::= ( [^"\\\\] | "\\\\" [nu] ){{{lo},{hi}}}\nws ::= " "?')
+    tokens = draw(st.lists(st.lists(st.sampled_from(CHAIN_PIECES), min_size=1, max_size=hi + 3).map(b"".join),
+                           min_size=1, max_size=60))
+    return g, tokens
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(chain_case())
+def test_shift_chain_masks_equal_per_node_walks(case):
+    """Every chain member's node_info (one shared walk) equals a walk of the trie from that node alone."""
+    g, tokens = case
+    masks = TokenMasks(g.compile(), TokenVocab(tokens + [None]))
+    assert masks.g.chain_of  # the grammars above always have one
+    masks.warm()
+    for node in range(masks.g.n_nodes):
+        assert masks.node_info(node) == masks.walk_node(node), node
+
+
+def test_shift_chain_on_long_strings_and_segments():
+    """maxLength 600: chains longer than MAX_CHAIN split into segments; masks still equal the per-node walks and the
+    brute force."""
+    vocab = small_vocab()
+    masks = TokenMasks(json_schema_grammar({"type": "string", "maxLength": 600}).compile(), vocab)
+    assert max(i for _, i in masks.g.chain_of.values()) == 254
+    for node in range(0, masks.g.n_nodes, 7):
+        assert masks.node_info(node) == masks.walk_node(node), node
+    check_masks_brute_force(masks, random.Random(3), 40)

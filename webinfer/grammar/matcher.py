@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import operator
 
-from .grammar import CompiledGrammar
+from .grammar import MAX_CHAIN, CompiledGrammar
 
 _BITS = bytes.maketrans(b"\x00\x01", b"01")
+# _AT_LEAST[i]: byte v -> "1" when v > i: a chain walk's bytes (1 + level) -> the digits of member i's mask
+_AT_LEAST = [bytes(49 if v > i else 48 for v in range(256)) for i in range(256)]
 MASK_CACHE_STATES = 4096  # masks kept per grammar (each up to vocab/8 bytes); the cache restarts when full
 
 
@@ -63,6 +65,7 @@ class TokenVocab:
         self.end = [0] * n_nodes
         self.sub_bytes = [0] * n_nodes
         self.depth = [0] * n_nodes
+        self.height = [0] * n_nodes  # the path length from the root
         stack = [(0, False)]
         while stack:
             node, done = stack.pop()
@@ -79,7 +82,10 @@ class TokenVocab:
             self.below[node] = len(self.order)
             stack.append((node, True))
             for c in children[node].values():
+                self.height[c] = self.height[node] + 1
                 stack.append((c, False))
+        # byte length of each token in DFS order (capped at 255; the extra zero is the "not in the trie" slot)
+        self.dfs_len = bytes([min(255, len(token_bytes[t])) for t in self.order] + [0])
 
     @classmethod
     def from_tokenizer(cls, tok, vocab_size: int | None = None) -> "TokenVocab":
@@ -103,17 +109,23 @@ class TokenVocab:
             for lo, hi in spans:
                 ids.extend(self.order[lo:hi])
             return self.ids_to_mask(ids)
-        if self._gather is None:
-            pos = [len(self.order)] * self.size  # tokens outside the trie read the extra zero byte at the end
-            for k, t in enumerate(self.order):
-                pos[t] = k
-            self._gather = operator.itemgetter(*pos)
         buf = bytearray(len(self.order) + 1)
         one = memoryview(b"\x01" * len(buf))
         for lo, hi in spans:
             buf[lo:hi] = one[: hi - lo]
-        bits = bytes(self._gather(buf))[::-1].translate(_BITS)
+        bits = self.to_id_order(buf)[::-1].translate(_BITS)
         return int(bits, 2)
+
+    def to_id_order(self, buf) -> bytes:
+        """A byte per token in DFS order (plus the extra last byte) -> a byte per token id (tokens outside the trie
+        read the extra byte)."""
+        if self._gather is None:
+            pos = [len(self.order)] * self.size
+            for k, t in enumerate(self.order):
+                pos[t] = k
+            self._gather = operator.itemgetter(*pos)
+        return bytes(self._gather(buf))
+
 
 
 def mask_to_words(mask: int, n_words: int) -> bytes:
@@ -129,6 +141,8 @@ class TokenMasks:
         self._node: dict[int, tuple[int, list[int]]] = {}
         self._state: dict[int, int] = {}
         self._mv: dict[int, tuple] = {}
+        self._chains: dict[int, tuple[list[int], list[list[int]]]] = {}
+        self._group: list[tuple[int, int]] | None = None
         self.warmed = False
 
     def _moves(self, sid: int) -> tuple[list[tuple[int, int]], int, int]:
@@ -204,17 +218,120 @@ class TokenMasks:
     def node_info(self, node: int) -> tuple[int, list[int]]:
         """(context-independent accepted tokens as a mask, trie nodes where the node's rule may end)."""
         info = self._node.get(node)
+        if info is None and node in self.g.chain_of:
+            root, i = self.g.chain_of[node]
+            levels, uncs = self._chains.get(root) or self._chain_walk(root)
+            m = levels[i] if isinstance(levels, list) else int(levels.translate(_AT_LEAST[i]), 2)
+            info = self._node[node] = (m, uncs[i])
         if info is None:
-            unc: list[int] = []
-            spans: list[tuple[int, int]] = []
-            self._walk(self.g.intern(frozenset([(node,)])), (0,), spans, unc)
-            info = self._node[node] = (self.vocab.mask_from(spans), sorted(set(unc)))
+            info = self._node[node] = self.walk_node(node)
         return info
 
+    def walk_node(self, node: int) -> tuple[int, list[int]]:
+        """node_info by a walk of the trie from this node alone (uncached; chain members share one walk instead)."""
+        unc: list[int] = []
+        spans: list[tuple[int, int]] = []
+        self._walk(self.g.intern(frozenset([(node,)])), (0,), spans, unc)
+        return self.vocab.mask_from(spans), sorted(set(unc))
+
+    def _chain_walk(self, root: int) -> tuple[list[int], list[list[int]]]:
+        """node_info of every member of the chain that starts at `root` (CompiledGrammar._shift_chains), from one
+        walk of the trie: each token (and each trie node where the rule may end) gets the smallest level met on its
+        path, and member i takes those of level i or above.
+
+        As in _walk, a subtree is taken whole when, level by level down to its depth, all its bytes lead to one node
+        (ordinary characters of a string); its tokens' levels then depend only on their length, which one translate
+        of the vocabulary's DFS-order lengths writes."""
+        g, v = self.g, self.vocab
+        level, nbytes, accept, group = g.level, g.bytes, g.accept, self._groups()
+        children, first, below, end = v.children, v.first, v.below, v.end
+        sub_bytes, depth, height, dfs_len = v.sub_bytes, v.depth, v.height, v.dfs_len
+        top = min(level[root], MAX_CHAIN - 1)
+        buf = bytearray(len(v.order) + 1)
+        fill = [bytes([lv + 1]) * 256 for lv in range(top + 1)]
+        uncs: list[list] = [[] for _ in range(top + 1)]
+        todo = [(0, root, top)]
+        spans = []  # the DFS-order slices written
+        while todo:
+            tn, a, lv = todo.pop()
+            if accept[a]:
+                uncs[lv].append(tn)
+            kids, ba = children[tn], nbytes[a]
+            if len(kids) > 1 and group[a][0] and height[tn] + depth[tn] < 256:
+                sb, cur, d, lvs, lj = sub_bytes[tn], a, depth[tn], [], lv
+                while d:
+                    gm, t = group[cur]
+                    if sb & ~gm or accept[t]:
+                        break
+                    lt = level.get(t, 0)
+                    lj = lt if lt < lj else lj
+                    lvs.append(lj + 1)
+                    cur = t
+                    d -= 1
+                if not d:
+                    lo, hi, h = below[tn], end[tn], height[tn] + 1
+                    table = bytearray(256)
+                    table[h:h + len(lvs)] = bytes(lvs)
+                    buf[lo:hi] = dfs_len[lo:hi].translate(table)
+                    spans.append((lo, hi))
+                    continue
+            if len(ba) < len(kids):
+                pairs = [(c, t) for b, t in ba.items() if (c := kids.get(b)) is not None]
+            else:
+                pairs = [(c, t) for b, c in kids.items() if (t := ba.get(b)) is not None]
+            for c, t in pairs:
+                lt = level.get(t, 0)
+                lc = lt if lt < lv else lv
+                n = below[c] - first[c]
+                if n:
+                    buf[first[c]:below[c]] = fill[lc][:n] if n < 256 else bytes([lc + 1]) * n
+                    spans.append((first[c], below[c]))
+                if children[c]:
+                    todo.append((c, t, lc))
+        unc_lists, u = [], []
+        for lv in range(top, -1, -1):
+            u = sorted(set(u + uncs[lv])) if uncs[lv] else u
+            unc_lists.append(u)
+        if sum(hi - lo for lo, hi in spans) * 16 < v.size:  # few tokens: every member's mask now, from id lists
+            ids: list[list[int]] = [[] for _ in range(top + 1)]
+            order = v.order
+            for lo, hi in spans:
+                for k in range(lo, hi):
+                    ids[buf[k] - 1].append(order[k])
+            levels, m = [], 0
+            for lv in range(top, -1, -1):
+                m |= v.ids_to_mask(ids[lv]) if ids[lv] else 0
+                levels.append(m)
+            levels.reverse()
+        else:  # kept as a byte per token id (reversed: the digits' order); members translate it on first use
+            levels = v.to_id_order(buf)[::-1]
+        fam = self._chains[root] = (levels, unc_lists[::-1])
+        return fam
+
+    def _groups(self) -> list[tuple[int, int]]:
+        """Per node: the largest set of bytes that lead to one node, and that node ((0, -1) when it reads none)."""
+        if self._group is None:
+            out = []
+            for bt in self.g.bytes:
+                sets: dict[int, int] = {}
+                for b, t in bt.items():
+                    sets[t] = sets.get(t, 0) | (1 << b)
+                t, m = max(sets.items(), key=lambda kv: kv[1].bit_count(), default=(-1, 0))
+                out.append((m, t))
+            self._group = out
+        return self._group
+
     def warm(self) -> None:
-        """Compute every node's context-independent mask now (compile time) instead of on first use."""
+        """Compute every node's context-independent mask now (compile time) instead of on first use; chain members
+        only get their chain's walk (each member's mask is then one translate away)."""
+        chain_of = self.g.chain_of
         for n in range(self.g.n_nodes):
-            self.node_info(n)
+            if n in chain_of:
+                root = chain_of[n][0]
+                if root not in self._chains:
+                    self._chain_walk(root)
+            else:
+                self.node_info(n)
         self.warmed = True
 
     def mask(self, sid: int) -> int:
