@@ -239,23 +239,27 @@ class CompiledGrammar:
             if all(t is None for t in shift) or any(self.calls[a] for a in nodes):
                 continue
             sigma.update((o + k, o + t) for k, t in enumerate(shift) if t is not None)
-        changed = True
-        while changed:  # drop the pairs that break the rules above until none does
-            changed = False
-            for a in list(sigma):
-                sa = sigma[a]
-                ba, bs = self.bytes[a], self.bytes[sa]
-                ok = self.accept[a] == self.accept[sa] and len(ba) >= len(bs)
-                if ok:
-                    for b, c in ba.items():
-                        d, sc = bs.get(b), sigma.get(c)
-                        if d != sc:
-                            ok = False
-                            break
-                    ok = ok and all(b in ba for b in bs)
-                if not ok:
-                    del sigma[a]
-                    changed = True
+        pred: dict[int, set] = {}
+        for a in sigma:
+            for c in self.bytes[a].values():
+                pred.setdefault(c, set()).add(a)
+        todo = list(sigma)
+        while todo:  # drop the pairs that break the rules above until none does (a drop re-checks predecessors)
+            a = todo.pop()
+            sa = sigma.get(a)
+            if sa is None:
+                continue
+            ba, bs = self.bytes[a], self.bytes[sa]
+            ok = self.accept[a] == self.accept[sa] and len(ba) >= len(bs)
+            if ok:
+                for b, c in ba.items():
+                    if bs.get(b) != sigma.get(c):
+                        ok = False
+                        break
+                ok = ok and all(b in ba for b in bs)
+            if not ok:
+                del sigma[a]
+                todo.extend(pred.get(a, ()))
         level: dict[int, int] = {}
         for a in sigma:  # level: how many times sigma applies (fixed points: as often as wanted)
             path, x = [], a
@@ -374,10 +378,18 @@ class CompiledGrammar:
         """Bytes node n can read without its rule ending first (a 256-bit mask)."""
         m = self._first[n]
         if m is None:
-            m = 0
-            for b in range(256):
-                if self.trans(n, b):
+            if n in self._busy:  # a rule reached again before a byte: trans() names the left recursion
+                for b in range(256):
+                    self.trans(n, b)
+                raise GrammarError(self.where, f"rule {self.rule_of[n]!r} is left-recursive")
+            self._busy.add(n)
+            m = 0  # trans(n, b) is non-empty exactly when some node of eps(n) or a rule it calls reads b
+            for k in self.eps(n):
+                for b in self.bytes[k]:
                     m |= 1 << b
+                for cs, _ in self.calls[k]:
+                    m |= self.first_bytes(cs)
+            self._busy.discard(n)
             self._first[n] = m
         return m
 

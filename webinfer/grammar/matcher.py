@@ -142,7 +142,7 @@ class TokenMasks:
         self._state: dict[int, int] = {}
         self._mv: dict[int, tuple] = {}
         self._chains: dict[int, tuple[list[int], list[list[int]]]] = {}
-        self._group: list[tuple[int, int]] | None = None
+        self._groups: dict[int, tuple[int, int]] = {}
         self.warmed = False
 
     def _moves(self, sid: int) -> tuple[list[tuple[int, int]], int, int]:
@@ -243,7 +243,8 @@ class TokenMasks:
         (ordinary characters of a string); its tokens' levels then depend only on their length, which one translate
         of the vocabulary's DFS-order lengths writes."""
         g, v = self.g, self.vocab
-        level, nbytes, accept, group = g.level, g.bytes, g.accept, self._groups()
+        level, nbytes, accept = g.level, g.bytes, g.accept
+        groups, group = self._groups, self._group
         children, first, below, end = v.children, v.first, v.below, v.end
         sub_bytes, depth, height, dfs_len = v.sub_bytes, v.depth, v.height, v.dfs_len
         top = min(level[root], MAX_CHAIN - 1)
@@ -257,10 +258,10 @@ class TokenMasks:
             if accept[a]:
                 uncs[lv].append(tn)
             kids, ba = children[tn], nbytes[a]
-            if len(kids) > 1 and group[a][0] and height[tn] + depth[tn] < 256:
+            if len(kids) > 1 and (groups.get(a) or group(a))[0] and height[tn] + depth[tn] < 256:
                 sb, cur, d, lvs, lj = sub_bytes[tn], a, depth[tn], [], lv
                 while d:
-                    gm, t = group[cur]
+                    gm, t = groups.get(cur) or group(cur)
                     if sb & ~gm or accept[t]:
                         break
                     lt = level.get(t, 0)
@@ -308,18 +309,16 @@ class TokenMasks:
         fam = self._chains[root] = (levels, unc_lists[::-1])
         return fam
 
-    def _groups(self) -> list[tuple[int, int]]:
-        """Per node: the largest set of bytes that lead to one node, and that node ((0, -1) when it reads none)."""
-        if self._group is None:
-            out = []
-            for bt in self.g.bytes:
-                sets: dict[int, int] = {}
-                for b, t in bt.items():
-                    sets[t] = sets.get(t, 0) | (1 << b)
-                t, m = max(sets.items(), key=lambda kv: kv[1].bit_count(), default=(-1, 0))
-                out.append((m, t))
-            self._group = out
-        return self._group
+    def _group(self, node: int) -> tuple[int, int]:
+        """The largest set of bytes that lead from node to one node, and that node ((0, -1) when it reads none)."""
+        gr = self._groups.get(node)
+        if gr is None:
+            sets: dict[int, int] = {}
+            for b, t in self.g.bytes[node].items():
+                sets[t] = sets.get(t, 0) | (1 << b)
+            t, m = max(sets.items(), key=lambda kv: kv[1].bit_count(), default=(-1, 0))
+            gr = self._groups[node] = (m, t)
+        return gr
 
     def warm(self) -> None:
         """Compute every node's context-independent mask now (compile time) instead of on first use; chain members
