@@ -508,3 +508,18 @@ def test_shift_chain_on_long_strings_and_segments():
     for node in range(0, masks.g.n_nodes, 7):
         assert masks.node_info(node) == masks.walk_node(node), node
     check_masks_brute_force(masks, random.Random(3), 40)
+
+
+def test_masks_where_a_rule_ends_after_any_character(monkeypatch):
+    """Identifiers end after any character: the caller's walk starts only at trie nodes with a child by a byte the
+    caller reads (TokenVocab.with_child). Forced on for every node here; masks still equal the brute force."""
+    import webinfer.grammar.matcher as matcher
+
+    monkeypatch.setattr(matcher, "FILTER_UNC", 0)
+    g = ebnf_grammar('root ::= call ("\\n" call)*\ncall ::= name "(" name? ")"\nname ::= [a-z_] [a-z0-9_]*')
+    vocab = TokenVocab([s.encode() for s in ["a", "ab", "abc", "ab(", "a(", "(", ")", "()", "b)", "_x", "x1(", "\n",
+                                             ")\n", "c)\nd", "abc(", "ab(c", "(a)", "z", "zz", "zz("]] + [None, b""])
+    masks = TokenMasks(g.compile(), vocab)
+    rng = random.Random(5)
+    for _ in range(6):
+        check_masks_brute_force(masks, rng, 25)

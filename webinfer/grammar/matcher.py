@@ -27,6 +27,7 @@ from .grammar import MAX_CHAIN, CompiledGrammar
 _BITS = bytes.maketrans(b"\x00\x01", b"01")
 # _AT_LEAST[i]: byte v -> "1" when v > i: a chain walk's bytes (1 + level) -> the digits of member i's mask
 _AT_LEAST = [bytes(49 if v > i else 48 for v in range(256)) for i in range(256)]
+FILTER_UNC = 64  # a node whose rule may end at more trie nodes than this: keep only those the caller can go on from
 MASK_CACHE_STATES = 4096  # masks kept per grammar (each up to vocab/8 bytes); the cache restarts when full
 
 
@@ -39,6 +40,7 @@ class TokenVocab:
         self.size = len(token_bytes)
         self.n_words = (self.size + 31) // 32
         self._gather = None
+        self._parents: list[set] | None = None
         self.children: list[dict[int, int]] = [{}]
         self.ends: list[list[int]] = [[]]
         children, ends = self.children, self.ends
@@ -116,6 +118,29 @@ class TokenVocab:
         bits = self.to_id_order(buf)[::-1].translate(_BITS)
         return int(bits, 2)
 
+    def parent_sets(self) -> list[set]:
+        """Per byte b, the trie nodes with a child by b (once per vocabulary)."""
+        if self._parents is None:
+            parents: list[set] = [set() for _ in range(256)]
+            for n, kids in enumerate(self.children):
+                for b in kids:
+                    parents[b].add(n)
+            self._parents = parents
+        return self._parents
+
+    def with_child(self, nodes: frozenset, allowed: int) -> frozenset:
+        """The trie nodes of `nodes` that have a child by a byte of the 256-bit mask `allowed` (set intersections
+        with the per-byte parent sets, built on first use; `nodes` itself when allowed has many bytes)."""
+        if allowed.bit_count() > 16:
+            return nodes
+        parents = self.parent_sets()
+        out: set = set()
+        while allowed:
+            low = allowed & -allowed
+            out |= nodes & parents[low.bit_length() - 1]
+            allowed ^= low
+        return frozenset(out)
+
     def to_id_order(self, buf) -> bytes:
         """A byte per token in DFS order (plus the extra last byte) -> a byte per token id (tokens outside the trie
         read the extra byte)."""
@@ -138,10 +163,10 @@ class TokenMasks:
 
     def __init__(self, grammar: CompiledGrammar, vocab: TokenVocab):
         self.g, self.vocab = grammar, vocab
-        self._node: dict[int, tuple[int, list[int]]] = {}
+        self._node: dict[int, tuple[int, frozenset]] = {}
         self._state: dict[int, int] = {}
         self._mv: dict[int, tuple] = {}
-        self._chains: dict[int, tuple[list[int], list[list[int]]]] = {}
+        self._chains: dict[int, tuple] = {}
         self._groups: dict[int, tuple[int, int]] = {}
         self.warmed = False
 
@@ -215,7 +240,7 @@ class TokenMasks:
                 if children[child]:
                     todo.append((child, s2))
 
-    def node_info(self, node: int) -> tuple[int, list[int]]:
+    def node_info(self, node: int) -> tuple[int, frozenset]:
         """(context-independent accepted tokens as a mask, trie nodes where the node's rule may end)."""
         info = self._node.get(node)
         if info is None and node in self.g.chain_of:
@@ -227,14 +252,14 @@ class TokenMasks:
             info = self._node[node] = self.walk_node(node)
         return info
 
-    def walk_node(self, node: int) -> tuple[int, list[int]]:
+    def walk_node(self, node: int) -> tuple[int, frozenset]:
         """node_info by a walk of the trie from this node alone (uncached; chain members share one walk instead)."""
         unc: list[int] = []
         spans: list[tuple[int, int]] = []
         self._walk(self.g.intern(frozenset([(node,)])), (0,), spans, unc)
-        return self.vocab.mask_from(spans), sorted(set(unc))
+        return self.vocab.mask_from(spans), frozenset(unc)
 
-    def _chain_walk(self, root: int) -> tuple[list[int], list[list[int]]]:
+    def _chain_walk(self, root: int) -> tuple:
         """node_info of every member of the chain that starts at `root` (CompiledGrammar._shift_chains), from one
         walk of the trie: each token (and each trie node where the rule may end) gets the smallest level met on its
         path, and member i takes those of level i or above.
@@ -289,9 +314,9 @@ class TokenMasks:
                     spans.append((first[c], below[c]))
                 if children[c]:
                     todo.append((c, t, lc))
-        unc_lists, u = [], []
+        unc_lists, u = [], frozenset()
         for lv in range(top, -1, -1):
-            u = sorted(set(u + uncs[lv])) if uncs[lv] else u
+            u = u.union(uncs[lv]) if uncs[lv] else u
             unc_lists.append(u)
         if sum(hi - lo for lo, hi in spans) * 16 < v.size:  # few tokens: every member's mask now, from id lists
             ids: list[list[int]] = [[] for _ in range(top + 1)]
@@ -324,6 +349,7 @@ class TokenMasks:
         """Compute every node's context-independent mask now (compile time) instead of on first use; chain members
         only get their chain's walk (each member's mask is then one translate away)."""
         chain_of = self.g.chain_of
+        self.vocab.parent_sets()
         for n in range(self.g.n_nodes):
             if n in chain_of:
                 root = chain_of[n][0]
@@ -344,7 +370,10 @@ class TokenMasks:
             acc, unc = self.node_info(st[-1])
             m |= acc
             if unc and len(st) > 1:
-                self._walk(self.g.intern(frozenset([st[:-1]])), unc, spans, None)
+                caller = self.g.intern(frozenset([st[:-1]]))
+                if len(unc) > FILTER_UNC:  # (a rule that may end after any character) only where the caller reads on
+                    unc = self.vocab.with_child(unc, self.g.allowed_bytes(caller))
+                self._walk(caller, unc, spans, None)
         if spans:
             m |= self.vocab.mask_from(spans)
         if len(self._state) >= MASK_CACHE_STATES:
