@@ -76,7 +76,7 @@ class _NFA:
                 self.edges[m].append((None, t))
             else:
                 self.edges[cur].append((None, t))
-                bounds = []
+                before, bounds = cur, []
                 for _ in range(hi - lo):
                     nxt = self.new()
                     bounds.append(nxt)
@@ -90,6 +90,7 @@ class _NFA:
                     for j in range(len(bounds) - 1):  # the last copy's states have no next copy: -1
                         for o in range(size):
                             self.shift[bounds[j] + o] = bounds[j + 1] + o if j < len(bounds) - 2 else -1
+                    self.shift.setdefault(before, bounds[0])  # where the first copy starts, as copy 0's end
         elif kind == "ref":
             if e[1] not in rules:
                 raise GrammarError(where, f"reference to an undefined rule {e[1]!r}")
