@@ -523,3 +523,19 @@ def test_masks_where_a_rule_ends_after_any_character(monkeypatch):
     rng = random.Random(5)
     for _ in range(6):
         check_masks_brute_force(masks, rng, 25)
+
+
+def test_rules_without_calls_share_masks_across_grammars():
+    """A rule without calls (a JSON string, a bounded string) has the same node masks in every grammar: the vocabulary
+    keeps them, and a second grammar's masks (taken from there) still equal the brute force."""
+    vocab = small_vocab()
+    first = TokenMasks(json_schema_grammar({"type": "object", "properties": {"a": {"type": "string", "maxLength": 6},
+                                                                            "b": {"type": "string"}}}).compile(), vocab)
+    first.warm()
+    second = TokenMasks(json_schema_grammar({"type": "array", "items": {"anyOf": [
+        {"type": "string", "maxLength": 6}, {"type": "string"}, {"type": "integer"}]}}).compile(), vocab)
+    shared = [n for n in range(second.g.n_nodes) if second.g.rule_of[n] in second.g.plain_rules]
+    fresh = TokenMasks(second.g, TokenVocab(vocab.token_bytes))
+    assert shared and all(second.node_info(n) == fresh.node_info(n) for n in range(second.g.n_nodes))
+    assert any(second.node_info(n) is first.node_info(m) for n in shared for m in range(first.g.n_nodes))
+    check_masks_brute_force(second, random.Random(11), 30)

@@ -163,6 +163,15 @@ def _dfa(expr, rules, where: str):
     return btrans, calls, acc, shift
 
 
+def _has_ref(e) -> bool:
+    kind = e[0]
+    if kind == "ref":
+        return True
+    if kind in ("seq", "alt"):
+        return any(_has_ref(x) for x in e[1])
+    return kind == "rep" and _has_ref(e[1])
+
+
 # -- the pushdown automaton --------------------------------------------------------------------------------------------
 
 
@@ -209,6 +218,9 @@ class CompiledGrammar:
                 self.accept.append(acc[st] and ok)
                 self.rule_of.append(n)
         self.nullable = self._nullable()
+        # rules without calls are plain DFAs fixed by their expression: their nodes' token masks depend on nothing
+        # else, so TokenVocab shares them between grammars (key: the expression)
+        self.plain_rules = {n: g.rules[n] for n in self.rule_names if not _has_ref(g.rules[n])}
         self.chain_of, self.level = self._shift_chains(dfas)
         self._eps: dict[int, tuple[int, ...]] = {}
         self.can_end = [any(self.accept[m] for m in self.eps(k)) for k in range(self.n_nodes)]

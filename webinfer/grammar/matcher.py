@@ -21,6 +21,7 @@ into the little-endian u32 words the GPU sampler reads.
 from __future__ import annotations
 
 import operator
+from collections import OrderedDict
 
 from .grammar import MAX_CHAIN, CompiledGrammar
 
@@ -28,6 +29,7 @@ _BITS = bytes.maketrans(b"\x00\x01", b"01")
 # _AT_LEAST[i]: byte v -> "1" when v > i: a chain walk's bytes (1 + level) -> the digits of member i's mask
 _AT_LEAST = [bytes(49 if v > i else 48 for v in range(256)) for i in range(256)]
 FILTER_UNC = 64  # a node whose rule may end at more trie nodes than this: keep only those the caller can go on from
+RULE_CACHE = 256  # rules without calls whose node masks a vocabulary keeps for every grammar (TokenVocab.rule_store)
 MASK_CACHE_STATES = 4096  # masks kept per grammar (each up to vocab/8 bytes); the cache restarts when full
 
 
@@ -41,6 +43,7 @@ class TokenVocab:
         self.n_words = (self.size + 31) // 32
         self._gather = None
         self._parents: list[set] | None = None
+        self._rules: OrderedDict = OrderedDict()
         self.children: list[dict[int, int]] = [{}]
         self.ends: list[list[int]] = [[]]
         children, ends = self.children, self.ends
@@ -118,6 +121,18 @@ class TokenVocab:
         bits = self.to_id_order(buf)[::-1].translate(_BITS)
         return int(bits, 2)
 
+    def rule_store(self, expr) -> dict:
+        """The node masks of a rule without calls (by its expression), shared by every grammar on this vocabulary:
+        {local node: node_info, ("chain", local node): chain walk}. LRU over RULE_CACHE rules."""
+        store = self._rules.get(expr)
+        if store is None:
+            store = self._rules[expr] = {}
+            if len(self._rules) > RULE_CACHE:
+                self._rules.popitem(last=False)
+        else:
+            self._rules.move_to_end(expr)
+        return store
+
     def parent_sets(self) -> list[set]:
         """Per byte b, the trie nodes with a child by b (once per vocabulary)."""
         if self._parents is None:
@@ -168,6 +183,7 @@ class TokenMasks:
         self._mv: dict[int, tuple] = {}
         self._chains: dict[int, tuple] = {}
         self._groups: dict[int, tuple[int, int]] = {}
+        self._stores = {n: vocab.rule_store(e) for n, e in grammar.plain_rules.items()}
         self.warmed = False
 
     def _moves(self, sid: int) -> tuple[list[tuple[int, int]], int, int]:
@@ -243,14 +259,36 @@ class TokenMasks:
     def node_info(self, node: int) -> tuple[int, frozenset]:
         """(context-independent accepted tokens as a mask, trie nodes where the node's rule may end)."""
         info = self._node.get(node)
-        if info is None and node in self.g.chain_of:
-            root, i = self.g.chain_of[node]
-            levels, uncs = self._chains.get(root) or self._chain_walk(root)
-            m = levels[i] if isinstance(levels, list) else int(levels.translate(_AT_LEAST[i]), 2)
-            info = self._node[node] = (m, uncs[i])
         if info is None:
-            info = self._node[node] = self.walk_node(node)
+            g = self.g
+            rule = g.rule_of[node]
+            store, local = self._stores.get(rule), node - g.start[rule]
+            info = store.get(local) if store is not None else None
+            if info is None:
+                if node in g.chain_of:
+                    root, i = g.chain_of[node]
+                    levels, uncs = self._chain(root)
+                    m = levels[i] if isinstance(levels, list) else int(levels.translate(_AT_LEAST[i]), 2)
+                    info = (m, uncs[i])
+                else:
+                    info = self.walk_node(node)
+                if store is not None:
+                    store[local] = info
+            self._node[node] = info
         return info
+
+    def _chain(self, root: int) -> tuple:
+        fam = self._chains.get(root)
+        if fam is None:
+            rule = self.g.rule_of[root]
+            store, key = self._stores.get(rule), ("chain", root - self.g.start[rule])
+            fam = store.get(key) if store is not None else None
+            if fam is None:
+                fam = self._chain_walk(root)
+                if store is not None:
+                    store[key] = fam
+            self._chains[root] = fam
+        return fam
 
     def walk_node(self, node: int) -> tuple[int, frozenset]:
         """node_info by a walk of the trie from this node alone (uncached; chain members share one walk instead)."""
@@ -331,8 +369,7 @@ class TokenMasks:
             levels.reverse()
         else:  # kept as a byte per token id (reversed: the digits' order); members translate it on first use
             levels = v.to_id_order(buf)[::-1]
-        fam = self._chains[root] = (levels, unc_lists[::-1])
-        return fam
+        return levels, unc_lists[::-1]
 
     def _group(self, node: int) -> tuple[int, int]:
         """The largest set of bytes that lead from node to one node, and that node ((0, -1) when it reads none)."""
@@ -352,9 +389,7 @@ class TokenMasks:
         self.vocab.parent_sets()
         for n in range(self.g.n_nodes):
             if n in chain_of:
-                root = chain_of[n][0]
-                if root not in self._chains:
-                    self._chain_walk(root)
+                self._chain(chain_of[n][0])
             else:
                 self.node_info(n)
         self.warmed = True
