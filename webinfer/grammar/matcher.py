@@ -133,6 +133,10 @@ class TokenVocab:
             self._rules.move_to_end(expr)
         return store
 
+    def clear_rule_cache(self) -> None:
+        """Forget the shared rule masks (benchmarks measure a grammar whose rules the vocabulary has not seen)."""
+        self._rules.clear()
+
     def parent_sets(self) -> list[set]:
         """Per byte b, the trie nodes with a child by b (once per vocabulary)."""
         if self._parents is None:
