@@ -254,23 +254,17 @@ class CompiledGrammar:
             sigma.update((o + k, o + t) for k, t in enumerate(shift) if t is not None)
         pred: dict[int, set] = {}
         for a in sigma:
-            for c in self.bytes[a].values():
+            for c in set(self.bytes[a].values()):
                 pred.setdefault(c, set()).add(a)
-        todo = list(sigma)
+        todo, get = list(sigma), sigma.get
         while todo:  # drop the pairs that break the rules above until none does (a drop re-checks predecessors)
             a = todo.pop()
-            sa = sigma.get(a)
+            sa = get(a)
             if sa is None:
                 continue
             ba, bs = self.bytes[a], self.bytes[sa]
-            ok = self.accept[a] == self.accept[sa] and len(ba) >= len(bs)
-            if ok:
-                for b, c in ba.items():
-                    if bs.get(b) != sigma.get(c):
-                        ok = False
-                        break
-                ok = ok and all(b in ba for b in bs)
-            if not ok:
+            # sigma(a) reads exactly the bytes whose successor has an image, into that image
+            if self.accept[a] != self.accept[sa] or {b: t for b, c in ba.items() if (t := get(c)) is not None} != bs:
                 del sigma[a]
                 todo.extend(pred.get(a, ()))
         level: dict[int, int] = {}
@@ -302,7 +296,7 @@ class CompiledGrammar:
     def _coreachable(bt, ct, acc, productive) -> set:
         rev: dict[int, set] = {}
         for s in range(len(bt)):
-            for t in bt[s].values():
+            for t in set(bt[s].values()):
                 rev.setdefault(t, set()).add(s)
             for r, t in ct[s].items():
                 if r in productive:

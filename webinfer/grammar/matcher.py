@@ -26,6 +26,7 @@ from collections import OrderedDict
 from .grammar import MAX_CHAIN, CompiledGrammar
 
 _BITS = bytes.maketrans(b"\x00\x01", b"01")
+_DEAD: dict[int, dict[int, int]] = {}  # a set of allowed bytes -> {every other byte: -1}
 # _AT_LEAST[i]: byte v -> "1" when v > i: a chain walk's bytes (1 + level) -> the digits of member i's mask
 _AT_LEAST = [bytes(49 if v > i else 48 for v in range(256)) for i in range(256)]
 FILTER_UNC = 64  # a node whose rule may end at more trie nodes than this: keep only those the caller can go on from
@@ -207,9 +208,12 @@ class TokenMasks:
                     moves.append((b, t))
                     m |= low
             nx = g._next[sid]
-            for b in range(256):  # every byte now has an entry: the walk reads nx[b] directly
-                if not m >> b & 1:
-                    nx[b] = -1
+            dead = _DEAD.get(m)
+            if dead is None:
+                if len(_DEAD) > 4096:
+                    _DEAD.clear()
+                dead = _DEAD[m] = dict.fromkeys((b for b in range(256) if not m >> b & 1), -1)
+            nx.update(dead)  # every byte now has an entry: the walk reads nx[b] directly
             groups: dict[int, int] = {}
             for b, t in moves:
                 groups[t] = groups.get(t, 0) | (1 << b)
