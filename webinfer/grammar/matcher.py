@@ -409,14 +409,18 @@ class TokenMasks:
             return m
         m = 0
         spans: list[tuple[int, int]] = []
+        callers: dict[tuple, frozenset] = {}  # stacks that differ only in their top share the caller's walk
         for st in self.g.states[sid]:
             acc, unc = self.node_info(st[-1])
             m |= acc
             if unc and len(st) > 1:
-                caller = self.g.intern(frozenset([st[:-1]]))
-                if len(unc) > FILTER_UNC:  # (a rule that may end after any character) only where the caller reads on
-                    unc = self.vocab.with_child(unc, self.g.allowed_bytes(caller))
-                self._walk(caller, unc, spans, None)
+                prev = callers.get(st[:-1])
+                callers[st[:-1]] = unc if prev is None else prev | unc
+        for below, unc in callers.items():
+            caller = self.g.intern(frozenset([below]))
+            if len(unc) > FILTER_UNC:  # (a rule that may end after any character) only where the caller reads on
+                unc = self.vocab.with_child(unc, self.g.allowed_bytes(caller))
+            self._walk(caller, unc, spans, None)
         if spans:
             m |= self.vocab.mask_from(spans)
         if len(self._state) >= MASK_CACHE_STATES:
