@@ -16,6 +16,10 @@ the caller's stack (usually a few hundred trie edges: the tokens that close a st
 cached per state as well, so a state seen again (every token inside one string field) costs a dict lookup.
 Masks are Python ints (bit i = token i allowed), so unions are single big-int operations and `mask_words` turns one
 into the little-endian u32 words the GPU sampler reads.
+
+Two things keep the per-node walks few: the nodes of a bounded repetition (a string's maxLength) form shift chains
+(CompiledGrammar._shift_chains) that share one walk, and rules without calls keep their node masks in the TokenVocab,
+shared by every grammar on that tokenizer (docs/structured-output.md).
 """
 
 from __future__ import annotations
