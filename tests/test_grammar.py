@@ -539,3 +539,32 @@ def test_rules_without_calls_share_masks_across_grammars():
     assert shared and all(second.node_info(n) == fresh.node_info(n) for n in range(second.g.n_nodes))
     assert any(second.node_info(n) is first.node_info(m) for n in shared for m in range(first.g.n_nodes))
     check_masks_brute_force(second, random.Random(11), 30)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(schemas)
+def test_node_masks_equal_per_node_walks(schema):
+    """Every node's node_info (shift chains, callees' masks composed, shared rule masks) equals a walk of the trie
+    from that node alone."""
+    masks = TokenMasks(json_schema_grammar(schema).compile(), small_vocab())
+    masks.warm()
+    for node in range(masks.g.n_nodes):
+        assert masks.node_info(node) == masks.walk_node(node), node
+
+
+@pytest.mark.parametrize("make", [
+    lambda: json_object_grammar(),
+    lambda: ebnf_grammar('root ::= call ("\\n" call)*\ncall ::= name "(" args? ")"\nname ::= [a-z_] [a-z0-9_]*\n'
+                         'args ::= name ("," " "? name)*'),
+    lambda: ebnf_grammar('root ::= ws item ws\nitem ::= opt "x" | "[" root "]"\nopt ::= "a"?\nws ::= " "*'),
+])
+@pytest.mark.parametrize("filter_unc", [0, 64])
+def test_node_masks_equal_per_node_walks_with_calls(make, filter_unc, monkeypatch):
+    """Also with every callee's end points filtered by what the caller reads next (FILTER_UNC 0)."""
+    import webinfer.grammar.matcher as matcher
+
+    monkeypatch.setattr(matcher, "FILTER_UNC", filter_unc)
+    masks = TokenMasks(make().compile(), small_vocab())
+    for node in range(masks.g.n_nodes):
+        assert masks.node_info(node) == masks.walk_node(node), node
+    check_masks_brute_force(masks, random.Random(2), 30)

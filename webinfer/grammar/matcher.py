@@ -192,6 +192,7 @@ class TokenMasks:
         self._mv: dict[int, tuple] = {}
         self._chains: dict[int, tuple] = {}
         self._groups: dict[int, tuple[int, int]] = {}
+        self._composing: set[int] = set()
         self._stores = {n: vocab.rule_store(e) for n, e in grammar.plain_rules.items()}
         self.warmed = False
 
@@ -283,7 +284,7 @@ class TokenMasks:
                     m = levels[i] if isinstance(levels, list) else int(levels.translate(_AT_LEAST[i]), 2)
                     info = (m, uncs[i])
                 else:
-                    info = self.walk_node(node)
+                    info = self._compose(node) or self.walk_node(node)
                 if store is not None:
                     store[local] = info
             self._node[node] = info
@@ -301,6 +302,52 @@ class TokenMasks:
                     store[key] = fam
             self._chains[root] = fam
         return fam
+
+    def _compose(self, node: int) -> tuple[int, frozenset] | None:
+        """node_info of a node that may start by calling rules, from its callees' node_info instead of a walk through
+        them (a JSON value's strings, an identifier in a GBNF call): a token is readable from {(node,)} exactly when
+        it is readable along one of the first moves, because a state's step is the union of its stacks' steps. So:
+        the node's own first bytes (a walk from each successor), plus per call (callee start cs, return r): cs's mask,
+        and a walk from {(r,)} of the trie nodes where cs may end. None when no call starts the node, or when a
+        callee is still being composed (left recursion: walk_node then names it)."""
+        g, v = self.g, self.vocab
+        eps = g.eps(node)
+        calls = [c for k in eps for c in g.calls[k]]
+        if not calls or node in self._composing:
+            return None
+        self._composing.add(node)
+        try:
+            infos = []
+            for cs, r in calls:
+                info = self.node_info(cs) if cs not in self._composing else None
+                if info is None:
+                    return None
+                infos.append(info)
+        finally:
+            self._composing.discard(node)
+        spans: list[tuple[int, int]] = []
+        unc: list[int] = [0] if g.state_can_end[g.intern(frozenset([(node,)]))] else []
+        m = 0
+        root_kids = v.children[0]
+        for k in eps:
+            for b, t in g.bytes[k].items():
+                c = root_kids.get(b)
+                if c is None:
+                    continue
+                if v.first[c] < v.below[c]:
+                    spans.append((v.first[c], v.below[c]))
+                if v.children[c]:
+                    self._walk(g.intern(frozenset([(t,)])), (c,), spans, unc)
+        for (cs, r), (acc, ends) in zip(calls, infos):
+            m |= acc
+            if ends:
+                after = g.intern(frozenset([(r,)]))
+                if g.state_can_end[after]:  # where the callee ends, so may this rule
+                    unc.extend(ends)
+                if len(ends) > FILTER_UNC:
+                    ends = v.with_child(ends, g.allowed_bytes(after))
+                self._walk(after, ends, spans, unc)
+        return m | v.mask_from(spans), frozenset(unc)
 
     def walk_node(self, node: int) -> tuple[int, frozenset]:
         """node_info by a walk of the trie from this node alone (uncached; chain members share one walk instead)."""
