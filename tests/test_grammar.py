@@ -513,7 +513,7 @@ def test_shift_chain_on_long_strings_and_segments():
 def test_masks_where_a_rule_ends_after_any_character(monkeypatch):
     """Identifiers end after any character: the caller's walk starts only at trie nodes with a child by a byte the
     caller reads (TokenVocab.with_child). Forced on for every node here; masks still equal the brute force."""
-    import webinfer.grammar.matcher as matcher
+    from webinfer.grammar import matcher
 
     monkeypatch.setattr(matcher, "FILTER_UNC", 0)
     g = ebnf_grammar('root ::= call ("\\n" call)*\ncall ::= name "(" name? ")"\nname ::= [a-z_] [a-z0-9_]*')
@@ -561,7 +561,7 @@ def test_node_masks_equal_per_node_walks(schema):
 @pytest.mark.parametrize("filter_unc", [0, 64])
 def test_node_masks_equal_per_node_walks_with_calls(make, filter_unc, monkeypatch):
     """Also with every callee's end points filtered by what the caller reads next (FILTER_UNC 0)."""
-    import webinfer.grammar.matcher as matcher
+    from webinfer.grammar import matcher
 
     monkeypatch.setattr(matcher, "FILTER_UNC", filter_unc)
     masks = TokenMasks(make().compile(), small_vocab())

@@ -388,7 +388,7 @@ class TokenMasks:
                     if sb & ~gm or accept[t]:
                         break
                     lt = level.get(t, 0)
-                    lj = lt if lt < lj else lj
+                    lj = lt if lt < lj else lj  # min() without a call: this runs per trie edge
                     lvs.append(lj + 1)
                     cur = t
                     d -= 1
