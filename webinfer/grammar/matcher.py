@@ -34,7 +34,8 @@ _DEAD: dict[int, dict[int, int]] = {}  # a set of allowed bytes -> {every other 
 # _AT_LEAST[i]: byte v -> "1" when v > i: a chain walk's bytes (1 + level) -> the digits of member i's mask
 _AT_LEAST = [bytes(49 if v > i else 48 for v in range(256)) for i in range(256)]
 FILTER_UNC = 64  # a node whose rule may end at more trie nodes than this: keep only those the caller can go on from
-RULE_CACHE = 256  # rules without calls whose node masks a vocabulary keeps for every grammar (TokenVocab.rule_store)
+RULE_CACHE = 32  # rules without calls whose node masks a vocabulary keeps (TokenVocab.rule_store): a maxLength-40
+# string rule holds up to ~20 MB at 152k tokens (a byte per token per chain, a mask per member used), as a grammar did
 MASK_CACHE_STATES = 4096  # masks kept per grammar (each up to vocab/8 bytes); the cache restarts when full
 
 
