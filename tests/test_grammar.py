@@ -457,3 +457,114 @@ def test_grammar_bench_smoke(tiny_tok):
     res = bench_vocab(tiny_tok, quick=True)
     assert set(res["workloads"]) == {"json_schema", "json_object", "regex", "gbnf"}
     assert res["all"]["cold"]["steps"] > 50 and res["all"]["warm"]["p99_ms"] >= 0
+
+
+# -- shift chains: bounded repetitions share one trie walk --------------------------------------------------------
+
+# plain characters mostly (deep subtrees the walk takes whole), and the bytes that end, escape or split characters
+CHAIN_PIECES = [b"a", b"b", b"7", b" "] * 4 + [b'"', b"\\", b"u", b"0", b"n", "é".encode(), "€".encode(), b"\xc3", b"\xa9",
+                b"\x82", b"x", b"-", b"\n", b"}", b","]
+
+
+@st.composite
+def chain_case(draw):
+    """A grammar with a bounded repetition (a string's minLength / maxLength, a counted regex, a GBNF {m,n}) and a
+    random vocabulary built from the pieces those grammars care about."""
+    lo = draw(st.integers(0, 4))
+    hi = draw(st.integers(lo + 3, 12))
+    kind = draw(st.sampled_from(["string", "regex", "gbnf", "object"]))
+    if kind == "string":
+        g = json_schema_grammar({"type": "string", "minLength": lo, "maxLength": hi})
+    elif kind == "object":
+        g = json_schema_grammar({"type": "object", "properties": {"k": {"type": "string", "maxLength": hi},
+                                                                  "n": {"type": "integer"}}, "required": ["k"]})
+    elif kind == "regex":
+        g = regex_grammar(f"x([a-b7]|é|\\\\u[0-9]{{2}}){{{lo},{hi}}}-?")
+    else:
+        g = ebnf_grammar(f'root ::= "[" body "]" ws\nbody ::= ( [^"\\\\] | "\\\\" [nu] ){{{lo},{hi}}}\nws ::= " "?')
+    tokens = draw(st.lists(st.lists(st.sampled_from(CHAIN_PIECES), min_size=1, max_size=hi + 3).map(b"".join),
+                           min_size=1, max_size=60))
+    return g, tokens
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(chain_case())
+def test_shift_chain_masks_equal_per_node_walks(case):
+    """Every chain member's node_info (one shared walk) equals a walk of the trie from that node alone."""
+    g, tokens = case
+    masks = TokenMasks(g.compile(), TokenVocab(tokens + [None]))
+    assert masks.g.chain_of  # the grammars above always have one
+    masks.warm()
+    for node in range(masks.g.n_nodes):
+        assert masks.node_info(node) == masks.walk_node(node), node
+
+
+def test_shift_chain_on_long_strings_and_segments():
+    """maxLength 600: chains longer than MAX_CHAIN split into segments; masks still equal the per-node walks and the
+    brute force."""
+    vocab = small_vocab()
+    masks = TokenMasks(json_schema_grammar({"type": "string", "maxLength": 600}).compile(), vocab)
+    assert max(i for _, i in masks.g.chain_of.values()) == 254
+    for node in range(0, masks.g.n_nodes, 7):
+        assert masks.node_info(node) == masks.walk_node(node), node
+    check_masks_brute_force(masks, random.Random(3), 40)
+
+
+def test_masks_where_a_rule_ends_after_any_character(monkeypatch):
+    """Identifiers end after any character: the caller's walk starts only at trie nodes with a child by a byte the
+    caller reads (TokenVocab.with_child). Forced on for every node here; masks still equal the brute force."""
+    from webinfer.grammar import matcher
+
+    monkeypatch.setattr(matcher, "FILTER_UNC", 0)
+    g = ebnf_grammar('root ::= call ("\\n" call)*\ncall ::= name "(" name? ")"\nname ::= [a-z_] [a-z0-9_]*')
+    vocab = TokenVocab([s.encode() for s in ["a", "ab", "abc", "ab(", "a(", "(", ")", "()", "b)", "_x", "x1(", "\n",
+                                             ")\n", "c)\nd", "abc(", "ab(c", "(a)", "z", "zz", "zz("]] + [None, b""])
+    masks = TokenMasks(g.compile(), vocab)
+    rng = random.Random(5)
+    for _ in range(6):
+        check_masks_brute_force(masks, rng, 25)
+
+
+def test_rules_without_calls_share_masks_across_grammars():
+    """A rule without calls (a JSON string, a bounded string) has the same node masks in every grammar: the vocabulary
+    keeps them, and a second grammar's masks (taken from there) still equal the brute force."""
+    vocab = small_vocab()
+    first = TokenMasks(json_schema_grammar({"type": "object", "properties": {"a": {"type": "string", "maxLength": 6},
+                                                                            "b": {"type": "string"}}}).compile(), vocab)
+    first.warm()
+    second = TokenMasks(json_schema_grammar({"type": "array", "items": {"anyOf": [
+        {"type": "string", "maxLength": 6}, {"type": "string"}, {"type": "integer"}]}}).compile(), vocab)
+    shared = [n for n in range(second.g.n_nodes) if second.g.rule_of[n] in second.g.plain_rules]
+    fresh = TokenMasks(second.g, TokenVocab(vocab.token_bytes))
+    assert shared and all(second.node_info(n) == fresh.node_info(n) for n in range(second.g.n_nodes))
+    assert any(second.node_info(n) is first.node_info(m) for n in shared for m in range(first.g.n_nodes))
+    check_masks_brute_force(second, random.Random(11), 30)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(schemas)
+def test_node_masks_equal_per_node_walks(schema):
+    """Every node's node_info (shift chains, callees' masks composed, shared rule masks) equals a walk of the trie
+    from that node alone."""
+    masks = TokenMasks(json_schema_grammar(schema).compile(), small_vocab())
+    masks.warm()
+    for node in range(masks.g.n_nodes):
+        assert masks.node_info(node) == masks.walk_node(node), node
+
+
+@pytest.mark.parametrize("make", [
+    lambda: json_object_grammar(),
+    lambda: ebnf_grammar('root ::= call ("\\n" call)*\ncall ::= name "(" args? ")"\nname ::= [a-z_] [a-z0-9_]*\n'
+                         'args ::= name ("," " "? name)*'),
+    lambda: ebnf_grammar('root ::= ws item ws\nitem ::= opt "x" | "[" root "]"\nopt ::= "a"?\nws ::= " "*'),
+])
+@pytest.mark.parametrize("filter_unc", [0, 64])
+def test_node_masks_equal_per_node_walks_with_calls(make, filter_unc, monkeypatch):
+    """Also with every callee's end points filtered by what the caller reads next (FILTER_UNC 0)."""
+    from webinfer.grammar import matcher
+
+    monkeypatch.setattr(matcher, "FILTER_UNC", filter_unc)
+    masks = TokenMasks(make().compile(), small_vocab())
+    for node in range(masks.g.n_nodes):
+        assert masks.node_info(node) == masks.walk_node(node), node
+    check_masks_brute_force(masks, random.Random(2), 30)

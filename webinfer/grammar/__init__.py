@@ -68,8 +68,9 @@ WARM_MAX_NODES = 20_000  # bigger grammars (huge repetition counts) compute node
 class GrammarCache:
     """Compiled grammars bound to one vocabulary, kept by content (LRU): requests with the same schema share the
     mask caches, so the second request costs nothing to compile and starts with warm masks. With `warm` (default)
-    get() also computes every node's context-independent mask (TokenMasks.warm): compile time instead of a slow
-    first step; the engine can run get() off the decoding loop."""
+    get() also computes every node's context-independent mask (TokenMasks.warm; shift-chain members get their
+    chain's walk, their masks follow on first use): compile time instead of a slow first step; the engine can run
+    get() off the decoding loop."""
 
     def __init__(self, vocab: TokenVocab, capacity: int = 32, warm: bool = True):
         self.vocab, self.capacity, self.warm = vocab, capacity, warm

@@ -16,6 +16,7 @@ from __future__ import annotations
 from .errors import GrammarError
 
 MAX_NODES = 200_000  # DFA states over all rules: a guard against schemas with huge repetition counts
+MAX_CHAIN = 255  # members of a shift chain that share one trie walk (the matcher keeps a level in a byte)
 
 
 class Grammar:
@@ -36,6 +37,9 @@ class Grammar:
 class _NFA:
     def __init__(self):
         self.edges: list[list] = []  # state -> [(label, target)]; label None = epsilon, int = byte mask, str = rule
+        # A guess at "one more item used" for bounded repetitions: each optional copy's states -> the next copy's
+        # (CompiledGrammar._shift_chains verifies it on the DFA; states not listed map to themselves).
+        self.shift: dict[int, int] = {}
 
     def new(self) -> int:
         self.edges.append([])
@@ -72,11 +76,21 @@ class _NFA:
                 self.edges[m].append((None, t))
             else:
                 self.edges[cur].append((None, t))
+                before, bounds = cur, []
                 for _ in range(hi - lo):
                     nxt = self.new()
+                    bounds.append(nxt)
                     self.build(x, cur, nxt, rules, where)
                     self.edges[nxt].append((None, t))
                     cur = nxt
+                # copy j's states are [bounds[j], bounds[j + 1]): the same construction, so the same layout
+                bounds.append(len(self.edges))
+                size = bounds[1] - bounds[0] if len(bounds) > 2 else 0
+                if size and all(bounds[j + 1] - bounds[j] == size for j in range(len(bounds) - 1)):
+                    for j in range(len(bounds) - 1):  # the last copy's states have no next copy: -1
+                        for o in range(size):
+                            self.shift[bounds[j] + o] = bounds[j + 1] + o if j < len(bounds) - 2 else -1
+                    self.shift.setdefault(before, bounds[0])  # where the first copy starts, as copy 0's end
         elif kind == "ref":
             if e[1] not in rules:
                 raise GrammarError(where, f"reference to an undefined rule {e[1]!r}")
@@ -97,7 +111,8 @@ class _NFA:
 
 
 def _dfa(expr, rules, where: str):
-    """-> (byte transitions [dict byte -> state], calls [dict rule -> state], accepting [bool]); state 0 starts."""
+    """-> (byte transitions [dict byte -> state], calls [dict rule -> state], accepting [bool], shift [state or
+    None]); state 0 starts. shift is the NFA's shift guess lifted to DFA states (unverified)."""
     nfa = _NFA()
     s, f = nfa.new(), nfa.new()
     nfa.build(expr, s, f, rules, where)
@@ -140,7 +155,21 @@ def _dfa(expr, rules, where: str):
         btrans.append(bt)
         calls.append(ct)
         acc.append(f in cur)
-    return btrans, calls, acc
+    sh = nfa.shift
+    shift = []
+    for cur in order:
+        image = frozenset(sh.get(q, q) for q in cur) if sh else frozenset([-1])
+        shift.append(None if -1 in image else index.get(image))
+    return btrans, calls, acc, shift
+
+
+def _has_ref(e) -> bool:
+    kind = e[0]
+    if kind == "ref":
+        return True
+    if kind in ("seq", "alt"):
+        return any(_has_ref(x) for x in e[1])
+    return kind == "rep" and _has_ref(e[1])
 
 
 # -- the pushdown automaton --------------------------------------------------------------------------------------------
@@ -178,7 +207,7 @@ class CompiledGrammar:
         self.accept: list[bool] = []
         self.rule_of: list[str] = []
         for n in self.rule_names:
-            bt, ct, acc = dfas[n]
+            bt, ct, acc, _ = dfas[n]
             live = self._coreachable(bt, ct, acc, productive)
             o = self.start[n]
             for st in range(len(bt)):
@@ -189,6 +218,10 @@ class CompiledGrammar:
                 self.accept.append(acc[st] and ok)
                 self.rule_of.append(n)
         self.nullable = self._nullable()
+        # rules without calls are plain DFAs fixed by their expression: their nodes' token masks depend on nothing
+        # else, so TokenVocab shares them between grammars (key: the expression)
+        self.plain_rules = {n: g.rules[n] for n in self.rule_names if not _has_ref(g.rules[n])}
+        self.chain_of, self.level = self._shift_chains(dfas)
         self._eps: dict[int, tuple[int, ...]] = {}
         self.can_end = [any(self.accept[m] for m in self.eps(k)) for k in range(self.n_nodes)]
         self._trans: list[dict[int, tuple]] = [dict() for _ in range(self.n_nodes)]
@@ -201,11 +234,69 @@ class CompiledGrammar:
         self.state_can_end: list[bool] = []
         self.initial = self.intern(frozenset([(self.start[g.root],)]))
 
+    def _shift_chains(self, dfas) -> tuple[dict[int, tuple[int, int]], dict[int, int]]:
+        """Chains of nodes that differ only in how many items of a bounded repetition are left (a string's
+        maxLength: one chain per position inside a character), so that the matcher walks the trie once per chain.
+
+        sigma maps a node to "the same, one more item used". The NFA's guess is kept only where it commutes with the
+        automaton: accept(sigma(a)) == accept(a), and for every byte, sigma(a) reads it iff a does and sigma is defined
+        at a's successor, which it then equals. Then (by induction over a token's bytes) node sigma^i(a) reads a token
+        exactly when a does and sigma^i is defined at every node on the way: one walk from a chain's first node,
+        keeping the smallest level (how often sigma applies) met on each path, decides the token for every member.
+        Only rules without calls (plain DFAs) take part. Returns (node -> (first node of its chain, index), node ->
+        level) for chains of 3 or more nodes."""
+        sigma: dict[int, int] = {}
+        for n in self.rule_names:
+            shift, o = dfas[n][3], self.start[n]
+            nodes = range(o, o + len(shift))
+            if all(t is None for t in shift) or any(self.calls[a] for a in nodes):
+                continue
+            sigma.update((o + k, o + t) for k, t in enumerate(shift) if t is not None)
+        pred: dict[int, set] = {}
+        for a in sigma:
+            for c in set(self.bytes[a].values()):
+                pred.setdefault(c, set()).add(a)
+        todo, get = list(sigma), sigma.get
+        while todo:  # drop the pairs that break the rules above until none does (a drop re-checks predecessors)
+            a = todo.pop()
+            sa = get(a)
+            if sa is None:
+                continue
+            ba, bs = self.bytes[a], self.bytes[sa]
+            # sigma(a) reads exactly the bytes whose successor has an image, into that image
+            if self.accept[a] != self.accept[sa] or {b: t for b, c in ba.items() if (t := get(c)) is not None} != bs:
+                del sigma[a]
+                todo.extend(pred.get(a, ()))
+        level: dict[int, int] = {}
+        for a in sigma:  # level: how many times sigma applies (fixed points: as often as wanted)
+            path, x = [], a
+            while x in sigma and x not in level and sigma[x] != x and len(path) <= len(sigma):
+                path.append(x)
+                x = sigma[x]
+            base = level.get(x, self.INF if sigma.get(x) == x or len(path) > len(sigma) else 0)
+            if x in sigma:
+                level[x] = base
+            for k, y in enumerate(reversed(path)):
+                level[y] = base if base == self.INF else base + k + 1
+        image = set(sigma.values())
+        chain_of: dict[int, tuple[int, int]] = {}
+        for r, lv in level.items():
+            if r not in image and 2 <= lv < self.INF:
+                x = r
+                for i in range(lv + 1):  # segments of MAX_CHAIN members, each with its own walk
+                    if i % MAX_CHAIN == 0:
+                        seg = x
+                    chain_of[x] = (seg, i % MAX_CHAIN)
+                    x = sigma.get(x)
+        return chain_of, level
+
+    INF = 1 << 30
+
     @staticmethod
     def _coreachable(bt, ct, acc, productive) -> set:
         rev: dict[int, set] = {}
         for s in range(len(bt)):
-            for t in bt[s].values():
+            for t in set(bt[s].values()):
                 rev.setdefault(t, set()).add(s)
             for r, t in ct[s].items():
                 if r in productive:
@@ -225,7 +316,7 @@ class CompiledGrammar:
         while changed:
             changed = False
             for n in names:
-                if n not in prod and 0 in self._coreachable(*dfas[n], prod):
+                if n not in prod and 0 in self._coreachable(*dfas[n][:3], prod):
                     prod.add(n)
                     changed = True
         return prod
@@ -294,10 +385,18 @@ class CompiledGrammar:
         """Bytes node n can read without its rule ending first (a 256-bit mask)."""
         m = self._first[n]
         if m is None:
-            m = 0
-            for b in range(256):
-                if self.trans(n, b):
+            if n in self._busy:  # a rule reached again before a byte: trans() names the left recursion
+                for b in range(256):
+                    self.trans(n, b)
+                raise GrammarError(self.where, f"rule {self.rule_of[n]!r} is left-recursive")
+            self._busy.add(n)
+            m = 0  # trans(n, b) is non-empty exactly when some node of eps(n) or a rule it calls reads b
+            for k in self.eps(n):
+                for b in self.bytes[k]:
                     m |= 1 << b
+                for cs, _ in self.calls[k]:
+                    m |= self.first_bytes(cs)
+            self._busy.discard(n)
             self._first[n] = m
         return m
 

@@ -16,30 +16,45 @@ the caller's stack (usually a few hundred trie edges: the tokens that close a st
 cached per state as well, so a state seen again (every token inside one string field) costs a dict lookup.
 Masks are Python ints (bit i = token i allowed), so unions are single big-int operations and `mask_words` turns one
 into the little-endian u32 words the GPU sampler reads.
+
+Two things keep the per-node walks few: the nodes of a bounded repetition (a string's maxLength) form shift chains
+(CompiledGrammar._shift_chains) that share one walk, and rules without calls keep their node masks in the TokenVocab,
+shared by every grammar on that tokenizer (docs/structured-output.md).
 """
 
 from __future__ import annotations
 
 import operator
+from collections import OrderedDict
 
-from .grammar import CompiledGrammar
+from .grammar import MAX_CHAIN, CompiledGrammar
 
 _BITS = bytes.maketrans(b"\x00\x01", b"01")
+_DEAD: dict[int, dict[int, int]] = {}  # a set of allowed bytes -> {every other byte: -1}
+# _AT_LEAST[i]: byte v -> "1" when v > i: a chain walk's bytes (1 + level) -> the digits of member i's mask
+_AT_LEAST = [bytes(49 if v > i else 48 for v in range(256)) for i in range(256)]
+FILTER_UNC = 64  # a node whose rule may end at more trie nodes than this: keep only those the caller can go on from
+RULE_CACHE = 32  # rules without calls whose node masks a vocabulary keeps (TokenVocab.rule_store): a maxLength-40
+# string rule holds up to ~20 MB at 152k tokens (a byte per token per chain, a mask per member used), as a grammar did
 MASK_CACHE_STATES = 4096  # masks kept per grammar (each up to vocab/8 bytes); the cache restarts when full
 
 
 class TokenVocab:
     """Byte strings of a vocabulary (None for tokens that never appear inside structured output: special / control
-    tokens) in a trie: children[node] maps byte -> child node, ends[node] lists the token ids spelled by its path."""
+    tokens) in a trie: children[node] maps byte -> child node; order[first[node]:below[node]] are the token ids
+    spelled by its path. The trie is dicts of ints and flat lists of ints, objects the cyclic garbage collector does not
+    track: at 152k tokens (750k trie nodes) a list per node made each full collection a pause of ~0.5 s."""
 
     def __init__(self, token_bytes: list[bytes | None]):
         self.token_bytes = token_bytes
         self.size = len(token_bytes)
         self.n_words = (self.size + 31) // 32
         self._gather = None
+        self._parents: list[set] | None = None
+        self._rules: OrderedDict = OrderedDict()
         self.children: list[dict[int, int]] = [{}]
-        self.ends: list[list[int]] = [[]]
-        children, ends = self.children, self.ends
+        children = self.children
+        ends: dict[int, list[int]] = {}  # trie node -> the token ids its path spells (only while building)
         for tid, data in enumerate(token_bytes):
             if not data:
                 continue
@@ -50,9 +65,8 @@ class TokenVocab:
                     nxt = len(children)
                     children[node][b] = nxt
                     children.append({})
-                    ends.append([])
                 node = nxt
-            ends[node].append(tid)
+            ends.setdefault(node, []).append(tid)
         # Tokens in depth-first order, so that every subtree's tokens are one slice: order[below[n]:end[n]] are the
         # tokens strictly below trie node n; sub_bytes[n] has bit b set when byte b labels an edge below n;
         # depth[n] is the longest path below n.
@@ -63,6 +77,7 @@ class TokenVocab:
         self.end = [0] * n_nodes
         self.sub_bytes = [0] * n_nodes
         self.depth = [0] * n_nodes
+        self.height = [0] * n_nodes  # the path length from the root
         stack = [(0, False)]
         while stack:
             node, done = stack.pop()
@@ -75,11 +90,14 @@ class TokenVocab:
                 self.sub_bytes[node], self.depth[node] = acc, d
                 continue
             self.first[node] = len(self.order)  # order[first[n]:below[n]]: the tokens that end at node n
-            self.order.extend(ends[node])
+            self.order.extend(ends.get(node, ()))
             self.below[node] = len(self.order)
             stack.append((node, True))
             for c in children[node].values():
+                self.height[c] = self.height[node] + 1
                 stack.append((c, False))
+        # byte length of each token in DFS order (capped at 255; the extra zero is the "not in the trie" slot)
+        self.dfs_len = bytes([min(255, len(token_bytes[t])) for t in self.order] + [0])
 
     @classmethod
     def from_tokenizer(cls, tok, vocab_size: int | None = None) -> "TokenVocab":
@@ -103,17 +121,62 @@ class TokenVocab:
             for lo, hi in spans:
                 ids.extend(self.order[lo:hi])
             return self.ids_to_mask(ids)
-        if self._gather is None:
-            pos = [len(self.order)] * self.size  # tokens outside the trie read the extra zero byte at the end
-            for k, t in enumerate(self.order):
-                pos[t] = k
-            self._gather = operator.itemgetter(*pos)
         buf = bytearray(len(self.order) + 1)
         one = memoryview(b"\x01" * len(buf))
         for lo, hi in spans:
             buf[lo:hi] = one[: hi - lo]
-        bits = bytes(self._gather(buf))[::-1].translate(_BITS)
+        bits = self.to_id_order(buf)[::-1].translate(_BITS)
         return int(bits, 2)
+
+    def rule_store(self, expr) -> dict:
+        """The node masks of a rule without calls (by its expression), shared by every grammar on this vocabulary:
+        {local node: node_info, ("chain", local node): chain walk}. LRU over RULE_CACHE rules."""
+        store = self._rules.get(expr)
+        if store is None:
+            store = self._rules[expr] = {}
+            if len(self._rules) > RULE_CACHE:
+                self._rules.popitem(last=False)
+        else:
+            self._rules.move_to_end(expr)
+        return store
+
+    def clear_rule_cache(self) -> None:
+        """Forget the shared rule masks (benchmarks measure a grammar whose rules the vocabulary has not seen)."""
+        self._rules.clear()
+
+    def parent_sets(self) -> list[set]:
+        """Per byte b, the trie nodes with a child by b (once per vocabulary)."""
+        if self._parents is None:
+            parents: list[set] = [set() for _ in range(256)]
+            for n, kids in enumerate(self.children):
+                for b in kids:
+                    parents[b].add(n)
+            self._parents = parents
+        return self._parents
+
+    def with_child(self, nodes: frozenset, allowed: int) -> frozenset:
+        """The trie nodes of `nodes` that have a child by a byte of the 256-bit mask `allowed` (set intersections
+        with the per-byte parent sets, built on first use; `nodes` itself when allowed has many bytes)."""
+        if allowed.bit_count() > 16:
+            return nodes
+        parents = self.parent_sets()
+        out: set = set()
+        while allowed:
+            low = allowed & -allowed
+            out |= nodes & parents[low.bit_length() - 1]
+            allowed ^= low
+        return frozenset(out)
+
+    def to_id_order(self, buf) -> bytes:
+        """A byte per token in DFS order (plus the extra last byte) -> a byte per token id (tokens outside the trie
+        read the extra byte)."""
+        if self._gather is None:
+            pos = [len(self.order)] * self.size
+            for k, t in enumerate(self.order):
+                pos[t] = k
+            self._gather = operator.itemgetter(*pos)
+        return bytes(self._gather(buf))
+
 
 
 def mask_to_words(mask: int, n_words: int) -> bytes:
@@ -126,9 +189,13 @@ class TokenMasks:
 
     def __init__(self, grammar: CompiledGrammar, vocab: TokenVocab):
         self.g, self.vocab = grammar, vocab
-        self._node: dict[int, tuple[int, list[int]]] = {}
+        self._node: dict[int, tuple[int, frozenset]] = {}
         self._state: dict[int, int] = {}
         self._mv: dict[int, tuple] = {}
+        self._chains: dict[int, tuple] = {}
+        self._groups: dict[int, tuple[int, int]] = {}
+        self._composing: set[int] = set()
+        self._stores = {n: vocab.rule_store(e) for n, e in grammar.plain_rules.items()}
         self.warmed = False
 
     def _moves(self, sid: int) -> tuple[list[tuple[int, int]], int, int]:
@@ -148,9 +215,12 @@ class TokenMasks:
                     moves.append((b, t))
                     m |= low
             nx = g._next[sid]
-            for b in range(256):  # every byte now has an entry: the walk reads nx[b] directly
-                if not m >> b & 1:
-                    nx[b] = -1
+            dead = _DEAD.get(m)
+            if dead is None:
+                if len(_DEAD) > 4096:
+                    _DEAD.clear()
+                dead = _DEAD[m] = dict.fromkeys((b for b in range(256) if not m >> b & 1), -1)
+            nx.update(dead)  # every byte now has an entry: the walk reads nx[b] directly
             groups: dict[int, int] = {}
             for b, t in moves:
                 groups[t] = groups.get(t, 0) | (1 << b)
@@ -201,20 +271,188 @@ class TokenMasks:
                 if children[child]:
                     todo.append((child, s2))
 
-    def node_info(self, node: int) -> tuple[int, list[int]]:
+    def node_info(self, node: int) -> tuple[int, frozenset]:
         """(context-independent accepted tokens as a mask, trie nodes where the node's rule may end)."""
         info = self._node.get(node)
         if info is None:
-            unc: list[int] = []
-            spans: list[tuple[int, int]] = []
-            self._walk(self.g.intern(frozenset([(node,)])), (0,), spans, unc)
-            info = self._node[node] = (self.vocab.mask_from(spans), sorted(set(unc)))
+            g = self.g
+            rule = g.rule_of[node]
+            store, local = self._stores.get(rule), node - g.start[rule]
+            info = store.get(local) if store is not None else None
+            if info is None:
+                if node in g.chain_of:
+                    root, i = g.chain_of[node]
+                    levels, uncs = self._chain(root)
+                    m = levels[i] if isinstance(levels, list) else int(levels.translate(_AT_LEAST[i]), 2)
+                    info = (m, uncs[i])
+                else:
+                    info = self._compose(node) or self.walk_node(node)
+                if store is not None:
+                    store[local] = info
+            self._node[node] = info
         return info
 
+    def _chain(self, root: int) -> tuple:
+        fam = self._chains.get(root)
+        if fam is None:
+            rule = self.g.rule_of[root]
+            store, key = self._stores.get(rule), ("chain", root - self.g.start[rule])
+            fam = store.get(key) if store is not None else None
+            if fam is None:
+                fam = self._chain_walk(root)
+                if store is not None:
+                    store[key] = fam
+            self._chains[root] = fam
+        return fam
+
+    def _compose(self, node: int) -> tuple[int, frozenset] | None:
+        """node_info of a node that may start by calling rules, from its callees' node_info instead of a walk through
+        them (a JSON value's strings, an identifier in a GBNF call): a token is readable from {(node,)} exactly when
+        it is readable along one of the first moves, because a state's step is the union of its stacks' steps. So:
+        the node's own first bytes (a walk from each successor), plus per call (callee start cs, return r): cs's mask,
+        and a walk from {(r,)} of the trie nodes where cs may end. None when no call starts the node, or when a
+        callee is still being composed (left recursion: walk_node then names it)."""
+        g, v = self.g, self.vocab
+        eps = g.eps(node)
+        calls = [c for k in eps for c in g.calls[k]]
+        if not calls or node in self._composing:
+            return None
+        self._composing.add(node)
+        try:
+            infos = []
+            for cs, r in calls:
+                info = self.node_info(cs) if cs not in self._composing else None
+                if info is None:
+                    return None
+                infos.append(info)
+        finally:
+            self._composing.discard(node)
+        spans: list[tuple[int, int]] = []
+        unc: list[int] = [0] if g.state_can_end[g.intern(frozenset([(node,)]))] else []
+        m = 0
+        root_kids = v.children[0]
+        for k in eps:
+            for b, t in g.bytes[k].items():
+                c = root_kids.get(b)
+                if c is None:
+                    continue
+                if v.first[c] < v.below[c]:
+                    spans.append((v.first[c], v.below[c]))
+                if v.children[c]:
+                    self._walk(g.intern(frozenset([(t,)])), (c,), spans, unc)
+        for (cs, r), (acc, ends) in zip(calls, infos):
+            m |= acc
+            if ends:
+                after = g.intern(frozenset([(r,)]))
+                if g.state_can_end[after]:  # where the callee ends, so may this rule
+                    unc.extend(ends)
+                if len(ends) > FILTER_UNC:
+                    ends = v.with_child(ends, g.allowed_bytes(after))
+                self._walk(after, ends, spans, unc)
+        return m | v.mask_from(spans), frozenset(unc)
+
+    def walk_node(self, node: int) -> tuple[int, frozenset]:
+        """node_info by a walk of the trie from this node alone (uncached; chain members share one walk instead)."""
+        unc: list[int] = []
+        spans: list[tuple[int, int]] = []
+        self._walk(self.g.intern(frozenset([(node,)])), (0,), spans, unc)
+        return self.vocab.mask_from(spans), frozenset(unc)
+
+    def _chain_walk(self, root: int) -> tuple:
+        """node_info of every member of the chain that starts at `root` (CompiledGrammar._shift_chains), from one
+        walk of the trie: each token (and each trie node where the rule may end) gets the smallest level met on its
+        path, and member i takes those of level i or above.
+
+        As in _walk, a subtree is taken whole when, level by level down to its depth, all its bytes lead to one node
+        (ordinary characters of a string); its tokens' levels then depend only on their length, which one translate
+        of the vocabulary's DFS-order lengths writes."""
+        g, v = self.g, self.vocab
+        level, nbytes, accept = g.level, g.bytes, g.accept
+        groups, group = self._groups, self._group
+        children, first, below, end = v.children, v.first, v.below, v.end
+        sub_bytes, depth, height, dfs_len = v.sub_bytes, v.depth, v.height, v.dfs_len
+        top = min(level[root], MAX_CHAIN - 1)
+        buf = bytearray(len(v.order) + 1)
+        fill = [bytes([lv + 1]) * 256 for lv in range(top + 1)]
+        uncs: list[list] = [[] for _ in range(top + 1)]
+        todo = [(0, root, top)]
+        spans = []  # the DFS-order slices written
+        while todo:
+            tn, a, lv = todo.pop()
+            if accept[a]:
+                uncs[lv].append(tn)
+            kids, ba = children[tn], nbytes[a]
+            if len(kids) > 1 and (groups.get(a) or group(a))[0] and height[tn] + depth[tn] < 256:
+                sb, cur, d, lvs, lj = sub_bytes[tn], a, depth[tn], [], lv
+                while d:
+                    gm, t = groups.get(cur) or group(cur)
+                    if sb & ~gm or accept[t]:
+                        break
+                    lt = level.get(t, 0)
+                    lj = lt if lt < lj else lj  # min() without a call: this runs per trie edge
+                    lvs.append(lj + 1)
+                    cur = t
+                    d -= 1
+                if not d:
+                    lo, hi, h = below[tn], end[tn], height[tn] + 1
+                    table = bytearray(256)
+                    table[h:h + len(lvs)] = bytes(lvs)
+                    buf[lo:hi] = dfs_len[lo:hi].translate(table)
+                    spans.append((lo, hi))
+                    continue
+            if len(ba) < len(kids):
+                pairs = [(c, t) for b, t in ba.items() if (c := kids.get(b)) is not None]
+            else:
+                pairs = [(c, t) for b, c in kids.items() if (t := ba.get(b)) is not None]
+            for c, t in pairs:
+                lt = level.get(t, 0)
+                lc = lt if lt < lv else lv
+                n = below[c] - first[c]
+                if n:
+                    buf[first[c]:below[c]] = fill[lc][:n] if n < 256 else bytes([lc + 1]) * n
+                    spans.append((first[c], below[c]))
+                if children[c]:
+                    todo.append((c, t, lc))
+        unc_lists, u = [], frozenset()
+        for lv in range(top, -1, -1):
+            u = u.union(uncs[lv]) if uncs[lv] else u
+            unc_lists.append(u)
+        if sum(hi - lo for lo, hi in spans) * 16 < v.size:  # few tokens: every member's mask now, from id lists
+            ids: list[list[int]] = [[] for _ in range(top + 1)]
+            order = v.order
+            for lo, hi in spans:
+                for k in range(lo, hi):
+                    ids[buf[k] - 1].append(order[k])
+            levels, m = [], 0
+            for lv in range(top, -1, -1):
+                m |= v.ids_to_mask(ids[lv]) if ids[lv] else 0
+                levels.append(m)
+            levels.reverse()
+        else:  # kept as a byte per token id (reversed: the digits' order); members translate it on first use
+            levels = v.to_id_order(buf)[::-1]
+        return levels, unc_lists[::-1]
+
+    def _group(self, node: int) -> tuple[int, int]:
+        """The largest set of bytes that lead from node to one node, and that node ((0, -1) when it reads none)."""
+        gr = self._groups.get(node)
+        if gr is None:
+            sets: dict[int, int] = {}
+            for b, t in self.g.bytes[node].items():
+                sets[t] = sets.get(t, 0) | (1 << b)
+            t, m = max(sets.items(), key=lambda kv: kv[1].bit_count(), default=(-1, 0))
+            gr = self._groups[node] = (m, t)
+        return gr
+
     def warm(self) -> None:
-        """Compute every node's context-independent mask now (compile time) instead of on first use."""
+        """Compute every node's context-independent mask now (compile time) instead of on first use; chain members
+        only get their chain's walk (each member's mask is then one translate away)."""
+        chain_of = self.g.chain_of
+        self.vocab.parent_sets()
         for n in range(self.g.n_nodes):
-            self.node_info(n)
+            if n in chain_of:
+                self._chain(chain_of[n][0])
+            else:
+                self.node_info(n)
         self.warmed = True
 
     def mask(self, sid: int) -> int:
@@ -224,11 +462,18 @@ class TokenMasks:
             return m
         m = 0
         spans: list[tuple[int, int]] = []
+        callers: dict[tuple, frozenset] = {}  # stacks that differ only in their top share the caller's walk
         for st in self.g.states[sid]:
             acc, unc = self.node_info(st[-1])
             m |= acc
             if unc and len(st) > 1:
-                self._walk(self.g.intern(frozenset([st[:-1]])), unc, spans, None)
+                prev = callers.get(st[:-1])
+                callers[st[:-1]] = unc if prev is None else prev | unc
+        for below, unc in callers.items():
+            caller = self.g.intern(frozenset([below]))
+            if len(unc) > FILTER_UNC:  # (a rule that may end after any character) only where the caller reads on
+                unc = self.vocab.with_child(unc, self.g.allowed_bytes(caller))
+            self._walk(caller, unc, spans, None)
         if spans:
             m |= self.vocab.mask_from(spans)
         if len(self._state) >= MASK_CACHE_STATES:
