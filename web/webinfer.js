@@ -179,7 +179,7 @@ class Engine {
  *          the same tokens, streamed a block at a time), decodeBlockMs: and at most about this long, from the
  *          measured step time (default 50; a slow GPU then decodes single steps, so streaming and Stop stay prompt),
  *          pipelines: how the GPU pipelines the last load of this package created are made again before Python asks
- *          for them (see prepare()): "sync" (default), "async" or "off".
+ *          for them (see prepare()): "async" (default), "sync" or "off".
  * engine.info.timings: where the load's time went (stage keys: docs/performance.md "Browser").
  */
 export async function load(manifestUrl, options = {}) {
@@ -189,15 +189,18 @@ export async function load(manifestUrl, options = {}) {
   const abs = new URL(manifestUrl, document.baseURI).href;
   const model = cfg.models.find((m) => new URL(m.manifest, ROOT).href === abs) || null;
   const backend = options.backend ?? "webgpu";
+  let preflightMs = 0;
   if (options.preflight !== false) {
     const pf = await preflight(model);
+    preflightMs = performance.now() - tLoad;
     onProgress({ phase: "preflight", preflight: pf });
     if (!pf.ok && backend === "webgpu") throw new PreflightError(pf.problems);  // the CPU engine needs no GPU
   }
   // the worker starts the Python runtime (if prepare() has not) while this thread reads or downloads the files
   const client = takePrepared() ?? new WorkerClient();
   client.call("prepare", { site: cfg, base: ROOT.href, sha256: options.manifestSha256 ?? model?.sha256 ?? null,
-                           pipelines: options.pipelines ?? "sync" }).promise.catch(() => {});
+                           pipelines: backend === "cpu" ? "off" : options.pipelines ?? "async" })
+    .promise.catch(() => {});
   onProgress({ phase: "runtime" });
   let got;
   try {
@@ -214,7 +217,7 @@ export async function load(manifestUrl, options = {}) {
     engine: { backend, cpu_mode: options.cpuMode ?? "exact", speculative: options.speculative ?? null,
               speculative_tokens: options.speculativeTokens ?? 4, decode_block: options.decodeBlock ?? 8,
               decode_block_ms: options.decodeBlockMs ?? 50 },
-  }, { onProgress }, Object.values(got.files).map((b) => b.buffer));  // moved, not copied
+  }, { onProgress }, [...new Set(Object.values(got.files).map((b) => b.buffer))]);  // moved, not copied
   let info;
   try {
     info = await promise;
@@ -222,7 +225,7 @@ export async function load(manifestUrl, options = {}) {
     client.worker.terminate();
     throw e;
   }
-  info.timings = { ...got.stats, files_ms: tFiles - tLoad, ...info.timings,
+  info.timings = { ...got.stats, preflight_ms: preflightMs, files_ms: tFiles - tLoad - preflightMs, ...info.timings,
                    load_to_ready_ms: performance.now() - tLoad };
   if (client.preparedAt != null) info.timings.prepare_to_ready_ms = performance.now() - client.preparedAt;
   return new Engine(client, info);
@@ -241,10 +244,11 @@ function takePrepared() {
  * browser loaded `model` before, its GPU device and the pipelines that load created (shader compilation, most of a
  * build on a software GPU) run while the page waits for the user. The next load() takes this worker over and only
  * waits for what is left. model: an entry of site.json's models (or null: the runtime only).
- * options.pipelines: "sync" (default: createComputePipeline, compiled in order by the browser's GPU process),
- * "async" (createComputePipelineAsync) or "off". Cheap to call; a second call does nothing until load() ran.
+ * options.pipelines: "async" (default: createComputePipelineAsync, compiled beside other GPU work), "sync"
+ * (createComputePipeline: compiled in order, before any GPU call made after them) or "off". Cheap to call; a
+ * second call does nothing until load() ran.
  */
-export async function prepare(model = null, { pipelines = "sync" } = {}) {
+export async function prepare(model = null, { pipelines = "async" } = {}) {
   if (prepared) return;
   const cfg = await site();
   prepared = new WorkerClient();

@@ -3,7 +3,7 @@
 //   {id, type: "init", site}                 -> {type: "ready", timings}
 //   {id, type: "prepare", site, sha256, pipelines} -> {type: "result"} at once; starts the Python runtime and, when
 //                                            an earlier visit left a pipeline record for this model, the GPU device
-//                                            and those pipelines (pipelines: "sync" | "async" | "off"), so a later
+//                                            and those pipelines (pipelines: "async" | "sync" | "off"), so a later
 //                                            load only waits for what is left
 //   {id, type: "selftest", name, spec}       -> {type: "result", value}   (name: copy | gemv)
 //   {id, type: "load", site, manifestUrl, manifestText, manifestSha256, files, engine}
@@ -83,10 +83,12 @@ async function makeAhead(sha256, mode) {
   const device = await adapter.requestDevice({ requiredFeatures: rec.features, requiredLimits, label: "webinfer" });
   const t1 = performance.now();
   const pipelines = new Map();
-  // "sync": createComputePipeline returns at once and Chrome's GPU process compiles them in order (what the build
-  // later waits for is whatever is still compiling). "async": createComputePipelineAsync, handed over once all are
-  // compiled; one that fails is left out and Python creates it again, reporting the error its own way. These
-  // sources compiled without error on this adapter before, so "sync" adds no error scope (which would wait).
+  // "async": createComputePipelineAsync; Chrome compiles them off its GPU process's main thread, so other GPU work
+  // (the page's preflight, the uploads) does not queue behind them; one that fails is left out and Python creates
+  // it again, reporting the error its own way. "sync": createComputePipeline; the GPU process compiles them in
+  // order before anything sent after them (these sources compiled without error on this adapter before, so no
+  // error scope, which would wait). `ready` resolves when every async one is in the map.
+  const issued = performance.now();
   const made = rec.pipelines.map(async ({ code, entry, label }) => {
     const desc = { layout: "auto", label, compute: { module: device.createShaderModule({ code, label }), entryPoint: entry } };
     if (mode === "async") {
@@ -95,15 +97,15 @@ async function makeAhead(sha256, mode) {
       pipelines.set(entry + "\0" + code, device.createComputePipeline(desc));
     }
   });
-  await Promise.all(made);
-  return { adapter, device, pipelines, timings: { ahead_device_ms: t1 - t0, ahead_pipelines: pipelines.size,
-                                                  ahead_pipelines_issued_ms: performance.now() - t1,
-                                                  ahead_mode: mode } };
+  const timings = { ahead_device_ms: t1 - t0, ahead_pipelines: rec.pipelines.length, ahead_mode: mode };
+  const ready = Promise.all(made).then(() => { timings.ahead_compiled_at_ms = performance.now() - T0; });
+  timings.ahead_issued_at_ms = issued - T0;
+  return { adapter, device, pipelines, ready, timings };
 }
 
 async function prepare(msg) {
   startRuntime(msg.site, msg.base).catch(() => {});  // a failure is reported by the load that needs it
-  ahead ??= makeAhead(msg.sha256, msg.pipelines || "sync").catch((e) => {
+  ahead ??= makeAhead(msg.sha256, msg.pipelines || "async").catch((e) => {
     console.warn("webinfer: pipelines ahead failed:", e);
     return null;
   });

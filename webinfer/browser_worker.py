@@ -71,7 +71,7 @@ class PageWorker:
                 self.llm = None  # everything on the lost device is gone
             ahead, self.ahead = self.ahead, None  # used once: after a loss its device and pipelines are gone
             if ahead is not None and ahead.device is not None:
-                self.device = adopt_device(ahead.adapter, ahead.device, ahead.pipelines)
+                self.device = adopt_device(ahead.adapter, ahead.device, ahead.pipelines, ahead.ready)
             else:
                 self.device = await request_device()
         return self.device
@@ -130,9 +130,11 @@ class PageWorker:
         dev = await self.get_device()
         ahead_wait = 0.0
         if dev.made_ahead is not None and not dev.created:
-            # the pipelines worker.js made ahead are compiled in the GPU process before anything sent after them:
-            # wait here, so that the upload time below is the uploads' own
+            # wait for the pipelines worker.js made ahead (async ones: until all are in the map; sync ones: the GPU
+            # process compiles them before anything sent after them), so that the upload time below is their own
             t = time.perf_counter()
+            if dev.made_ahead_ready is not None:
+                await dev.made_ahead_ready
             await dev.wait_idle()
             ahead_wait = (time.perf_counter() - t) * 1e3
         counters0 = dict(dev.time_ms)

@@ -99,9 +99,10 @@ def adapter_fingerprint(adapter) -> str:
     return "|".join(str(getattr(info, f, "") or "") for f in ("vendor", "architecture", "device", "description"))
 
 
-def adopt_device(adapter, device, made_ahead=None) -> "BrowserDevice":
+def adopt_device(adapter, device, made_ahead=None, made_ahead_ready=None) -> "BrowserDevice":
     """A BrowserDevice over a JS GPUDevice requested elsewhere (request_device, or web/worker.js ahead of Python).
-    Capabilities come from what the device was created with. made_ahead: a JS Map "entry\\0WGSL" -> pipeline."""
+    Capabilities come from what the device was created with. made_ahead: a JS Map "entry\\0WGSL" -> pipeline,
+    complete once the JS Promise made_ahead_ready resolves."""
     feats = set(device.features.keys())  # a JS Set: keys() iterates its values
     f16, sub, ts = "shader-f16" in feats, "subgroups" in feats, "timestamp-query" in feats
     info = adapter.info
@@ -115,6 +116,7 @@ def adopt_device(adapter, device, made_ahead=None) -> "BrowserDevice":
     ainfo = AdapterInfo(name=" ".join(name.split()) or "unknown", backend="WebGPU (browser)",
                         adapter_type="", is_fallback=bool(getattr(info, "isFallbackAdapter", False)))
     dev = BrowserDevice(device, ainfo, caps, made_ahead)
+    dev.made_ahead_ready = made_ahead_ready
     # how to request this device again (web/worker.js, next visit): the same features, every limit at the adapter's
     dev.request = {"adapter": adapter_fingerprint(adapter), "features": sorted(feats & {"shader-f16", "subgroups"}),
                    "limits": [_camel(k) for k in BROWSER_DEFAULT_LIMITS
@@ -143,6 +145,7 @@ class BrowserDevice(Device):
         self.made_ahead = made_ahead   # JS Map "entry\0WGSL" -> pipeline created before Python ran (or None)
         self.created: list[dict] = []  # every pipeline asked for: {"code", "entry", "label"} (the page's record)
         self.made_ahead_hits = 0
+        self.made_ahead_ready = None   # JS Promise: resolves when made_ahead is complete (awaited before a build)
         self.request: dict = {}
 
         def on_error(event):
