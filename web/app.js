@@ -85,6 +85,9 @@ function onProgress(p) {
     const left = p.phase === "download" && p.secondsLeft != null ? `, about ${Math.ceil(p.secondsLeft)} s left` : "";
     $("bytes").textContent = `${fmt(p.loaded)} of ${fmt(p.total)}${rate}${left}`;
     if (p.warning) status(p.warning);
+  } else if (p.phase === "compile") {  // the GPU shaders made ahead (a second visit), most of a software GPU's load
+    stage("Compiling the GPU shaders", p.loaded / p.total);
+    $("bytes").textContent = `${p.loaded} of ${p.total} shaders`;
   } else if (p.phase === "done" || p.phase === "build") {
     stage("Building the model on the GPU", null);
     $("bytes").textContent = "";
@@ -105,7 +108,8 @@ function stageTimes(t) {
   const parts = [];
   if (t.pyodide_start_ms != null) parts.push(`Python runtime ${s(t.pyodide_start_ms + (t.wheel_install_ms || 0))}`);
   if (t.files_ms != null) parts.push(`${t.files_downloaded ? "download" : "model files"} ${s(t.files_ms)}`);
-  if (t.engine_build_ms != null) parts.push(`GPU build ${s(t.engine_build_ms)}`);
+  // the wait for shaders compiled ahead (from page open) is part of the build the user waited for
+  if (t.engine_build_ms != null) parts.push(`GPU build ${s(t.engine_build_ms + (t.ahead_compile_wait_ms || 0))}`);
   return parts.length ? `: ${parts.join(", ")}` : "";
 }
 

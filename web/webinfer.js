@@ -165,8 +165,9 @@ class Engine {
 
 /**
  * Load a package and return an engine with an OpenAI-shaped chat.completions.create.
- * options: onProgress(p) with p.phase in "preflight" | "runtime" | "cache" | "download" | "done" | "build" and byte
- *          counts (the runtime starts with the files: "runtime" comes again after them while it is not ready),
+ * options: onProgress(p) with p.phase in "preflight" | "runtime" | "cache" | "download" | "done" | "compile" |
+ *          "build" and byte counts (the runtime starts with the files: "runtime" comes again after them while it is
+ *          not ready; "compile": loaded of total GPU pipelines made ahead are compiled),
  *          manifestSha256 (pins the manifest; default: from site.json when the URL is one of its models),
  *          preflight (default true),
  *          backend: "webgpu" (default), "cpu" (the WebAssembly SIMD engine, no GPU needed) or "auto" (the CPU

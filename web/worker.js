@@ -88,7 +88,10 @@ async function makeAhead(sha256, mode) {
   // it again, reporting the error its own way. "sync": createComputePipeline; the GPU process compiles them in
   // order before anything sent after them (these sources compiled without error on this adapter before, so no
   // error scope, which would wait). `ready` resolves when every async one is in the map.
-  const issued = performance.now();
+  const timings = { ahead_device_ms: t1 - t0, ahead_pipelines: rec.pipelines.length, ahead_mode: mode,
+                    ahead_issued_at_ms: performance.now() - T0 };
+  // done/total and onStep: the load's progress bar while it waits for the compile
+  const state = { adapter, device, pipelines, timings, done: 0, total: rec.pipelines.length, onStep: null };
   const made = rec.pipelines.map(async ({ code, entry, label }) => {
     const desc = { layout: "auto", label, compute: { module: device.createShaderModule({ code, label }), entryPoint: entry } };
     if (mode === "async") {
@@ -96,11 +99,11 @@ async function makeAhead(sha256, mode) {
     } else {
       pipelines.set(entry + "\0" + code, device.createComputePipeline(desc));
     }
+    state.done++;
+    state.onStep?.();
   });
-  const timings = { ahead_device_ms: t1 - t0, ahead_pipelines: rec.pipelines.length, ahead_mode: mode };
-  const ready = Promise.all(made).then(() => { timings.ahead_compiled_at_ms = performance.now() - T0; });
-  timings.ahead_issued_at_ms = issued - T0;
-  return { adapter, device, pipelines, ready, timings };
+  state.ready = Promise.all(made).then(() => { timings.ahead_compiled_at_ms = performance.now() - T0; });
+  return state;
 }
 
 async function prepare(msg) {
@@ -123,7 +126,13 @@ async function load(msg) {
   const runtimeWaitMs = performance.now() - t1;
   const made = ahead ? await ahead : null;
   ahead = null;
-  onProgress({ phase: "build" });
+  if (made && made.done < made.total) {  // shaders still compiling: a bar of how many are done, then "build"
+    made.onStep = () => onProgress({ phase: made.done < made.total ? "compile" : "build", loaded: made.done,
+                                     total: made.total });
+    made.onStep();
+  } else {
+    onProgress({ phase: "build" });
+  }
   const t2 = performance.now();
   const map = new Map(Object.entries(msg.files));
   const value = unwrap(await worker.load(msg.manifestText, map, msg.manifestUrl, JSON.stringify(msg.engine || {}),

@@ -12,9 +12,11 @@ browser profile (so the second and later visits read the model from the cache):
                   fresh device: what each costs on this adapter
 
 Load phases print {phase, open_to_ready_ms, load_to_ready_ms, timings}; with a chat (max_tokens > 0, a 40-token
-prompt) also its stats (TTFT, decode tok/s, per-token split). Stage keys in timings: pyodide_start_ms,
-wheel_install_ms, runtime_ready_at_ms (from the worker's start), files_ms (cache read or download), verify_ms,
-runtime_wait_ms (Load waiting for Python after the files), ahead_* (device and pipelines made before Python),
+prompt) also its stats (TTFT, decode tok/s, per-token split). Stage keys in timings: preflight_ms (the page's
+adapter check), pyodide_start_ms, wheel_install_ms, runtime_ready_at_ms (from the worker's start), files_ms (cache
+read or download, on the page's thread), verify_ms, runtime_wait_ms (Load waiting for Python after the files),
+ahead_* (device and pipelines made before Python: issued and all compiled at, from the worker's start;
+ahead_compile_wait_ms: the build waiting for them),
 handover_ms, engine_build_ms (gpu_upload_ms, pipeline_create_ms, gpu_drain_ms: waiting for the GPU process),
 pipelines / pipelines_made_ahead, tokenizer_ms, ready_at_ms (from the worker's start).
 
