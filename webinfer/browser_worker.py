@@ -105,7 +105,8 @@ class PageWorker:
         timings = {"handover_ms": (t_copy - t0) * 1e3, **self.build_timings}
         record = None
         if dev is not None and dev.made_ahead_hits < len(dev.created):
-            record = {**dev.request, "pipelines": dev.created}
+            unique = {(p["entry"], p["code"]): p for p in dev.created}  # two libraries may ask for the same one
+            record = {**dev.request, "pipelines": list(unique.values())}
         return {"name": self.package.name, "device": selftests.device_summary(dev) if dev else None,
                 "timings": timings, "backend": self.backend, "backend_reason": self.backend_reason,
                 "pipeline_record": record}
