@@ -85,7 +85,10 @@ function onProgress(p) {
     const left = p.phase === "download" && p.secondsLeft != null ? `, about ${Math.ceil(p.secondsLeft)} s left` : "";
     $("bytes").textContent = `${fmt(p.loaded)} of ${fmt(p.total)}${rate}${left}`;
     if (p.warning) status(p.warning);
-  } else if (p.phase === "done") {
+  } else if (p.phase === "compile") {  // the GPU shaders made ahead (a second visit), most of a software GPU's load
+    stage("Compiling the GPU shaders", p.loaded / p.total);
+    $("bytes").textContent = `${p.loaded} of ${p.total} shaders`;
+  } else if (p.phase === "done" || p.phase === "build") {
     stage("Building the model on the GPU", null);
     $("bytes").textContent = "";
   }
@@ -96,6 +99,18 @@ function onProgress(p) {
     else bar.value = fraction;
     bar.setAttribute("aria-valuetext", fraction == null ? text : `${text}: ${Math.round(fraction * 100)} %`);
   }
+}
+
+// Where a load's time went (webinfer.js timings; stages overlap: the runtime starts when the page opens).
+function stageTimes(t) {
+  if (!t) return "";
+  const s = (ms) => `${(ms / 1000).toFixed(1)} s`;
+  const parts = [];
+  if (t.pyodide_start_ms != null) parts.push(`Python runtime ${s(t.pyodide_start_ms + (t.wheel_install_ms || 0))}`);
+  if (t.files_ms != null) parts.push(`${t.files_downloaded ? "download" : "model files"} ${s(t.files_ms)}`);
+  // the wait for shaders compiled ahead (from page open) is part of the build the user waited for
+  if (t.engine_build_ms != null) parts.push(`GPU build ${s(t.engine_build_ms + (t.ahead_compile_wait_ms || 0))}`);
+  return parts.length ? `: ${parts.join(", ")}` : "";
 }
 
 // Load the selected model (or `model`), replacing the one loaded. Resolves true when an engine is ready.
@@ -115,8 +130,8 @@ async function loadModel(model = selectedModel()) {
       ui.loadedSha = model.sha256;
       const where = ui.engine.info.device?.adapter || "this GPU";
       const warn = ui.engine.info.timings?.warning;
-      status(`${model.name} ready on ${where} (loaded in ${((performance.now() - t0) / 1000).toFixed(1)} s)` +
-             (warn ? `. ${warn}` : ""));
+      status(`${model.name} ready on ${where} (loaded in ${((performance.now() - t0) / 1000).toFixed(1)} s` +
+             `${stageTimes(ui.engine.info.timings)})` + (warn ? `. ${warn}` : ""));
       document.body.dataset.loaded = model.sha256;
       return true;
     } catch (e) {
@@ -470,6 +485,8 @@ async function start() {
   if (list.length) await openConversation(list[0].id);
   else newChat(false);
   await refreshCache();
+  // the Python runtime (and the GPU pipelines of the selected model's last load) start now, not on Load
+  if (!new URLSearchParams(location.search).has("noprepare")) webinfer.prepare(selectedModel()).catch(() => {});
   document.body.dataset.ready = "1";
   if (new URLSearchParams(location.search).has("autoload")) loadModel();
 }

@@ -6,6 +6,9 @@
 // A file whose hash does not match is fetched once more, then reported as an IntegrityError. A download cut
 // midway resumes with a Range request (If-Range with the ETag, so a changed file restarts instead of splicing).
 // When storage is full (QuotaExceededError) the files are kept in memory only and the caller is told so.
+// A cached file was hashed before it was stored, and its key is that hash: a later visit trusts it after a size
+// check (truncation is what storage does to a file; re-hashing 100 MB costs the second visit ~0.2-0.5 s), unless
+// the caller asks for verifyCached.
 
 export const CACHE_NAME = "webinfer-models-v1";
 const KEY_ROOT = "__webinfer__/";
@@ -118,7 +121,7 @@ async function fetchVerified(url, entry, onBytes, stats) {
   }
 }
 
-async function readCached(cache, entry, stats) {
+async function readCached(cache, entry, stats, verify) {
   if (!cache) return null;
   const t0 = performance.now();
   const res = await cache.match(keyUrl("file", entry.sha256));
@@ -126,8 +129,8 @@ async function readCached(cache, entry, stats) {
   const bytes = new Uint8Array(await res.arrayBuffer());
   const t1 = performance.now();
   stats.cache_read_ms += t1 - t0;
-  // Re-hash what storage gives back: a truncated or damaged entry is dropped and downloaded again.
-  const ok = bytes.length === entry.bytes && (await sha256Hex(bytes)) === entry.sha256;
+  // A truncated entry (or with verify, any damaged one) is dropped and downloaded again.
+  const ok = bytes.length === entry.bytes && (!verify || (await sha256Hex(bytes)) === entry.sha256);
   stats.verify_ms += performance.now() - t1;
   if (!ok) { await cache.delete(keyUrl("file", entry.sha256)); return null; }
   return bytes;
@@ -204,11 +207,13 @@ async function collectGarbage(cache, currentSha, currentFiles, keep) {
 /**
  * Fetch (or read from cache) a package's manifest and files.
  * options: manifestSha256 (pin), onProgress({phase, loaded, total, bytesPerSecond, secondsLeft, warning}),
- *          concurrency (default 3), keepPackages (manifest sha256s the site lists; others' files are removed).
+ *          concurrency (default 3), keepPackages (manifest sha256s the site lists; others' files are removed),
+ *          verifyCached (re-hash files read from the cache; default false: a size check).
  * Returns {manifestText, manifest, files: {name: Uint8Array}, stats}.
  */
 export async function loadModelFiles(manifestUrl, options = {}) {
-  const { manifestSha256 = null, onProgress = () => {}, concurrency = 3, keepPackages = null } = options;
+  const { manifestSha256 = null, onProgress = () => {}, concurrency = 3, keepPackages = null,
+          verifyCached = false } = options;
   const stats = { requests: 0, resumed: 0, rejected: 0, bytes_downloaded: 0, files_cached: 0, files_downloaded: 0,
                   download_ms: 0, verify_ms: 0, cache_read_ms: 0, cached: true, warning: null };
   const cache = await openCache();
@@ -230,7 +235,7 @@ export async function loadModelFiles(manifestUrl, options = {}) {
   const files = {};
   const todo = [];
   for (const e of entries) {
-    const bytes = await readCached(cache, e, stats);
+    const bytes = await readCached(cache, e, stats, verifyCached);
     if (bytes) { files[e.name] = bytes; loaded += bytes.length; stats.files_cached++; report("cache"); }
     else todo.push(e);
   }
@@ -253,6 +258,24 @@ export async function loadModelFiles(manifestUrl, options = {}) {
   stats.warning = state.warning;
   report("done");
   return { manifestText: text, manifest, manifestSha256: manifestSha, files, stats };
+}
+
+// ------------------------------------------------------------------------- the pipeline record (webinfer/gpu/browser.py)
+
+/** The GPU pipelines the last load of this package created ({adapter, features, limits, pipelines}) or null. */
+export async function readPipelineRecord(manifestSha) {
+  const cache = await openCache();
+  const res = cache && await cache.match(keyUrl("pipelines", manifestSha));
+  return res ? await res.json() : null;
+}
+
+export async function writePipelineRecord(manifestSha, record) {
+  const cache = await openCache();
+  if (!cache) return;
+  try {
+    await cache.put(keyUrl("pipelines", manifestSha), new Response(JSON.stringify(record),
+      { headers: { "Content-Type": "application/json" } }));
+  } catch (e) { if (!isQuota(e)) throw e; }  // only a hint: without it the next visit compiles later, that is all
 }
 
 // ------------------------------------------------------------------------------------------ for the page's picker
@@ -298,6 +321,7 @@ export async function removeCachedPackage(manifestSha) {
   let removed = 0;
   for (const f of mine) if (!shared.has(f) && await cache.delete(keyUrl("file", f))) removed++;
   await cache.delete(keyUrl("manifest", manifestSha));
+  await cache.delete(keyUrl("pipelines", manifestSha));
   for (const req of await cache.keys()) {  // the offline fallback copy of the manifest, under its URL
     if (req.url.includes(`/${KEY_ROOT}manifest-url/`)) {
       const text = await (await cache.match(req)).text();

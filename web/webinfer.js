@@ -9,6 +9,8 @@
 // never blocks. engine.chat.completions.create and engine.completions.create take the request objects of
 // OpenAI's API (as Python's LLM does: tools, n, response_format, ...) and return the same shapes.
 
+import { loadModelFiles } from "./loader.js";
+
 const ROOT = new URL("./", import.meta.url);
 let siteConfig = null;
 
@@ -98,10 +100,10 @@ class WorkerClient {
       else { const e = new Error(msg.message); e.name = msg.name; e.details = msg.details; p.reject(e); }
     }
   }
-  call(type, body = {}, hooks = {}) {
+  call(type, body = {}, hooks = {}, transfer = []) {
     const id = this.nextId++;
     const promise = new Promise((resolve, reject) => this.pending.set(id, { resolve, reject, ...hooks }));
-    this.worker.postMessage({ id, type, ...body });
+    this.worker.postMessage({ id, type, ...body }, transfer);
     return { id, promise };
   }
   stop(target) { this.worker.postMessage({ type: "stop", target }); }
@@ -163,7 +165,9 @@ class Engine {
 
 /**
  * Load a package and return an engine with an OpenAI-shaped chat.completions.create.
- * options: onProgress(p) with p.phase in "runtime" | "cache" | "download" | "done" and byte counts,
+ * options: onProgress(p) with p.phase in "preflight" | "runtime" | "cache" | "download" | "done" | "compile" |
+ *          "build" and byte counts (the runtime starts with the files: "runtime" comes again after them while it is
+ *          not ready; "compile": loaded of total GPU pipelines made ahead are compiled),
  *          manifestSha256 (pins the manifest; default: from site.json when the URL is one of its models),
  *          preflight (default true),
  *          backend: "webgpu" (default), "cpu" (the WebAssembly SIMD engine, no GPU needed) or "auto" (the CPU
@@ -174,33 +178,84 @@ class Engine {
  *          answer repeats its context), speculativeTokens (proposals per step, default 4),
  *          decodeBlock: decode steps the GPU runs per read-back while every request decodes (default 8, 1: off;
  *          the same tokens, streamed a block at a time), decodeBlockMs: and at most about this long, from the
- *          measured step time (default 50; a slow GPU then decodes single steps, so streaming and Stop stay prompt).
+ *          measured step time (default 50; a slow GPU then decodes single steps, so streaming and Stop stay prompt),
+ *          pipelines: how the GPU pipelines the last load of this package created are made again before Python asks
+ *          for them (see prepare()): "async" (default), "sync" or "off".
+ * engine.info.timings: where the load's time went (stage keys: docs/performance.md "Browser").
  */
 export async function load(manifestUrl, options = {}) {
   const { onProgress = () => {} } = options;
+  const tLoad = performance.now();
   const cfg = await site();
   const abs = new URL(manifestUrl, document.baseURI).href;
   const model = cfg.models.find((m) => new URL(m.manifest, ROOT).href === abs) || null;
   const backend = options.backend ?? "webgpu";
+  let preflightMs = 0;
   if (options.preflight !== false) {
     const pf = await preflight(model);
+    preflightMs = performance.now() - tLoad;
     onProgress({ phase: "preflight", preflight: pf });
     if (!pf.ok && backend === "webgpu") throw new PreflightError(pf.problems);  // the CPU engine needs no GPU
   }
-  const client = new WorkerClient();
+  // the worker starts the Python runtime (if prepare() has not) while this thread reads or downloads the files
+  const client = takePrepared() ?? new WorkerClient();
+  client.call("prepare", { site: cfg, base: ROOT.href, sha256: options.manifestSha256 ?? model?.sha256 ?? null,
+                           pipelines: backend === "cpu" ? "off" : options.pipelines ?? "async" })
+    .promise.catch(() => {});
   onProgress({ phase: "runtime" });
-  const { promise: ready } = client.call("init", { site: cfg, base: ROOT.href });
-  const initInfo = await ready;
+  let got;
+  try {
+    got = await loadModelFiles(abs, { manifestSha256: options.manifestSha256 ?? model?.sha256 ?? null, onProgress,
+                                      keepPackages: cfg.models.map((m) => m.sha256) });
+  } catch (e) {
+    client.worker.terminate();
+    throw e;
+  }
+  const tFiles = performance.now();
   const { promise } = client.call("load", {
-    manifestUrl: abs, sha256: options.manifestSha256 ?? model?.sha256 ?? null,
-    keepPackages: cfg.models.map((m) => m.sha256),
+    site: cfg, base: ROOT.href, manifestUrl: abs, manifestText: got.manifestText, manifestSha256: got.manifestSha256,
+    files: got.files,
     engine: { backend, cpu_mode: options.cpuMode ?? "exact", speculative: options.speculative ?? null,
               speculative_tokens: options.speculativeTokens ?? 4, decode_block: options.decodeBlock ?? 8,
               decode_block_ms: options.decodeBlockMs ?? 50 },
-  }, { onProgress });
-  const info = await promise;
-  info.timings = { ...initInfo.timings, ...info.timings };
+  }, { onProgress }, [...new Set(Object.values(got.files).map((b) => b.buffer))]);  // moved, not copied
+  let info;
+  try {
+    info = await promise;
+  } catch (e) {
+    client.worker.terminate();
+    throw e;
+  }
+  info.timings = { ...got.stats, preflight_ms: preflightMs, files_ms: tFiles - tLoad - preflightMs, ...info.timings,
+                   load_to_ready_ms: performance.now() - tLoad };
+  if (client.preparedAt != null) info.timings.prepare_to_ready_ms = performance.now() - client.preparedAt;
   return new Engine(client, info);
+}
+
+let prepared = null;  // a worker started by prepare() and not yet taken by load()
+
+function takePrepared() {
+  const c = prepared;
+  prepared = null;
+  return c;
+}
+
+/**
+ * Start the engine's worker now, before load(): the Python runtime (Pyodide and the wheels, seconds) and, when this
+ * browser loaded `model` before, its GPU device and the pipelines that load created (shader compilation, most of a
+ * build on a software GPU) run while the page waits for the user. The next load() takes this worker over and only
+ * waits for what is left. model: an entry of site.json's models (or null: the runtime only).
+ * options.pipelines: "async" (default: createComputePipelineAsync, compiled beside other GPU work), "sync"
+ * (createComputePipeline: compiled in order, before any GPU call made after them) or "off". Cheap to call; a
+ * second call does nothing until load() ran.
+ */
+export async function prepare(model = null, { pipelines = "async" } = {}) {
+  if (prepared) return;
+  const cfg = await site();
+  prepared = new WorkerClient();
+  prepared.preparedAt = performance.now();
+  prepared.call("prepare", { site: cfg, base: ROOT.href, sha256: model?.sha256 ?? null, pipelines })
+    .promise.catch(() => {});  // nothing to report here: load() meets any failure again
 }
 
 /**

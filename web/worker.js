@@ -1,22 +1,30 @@
 // The chat worker: hosts Pyodide and the engine, so the page's thread never blocks on Python or the GPU.
 // Protocol (postMessage, every reply carries the request's id):
 //   {id, type: "init", site}                 -> {type: "ready", timings}
+//   {id, type: "prepare", site, sha256, pipelines} -> {type: "result"} at once; starts the Python runtime and, when
+//                                            an earlier visit left a pipeline record for this model, the GPU device
+//                                            and those pipelines (pipelines: "async" | "sync" | "off"), so a later
+//                                            load only waits for what is left
 //   {id, type: "selftest", name, spec}       -> {type: "result", value}   (name: copy | gemv)
-//   {id, type: "load", manifestUrl, sha256, engine} -> {type: "progress", ...}*, {type: "result", value}
-//                                            (engine: {backend: "webgpu" | "cpu" | "auto", speculative,
+//   {id, type: "load", site, manifestUrl, manifestText, manifestSha256, files, engine}
+//                                            -> {type: "progress", ...}*, {type: "result", value}
+//                                            (files: name -> Uint8Array, read and verified by loader.js;
+//                                             engine: {backend: "webgpu" | "cpu" | "auto", speculative,
 //                                             speculative_tokens}; value.backend, value.backend_reason)
 //   {id, type: "chat", request, kind}        -> {type: "chunk", chunk}*, {type: "result", value}
 //                                            (kind: "chat" | "completion"; without request.stream no chunks and
 //                                             value = {response, stats})
 //   {type: "stop", target}                   (no reply: that chat is aborted after its next chunk; others go on)
 // Errors: {id, type: "error", name, message, details}.
-import { loadModelFiles } from "./loader.js";
+import { readPipelineRecord, writePipelineRecord } from "./loader.js";
 
 let pyodide = null;
 let worker = null;          // the Python module webinfer.browser_worker
-let site = null;
+let runtime = null;         // the promise of Pyodide + wheels + webinfer imported (started once)
+let ahead = null;           // the promise of {adapter, device, pipelines: Map, timings} or null (prepare)
 const stops = new Set();
 const timings = {};
+const T0 = performance.now();  // the worker's start: the page's stage times are measured from here
 
 function post(msg) { self.postMessage(msg); }
 
@@ -34,32 +42,108 @@ function unwrap(pyResult) {
   throw e;
 }
 
+// Pyodide, the wheels and `import webinfer.browser_worker`, started by the first message that needs them.
+function startRuntime(site, baseHref) {
+  runtime ??= (async () => {
+    const base = new URL(baseHref || "./", self.location.href);
+    const t0 = performance.now();
+    const { loadPyodide } = await import(new URL(site.pyodide + "pyodide.mjs", base).href);
+    pyodide = await loadPyodide({ indexURL: new URL(site.pyodide, base).href });
+    const t1 = performance.now();
+    await pyodide.loadPackage(site.wheels.map((w) => new URL(w, base).href));
+    worker = pyodide.pyimport("webinfer.browser_worker");
+    const t2 = performance.now();
+    Object.assign(timings, { pyodide_start_ms: t1 - t0, wheel_install_ms: t2 - t1, runtime_ready_at_ms: t2 - T0 });
+  })();
+  return runtime;
+}
+
 async function init(msg) {
-  if (pyodide) return { timings };
-  site = msg.site;
-  const base = new URL(msg.base || "./", self.location.href);
-  const t0 = performance.now();
-  const { loadPyodide } = await import(new URL(site.pyodide + "pyodide.mjs", base).href);
-  pyodide = await loadPyodide({ indexURL: new URL(site.pyodide, base).href });
-  const t1 = performance.now();
-  await pyodide.loadPackage(site.wheels.map((w) => new URL(w, base).href));
-  worker = pyodide.pyimport("webinfer.browser_worker");
-  const t2 = performance.now();
-  timings.pyodide_start_ms = t1 - t0;
-  timings.wheel_install_ms = t2 - t1;
+  await startRuntime(msg.site, msg.base);
   return { timings };
 }
 
-async function load(msg) {
+function adapterFingerprint(adapter) {  // the same string as webinfer/gpu/browser.py adapter_fingerprint
+  const i = adapter.info || {};
+  return ["vendor", "architecture", "device", "description"].map((f) => i[f] || "").join("|");
+}
+
+// The device and pipelines of the last visit's record for this model (see webinfer/gpu/browser.py), made while
+// Python starts. null when there is no record, no WebGPU, another adapter, or anything fails: Python then does it all.
+async function makeAhead(sha256, mode) {
+  if (mode === "off" || !sha256 || !("gpu" in navigator)) return null;
   const t0 = performance.now();
-  const onProgress = (p) => post({ id: msg.id, type: "progress", ...p });
-  const { manifestText, files, stats } = await loadModelFiles(msg.manifestUrl, {
-    manifestSha256: msg.sha256, onProgress, keepPackages: msg.keepPackages,
-  });
+  const rec = await readPipelineRecord(sha256);
+  if (!rec) return null;
+  const adapter = await navigator.gpu.requestAdapter({ powerPreference: "high-performance" });
+  if (!adapter || adapterFingerprint(adapter) !== rec.adapter) return null;
+  if (!rec.features.every((f) => adapter.features.has(f))) return null;
+  const requiredLimits = {};
+  for (const k of rec.limits) if (adapter.limits[k] !== undefined) requiredLimits[k] = adapter.limits[k];
+  const device = await adapter.requestDevice({ requiredFeatures: rec.features, requiredLimits, label: "webinfer" });
   const t1 = performance.now();
-  const map = new Map(Object.entries(files));
-  const value = unwrap(await worker.load(manifestText, map, msg.manifestUrl, JSON.stringify(msg.engine || {})));
-  value.timings = { ...timings, ...stats, files_ms: t1 - t0, python_load_ms: performance.now() - t1, ...value.timings };
+  const pipelines = new Map();
+  // "async": createComputePipelineAsync; Chrome compiles them off its GPU process's main thread, so other GPU work
+  // (the page's preflight, the uploads) does not queue behind them; one that fails is left out and Python creates
+  // it again, reporting the error its own way. "sync": createComputePipeline; the GPU process compiles them in
+  // order before anything sent after them (these sources compiled without error on this adapter before, so no
+  // error scope, which would wait). `ready` resolves when every async one is in the map.
+  const timings = { ahead_device_ms: t1 - t0, ahead_pipelines: rec.pipelines.length, ahead_mode: mode,
+                    ahead_issued_at_ms: performance.now() - T0 };
+  // done/total and onStep: the load's progress bar while it waits for the compile
+  const state = { adapter, device, pipelines, timings, done: 0, total: rec.pipelines.length, onStep: null };
+  const made = rec.pipelines.map(async ({ code, entry, label }) => {
+    const desc = { layout: "auto", label, compute: { module: device.createShaderModule({ code, label }), entryPoint: entry } };
+    if (mode === "async") {
+      try { pipelines.set(entry + "\0" + code, await device.createComputePipelineAsync(desc)); } catch { /* left out */ }
+    } else {
+      pipelines.set(entry + "\0" + code, device.createComputePipeline(desc));
+    }
+    state.done++;
+    state.onStep?.();
+  });
+  state.ready = Promise.all(made).then(() => { timings.ahead_compiled_at_ms = performance.now() - T0; });
+  return state;
+}
+
+async function prepare(msg) {
+  startRuntime(msg.site, msg.base).catch(() => {});  // a failure is reported by the load that needs it
+  ahead ??= makeAhead(msg.sha256, msg.pipelines || "async").catch((e) => {
+    console.warn("webinfer: pipelines ahead failed:", e);
+    return null;
+  });
+  return true;
+}
+
+async function load(msg) {
+  // the files come read and verified from the page's thread (webinfer.js): here Pyodide's start, which blocks this
+  // thread for seconds at a time, would starve their reads
+  const onProgress = (p) => post({ id: msg.id, type: "progress", ...p });
+  const rt = startRuntime(msg.site, msg.base);
+  const t1 = performance.now();
+  if (!worker) onProgress({ phase: "runtime" });
+  await rt;
+  const runtimeWaitMs = performance.now() - t1;
+  const made = ahead ? await ahead : null;
+  ahead = null;
+  if (made && made.done < made.total) {  // shaders still compiling: a bar of how many are done, then "build"
+    made.onStep = () => onProgress({ phase: made.done < made.total ? "compile" : "build", loaded: made.done,
+                                     total: made.total });
+    made.onStep();
+  } else {
+    onProgress({ phase: "build" });
+  }
+  const t2 = performance.now();
+  const map = new Map(Object.entries(msg.files));
+  const value = unwrap(await worker.load(msg.manifestText, map, msg.manifestUrl, JSON.stringify(msg.engine || {}),
+                                         made?.device ? made : undefined));
+  const t3 = performance.now();
+  value.timings = { ...timings, ...(made?.timings || {}), runtime_wait_ms: runtimeWaitMs,
+                    python_load_ms: t3 - t2, ready_at_ms: t3 - T0, ...value.timings };
+  if (value.pipeline_record) {  // this build made pipelines the record did not have: keep them for next visit
+    await writePipelineRecord(msg.manifestSha256, value.pipeline_record).catch((e) => console.warn("webinfer:", e));
+  }
+  delete value.pipeline_record;
   return value;
 }
 
@@ -83,7 +167,7 @@ async function loseDevice() {
   return true;
 }
 
-const handlers = { init, load, chat, selftest, loseDevice };
+const handlers = { init, prepare, load, chat, selftest, loseDevice };
 
 // Setup messages (init, load, selftest, loseDevice) run one at a time, in order. Chats run concurrently: each is
 // one request in the shared engine, which batches them; a chat starts once the setup sent before it is done.

@@ -61,21 +61,30 @@ class PageWorker:
     backend_reason: str = ""
     build_timings: dict = field(default_factory=dict)
     build_lock: asyncio.Lock | None = None
+    ahead: Any = None                  # JS {adapter, device, pipelines: Map} made by worker.js before Python ran
 
     async def get_device(self):
-        from .gpu.browser import request_device  # noqa: PLC0415  (needs the JS FFI: only inside Pyodide)
+        from .gpu.browser import adopt_device, request_device  # noqa: PLC0415  (JS FFI: only inside Pyodide)
 
         if self.device is None or self.device.lost:
             if self.device is not None:
                 self.llm = None  # everything on the lost device is gone
-            self.device = await request_device()
+            ahead, self.ahead = self.ahead, None  # used once: after a loss its device and pipelines are gone
+            if ahead is not None and ahead.device is not None:
+                self.device = adopt_device(ahead.adapter, ahead.device, ahead.pipelines, ahead.ready)
+            else:
+                self.device = await request_device()
         return self.device
 
-    async def load(self, manifest_text: str, js_files, where: str, engine_json: str = "{}") -> dict:
+    async def load(self, manifest_text: str, js_files, where: str, engine_json: str = "{}", ahead=None) -> dict:
         """Take the files over from JS (a Map name -> Uint8Array), open the package and build the LLM.
         engine_json: {"backend", "cpu_mode", "speculative": null | "prompt-lookup", "speculative_tokens": int,
-        "decode_block": int, "decode_block_ms": number} from webinfer.js load()."""
+        "decode_block": int, "decode_block_ms": number} from webinfer.js load().
+        ahead: the device and pipelines worker.js made from the last visit's record (see gpu/browser.py), or None.
+        The value's "pipeline_record" is this build's record when it differs from what was made ahead."""
         t0 = time.perf_counter()
+        if ahead is not None and self.device is None:
+            self.ahead = ahead
         eng = json.loads(engine_json)
         self.options = replace(PAGE_ENGINE, speculative=eng.get("speculative") or None,
                                speculative_tokens=int(eng.get("speculative_tokens") or 4),
@@ -94,8 +103,13 @@ class PageWorker:
         dev = await self.get_device() if self.backend == "webgpu" else None
         await self.build()
         timings = {"handover_ms": (t_copy - t0) * 1e3, **self.build_timings}
+        record = None
+        if dev is not None and dev.made_ahead_hits < len(dev.created):
+            unique = {(p["entry"], p["code"]): p for p in dev.created}  # two libraries may ask for the same one
+            record = {**dev.request, "pipelines": list(unique.values())}
         return {"name": self.package.name, "device": selftests.device_summary(dev) if dev else None,
-                "timings": timings, "backend": self.backend, "backend_reason": self.backend_reason}
+                "timings": timings, "backend": self.backend, "backend_reason": self.backend_reason,
+                "pipeline_record": record}
 
     async def build(self) -> None:
         """(Re)build the runner and the LLM for the loaded package on a live device (after a loss too)."""
@@ -115,7 +129,17 @@ class PageWorker:
                                   "wasm_reason": host.reason, "wasm_memory_bytes": runner.memory_bytes}
             return
         dev = await self.get_device()
+        ahead_wait = 0.0
+        if dev.made_ahead is not None and not dev.created:
+            # wait for the pipelines worker.js made ahead (async ones: until all are in the map; sync ones: the GPU
+            # process compiles them before anything sent after them), so that the upload time below is their own
+            t = time.perf_counter()
+            if dev.made_ahead_ready is not None:
+                await dev.made_ahead_ready
+            await dev.wait_idle()
+            ahead_wait = (time.perf_counter() - t) * 1e3
         counters0 = dict(dev.time_ms)
+        made0, hits0 = len(dev.created), dev.made_ahead_hits
         t0 = time.perf_counter()
         runner = await load_gpu_runner(self.package, dev, self.options)
         t_enc = time.perf_counter()
@@ -130,6 +154,9 @@ class PageWorker:
                               "gpu_drain_ms": (t1 - t_enc) * 1e3, "gpu_upload_ms": spent.get("write_buffer", 0.0),
                               "pipeline_create_ms": spent.get("create_pipeline", 0.0),
                               "buffer_create_ms": spent.get("create_buffer", 0.0),
+                              "pipelines": len(dev.created) - made0,
+                              "pipelines_made_ahead": dev.made_ahead_hits - hits0,
+                              "ahead_compile_wait_ms": ahead_wait,
                               "tokenizer_ms": (time.perf_counter() - t1) * 1e3}
 
     async def ensure_llm(self) -> tuple[LLM, dict | None]:
@@ -269,8 +296,9 @@ async def _result(coro) -> dict:
         return {"ok": False, "error": {"name": type(e).__name__, "message": str(e)}}
 
 
-async def load(manifest_text: str, js_files, where: str = "manifest.json", engine_json: str = "{}") -> dict:
-    return await _result(WORKER.load(manifest_text, js_files, where, engine_json))
+async def load(manifest_text: str, js_files, where: str = "manifest.json", engine_json: str = "{}",
+               ahead=None) -> dict:
+    return await _result(WORKER.load(manifest_text, js_files, where, engine_json, ahead))
 
 
 async def chat(request_json: str, emit: Callable[[str], None], should_stop: Callable[[], bool],

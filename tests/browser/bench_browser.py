@@ -1,10 +1,27 @@
-"""Browser load and generation timings for a built site (not a test): cold visit, warm (second) visit, then a
-device loss and the rebuild (pipelines precompiled with createComputePipelineAsync from the recorded sources);
-the warm visit with decode blocks of 8 (the default) and with single steps.
+"""Browser load and generation timings for a built site (not a test). Each phase is a fresh page load in one
+browser profile (so the second and later visits read the model from the cache):
 
-Run: XDG_RUNTIME_DIR=/tmp/xdg python -m tests.browser.bench_browser SITE_DIR [max_tokens]
-Prints one JSON line per phase: load timings (JS + Python split) and the chat's stats (TTFT, decode tok/s,
-host ms per step)."""
+  cold            first visit: download, Pyodide, build (the runtime starts with Load, beside the download)
+  warm            second visit, Load at once, pipelines "off": nothing made ahead (the levers below off)
+  warm-load       second visit, Load at once: the GPU device and the pipelines recorded by the last load are
+                  created from JS (createComputePipelineAsync) while the files are read and Pyodide starts
+  warm-sync       the same with createComputePipeline
+  warm-wait       webinfer.prepare() at page open (runtime + pipelines ahead), Load WAIT seconds later (a user
+                  reading the page): Load -> ready
+  pipelines       each recorded pipeline compiled alone (createComputePipelineAsync, awaited one by one) on a
+                  fresh device: what each costs on this adapter
+
+Load phases print {phase, open_to_ready_ms, load_to_ready_ms, timings}; with a chat (max_tokens > 0, a 40-token
+prompt) also its stats (TTFT, decode tok/s, per-token split). Stage keys in timings: preflight_ms (the page's
+adapter check), pyodide_start_ms, wheel_install_ms, runtime_ready_at_ms (from the worker's start), files_ms (cache
+read or download, on the page's thread), verify_ms, runtime_wait_ms (Load waiting for Python after the files),
+ahead_* (device and pipelines made before Python: issued and all compiled at, from the worker's start;
+ahead_compile_wait_ms: the build waiting for them),
+handover_ms, engine_build_ms (gpu_upload_ms, pipeline_create_ms, gpu_drain_ms: waiting for the GPU process),
+pipelines / pipelines_made_ahead, tokenizer_ms, ready_at_ms (from the worker's start).
+
+Run: XDG_RUNTIME_DIR=/tmp/xdg python -m tests.browser.bench_browser SITE_DIR [max_tokens] [phase,...] [wait_s]
+"""
 
 from __future__ import annotations
 
@@ -15,26 +32,56 @@ from pathlib import Path
 
 from .conftest import ARGS, CHROMIUM, SiteServer
 
-RUN = """async ([url, n, lose, block]) => {
+# about 40 tokens with SmolLM2's chat template (system prompt included; the stats report the exact count)
+PROMPT = "What is the capital of France famous for?"
+
+RUN = """async ([model, n, pipelines, wait, prompt]) => {
     const w = await import("./webinfer.js");
+    if (wait) {
+        await w.prepare(model, {pipelines});
+        await new Promise((r) => setTimeout(r, wait * 1000));
+    }
     const t0 = performance.now();
-    const engine = await w.load(url, {decodeBlock: block, decodeBlockMs: 0});  // exactly `block` steps
-    const loadMs = performance.now() - t0;
-    const messages = [{role: "user", content: "What is the capital of France?"}];
-    const chat = async () => {
-        const it = engine.chat.completions.create({messages, max_tokens: n, temperature: 0, stream: true});
+    const engine = await w.load(model.manifest, {manifestSha256: model.sha256, pipelines});
+    const t1 = performance.now();
+    let chat = null;
+    if (n) {
+        const it = engine.chat.completions.create({messages: [{role: "user", content: prompt}], max_tokens: n,
+                                                   temperature: 0, stream: true});
         for await (const c of it) {}
-        const s = it.stats; delete s.token_ids; return s;
-    };
-    const first = await chat();
-    let rebuild = null;
-    if (lose) { await engine._loseDeviceForTest(); rebuild = await chat(); }
+        chat = it.stats; delete chat.token_ids;
+    }
     engine.unload();
-    return {loadMs, timings: engine.info.timings, first, rebuild};
+    return {open_to_ready_ms: t1, load_to_ready_ms: t1 - t0, timings: engine.info.timings, chat};
 }"""
 
+COMPILE_EACH = """async ([sha]) => {
+    const L = await import("./loader.js");
+    const rec = await L.readPipelineRecord(sha);
+    if (!rec) return null;
+    const adapter = await navigator.gpu.requestAdapter();
+    const requiredLimits = {};
+    for (const k of rec.limits) requiredLimits[k] = adapter.limits[k];
+    const device = await adapter.requestDevice({requiredFeatures: rec.features, requiredLimits});
+    const out = [];
+    const all0 = performance.now();
+    for (const {code, entry, label} of rec.pipelines) {
+        const t0 = performance.now();
+        await device.createComputePipelineAsync({layout: "auto", compute: {module: device.createShaderModule({code}), entryPoint: entry}});
+        out.push([label, Math.round(performance.now() - t0)]);
+    }
+    const seq = performance.now() - all0;
+    device.destroy();
+    return {pipelines: out, total_ms: Math.round(seq)};
+}"""
 
-def main(site: Path, n: int) -> None:
+PHASES = {"cold": ("async", 0), "warm": ("off", 0), "warm-load": ("async", 0), "warm-sync": ("sync", 0),
+          "warm-wait": ("async", None)}
+
+
+def main(site: Path, n: int, phases: list[str], wait_s: float) -> None:
+    import os
+
     from playwright.sync_api import sync_playwright
 
     srv = SiteServer(site)
@@ -43,16 +90,21 @@ def main(site: Path, n: int) -> None:
         ctx = p.chromium.launch_persistent_context(prof, executable_path=CHROMIUM, args=ARGS, headless=True)
         ctx.set_default_timeout(600_000)
         page = ctx.new_page()
-        page.goto(srv.url + "index.html")
-        # decode blocks of 8 (the default) and single steps on the warm page, same run
-        for phase, lose, block in (("cold", False, 8), ("warm", False, 8), ("warm-single-steps", False, 1),
-                                   ("warm-device-loss", True, 8)):
-            r = page.evaluate(RUN, [m["manifest"], n, lose, block])
-            print(json.dumps({"phase": phase, "decode_block": block, **r}), flush=True)
-            page.reload()
+        for phase in phases:
+            page.goto(srv.url + "index.html?noprepare")  # the bench decides what starts ahead
+            load = os.getloadavg()[0]
+            if phase == "pipelines":
+                r = page.evaluate(COMPILE_EACH, [m["sha256"]])
+            else:
+                mode, wait = PHASES[phase]
+                r = page.evaluate(RUN, [m, n, mode, wait_s if wait is None else wait, PROMPT])
+            print(json.dumps({"phase": phase, "loadavg": round(load, 2), **r}), flush=True)
         ctx.close()
     srv.stop()
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 8)
+    a = sys.argv
+    main(Path(a[1]), int(a[2]) if len(a) > 2 else 8,
+         a[3].split(",") if len(a) > 3 else ["cold", "warm", "warm-load", "warm-wait", "pipelines"],
+         float(a[4]) if len(a) > 4 else 10.0)

@@ -1,6 +1,7 @@
 """The engine in the browser: the site loads a package, generates greedily through webinfer.js, and its token ids
 equal the native engine's (wgpu-py on lavapipe, the same request through webinfer.open) for the same prompt.
-Then the server is stopped and a reload still answers (service worker + cached shards)."""
+Then the server is stopped and a reload still answers (service worker + cached shards), with the GPU pipelines made
+ahead from the first visit's record (web/worker.js prepare)."""
 
 from __future__ import annotations
 
@@ -79,6 +80,11 @@ def test_tiny_model_matches_native_and_works_offline(served, browser, tiny_packa
     assert r2["afterLoss"] == r["ids"], (r2, logs)
     assert r2["stats"]["rebuild"]["engine_build_ms"] > 0, r2["stats"]  # the loss was seen and the engine rebuilt
     assert r2["info"]["timings"]["files_downloaded"] == 0 and r2["info"]["timings"]["requests"] == 0, r2["info"]
+    # the page opened with webinfer.prepare() (app.js): the first visit recorded the pipelines its build created,
+    # the second made every one of them from JS before Python asked, and the ids above are still the native ones
+    t1, t2 = r["info"]["timings"], r2["info"]["timings"]
+    assert t1["pipelines"] > 0 and t1["pipelines_made_ahead"] == 0, t1
+    assert t2["pipelines_made_ahead"] == t2["pipelines"] == t1["pipelines"], t2
     print("tiny warm offline", json.dumps(r2["info"]["timings"]), json.dumps(r2["stats"]))
 
 

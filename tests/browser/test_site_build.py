@@ -41,6 +41,22 @@ def test_cli_builds_site_and_rebuild_replaces_it(tiny_package, tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["site"]  # no temporary folders left behind
 
 
+def test_changed_page_file_changes_the_site_version(tiny_package, tmp_path, monkeypatch):
+    """The service worker serves the shell cache-first under the site's version: a changed worker.js must give a new
+    version, or returning visitors would keep the old page."""
+    import shutil
+
+    import webinfer_packager.site.build as build
+
+    a = build.build_site([tiny_package], tmp_path / "a")
+    web = tmp_path / "web"
+    shutil.copytree(build.web_dir(), web, ignore=shutil.ignore_patterns("node_modules"))
+    (web / "worker.js").write_text((web / "worker.js").read_text() + "\n// changed\n")
+    monkeypatch.setattr(build, "web_dir", lambda: web)
+    b = build.build_site([tiny_package], tmp_path / "b")
+    assert a["assets"]["worker.js"] != b["assets"]["worker.js"] and a["version"] != b["version"]
+
+
 def test_corrupt_package_fails_and_leaves_previous_site(tiny_package, tmp_path):
     import shutil
 

@@ -7,8 +7,15 @@ Python buffer to `queue.writeBuffer` without copying it in Python.
 
 WebGPU reports validation errors asynchronously (uncapturederror events), not as exceptions from the call that
 caused them; they are collected here and raised as GPUError at the next `read_buffer`, the only point where the
-engine waits for the GPU anyway. `create_pipeline_async` uses createComputePipelineAsync, which rejects at once with
-the compiler's message (used to warm the pipeline cache and to time pipeline creation).
+engine waits for the GPU anyway.
+
+Pipelines made ahead (the page's fast second visit): pipeline creation is most of an engine build on a software
+adapter (SwiftShader compiles each shader for seconds in Chrome's GPU process). The device records every pipeline
+it creates (`created`: WGSL, entry point, label) and how it was requested (`request`); web/worker.js stores that
+record and on the next visit requests the same device and creates those pipelines from JS while Pyodide starts.
+`adopt_device` wraps that device, and `create_pipeline` then takes a made-ahead pipeline whose WGSL and entry point
+are exactly the ones asked for (the key is the full source, so a changed runtime or adapter can only miss, never
+get a wrong pipeline).
 """
 
 from __future__ import annotations
@@ -83,6 +90,21 @@ async def request_device(*, timestamps: bool = False, force_f32: bool = False,
                                                    "label": "webinfer"}))
     except Exception as e:
         raise GPUError(f"requestDevice failed: {e}") from e
+    return adopt_device(adapter, device)
+
+
+def adapter_fingerprint(adapter) -> str:
+    """What identifies an adapter across visits (web/worker.js computes the same string before Python runs)."""
+    info = adapter.info
+    return "|".join(str(getattr(info, f, "") or "") for f in ("vendor", "architecture", "device", "description"))
+
+
+def adopt_device(adapter, device, made_ahead=None, made_ahead_ready=None) -> "BrowserDevice":
+    """A BrowserDevice over a JS GPUDevice requested elsewhere (request_device, or web/worker.js ahead of Python).
+    Capabilities come from what the device was created with. made_ahead: a JS Map "entry\\0WGSL" -> pipeline,
+    complete once the JS Promise made_ahead_ready resolves."""
+    feats = set(device.features.keys())  # a JS Set: keys() iterates its values
+    f16, sub, ts = "shader-f16" in feats, "subgroups" in feats, "timestamp-query" in feats
     info = adapter.info
     sg = 0
     if sub:
@@ -93,11 +115,17 @@ async def request_device(*, timestamps: bool = False, force_f32: bool = False,
     name = " ".join(str(getattr(info, f, "") or "") for f in ("vendor", "architecture", "device", "description"))
     ainfo = AdapterInfo(name=" ".join(name.split()) or "unknown", backend="WebGPU (browser)",
                         adapter_type="", is_fallback=bool(getattr(info, "isFallbackAdapter", False)))
-    return BrowserDevice(device, ainfo, caps)
+    dev = BrowserDevice(device, ainfo, caps, made_ahead)
+    dev.made_ahead_ready = made_ahead_ready
+    # how to request this device again (web/worker.js, next visit): the same features, every limit at the adapter's
+    dev.request = {"adapter": adapter_fingerprint(adapter), "features": sorted(feats & {"shader-f16", "subgroups"}),
+                   "limits": [_camel(k) for k in BROWSER_DEFAULT_LIMITS
+                              if getattr(adapter.limits, _camel(k), None) is not None]}
+    return dev
 
 
 class BrowserDevice(Device):
-    def __init__(self, device, info: AdapterInfo, caps: Capabilities):
+    def __init__(self, device, info: AdapterInfo, caps: Capabilities, made_ahead=None):
         js, create_proxy, create_once_callable, _ = _js()
         self._js = js
         self._create_proxy = create_proxy
@@ -114,6 +142,11 @@ class BrowserDevice(Device):
         # latency + the GPU's time), split out per token by the page's stats (browser_worker.chat)
         self.time_ms = {"create_buffer": 0.0, "write_buffer": 0.0, "create_pipeline": 0.0, "submit": 0.0,
                         "read_wait": 0.0}
+        self.made_ahead = made_ahead   # JS Map "entry\0WGSL" -> pipeline created before Python ran (or None)
+        self.created: list[dict] = []  # every pipeline asked for: {"code", "entry", "label"} (the page's record)
+        self.made_ahead_hits = 0
+        self.made_ahead_ready = None   # JS Promise: resolves when made_ahead is complete (awaited before a build)
+        self.request: dict = {}
 
         def on_error(event):
             self._errors.append(str(event.error.message))
@@ -166,9 +199,14 @@ class BrowserDevice(Device):
 
     def create_pipeline(self, code: str, label: str = "", entry_point: str = "main"):
         t0 = time.perf_counter()
-        module = self.device.createShaderModule(code=code, label=label)
-        pipe = self.device.createComputePipeline(
-            _obj({"layout": "auto", "label": label, "compute": {"module": module, "entryPoint": entry_point}}))
+        self.created.append({"code": code, "entry": entry_point, "label": label})
+        pipe = self.made_ahead.get(entry_point + "\0" + code) if self.made_ahead is not None else None
+        if pipe is not None:
+            self.made_ahead_hits += 1
+        else:
+            module = self.device.createShaderModule(code=code, label=label)
+            pipe = self.device.createComputePipeline(
+                _obj({"layout": "auto", "label": label, "compute": {"module": module, "entryPoint": entry_point}}))
         self.time_ms["create_pipeline"] += (time.perf_counter() - t0) * 1e3
         return pipe
 
@@ -278,4 +316,4 @@ class BrowserDevice(Device):
             pass
 
 
-__all__ = ["BrowserDevice", "request_device"]
+__all__ = ["BrowserDevice", "adopt_device", "adapter_fingerprint", "request_device"]

@@ -311,7 +311,9 @@ def build_site(packages: list[Path], output: Path, *, force: bool = True) -> dic
         # the service worker's precache list; it matches requests ignoring ?v=, and each version has its own cache
         shell = ["./", "index.html", "site.json"] + [f for f in STATIC_FILES if f != "sw.js"]
         shell += [f"pyodide/{pyodide_version}/{f}" for f in PYODIDE_FILES] + wheels
-        version = _sha256(json.dumps([shell, models], sort_keys=True).encode())[:16]
+        # the assets' content hashes too: the service worker serves the shell cache-first, so a page or worker
+        # change that kept the version would never reach a returning visitor
+        version = _sha256(json.dumps([shell, models, assets], sort_keys=True).encode())[:16]
         site = {"version": version, "pyodide": f"pyodide/{pyodide_version}/", "wheels": wheels, "models": models,
                 "assets": assets, "shell": shell}
         (tmp / "site.json").write_text(json.dumps(site, indent=1, sort_keys=True) + "\n")
