@@ -27,10 +27,9 @@ from __future__ import annotations
 
 import json
 import sys
-import tempfile
 from pathlib import Path
 
-from .conftest import ARGS, CHROMIUM, SiteServer
+from .conftest import site_page
 
 # about 40 tokens with SmolLM2's chat template (system prompt included; the stats report the exact count)
 PROMPT = "What is the capital of France famous for?"
@@ -82,25 +81,17 @@ PHASES = {"cold": ("async", 0), "warm": ("off", 0), "warm-load": ("async", 0), "
 def main(site: Path, n: int, phases: list[str], wait_s: float) -> None:
     import os
 
-    from playwright.sync_api import sync_playwright
-
-    srv = SiteServer(site)
-    m = json.loads((site / "site.json").read_text())["models"][0]
-    with tempfile.TemporaryDirectory() as prof, sync_playwright() as p:
-        ctx = p.chromium.launch_persistent_context(prof, executable_path=CHROMIUM, args=ARGS, headless=True)
-        ctx.set_default_timeout(600_000)
-        page = ctx.new_page()
+    with site_page(site) as (page, url, m):
         for phase in phases:
-            page.goto(srv.url + "index.html?noprepare")  # the bench decides what starts ahead
+            page.goto(url + "index.html?noprepare")  # the bench decides what starts ahead
             load = os.getloadavg()[0]
             if phase == "pipelines":
-                r = page.evaluate(COMPILE_EACH, [m["sha256"]])
+                r = (page.evaluate(COMPILE_EACH, [m["sha256"]])
+                     or {"skipped": "no pipeline record: run a load phase first"})
             else:
                 mode, wait = PHASES[phase]
                 r = page.evaluate(RUN, [m, n, mode, wait_s if wait is None else wait, PROMPT])
             print(json.dumps({"phase": phase, "loadavg": round(load, 2), **r}), flush=True)
-        ctx.close()
-    srv.stop()
 
 
 if __name__ == "__main__":

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 from webinfer_packager.bench.speculative import PROMPTS
 
-from .conftest import ARGS, CHROMIUM, SiteServer
+from .conftest import site_page
 
 LOAD = """async ([url, k]) => {
     const w = await import("./webinfer.js");
@@ -32,15 +31,8 @@ RUN = """async ([messages, n, spec]) => {
 
 
 def main(site: Path, n: int, reps: int, k: int = 4) -> None:
-    from playwright.sync_api import sync_playwright
-
-    srv = SiteServer(site)
-    m = json.loads((site / "site.json").read_text())["models"][0]
-    with tempfile.TemporaryDirectory() as prof, sync_playwright() as p:
-        ctx = p.chromium.launch_persistent_context(prof, executable_path=CHROMIUM, args=ARGS, headless=True)
-        ctx.set_default_timeout(1_800_000)
-        page = ctx.new_page()
-        page.goto(srv.url + "index.html")
+    with site_page(site, timeout_ms=1_800_000) as (page, url, m):
+        page.goto(url + "index.html")
         print(json.dumps({"load_ms": round(page.evaluate(LOAD, [m["manifest"], k]))}), flush=True)
         page.evaluate(RUN, [[{"role": "user", "content": "Hi"}], 4, 0])  # warm-up
         for name, msgs in PROMPTS.items():
@@ -58,8 +50,6 @@ def main(site: Path, n: int, reps: int, k: int = 4) -> None:
                 "spec_decode_tok_s": round(rate(best["speculative"]), 2),
                 "speedup": round(rate(best["speculative"]) / max(rate(best["plain"]), 1e-9), 3),
                 "proposed": s.get("proposed_tokens", 0), "accepted": s.get("accepted_tokens", 0)}), flush=True)
-        ctx.close()
-    srv.stop()
 
 
 if __name__ == "__main__":

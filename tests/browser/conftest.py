@@ -5,9 +5,12 @@ Skipped when Chromium or Playwright is missing, except under CI=true, where that
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import os
 import shutil
+import tempfile
 import threading
 import time
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -174,6 +177,26 @@ def browser(tmp_path):
         ctx.set_default_timeout(60_000)
         yield ctx
         ctx.close()
+
+
+@contextlib.contextmanager
+def site_page(site: Path, timeout_ms: int = 600_000):
+    """(page, server URL, the site's first model entry from site.json): headless Chromium with WebGPU and a fresh
+    persistent profile on a built site served here, for the benchmarks (bench_browser.py, bench_speculative.py)."""
+    from playwright.sync_api import sync_playwright
+
+    srv = SiteServer(site)
+    model = json.loads((site / "site.json").read_text())["models"][0]
+    try:
+        with tempfile.TemporaryDirectory() as prof, sync_playwright() as p:
+            ctx = p.chromium.launch_persistent_context(prof, executable_path=CHROMIUM, args=ARGS, headless=True)
+            ctx.set_default_timeout(timeout_ms)
+            try:
+                yield ctx.new_page(), srv.url, model
+            finally:
+                ctx.close()
+    finally:
+        srv.stop()
 
 
 def attach_console(page, sink: list):
