@@ -120,6 +120,7 @@ def test_proposals_are_verified_only_where_they_pay(noise, adaptive):
         res = []
         for p in prompts:  # batch 1, one after the other
             res.append(await _run(engine, p, SamplingParams(max_tokens=40, ignore_eos=True, speculative_tokens=4)))
+        assert engine.budget is None or not engine.budget._acc  # nothing kept for finished requests
         await engine.close()
         return [r[0] for r in res], runner.now, sum(r[2].num_proposed for r in res)
 

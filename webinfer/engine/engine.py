@@ -136,12 +136,16 @@ class AsyncEngine:
             st.done = True
             self.requests_aborted += 1
         self.scheduler.finish_request(request_id, FINISH_ABORT)
+        self._forget(request_id)
+
+    # ---- the loop
+
+    def _forget(self, request_id: int) -> None:
+        """Drop what the proposer and the proposal budget keep for a request that ended (any way it ends)."""
         if self.proposer is not None:
             self.proposer.forget(request_id)
         if self.budget is not None:
             self.budget.forget(request_id)
-
-    # ---- the loop
 
     def _start(self) -> None:
         if self._task is None or self._task.done():
@@ -164,6 +168,7 @@ class AsyncEngine:
     def _fail(self, request_ids, e: BaseException, what: str) -> None:
         for rid in request_ids:
             self.scheduler.finish_request(rid, FINISH_ABORT)
+            self._forget(rid)
             st = self._streams.pop(rid, None)
             if st is not None:
                 st.done = True
@@ -293,10 +298,7 @@ class AsyncEngine:
         if reason is not None:
             st.done = True
             del self._streams[st.req.request_id]
-            if self.proposer is not None:
-                self.proposer.forget(st.req.request_id)
-            if self.budget is not None:
-                self.budget.forget(st.req.request_id)
+            self._forget(st.req.request_id)
         r = st.req
         st.queue.put_nowait(RequestOutput(
             r.request_id, toks, delta, reason, len(r.prompt_ids), len(r.output_ids) - dropped,
