@@ -348,7 +348,10 @@ def test_random_manifest_mutations_fail_typed_and_fast(intact, mutations):
 def test_pack_removes_its_temp_folder_on_signals(tmp_path, sig):
     src = synthetic.write_large_synthetic_hf(tmp_path / "big", gigabytes=0.1, hidden=512, ffn=1408, vocab=8000)
     out = tmp_path / "out"
-    code = f"from webinfer_packager.pack.build import pack; pack({str(src)!r}, {str(out)!r}, progress=False)"
+    # 1 MiB shards: the first one appears long before the pack is done, so the signal always lands mid-pack (with
+    # 32 MiB shards a loaded machine sometimes let the pack finish between the first shard and the signal)
+    code = (f"from webinfer_packager.pack.build import pack; "
+            f"pack({str(src)!r}, {str(out)!r}, progress=False, shard_mb=1)")
     proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE)
     t0 = time.time()
     while not any(tmp_path.glob("out.tmp-*/*.bin")):  # a shard is being written
