@@ -64,8 +64,8 @@ class ProposalBudget:
     from what this device charges for verification rows.
 
     Verifying k proposals adds k decode rows to a step. On a real GPU a decode step reads the weights once for all
-    its rows, so rows are nearly free and every plausible proposal pays; on a compute-bound device (lavapipe, the
-    wasm CPU engine) they are not: a 5-row step of SmolLM2 took 2.1-2.8x a 1-row step on lavapipe, so a proposal pays
+    its rows, so rows are nearly free and every plausible proposal pays; on a compute-bound device they are not: a
+    5-row step of SmolLM2 took 2.1-2.8x a 1-row step on lavapipe, so a proposal pays
     only when it is likely to be accepted, and in open chat the proposals that prompt lookup still makes cost more
     than they save. So the engine records a decode step's wall time by its number of rows (`observe_step`) and, per
     request, an acceptance rate a (accepted proposals over tried positions, the evidence halved at each look, prior
