@@ -348,11 +348,11 @@ def test_random_manifest_mutations_fail_typed_and_fast(intact, mutations):
 def test_pack_removes_its_temp_folder_on_signals(tmp_path, sig):
     src = synthetic.write_large_synthetic_hf(tmp_path / "big", gigabytes=0.1, hidden=512, ffn=1408, vocab=8000)
     out = tmp_path / "out"
-    # 1 MiB shards: the first one appears long before the pack is done, so the signal always lands mid-pack (with
-    # 32 MiB shards a loaded machine sometimes let the pack finish between the first shard and the signal)
-    code = (f"from webinfer_packager.pack.build import pack; "
-            f"pack({str(src)!r}, {str(out)!r}, progress=False, shard_mb=1)")
-    proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE)
+    code = f"from webinfer_packager.pack.build import pack; pack({str(src)!r}, {str(out)!r}, progress=False)"
+    # SIGINT back to its default in the child: a test run started in the background (`cmd &` in a script) ignores
+    # SIGINT, the child would inherit that and pack on to the end (exit 0), and the test would check nothing
+    proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     t0 = time.time()
     while not any(tmp_path.glob("out.tmp-*/*.bin")):  # a shard is being written
         assert proc.poll() is None, proc.stderr.read()
