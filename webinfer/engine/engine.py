@@ -249,7 +249,7 @@ class AsyncEngine:
         if self.budget is not None:
             rows = sum(r.num_tokens - r.num_computed_tokens == 1 for r in self.scheduler.running)
             ks = self.budget.lengths(wants, rows)
-            for (r, _), k in zip(wants, ks):
+            for r, _ in wants:
                 r.proposal = []
             wants = [(r, k) for (r, _), k in zip(wants, ks) if k > 0]
             if not wants:
@@ -310,5 +310,6 @@ class AsyncEngine:
         recent = [(t, n) for t, n in self._recent if now - t <= 10.0]
         span = (now - recent[0][0]) if len(recent) > 1 else 0.0
         s.update(steps=self.steps, decode_blocks=self.blocks, tokens_generated=self.tokens_generated,
-                 requests_aborted=self.requests_aborted, tokens_per_s=(sum(n for _, n in recent[1:]) / span) if span > 0 else 0.0)
+                 requests_aborted=self.requests_aborted,
+                 tokens_per_s=(sum(n for _, n in recent[1:]) / span) if span > 0 else 0.0)
         return s

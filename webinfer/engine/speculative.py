@@ -125,14 +125,14 @@ class ProposalBudget:
             if rows not in self.row_s:  # measure a step without proposals first: the price of the rows added
                 out.append(0)
                 continue
-            best_k, best, gain = 0, tokens / self.cost(rows), 0.0
+            best_k, best, best_gain, gain = 0, tokens / self.cost(rows), 0.0, 0.0
             for k in range(1, k_max + 1):
                 gain += a ** k
                 r = (tokens + gain) / self.cost(rows + k)
                 if r > best:
-                    best_k, best = k, r
+                    best_k, best, best_gain = k, r, gain
             out.append(best_k)
-            tokens += sum(a ** i for i in range(1, best_k + 1))
+            tokens += best_gain
             rows += best_k
         return out
 

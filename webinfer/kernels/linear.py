@@ -33,17 +33,17 @@ from .common import WG, ParamsFn, ceil_div, standalone_params
 
 ROWS_PER_INVOCATION = 4
 AUTO_TILES = (1, 4, 8)  # gemv TILE variants: the dispatch picks the smallest that holds the rows
+# (lavapipe: a tile of 8 costs ~2x a tile of 1 for a single row, the skipped slots still cost registers)
+GEMM_TOKENS = 8  # gemm TT: activation rows per invocation (all lanes of a workgroup share them)
+GEMM_ROWS = (8, 4)  # gemm weight rows per invocation, by preference (see gemm_rows)
+_PARAMS = "<10If5I"  # Params in linear_common.wgsl (64 bytes)
+META = ("scales", "mins", "super")  # the components packed into one meta buffer, in this order
 
 
 def tiles_for(max_rows: int) -> tuple[int, ...]:
     """The decode tiles a model whose steps hold at most max_rows decode rows can use: larger ones would never be
     picked, and each is one more pipeline to compile at load (seconds each in a software-GPU browser)."""
     return tuple(t for t in AUTO_TILES if t < max_rows) + tuple(t for t in AUTO_TILES if t >= max_rows)[:1]
-# (lavapipe: a tile of 8 costs ~2x a tile of 1 for a single row, the skipped slots still cost registers)
-GEMM_TOKENS = 8  # gemm TT: activation rows per invocation (all lanes of a workgroup share them)
-GEMM_ROWS = (8, 4)  # gemm weight rows per invocation, by preference (see gemm_rows)
-_PARAMS = "<10If5I"  # Params in linear_common.wgsl (64 bytes)
-META = ("scales", "mins", "super")  # the components packed into one meta buffer, in this order
 
 
 def format_defines(dtype: str) -> dict[str, object]:
