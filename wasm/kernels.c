@@ -316,6 +316,7 @@ typedef struct {
     float *xd;    // [rows, kp / 32]
     float *xs32;  // [rows, kp / 32]: sums of whole units (the 4-unit path's offset term)
     i16 *xl;      // [rows, kp]: exact mode's low halves (EXACT_INT)
+    u32 n0, n1;   // the output rows this call computes: [0, n), or a thread's share (n0 a multiple of 4)
 } Acts;
 
 // linear()'s activation modes: f32, int8 / int16 codes per 32-block (fast mode), and exact mode's integer form for
@@ -649,14 +650,14 @@ INLINE void linear_rows(u32 dt, const Weight *w, const Acts *A, float *y, u32 y_
     float out[TILE];
     for (u32 r0 = 0; r0 < rows;) {
         u32 R = rows - r0 >= TILE ? TILE : 1;
-        for (u32 n = 0; n < w->n; n++) {
+        for (u32 n = A->n0; n < A->n1; n++) {
             if (dt == F_F32) {
                 if (R == TILE) row_dot_f32(w, n, A, r0, TILE, out);
                 else row_dot_f32(w, n, A, r0, 1, out);
             } else if (fast && VEC4(dt, w)) {
                 // one activation row (decode): two nibble-format weight rows at a time share its loads (q8: one,
                 // measured faster: its i16 path needs more registers)
-                u32 nw = R == 1 && dt != F_Q8 && fast != EXACT_INT && n + 1 < w->n ? 2 : 1;
+                u32 nw = R == 1 && dt != F_Q8 && fast != EXACT_INT && n + 1 < A->n1 ? 2 : 1;
                 // a constant mode per call, so that each mode's loop is specialised (no per-unit mode branches)
                 if (fast == EXACT_INT) rows_dot_tile(dt, w, n, nw, A, r0, R, EXACT_INT, out);
                 else if (fast == ACT_I16) rows_dot_tile(dt, w, n, nw, A, r0, R, ACT_I16, out);
@@ -887,12 +888,12 @@ INLINE void linear_packed(u32 dt, const Weight *w, const Acts *A, float *y, u32 
     float lanes[4] __attribute__((aligned(16)));
     for (u32 r0 = 0; r0 < rows;) {
         u32 R = rows - r0 >= TILE ? TILE : 1;
-        for (u32 g = 0; g < (w->n + 3) / 4; g++) {
+        for (u32 g = A->n0 / 4; g < (A->n1 + 3) / 4; g++) {
             if (R == TILE) packed_group(dt, w, g, A, r0, TILE, mode, out);
             else packed_group(dt, w, g, A, r0, 1, mode, out);
             for (u32 r = 0; r < R; r++) {
                 wasm_v128_store(lanes, out[r]);
-                for (u32 i = 0; i < 4 && 4 * g + i < w->n; i++) {
+                for (u32 i = 0; i < 4 && 4 * g + i < A->n1; i++) {
                     float v = lanes[i] + (w->bias ? w->bias[4 * g + i] : 0.0f);
                     float *dst = y + (r0 + r) * y_stride + 4 * g + i;
                     *dst = accumulate ? *dst + v : v;
@@ -918,11 +919,12 @@ static void linear_packed_any(const Weight *w, const Acts *A, float *y, u32 y_st
 }
 
 // y[r, n] (+)= W x[r] (+ bias) for `rows` activation rows: GEMV for one row, 4-row GEMM tiles for more.
-// scratch: room for prepare_acts (wi_linear_scratch_bytes); prepare: see prepare_acts.
+// scratch: room for prepare_acts (wi_linear_scratch_bytes); prepare: see prepare_acts. Only the output columns
+// [n0, n1) are computed (a thread's share; n0 a multiple of 4, the packed layout's row group).
 static void linear(const Weight *w, const float *x, u32 x_stride, float *y, u32 y_stride, u32 rows, int accumulate,
-                   int fast, u8 *scratch, int prepare) {
+                   int fast, u8 *scratch, int prepare, u32 n0, u32 n1) {
     u32 kp = w->dtype == F_F32 ? w->k : w->kp;
-    Acts A = {x, x_stride, (float *)scratch, 0, 0, 0, 0, 0};
+    Acts A = {x, x_stride, (float *)scratch, 0, 0, 0, 0, 0, n0, n1};
     if (w->dtype == F_F32) fast = ACT_F32;  // in: 0 exact, 1 int8 activations, 2 int16 activations
     else if (fast == ACT_F32 && VEC4(w->dtype, w)) fast = EXACT_INT;
     if (w->packed) {  // (always a VEC4 format: exact mode is EXACT_INT)
@@ -1253,6 +1255,7 @@ typedef struct {
     // g, up [T, f]; logits [S, vocab]; xs [S, d]; scores [max_ctx]; work: linear's and the sampler's scratch
     float *r, *xn, *q, *k, *v, *attn, *g, *u, *logits, *xs, *scores;
     u8 *work;
+    struct Team *team;  // 0: one thread; else the threads build's team (wi_worker runs thread 1)
 } Model;
 
 typedef struct {
@@ -1277,61 +1280,200 @@ INLINE int same_layout(const Weight *a, const Weight *b) {
     return a->dtype == b->dtype && a->k == b->k && a->kp == b->kp && a->gs == b->gs && a->packed == b->packed;
 }
 
-// One engine step: every fed token through the model, K/V into the paged cache, the sampled rows' next ids.
-EXPORT(wi_step) void wi_step(const Model *m, const Step *s) {
+// ------------------------------------------------------------------------------------------------ threads
+//
+// The threads build (-DTHREADS: shared memory, atomics) runs a step on two threads, each its own instance of the
+// module on the same memory: thread 0 is the host's wi_step call, thread 1 a host thread parked in wi_worker. Both
+// walk the same step (step_body), each computing its share of every matrix's output columns (whole groups of 4
+// rows, the packed layout's) with its own activation scratch; the other ops run on thread 0, and a barrier
+// (team_sync) follows every op whose output the other thread reads. A column's arithmetic does not depend on the
+// split, so the ids are those of one thread. Without THREADS (or with team = 0) it is the one-thread step.
+typedef struct Team {
+    u32 nth;            // threads (2)
+    u32 spins;          // polls of a word before blocking on it (memory.atomic.wait32)
+    u32 go;             // bumped by thread 0 to start a step on thread 1
+    u32 quit;           // 1: leave (the host closes, or a thread failed): every wait returns
+    u32 arrived, gen;   // the barrier: threads arrived, generation
+    const void *m, *s;  // the step thread 1 runs (Model, Step)
+    u8 *work1;          // thread 1's linear scratch (thread 0 uses the Model's work)
+} Team;
+
+typedef struct {
+    u32 tid, nth;
+    u8 *work;
+    Team *team;
+} Ctx;
+
+#ifdef THREADS
+// waits until *p != old (or the team quits): polls `spins` times, then blocks (a Worker may block; the engine
+// never runs wasm on the browser's main thread)
+static void team_wait(Team *t, u32 *p, u32 old) {
+    for (u32 i = 0; i < t->spins; i++)
+        if (__atomic_load_n(p, __ATOMIC_ACQUIRE) != old) return;
+    while (__atomic_load_n(p, __ATOMIC_ACQUIRE) == old && !__atomic_load_n(&t->quit, __ATOMIC_ACQUIRE))
+        __builtin_wasm_memory_atomic_wait32((int *)p, (int)old, -1);
+}
+#endif
+
+// the barrier; returns 1 when the team quits (the step is abandoned: the host raises)
+static int team_sync(const Ctx *c) {
+#ifdef THREADS
+    Team *t = c->team;
+    if (!t) return 0;
+    u32 gen = __atomic_load_n(&t->gen, __ATOMIC_ACQUIRE);
+    if (__atomic_add_fetch(&t->arrived, 1, __ATOMIC_ACQ_REL) == c->nth) {
+        __atomic_store_n(&t->arrived, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&t->gen, gen + 1, __ATOMIC_RELEASE);
+        __builtin_wasm_memory_atomic_notify((int *)&t->gen, ~0u);
+    } else {
+        team_wait(t, &t->gen, gen);
+    }
+    return __atomic_load_n(&t->quit, __ATOMIC_ACQUIRE) != 0;
+#else
+    (void)c;
+    return 0;
+#endif
+}
+
+// this thread's share of n output columns: whole groups of 4, split evenly
+INLINE void share(const Ctx *c, u32 n, u32 *n0, u32 *n1) {
+    u32 groups = (n + 3) / 4, e = 4 * (groups * (c->tid + 1) / c->nth);
+    *n0 = 4 * (groups * c->tid / c->nth);
+    *n1 = e < n ? e : n;
+}
+
+// linear() on this thread's share of w's output columns, with this thread's scratch
+static void linear_share(const Ctx *c, const Weight *w, const float *x, u32 x_stride, float *y, u32 y_stride,
+                         u32 rows, int accumulate, int fast, int prepare) {
+    u32 n0, n1;
+    share(c, w->n, &n0, &n1);
+    linear(w, x, x_stride, y, y_stride, rows, accumulate, fast, c->work, prepare, n0, n1);
+}
+
+#define SYNC()                          \
+    do {                                \
+        if (team_sync(c)) return;       \
+    } while (0)
+
+// One engine step on thread c->tid (see "threads" above): every fed token through the model, K/V into the paged
+// cache, the sampled rows' next ids.
+static void step_body(const Ctx *c, const Model *m, const Step *s) {
     u32 T = s->n_tokens, d = m->d, hd = m->hd, qd = m->n_heads * hd, kvd = m->n_kv * hd, bs = m->block_size;
-    for (u32 t = 0; t < T; t++) dequant_row(m->embed, s->ids[t], m->r + t * d);
+    int t0 = c->tid == 0;
+    if (t0)
+        for (u32 t = 0; t < T; t++) dequant_row(m->embed, s->ids[t], m->r + t * d);
     for (u32 li = 0; li < m->n_layers; li++) {
         const Layer *L = m->layers + li;
-        rmsnorm(m->r, d, L->attn_norm, m->xn, d, T, d, m->eps);
+        if (t0) rmsnorm(m->r, d, L->attn_norm, m->xn, d, T, d, m->eps);
+        SYNC();
         int fq = (m->fast & FAST_QKV) != 0;
-        linear(L->q, m->xn, d, m->q, qd, T, 0, fq, m->work, 1);
-        linear(L->k, m->xn, d, m->k, kvd, T, 0, fq, m->work, !same_layout(L->q, L->k));
-        linear(L->v, m->xn, d, m->v, kvd, T, 0, fq, m->work, !same_layout(L->k, L->v));
-        for (u32 t = 0; t < T; t++) {
-            rope_row(m->q + t * qd, m->n_heads, hd, m->cos_t, m->sin_t, s->pos[t]);
-            rope_row(m->k + t * kvd, m->n_kv, hd, m->cos_t, m->sin_t, s->pos[t]);
-            float *kd = L->k_cache + s->slot[t] * kvd, *vd = L->v_cache + s->slot[t] * kvd;
-            for (u32 i = 0; i < kvd; i++) { kd[i] = m->k[t * kvd + i]; vd[i] = m->v[t * kvd + i]; }
-        }
-        for (u32 si = 0; si < s->n_seqs; si++) {
-            const Seq *q = s->seqs + si;
-            for (u32 j = 0; j < q->n_q; j++) {
-                u32 row = q->q_row + j;
-                attend_row(m->q + row * qd, m->attn + row * qd, L->k_cache, L->v_cache, q->table, q->start_pos + j,
-                           m->n_heads, m->n_kv, hd, bs, m->scores);
+        linear_share(c, L->q, m->xn, d, m->q, qd, T, 0, fq, 1);
+        linear_share(c, L->k, m->xn, d, m->k, kvd, T, 0, fq, !same_layout(L->q, L->k));
+        linear_share(c, L->v, m->xn, d, m->v, kvd, T, 0, fq, !same_layout(L->k, L->v));
+        SYNC();
+        if (t0) {
+            for (u32 t = 0; t < T; t++) {
+                rope_row(m->q + t * qd, m->n_heads, hd, m->cos_t, m->sin_t, s->pos[t]);
+                rope_row(m->k + t * kvd, m->n_kv, hd, m->cos_t, m->sin_t, s->pos[t]);
+                float *kd = L->k_cache + s->slot[t] * kvd, *vd = L->v_cache + s->slot[t] * kvd;
+                for (u32 i = 0; i < kvd; i++) { kd[i] = m->k[t * kvd + i]; vd[i] = m->v[t * kvd + i]; }
+            }
+            for (u32 si = 0; si < s->n_seqs; si++) {
+                const Seq *q = s->seqs + si;
+                for (u32 j = 0; j < q->n_q; j++) {
+                    u32 row = q->q_row + j;
+                    attend_row(m->q + row * qd, m->attn + row * qd, L->k_cache, L->v_cache, q->table,
+                               q->start_pos + j, m->n_heads, m->n_kv, hd, bs, m->scores);
+                }
             }
         }
-        linear(L->o, m->attn, qd, m->r, d, T, 1, (m->fast & FAST_O) != 0, m->work, 1);
-        rmsnorm(m->r, d, L->ffn_norm, m->xn, d, T, d, m->eps);
-        linear(L->gate, m->xn, d, m->g, m->f, T, 0, (m->fast & FAST_GATE_UP) != 0, m->work, 1);
-        linear(L->up, m->xn, d, m->u, m->f, T, 0, (m->fast & FAST_GATE_UP) != 0, m->work,
-               !same_layout(L->gate, L->up));
-        for (u32 i = 0; i < T * m->f; i++) m->g[i] = silu(m->g[i]) * m->u[i];
-        linear(L->down, m->g, m->f, m->r, d, T, 1, (m->fast & FAST_DOWN16) ? 2 : (m->fast & FAST_DOWN) != 0, m->work,
-               1);
+        SYNC();
+        linear_share(c, L->o, m->attn, qd, m->r, d, T, 1, (m->fast & FAST_O) != 0, 1);
+        SYNC();
+        if (t0) rmsnorm(m->r, d, L->ffn_norm, m->xn, d, T, d, m->eps);
+        SYNC();
+        linear_share(c, L->gate, m->xn, d, m->g, m->f, T, 0, (m->fast & FAST_GATE_UP) != 0, 1);
+        linear_share(c, L->up, m->xn, d, m->u, m->f, T, 0, (m->fast & FAST_GATE_UP) != 0,
+                     !same_layout(L->gate, L->up));
+        u32 f0, f1;  // SwiGLU on the columns this thread computed
+        share(c, m->f, &f0, &f1);
+        for (u32 t = 0; t < T; t++)
+            for (u32 i = t * m->f + f0; i < t * m->f + f1; i++) m->g[i] = silu(m->g[i]) * m->u[i];
+        SYNC();
+        linear_share(c, L->down, m->g, m->f, m->r, d, T, 1, (m->fast & FAST_DOWN16) ? 2 : (m->fast & FAST_DOWN) != 0,
+                     1);
+        SYNC();
     }
-    for (u32 j = 0; j < s->n_sampled; j++)
-        rmsnorm(m->r + s->sample_rows[j] * d, d, m->norm, m->xs + j * d, d, 1, d, m->eps);
+    if (t0)
+        for (u32 j = 0; j < s->n_sampled; j++)
+            rmsnorm(m->r + s->sample_rows[j] * d, d, m->norm, m->xs + j * d, d, 1, d, m->eps);
+    SYNC();
     if (s->n_sampled)
-        linear(m->lm_head, m->xs, d, m->logits, m->vocab, s->n_sampled, 0, (m->fast & FAST_HEAD) != 0, m->work, 1);
-    for (u32 j = 0; j < s->n_sampled; j++)
-        s->out_ids[j] = sample_row(m->logits + j * m->vocab, m->vocab, s->params + j, s->aux, s->counts,
-                                   s->logprobs + LPW * j, m->work);
+        linear_share(c, m->lm_head, m->xs, d, m->logits, m->vocab, s->n_sampled, 0, (m->fast & FAST_HEAD) != 0, 1);
+    SYNC();
+    if (t0)
+        for (u32 j = 0; j < s->n_sampled; j++)
+            s->out_ids[j] = sample_row(m->logits + j * m->vocab, m->vocab, s->params + j, s->aux, s->counts,
+                                       s->logprobs + LPW * j, m->work);
 }
+#undef SYNC
+
+// One engine step (thread 0). With a team, thread 1 (parked in wi_worker) is started on the same step first.
+EXPORT(wi_step) void wi_step(const Model *m, const Step *s) {
+    Team *t = m->team;
+    Ctx c = {0, t ? t->nth : 1, m->work, t};
+#ifdef THREADS
+    if (t) {
+        t->m = m;
+        t->s = s;
+        __atomic_add_fetch(&t->go, 1, __ATOMIC_RELEASE);
+        __builtin_wasm_memory_atomic_notify((int *)&t->go, 1);
+    }
+#endif
+    step_body(&c, m, s);
+}
+
+#ifdef THREADS
+// Thread 1's life (its own instance, its own stack: the host sets __stack_pointer first): waits for each step
+// wi_step starts and runs its share; returns when the team quits.
+EXPORT(wi_worker) void wi_worker(Team *t) {
+    Ctx c = {1, t->nth, t->work1, t};
+    for (u32 seen = 0;;) {
+        team_wait(t, &t->go, seen);
+        if (__atomic_load_n(&t->quit, __ATOMIC_ACQUIRE)) return;
+        seen = __atomic_load_n(&t->go, __ATOMIC_ACQUIRE);
+        step_body(&c, (const Model *)t->m, (const Step *)t->s);
+    }
+}
+
+// Makes every thread leave: wi_worker returns, a step in flight is abandoned at its next barrier.
+EXPORT(wi_team_quit) void wi_team_quit(Team *t) {
+    __atomic_store_n(&t->quit, 1, __ATOMIC_RELEASE);
+    __atomic_add_fetch(&t->go, 1, __ATOMIC_RELEASE);
+    __atomic_add_fetch(&t->gen, 1, __ATOMIC_RELEASE);
+    __builtin_wasm_memory_atomic_notify((int *)&t->go, ~0u);
+    __builtin_wasm_memory_atomic_notify((int *)&t->gen, ~0u);
+}
+#endif
 
 // ------------------------------------------------------------------------------------------------ single kernels
 // (the tests call these against numpy; the bench times them)
 
 EXPORT(wi_linear) void wi_linear(const Weight *w, const float *x, u32 x_stride, float *y, u32 y_stride, u32 rows,
                                  u32 accumulate, u32 fast, u8 *scratch) {
-    linear(w, x, x_stride, y, y_stride, rows, accumulate, fast, scratch, 1);
+    linear(w, x, x_stride, y, y_stride, rows, accumulate, fast, scratch, 1, 0, w->n);
+}
+
+// wi_linear for the output columns [n0, n1) only (n0 a multiple of 4): one thread's share of a matrix
+EXPORT(wi_linear_part) void wi_linear_part(const Weight *w, const float *x, u32 x_stride, float *y, u32 y_stride,
+                                           u32 rows, u32 accumulate, u32 fast, u8 *scratch, u32 n0, u32 n1) {
+    linear(w, x, x_stride, y, y_stride, rows, accumulate, fast, scratch, 1, n0, n1);
 }
 
 // wi_linear `reps` times in one call: the bench times kernels without the host's per-call cost (~40 us in wasmtime-py)
 EXPORT(wi_linear_reps) void wi_linear_reps(const Weight *w, const float *x, u32 x_stride, float *y, u32 y_stride,
                                            u32 rows, u32 fast, u8 *scratch, u32 reps) {
-    for (u32 i = 0; i < reps; i++) linear(w, x, x_stride, y, y_stride, rows, 0, fast, scratch, 1);
+    for (u32 i = 0; i < reps; i++) linear(w, x, x_stride, y, y_stride, rows, 0, fast, scratch, 1, 0, w->n);
 }
 
 // bytes of scratch wi_linear needs for `rows` rows of K = kp

@@ -22,15 +22,14 @@ async def load_cpu_runner(package, *, mode: str = "exact", threads: int = 1, num
     """A CpuRunner for `package` (a webinfer.package.Package or a package folder).
 
     Natively the module runs in wasmtime (variant "auto" picks relaxed SIMD when it validates and passes its
-    self-test); in the page pass host=JsHost(...). threads: only 1 is implemented (one wasm instance)."""
-    if threads != 1:
-        raise ValueError(f"threads={threads}: the CPU engine runs one thread for now")
+    self-test); in the page pass host=JsHost(...). threads: 1, or 2 (the threads build on a shared memory, each
+    matrix's output columns split between two threads; the same ids); the page's host brings its own."""
     if isinstance(package, (str, bytes)) or hasattr(package, "__fspath__"):
         from ..package import Package
 
         package = Package.open(package)
     if host is None:
-        host = WasmtimeHost(variant)
+        host = WasmtimeHost(variant, threads=threads)
     return await CpuRunner.load(host, package, mode=mode, num_blocks=num_blocks, block_size=block_size,
                                 max_batch_tokens=max_batch_tokens, max_seqs=max_seqs, max_model_len=max_model_len,
                                 read=read)

@@ -10,6 +10,8 @@ Everything lives in the module's linear memory, placed once at load by a bump al
     RoPE tables   cos / sin [max_model_len, head_dim / 2] f32, computed here in double precision
     scratch       activations for max_batch_tokens rows, logits for max_seqs rows, the kernels' work area
     step area     the per-step inputs (token ids, positions, cache slots, sequences, block tables, sampling)
+    team          with two threads (host.threads == 2): kernels.c's Team (barrier words), thread 1's own scratch
+                  and stack; the host starts thread 1 on it (host.start_worker) and every step runs on both
 A step is one write of the step area, one call (`wi_step`) and one read of the sampled ids: no Python buffer per
 kernel, no per-layer round trips.
 
@@ -37,10 +39,11 @@ from ..engine.gpu_model import GPUModel
 from ..kernels.rope import inv_freq
 from ..kernels.sampling import (LOGPROB_BYTES, MAX_LOGIT_BIAS, CountsSlots, SampleRow, pack, pack_chunks,
                                 unpack_logprobs)
-from .wasm import WasmMemoryError
+from .wasm import WasmMemoryError, team_words
 
 DTYPE_CODES = {"f32": 0, "q4": 1, "q4a": 2, "q8": 3, "q5_0": 4, "q5_1": 5, "q4k": 6, "q5k": 7, "q6k": 8}
-WEIGHT_WORDS, LAYER_WORDS, MODEL_WORDS, STEP_WORDS = 12, 11, 30, 13
+WEIGHT_WORDS, LAYER_WORDS, MODEL_WORDS, STEP_WORDS = 12, 11, 31, 13
+WORKER_STACK = 65536  # thread 1's wasm stack (it runs the GEMVs only: a few hundred bytes deep)
 PARAM_BYTES = 64  # sampling.py's RowParams, as kernels.c's SampleParams reads it
 # the Model's FAST_* bits (kernels.c): fast = int8 activations everywhere but the down projection, which takes int16
 # (measured: all-int8 cost +1.7 % perplexity on SmolLM2, the down projection's share the largest)
@@ -195,10 +198,18 @@ class CpuRunner:
                    a(T * f, "g"), a(T * f, "u"), a(S * V, "logits"), a(S * d, "xs"), a(self.max_model_len, "scores"),
                    arena.alloc(work, "work")]
         self.logits_off = scratch[8]
+        self.threads = getattr(host, "threads", 1)
+        team = 0
+        if self.threads > 1:  # thread 1's scratch and stack, and the team that joins the two
+            work1 = arena.alloc(work, "thread 1 work")
+            stack = arena.alloc(WORKER_STACK, "thread 1 stack")
+            team = arena.put(team_words(self.threads, work1), "team")
         head = struct.pack("<8If3I", d, f, L, cfg.num_attention_heads, cfg.num_key_value_heads, hd, V, block_size,
                            cfg.rms_norm_eps, MODES[mode], self.max_model_len, self.max_model_len)
-        self.model_off = arena.put(head + struct.pack("<18I", embed, lm_head, norm, cos_t, sin_t, layers_off, *scratch),
-                                   "model")
+        self.model_off = arena.put(head + struct.pack("<19I", embed, lm_head, norm, cos_t, sin_t, layers_off, *scratch,
+                                                      team), "model")
+        if team:
+            host.start_worker(team, stack + WORKER_STACK)
         self.max_blocks_per_seq = -(-self.max_model_len // block_size)
         aux_words = S * ((V + 31) // 32 + 2 * MAX_LOGIT_BIAS)  # a mask and the bias entries per sampled row
         step_bytes = (4 * (STEP_WORDS + 3 * T + 4 * S + S * self.max_blocks_per_seq + S + S + aux_words)
@@ -213,6 +224,12 @@ class CpuRunner:
             self.counts_off = arena.alloc(4 * S * V, "penalty counts")
         self.counts_slots = CountsSlots(S, V, allocate, lambda off, data: host.write(self.counts_off + off, data))
         return self
+
+    def close(self) -> None:
+        """Stop the host's second thread, if any (also done at garbage collection and at exit)."""
+        close = getattr(self.host, "close", None)
+        if close is not None:
+            close()
 
     @property
     def memory_bytes(self) -> int:

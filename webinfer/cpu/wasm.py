@@ -10,10 +10,19 @@ Both give the runner the same small interface, so webinfer/cpu/runner.py never k
 Variant choice ("auto"): the relaxed-SIMD module when the engine validates it and its self-test (wi_selftest,
 the relaxed dot product against plain arithmetic) passes, else the base SIMD128 module. The reason is kept for
 reports (`webinfer bench --backend cpu` prints it).
+
+Threads (threads=2): the threads build of the variant (kernels-threads.wasm / kernels-relaxed-threads.wasm) on a
+shared memory; the runner places the team (kernels.c Team: barrier words, thread 1's scratch and stack) and calls
+`host.start_worker(team, stack_top)`, which parks a second instance of the module, on the same memory, in
+`wi_worker` on a second thread; each `wi_step` then runs on both (docs/cpu-backend.md "Threads").
 """
 
 from __future__ import annotations
 
+import ctypes
+import struct
+import threading
+import weakref
 from importlib import resources
 
 from ..errors import WebinferError
@@ -21,26 +30,41 @@ from ..errors import WebinferError
 PAGE = 65536
 MAX_BYTES = 1 << 32  # the wasm32 address space
 MODULES = {"base": "kernels.wasm", "relaxed": "kernels-relaxed.wasm"}
+THREAD_MODULES = {"base": "kernels-threads.wasm", "relaxed": "kernels-relaxed-threads.wasm"}
+TEAM_WORDS = 9  # kernels.c Team: nth, spins, go, quit, arrived, gen, m, s, work1
+_QUIT_WORD = 3
+# polls of a barrier word before blocking on it (memory.atomic.wait32): ~10-50 us at a few ns a poll, about one
+# small GEMV, so a waiting thread does not sleep through the other's short ops (measured: docs/cpu-backend.md)
+SPINS = 20000
 
 
 class WasmMemoryError(WebinferError):
     """The model (or a request for scratch memory) does not fit the 4 GiB wasm32 address space."""
 
 
-def module_bytes(variant: str) -> bytes:
-    """The packaged .wasm of a variant ("base" or "relaxed")."""
-    return resources.files("webinfer.cpu").joinpath(MODULES[variant]).read_bytes()
+def module_bytes(variant: str, threads: bool = False) -> bytes:
+    """The packaged .wasm of a variant ("base" or "relaxed"), or its threads build."""
+    return resources.files("webinfer.cpu").joinpath((THREAD_MODULES if threads else MODULES)[variant]).read_bytes()
+
+
+def team_words(nth: int, work1: int, spins: int | None = None) -> bytes:
+    """A fresh kernels.c Team for `nth` threads, thread 1's scratch at `work1` (spins: default SPINS)."""
+    return struct.pack(f"<{TEAM_WORDS}I", nth, SPINS if spins is None else spins, 0, 0, 0, 0, 0, 0, work1)
 
 
 class WasmtimeHost:
-    """The module in wasmtime (native CPython)."""
+    """The module in wasmtime (native CPython); threads=2: the threads build, thread 1 a second Python thread with
+    its own Store and Instance on the same wasmtime.SharedMemory (wasm calls release the GIL: ctypes)."""
 
-    def __init__(self, variant: str = "auto"):
+    def __init__(self, variant: str = "auto", threads: int = 1):
         import wasmtime
 
         if variant not in ("auto", "base", "relaxed"):
             raise ValueError(f"wasm variant {variant!r}: expected 'auto', 'base' or 'relaxed'")
-        self.reason = ""
+        if threads not in (1, 2):
+            raise ValueError(f"threads={threads}: expected 1 or 2")
+        self.threads, self.reason, self.team, self._worker = threads, "", 0, None
+        self._closer = None
         if variant in ("auto", "relaxed"):
             try:
                 self._instantiate(wasmtime, "relaxed")
@@ -61,12 +85,23 @@ class WasmtimeHost:
         cfg.wasm_bulk_memory = True
         cfg.wasm_relaxed_simd = variant == "relaxed"
         cfg.cranelift_opt_level = "speed"
+        shared = self.threads > 1
+        if shared:
+            cfg.wasm_threads = True
+            cfg.shared_memory = True
         self.engine = wasmtime.Engine(cfg)
         self.store = wasmtime.Store(self.engine)
-        module = wasmtime.Module(self.engine, module_bytes(variant))
-        self.instance = wasmtime.Instance(self.store, module, [])
+        self.module = module = wasmtime.Module(self.engine, module_bytes(variant, shared))
+        if shared:  # the module's own limits (its initial size; 4 GiB max), shared
+            lim = module.imports[0].type.limits
+            self.memory = _shared_memory(wasmtime)(
+                self.engine, wasmtime.MemoryType(wasmtime.Limits(lim.min, lim.max), shared=True))
+            self.instance = wasmtime.Instance(self.store, module, [self.memory])
+        else:
+            self.instance = wasmtime.Instance(self.store, module, [])
         ex = self.instance.exports(self.store)
-        self.memory = ex["memory"]
+        if not shared:
+            self.memory = ex["memory"]
         self._funcs = {}
         self._ex = ex
         self.heap_base = ex["__heap_base"].value(self.store)
@@ -77,25 +112,102 @@ class WasmtimeHost:
         f = self._funcs.get(name)
         if f is None:
             f = self._funcs[name] = self._ex[name]
-        # i32 parameters: offsets past 2 GiB go in as their two's-complement (wasmtime checks the signed range)
-        return f(self.store, *(a - (1 << 32) if isinstance(a, int) and a >= 1 << 31 else a for a in args))
+        out = f(self.store, *_i32(args))
+        if self.team and name == "wi_step" and self.read(self.team + 4 * _QUIT_WORD, 4) != bytes(4):
+            err = self._worker.error if self._worker else None
+            raise WebinferError(f"wasm: the step was abandoned: thread 1 {'failed: ' + err if err else 'has quit'}")
+        return out
+
+    def start_worker(self, team: int, stack_top: int) -> None:
+        """Start thread 1 on the Team at `team` (written by the runner; team_words), its stack below stack_top."""
+        import wasmtime
+
+        store = wasmtime.Store(self.engine)
+        inst = wasmtime.Instance(store, self.module, [self.memory])  # (the data segments are not written again)
+        ex = inst.exports(store)
+        ex["__stack_pointer"].set_value(store, wasmtime.Val.i32(stack_top - (1 << 32) if stack_top >= 1 << 31
+                                                                    else stack_top))
+        self.team = team
+        self._worker = _Worker(store, ex["wi_worker"], ex["wi_team_quit"], team)
+        self._worker.thread.start()
+        # on close, at garbage collection or at exit: thread 0's instance tells the team to quit, thread 1 is joined
+        self._closer = weakref.finalize(self, _stop_team, self.store, self._ex["wi_team_quit"], team, self._worker)
+
+    def close(self) -> None:
+        """Stop thread 1 (no-op with one thread); the host takes no more steps."""
+        if self._closer is not None:
+            self._closer()
 
     def write(self, offset: int, data) -> None:
-        self.memory.write(self.store, data, offset)
+        if self.threads > 1:
+            self._check(offset, len(data))
+            ctypes.memmove(ctypes.addressof(self.memory.data_ptr().contents) + offset, bytes(data), len(data))
+        else:
+            self.memory.write(self.store, data, offset)
 
     def read(self, offset: int, n: int) -> bytes:
+        if self.threads > 1:
+            self._check(offset, n)
+            return ctypes.string_at(ctypes.addressof(self.memory.data_ptr().contents) + offset, n)
         return bytes(self.memory.read(self.store, offset, offset + n))
+
+    def _check(self, offset: int, n: int) -> None:
+        if offset < 0 or offset + n > self.size:
+            raise IndexError(f"wasm memory: bytes [{offset}, {offset + n}) past its {self.size} bytes")
 
     @property
     def size(self) -> int:
-        return self.memory.data_len(self.store)
+        return self.memory.data_len() if self.threads > 1 else self.memory.data_len(self.store)
 
     def ensure(self, nbytes: int) -> None:
         if nbytes > MAX_BYTES:
             raise WasmMemoryError(f"wasm memory: need {nbytes} bytes, more than the 4 GiB wasm32 address space")
         have = self.size
         if nbytes > have:
-            self.memory.grow(self.store, -(-(nbytes - have) // PAGE))
+            pages = -(-(nbytes - have) // PAGE)
+            if self.threads > 1:
+                self.memory.grow(pages)
+            else:
+                self.memory.grow(self.store, pages)
+
+
+def _shared_memory(wasmtime):
+    """wasmtime.SharedMemory as an import: wasmtime-py (50) passes a pointer to its pointer (`ctypes.pointer(
+    self.ptr())`), which its ctypes union rejects; the union takes the pointer itself."""
+
+    class SharedMemory(wasmtime.SharedMemory):
+        def _as_extern(self):
+            from wasmtime import _ffi as ffi
+
+            return ffi.wasmtime_extern_t(ffi.WASMTIME_EXTERN_SHAREDMEMORY,
+                                         ffi.wasmtime_extern_union(sharedmemory=self.ptr()))
+    return SharedMemory
+
+
+def _i32(args):
+    # i32 parameters: offsets past 2 GiB go in as their two's-complement (wasmtime checks the signed range)
+    return [a - (1 << 32) if isinstance(a, int) and a >= 1 << 31 else a for a in args]
+
+
+class _Worker:
+    """Thread 1: its own Store and Instance, parked in wi_worker until the team quits. If it traps, it makes the
+    team quit (thread 0's step returns at its next barrier and the host raises with this error)."""
+
+    def __init__(self, store, run, quit_, team: int):
+        self.store, self.run, self.quit, self.team, self.error = store, run, quit_, team, None
+        self.thread = threading.Thread(target=self._main, name="webinfer-wasm-thread-1", daemon=True)
+
+    def _main(self) -> None:
+        try:
+            self.run(self.store, *_i32([self.team]))
+        except Exception as e:  # noqa: BLE001 (reported by thread 0's host call)
+            self.error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            self.quit(self.store, *_i32([self.team]))
+
+
+def _stop_team(store, quit_, team: int, worker: _Worker) -> None:
+    quit_(store, *_i32([team]))
+    worker.thread.join(timeout=10)
 
 
 class JsHost:
