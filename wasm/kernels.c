@@ -1437,11 +1437,12 @@ EXPORT(wi_step) void wi_step(const Model *m, const Step *s) {
 // Thread 1's life (its own instance, its own stack: the host sets __stack_pointer first): waits for each step
 // wi_step starts and runs its share; returns when the team quits.
 EXPORT(wi_worker) void wi_worker(Team *t) {
-    Ctx c = {1, t->nth, t->work1, t};
+    Ctx c = {1, t->nth, 0, t};
     for (u32 seen = 0;;) {
         team_wait(t, &t->go, seen);
         if (__atomic_load_n(&t->quit, __ATOMIC_ACQUIRE)) return;
         seen = __atomic_load_n(&t->go, __ATOMIC_ACQUIRE);
+        c.work = t->work1;
         step_body(&c, (const Model *)t->m, (const Step *)t->s);
     }
 }

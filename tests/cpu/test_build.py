@@ -18,6 +18,6 @@ def test_committed_wasm_matches_a_fresh_build(tmp_path):
             pytest.fail("clang-19 missing in CI: run scripts/setup.sh")
         pytest.skip("clang-19 not installed")
     subprocess.run([str(ROOT / "scripts" / "build-wasm.sh"), str(tmp_path)], check=True, capture_output=True)
-    for name in ("kernels.wasm", "kernels-relaxed.wasm"):
+    for name in ("kernels.wasm", "kernels-relaxed.wasm", "kernels-threads.wasm", "kernels-relaxed-threads.wasm"):
         fresh, committed = (tmp_path / name).read_bytes(), (ROOT / "webinfer" / "cpu" / name).read_bytes()
         assert fresh == committed, f"webinfer/cpu/{name} is stale: run scripts/build-wasm.sh and commit it"

@@ -95,6 +95,29 @@ def test_linear(mem, dtype, gs, packed, fast):
         assert np.array_equal(one.read()[0], got[r]), f"{dtype}: row {r} alone differs from the batch"
 
 
+@pytest.mark.parametrize("dtype,gs,packed", [("q4a", 32, False), ("q6k", 256, False), ("f32", None, False),
+                                             ("q4a", 32, True), ("q8", 32, True)])
+@pytest.mark.parametrize("fast", [0, 1, 2])
+def test_split_linear_equals_the_whole(mem, dtype, gs, packed, fast):
+    """Two threads' shares of a matrix (wi_linear_part: output columns [0, n0) and [n0, n), n0 a multiple of 4, as
+    the threads build splits every matrix) give the whole GEMV's bits, each share writing only its columns."""
+    n, k, rows = 37, 300, 5
+    rng = np.random.default_rng(6)
+    w, _ = _weight(mem, dtype, gs, n, k, 7, rng.standard_normal(n).astype(np.float32), packed)
+    x = mem.put(rng.standard_normal((rows, k)).astype(np.float32))
+    y0 = rng.standard_normal((rows, n)).astype(np.float32)
+    whole = mem.put(y0)
+    scratch = mem.scratch(mem.call("wi_linear_scratch_bytes", rows, k_padded(k, gs) if gs else k))
+    mem.call("wi_linear", w, x.off, k, whole.off, n, rows, 1, fast, scratch.off)
+    for n0 in (0, 20, 36):
+        parts = mem.put(y0)
+        mem.call("wi_linear_part", w, x.off, k, parts.off, n, rows, 1, fast, scratch.off, 0, n0)
+        first = parts.read()
+        assert np.array_equal(first[:, n0:], y0[:, n0:]), f"the share [0, {n0}) wrote past its columns"
+        mem.call("wi_linear_part", w, x.off, k, parts.off, n, rows, 1, fast, scratch.off, n0, n)
+        assert np.array_equal(parts.read(), whole.read()), f"{dtype}: split at {n0} differs from the whole"
+
+
 @pytest.mark.parametrize("dtype,gs,packed", [("q4a", 32, False), ("q6k", 256, False), ("q5k", 256, False),
                                              ("q8", 32, False), ("q4a", 32, True), ("q4", 32, True), ("q8", 32, True)])
 @pytest.mark.parametrize("fast", [0, 1, 2])

@@ -79,6 +79,45 @@ def test_batch_invariance_and_logits(tiny_llama, mode):
             assert rel < 0.08, f"fast mode: relative RMS logit error {rel:.4f}"
 
 
+@pytest.mark.parametrize("mode", ["exact", "fast"])
+@pytest.mark.parametrize("variant", ["base", "relaxed"])
+def test_two_threads_give_the_ids_of_one(tiny_qwen, mode, variant):
+    """The threads build on two threads (every matrix's columns split, a barrier per op): the ids of one thread,
+    alone and batched (3 sequences decoding together), and in exact mode the reference's; logits bit-identical."""
+    from tests.gpu_fixtures import generate_ids
+
+    one, two = _runner(tiny_qwen, mode, variant), _runner(tiny_qwen, mode, variant, threads=2)
+    assert two.host.threads == 2 and two.host._worker.thread.is_alive()
+    try:
+        for prompt in PROMPTS[:2]:
+            got = generate_ids(tiny_qwen, prompt, 12, runner=two)
+            assert got == generate_ids(tiny_qwen, prompt, 12, runner=one), f"prompt {prompt[:5]}"
+            if mode == "exact":
+                assert got == _reference(tiny_qwen, prompt, 12)
+        prompts = [[5, 17, 200, 33, 1], [42], [7, 8, 9, 10, 11, 12, 13, 14, 15]]
+        a1, b1 = _logits_alone_and_batched(one, prompts)
+        a2, b2 = _logits_alone_and_batched(two, prompts)
+        for x, y in zip(a1 + b1, a2 + b2):
+            assert np.array_equal(x, y), "two threads' logits differ from one thread's"
+    finally:
+        two.close()
+    assert not two.host._worker.thread.is_alive(), "thread 1 did not leave on close"
+
+
+def test_thread_1_failing_fails_the_step(tiny_llama):
+    """A trap on thread 1 makes the team quit: thread 0's step returns and raises (no hang), and close works."""
+    from webinfer.errors import WebinferError
+
+    runner = _runner(tiny_llama, threads=2)
+    team = runner.host.team
+    runner.host.write(team + 4 * 8, (0xFFFFFFF0).to_bytes(4, "little"))  # thread 1's scratch out of memory
+    with pytest.raises(WebinferError, match="thread 1 failed"):
+        asyncio.run(runner.execute(StepBatch([SeqChunk(0, [5, 17, 200], 0, [1], True)])))
+    runner.host._worker.thread.join(timeout=10)
+    assert not runner.host._worker.thread.is_alive()
+    runner.close()
+
+
 def test_decode_after_prefill_uses_the_cache(tiny_llama):
     """A decode step reads the K/V a previous step wrote through the block table (a wrong table -> wrong ids)."""
     runner = _runner(tiny_llama)
@@ -119,8 +158,10 @@ def test_model_too_big_for_wasm32(tiny_llama):
 
 @pytest.mark.model
 @pytest.mark.slow
-def test_smollm2_greedy_equals_reference(smollm2_package):
-    """Exact mode on the real model: 32 greedy tokens on three prompts equal the reference's teacher-forced argmax."""
+@pytest.mark.parametrize("threads", [1, 2])
+def test_smollm2_greedy_equals_reference(smollm2_package, threads):
+    """Exact mode on the real model: 32 greedy tokens on three prompts equal the reference's teacher-forced argmax,
+    on one thread and on two."""
     from tokenizers import Tokenizer
 
     from webinfer.package import Package
@@ -129,7 +170,8 @@ def test_smollm2_greedy_equals_reference(smollm2_package):
 
     pkg = Package.open(smollm2_package)
     tok = Tokenizer.from_str(pkg.read_file(pkg.manifest["tokenizer"]["file"]).decode())
-    runner = _runner(pkg, num_blocks=32, block_size=16, max_batch_tokens=64, max_seqs=4, max_model_len=256)
+    runner = _runner(pkg, num_blocks=32, block_size=16, max_batch_tokens=64, max_seqs=4, max_model_len=256,
+                     threads=threads)
     ref = ReferenceModel.from_package(pkg, max_seq_len=256)
     for text in ["Once upon a time", "The capital of France is", "def fibonacci(n):\n    "]:
         p = tok.encode(text, add_special_tokens=False).ids
@@ -140,3 +182,4 @@ def test_smollm2_greedy_equals_reference(smollm2_package):
         assert first is None, f"{text!r}: CPU and reference diverge at token {first}"
     assert tok.decode(generate_ids(pkg, tok.encode("Once upon a time").ids, 12, runner=runner)).startswith(
         ", the city of Nova Haven")
+    runner.close()
