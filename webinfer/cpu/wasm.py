@@ -70,6 +70,7 @@ class WasmtimeHost:
                 self._instantiate(wasmtime, "relaxed")
                 if self.call("wi_selftest") == 1:
                     self.reason = "relaxed SIMD: validated and self-test passed"
+                    self._say_threads()
                     return
                 self.reason = "relaxed SIMD self-test failed; "
             except wasmtime.WasmtimeError as e:
@@ -78,6 +79,11 @@ class WasmtimeHost:
                 raise WebinferError(f"wasm: {self.reason.rstrip('; ')}")
         self._instantiate(wasmtime, "base")
         self.reason += "base SIMD128"
+        self._say_threads()
+
+    def _say_threads(self) -> None:
+        if self.threads > 1:
+            self.reason += f"; {self.threads} threads (the threads build on a shared memory)"
 
     def _instantiate(self, wasmtime, variant: str) -> None:
         cfg = wasmtime.Config()

@@ -14,6 +14,9 @@ In one process run, so the ratios hold on a busy machine:
                  layer count, plus the LM head), against the measured step; the rest is attention, norms, RoPE,
                  sampling and the host (one wi_step call per step, its step-area write and the ids read)
     decode       tok/s of single-sequence greedy decode, exact and fast; first-token time of a 40-token prompt
+    threads      the same decode on one thread and on two (the threads build), one after the other in each mode,
+                 wall clock (what two threads change) with the load average around it, and the two-thread step
+                 with blocking barriers only (spins 0) against the default polling
     ppl          (--ppl-text) perplexity of exact and fast mode on the same windows, and the relative change
 Native wasmtime figures; the page runs the same module in the browser's engine.
 """
@@ -23,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import statistics
 import struct
 import sys
@@ -123,6 +127,38 @@ def decode_speed(runner, n_tokens: int, prompt_len: int = 40) -> dict:
             "decode_tok_per_cpu_s": round((n_tokens - 1) / (cpu_n - cpu1), 2) if cpu_n > cpu1 else None}
 
 
+def threads_compare(runner, n_tokens: int, variant: str) -> dict:
+    """Decode on one thread (`runner`) and on two (a second runner over the threads build, the same sizes), in
+    each mode one after the other, wall clock: the ratio is what the second thread buys, meaningful only on a
+    quiet machine (the load average before and after says how quiet it was). Also the two-thread fast decode with
+    blocking barriers only (spins = 0: memory.atomic.wait32 at once) against the default polling."""
+    from webinfer.cpu import load_cpu_runner
+    from webinfer.cpu.wasm import SPINS
+
+    two = asyncio.run(load_cpu_runner(runner.package, mode="exact", threads=2, num_blocks=runner.num_blocks,
+                                      max_model_len=runner.max_model_len, max_seqs=runner.max_seqs,
+                                      variant=variant))
+    out = {"loadavg_before": [round(x, 2) for x in os.getloadavg()], "cores": os.cpu_count(),
+           "note": "wall clock; per_cpu_s counts both threads' CPU time"}
+    try:
+        for mode in ("exact", "fast"):
+            runner.set_mode(mode)
+            two.set_mode(mode)
+            one_d, two_d = decode_speed(runner, n_tokens), decode_speed(two, n_tokens)
+            ratio = (two_d["decode_tok_s"] / one_d["decode_tok_s"]
+                     if one_d["decode_tok_s"] and two_d["decode_tok_s"] else None)
+            out[mode] = {"1": one_d, "2": two_d, "wall_ratio_2_vs_1": round(ratio, 3) if ratio else None}
+        spins = {}
+        for n in (0, SPINS):  # two.set_mode("fast") still holds
+            two.host.write(two.host.team + 4, struct.pack("<I", n))
+            spins[str(n)] = decode_speed(two, n_tokens)["decode_tok_s"]
+        out["fast_2_threads_tok_s_by_barrier_spins"] = spins
+    finally:
+        two.close()
+    out["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+    return out
+
+
 def perplexity(runner, ids: list[int], window: int, stride: int) -> dict:
     """Perplexity over sliding windows (webinfer_packager.cli.eval's windows and scoring), logits from the CPU
     runner: each window prefilled in chunks of max_seqs tokens whose every row's logits come back."""
@@ -159,7 +195,7 @@ def run(package_path, quick: bool = False, ppl_text: str | None = None, variant:
            "note": "kernel, bandwidth, profile and per-CPU-second figures: this process's CPU time; wall-clock "
                    "ones (decode_tok_s, first_token_s, load_s) include whatever else the machine runs"}
     res["read_bw_gb_s"] = round(read_bandwidth(host, arena, (16 if quick else 64) << 20), 2)
-    m = struct.unpack("<30I", host.read(runner.model_off, 120))
+    m = struct.unpack("<31I", host.read(runner.model_off, 124))
     layer0 = struct.unpack("<11I", host.read(m[17], 44))
     g = {}
     for name, desc in (("layers.0.gate", layer0[8]), ("layers.0.down", layer0[10]),
@@ -188,6 +224,7 @@ def run(package_path, quick: bool = False, ppl_text: str | None = None, variant:
         runner.set_mode(mode)
         res["decode"][mode] = decode_speed(runner, n_tok)
     res["profile"] = step_profile(runner, layer0, m[13], res["decode"], reps=20 if quick else 100)
+    res["threads"] = threads_compare(runner, n_tok, host.variant)
     if ppl_text:
         from pathlib import Path
 
@@ -231,6 +268,12 @@ def cli_main(args) -> int:
         p = res["profile"][mode]
         print(f"  step {p['step_ms']} ms: matrices {p['matrices_total_ms']} ms "
               f"({', '.join(f'{k} {v}' for k, v in p['matrices_ms'].items())}), rest {p['rest_ms']} ms")
+    t = res["threads"]
+    for mode in ("exact", "fast"):
+        print(f"threads {mode:5s}: 1 thread {t[mode]['1']['decode_tok_s']} tok/s, 2 threads {t[mode]['2']['decode_tok_s']}"
+              f" tok/s wall (x{t[mode]['wall_ratio_2_vs_1']}); load average {t['loadavg_before'][0]} -> "
+              f"{t['loadavg_after'][0]} on {t['cores']} cores")
+    print(f"two threads, fast, by barrier polls before blocking: {t['fast_2_threads_tok_s_by_barrier_spins']} tok/s")
     if "ppl" in res:
         p = res["ppl"]
         print(f"perplexity exact {p['exact']['ppl']:.4f}  fast {p['fast']['ppl']:.4f}  "

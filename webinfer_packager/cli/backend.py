@@ -56,7 +56,19 @@ def engine_options(args, **kw) -> EngineOptions:
     if not 1 <= block <= 64:
         raise WebinferError(f"--decode-block must be in 1..64, got {block}")
     return EngineOptions(speculative=args.speculative, speculative_tokens=args.speculative_tokens,
-                         cpu_mode=getattr(args, "cpu_mode", "exact"), decode_block=block, **kw)
+                         cpu_mode=getattr(args, "cpu_mode", "exact"), decode_block=block,
+                         cpu_threads=cpu_threads(getattr(args, "cpu_threads", "1")), **kw)
+
+
+def cpu_threads(choice: str) -> int:
+    """--cpu-threads: "1", "2", or "auto" = 2 on a machine with 4 or more cores. Two wasm threads need two idle
+    cores beside the host's Python thread (engine loop, tokenizer, server): on 2 cores they would contend with it
+    and with each other's barriers."""
+    import os
+
+    if choice == "auto":
+        return 2 if (os.cpu_count() or 1) >= 4 else 1
+    return int(choice)
 
 
 def context_for_budget(pkg: Package, budget_mb: float, kv_f16: bool = False) -> int:
