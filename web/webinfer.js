@@ -174,6 +174,9 @@ class Engine {
  *          when there is no WebGPU adapter or only a fallback/software one); engine.info.backend and
  *          engine.info.backend_reason say which was chosen and why,
  *          cpuMode: the CPU engine's "exact" (default; f32 precision) or "fast" (int8 activations) mode,
+ *          threads: the CPU engine's Workers, 1 or 2 (default: 2 when the page is cross-origin isolated and
+ *          navigator.hardwareConcurrency >= 2; the same output); engine.info.timings.wasm_threads / wasm_reason
+ *          say how many run and why,
  *          speculative: "prompt-lookup" to verify proposed tokens each step (the same output, fewer steps when the
  *          answer repeats its context), speculativeTokens (proposals per step, default 4),
  *          decodeBlock: decode steps the GPU runs per read-back while every request decodes (default 8, 1: off;
@@ -215,7 +218,8 @@ export async function load(manifestUrl, options = {}) {
   const { promise } = client.call("load", {
     site: cfg, base: ROOT.href, manifestUrl: abs, manifestText: got.manifestText, manifestSha256: got.manifestSha256,
     files: got.files,
-    engine: { backend, cpu_mode: options.cpuMode ?? "exact", speculative: options.speculative ?? null,
+    engine: { backend, cpu_mode: options.cpuMode ?? "exact", threads: options.threads ?? null,
+              speculative: options.speculative ?? null,
               speculative_tokens: options.speculativeTokens ?? 4, decode_block: options.decodeBlock ?? 8,
               decode_block_ms: options.decodeBlockMs ?? 50 },
   }, { onProgress }, [...new Set(Object.values(got.files).map((b) => b.buffer))]);  // moved, not copied

@@ -62,6 +62,8 @@ class PageWorker:
     build_timings: dict = field(default_factory=dict)
     build_lock: asyncio.Lock | None = None
     ahead: Any = None                  # JS {adapter, device, pipelines: Map} made by worker.js before Python ran
+    cpu_threads: int | None = None     # load()'s threads for the CPU engine (None: 2 when the page allows)
+    cpu_host: Any = None               # the CPU engine's JsHost (closed on rebuild: its second Worker ends)
 
     async def get_device(self):
         from .gpu.browser import adopt_device, request_device  # noqa: PLC0415  (JS FFI: only inside Pyodide)
@@ -78,7 +80,8 @@ class PageWorker:
 
     async def load(self, manifest_text: str, js_files, where: str, engine_json: str = "{}", ahead=None) -> dict:
         """Take the files over from JS (a Map name -> Uint8Array), open the package and build the LLM.
-        engine_json: {"backend", "cpu_mode", "speculative": null | "prompt-lookup", "speculative_tokens": int,
+        engine_json: {"backend", "cpu_mode", "threads": null | 1 | 2 (the CPU engine's Workers; null: 2 when the
+        page is cross-origin isolated), "speculative": null | "prompt-lookup", "speculative_tokens": int,
         "decode_block": int, "decode_block_ms": number} from webinfer.js load().
         ahead: the device and pipelines worker.js made from the last visit's record (see gpu/browser.py), or None.
         The value's "pipeline_record" is this build's record when it differs from what was made ahead."""
@@ -91,6 +94,7 @@ class PageWorker:
                                decode_block=max(1, min(int(eng.get("decode_block") or PAGE_ENGINE.decode_block), 64)),
                                decode_block_ms=max(0.0, float(eng.get("decode_block_ms", PAGE_ENGINE.decode_block_ms))),
                                cpu_mode=eng.get("cpu_mode") or "exact")
+        self.cpu_threads = eng.get("threads")
         from .cpu.browser import choose_backend, js_host  # noqa: PLC0415
 
         files = {str(name): js_files.get(name).to_bytes() for name in list(js_files.keys())}  # one copy each
@@ -118,15 +122,19 @@ class PageWorker:
         old, self.llm = self.llm, None
         if old is not None:
             await old.close()  # its step loop ends; streams still open get EngineStepError
+        if self.cpu_host is not None:
+            self.cpu_host.close()  # the old CPU engine's second Worker, if any
+            self.cpu_host = None
         if self.backend == "cpu":
             from .cpu.browser import js_host  # noqa: PLC0415
 
             t0 = time.perf_counter()
-            host = await js_host()
+            host = self.cpu_host = await js_host(threads=self.cpu_threads)
             runner = await load_cpu_runner(self.package, self.options, host=host)
             self.llm = llm_for(self.package, runner, self.options)
             self.build_timings = {"engine_build_ms": (time.perf_counter() - t0) * 1e3, "wasm_variant": host.variant,
-                                  "wasm_reason": host.reason, "wasm_memory_bytes": runner.memory_bytes}
+                                  "wasm_threads": host.threads, "wasm_reason": host.reason,
+                                  "wasm_memory_bytes": runner.memory_bytes}
             return
         dev = await self.get_device()
         ahead_wait = 0.0

@@ -41,9 +41,11 @@ def _require_browser():
 
 class SiteServer:
     """Serves `root` on 127.0.0.1 with ETag and Range support. Faults, keyed by file name, apply once each:
-    "flip" (one byte changed), "cut" (connection closed halfway), "html" (an HTML page with status 200)."""
+    "flip" (one byte changed), "cut" (connection closed halfway), "html" (an HTML page with status 200).
+    isolated: every file with the cross-origin isolation headers `webinfer serve` sends (SharedArrayBuffer: the
+    CPU engine's two Workers)."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, isolated: bool = False):
         self.root = Path(root)
         self.faults: dict[str, str] = {}
         self.log: list[tuple[str, str, str]] = []  # (path, Range header, status)
@@ -99,6 +101,9 @@ class SiteServer:
                 self.send_header("ETag", etag)
                 self.send_header("Accept-Ranges", "bytes")
                 self.send_header("Cache-Control", "no-cache")
+                if isolated:
+                    self.send_header("Cross-Origin-Opener-Policy", "same-origin")
+                    self.send_header("Cross-Origin-Embedder-Policy", "require-corp")
                 self.end_headers()
                 if fault == "cut":
                     self.wfile.write(data[: len(data) // 2])

@@ -1,6 +1,8 @@
 """The CPU backend in the page: load(manifest, {backend: "cpu" | "auto"}) runs the same .wasm through the browser's
 WebAssembly (Pyodide calls it through the FFI), and its greedy ids equal the native CPU engine's (wasmtime).
 In CI Chromium the only WebGPU adapter is SwiftShader, a fallback adapter, so "auto" must choose the CPU and say why.
+A cross-origin isolated page (COOP/COEP) runs the engine on two Workers by default (the threads build on a shared
+memory, web/wasm-thread.js as thread 1), with the same ids; a page that is not isolated runs one and says why.
 """
 
 from __future__ import annotations
@@ -13,10 +15,10 @@ from .conftest import attach_console
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-GENERATE = """async ([url, ids, n, backend, cpuMode]) => {
+GENERATE = """async ([url, ids, n, backend, cpuMode, threads]) => {
     const w = await import("./webinfer.js");
     const t0 = performance.now();
-    const engine = await w.load(url, {backend, cpuMode: cpuMode || "exact"});
+    const engine = await w.load(url, {backend, cpuMode: cpuMode || "exact", threads: threads ?? undefined});
     const loadMs = performance.now() - t0;
     const got = [];
     for await (const c of engine.chat.completions.create({prompt_ids: ids, max_tokens: n, temperature: 0, ignore_eos: true, stream: true}))
@@ -59,7 +61,33 @@ def test_tiny_model_cpu_backend_matches_native(served, browser, tiny_package, ba
     want, _ = _native_cpu_ids(tiny_package, prompt, n)
     assert r["ids"] == want and len(want) == n, (r["ids"], want)
     assert info["timings"]["wasm_variant"] in ("base", "relaxed"), info["timings"]
+    assert info["timings"]["wasm_threads"] == 1 and "not cross-origin isolated" in info["timings"]["wasm_reason"]
     print(backend, info["backend_reason"], info["timings"]["wasm_reason"], json.dumps(r["stats"]))
+
+
+def test_two_workers_when_cross_origin_isolated(served, browser, tiny_package):
+    """The same site served with COOP/COEP: the engine runs on two Workers by default (threads: 1 still one), and
+    both give the native engine's ids."""
+    from .conftest import SiteServer
+
+    srv = SiteServer(served.root, isolated=True)
+    try:
+        logs: list[str] = []
+        site = json.loads((served.root / "site.json").read_text())
+        prompt, n = [298, 5, 17, 42, 101], 6
+        page = browser.new_page()
+        attach_console(page, logs)
+        page.goto(srv.url + "index.html")
+        assert page.evaluate("crossOriginIsolated"), logs
+        want, _ = _native_cpu_ids(tiny_package, prompt, n)
+        for threads, workers in ((None, 2), (1, 1)):
+            r = page.evaluate(GENERATE, [site["models"][0]["manifest"], prompt, n, "cpu", "exact", threads])
+            t = r["info"]["timings"]
+            assert t["wasm_threads"] == workers, (t, logs[-5:])
+            assert r["ids"] == want, (threads, r["ids"], want, logs[-5:])
+            print(threads, t["wasm_reason"], json.dumps(r["stats"]))
+    finally:
+        srv.stop()
 
 
 @pytest.mark.model
@@ -72,7 +100,7 @@ def test_smollm2_cpu_backend_in_the_page(smollm2_package, browser, tmp_path_fact
 
     out = tmp_path_factory.mktemp("smolcpu") / "site"
     build_site([smollm2_package], out)
-    srv = SiteServer(out)
+    srv = SiteServer(out, isolated=True)  # two Workers (the default when isolated)
     try:
         logs: list[str] = []
         page = browser.new_page()
@@ -83,6 +111,7 @@ def test_smollm2_cpu_backend_in_the_page(smollm2_package, browser, tmp_path_fact
         for mode in ("exact", "fast"):
             r = page.evaluate(GENERATE, [m["manifest"], prompt, n, "cpu", mode])
             want, native = _native_cpu_ids(smollm2_package, prompt, n, mode)
+            assert r["info"]["timings"]["wasm_threads"] == 2, r["info"]["timings"]
             assert r["ids"] == want, (mode, r["ids"], want, logs[-5:])
             print(f"page cpu {mode}:", json.dumps({"load_ms": r["loadMs"], "stats": r["stats"],
                                                    "timings": r["info"]["timings"]}))

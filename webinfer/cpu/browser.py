@@ -1,7 +1,8 @@
 """The CPU engine in the page (Pyodide): the packaged .wasm instantiated through JS WebAssembly, the backend
 choice for `load(manifest, {backend})`, and the step timer the worker reports.
 
-    host = await js_host()                       # relaxed SIMD when valid and its self-test passes, else SIMD128
+    host = await js_host(threads=None)           # relaxed SIMD when valid and its self-test passes, else SIMD128;
+                                                 # two Workers when the page is cross-origin isolated
     choice, reason = await choose_backend("auto", get_device)
 
 Auto picks the CPU when there is no WebGPU adapter or when the adapter is a fallback (software) one: there the
@@ -16,38 +17,64 @@ import struct
 import time
 
 from ..errors import GPUError, WebinferError
-from .wasm import JsHost, module_bytes
+from .wasm import PAGE, JsHost, module_bytes
 
 BACKENDS = ("auto", "webgpu", "cpu")
 
 
-async def js_host(variant: str = "auto") -> JsHost:
+# the threads builds' initial memory (scripts/build-wasm.sh --initial-memory); the shared memory made for them
+# starts there and may grow to the 4 GiB wasm32 ceiling, as the module declares
+THREADS_INITIAL_BYTES = 1 << 20
+
+
+async def js_host(variant: str = "auto", threads: int | None = 1) -> JsHost:
+    """The module in this Worker's WebAssembly. threads: 1, 2, or None = 2 when the page allows it (page_threads);
+    with 2 the threads build on a new shared WebAssembly.Memory (thread 1's Worker starts with the runner)."""
     from js import Object, WebAssembly  # noqa: PLC0415 (Pyodide only)
     from pyodide.ffi import to_js  # noqa: PLC0415
 
+    threads, why_threads = page_threads(threads)
     why = ""
     for v in (("relaxed", "base") if variant == "auto" else (variant,)):
-        code = to_js(module_bytes(v))  # a Uint8Array copy of the packaged module
+        code = to_js(module_bytes(v, threads > 1))  # a Uint8Array copy of the packaged module
         if not WebAssembly.validate(code):
             why += f"{v} module rejected by this browser's WebAssembly; "
             continue
-        inst = (await WebAssembly.instantiate(code, Object.new())).instance
+        memory = module = None
+        if threads > 1:
+            module = await WebAssembly.compile(code)
+            memory = WebAssembly.Memory.new(to_js({"initial": THREADS_INITIAL_BYTES // PAGE, "maximum": 65536,
+                                                   "shared": True}, dict_converter=Object.fromEntries))
+            imports = to_js({"env": {"memory": memory}}, dict_converter=Object.fromEntries)
+            inst = await WebAssembly.instantiate(module, imports)  # (a Module in: the Instance out)
+        else:
+            inst = (await WebAssembly.instantiate(code, Object.new())).instance
         if v == "relaxed" and inst.exports.wi_selftest() != 1:
             why += "relaxed SIMD self-test failed; "
             continue
         variant = "relaxed SIMD: validated and self-test passed" if v == "relaxed" else "base SIMD128"
-        return JsHost(inst, v == "relaxed", f"{why}{variant}; {one_worker_reason()}")
+        return JsHost(inst, v == "relaxed", f"{why}{variant}; {why_threads}", threads=threads, memory=memory,
+                      module=module)
     raise WebinferError(f"the CPU engine needs WebAssembly SIMD128, which this browser lacks ({why.rstrip('; ')})")
 
 
-def one_worker_reason() -> str:
-    """Why the engine runs in one Worker here: two need SharedArrayBuffer, i.e. a cross-origin isolated page."""
+def page_threads(requested: int | None) -> tuple[int, str]:
+    """(threads, why) for the engine here: two Workers need a SharedArrayBuffer, i.e. a cross-origin isolated page;
+    requested None (load()'s default) takes 2 there when navigator.hardwareConcurrency >= 2."""
     from js import globalThis  # noqa: PLC0415 (Pyodide only)
 
+    if requested not in (None, 1, 2):
+        raise WebinferError(f"threads={requested!r}: expected 1 or 2")
+    if requested == 1:
+        return 1, "one Worker: threads 1 requested"
     if not getattr(globalThis, "crossOriginIsolated", False):
-        return ("one Worker: the page is not cross-origin isolated (serve it with Cross-Origin-Opener-Policy: "
-                "same-origin and Cross-Origin-Embedder-Policy: require-corp, as `webinfer serve` does)")
-    return "one Worker: the page is cross-origin isolated, but the two-Worker engine is not built yet"
+        return 1, ("one Worker: the page is not cross-origin isolated (serve it with Cross-Origin-Opener-Policy: "
+                   "same-origin and Cross-Origin-Embedder-Policy: require-corp, as `webinfer serve` does)")
+    cores = int(getattr(globalThis.navigator, "hardwareConcurrency", 0) or 0)
+    if requested is None and cores < 2:
+        return 1, f"one Worker: navigator.hardwareConcurrency is {cores}"
+    return 2, (f"two Workers: the page is cross-origin isolated, navigator.hardwareConcurrency {cores}"
+               + ("" if requested is None else ", threads 2 requested"))
 
 
 def _random_q4a(n: int, k: int) -> dict[str, bytes]:

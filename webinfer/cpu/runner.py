@@ -209,7 +209,9 @@ class CpuRunner:
         self.model_off = arena.put(head + struct.pack("<19I", embed, lm_head, norm, cos_t, sin_t, layers_off, *scratch,
                                                       team), "model")
         if team:
-            host.start_worker(team, stack + WORKER_STACK)
+            started = host.start_worker(team, stack + WORKER_STACK)  # (the page's host: a Worker to wait for)
+            if inspect.isawaitable(started):
+                await started
         self.max_blocks_per_seq = -(-self.max_model_len // block_size)
         aux_words = S * ((V + 31) // 32 + 2 * MAX_LOGIT_BIAS)  # a mask and the bias entries per sampled row
         step_bytes = (4 * (STEP_WORDS + 3 * T + 4 * S + S * self.max_blocks_per_seq + S + S + aux_words)

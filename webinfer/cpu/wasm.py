@@ -219,19 +219,68 @@ def _stop_team(store, quit_, team: int, worker: _Worker) -> None:
 class JsHost:
     """The module in the page: Pyodide calls the exports of a JS WebAssembly.Instance through its FFI.
 
-    `instance` is the JS instance the worker created from the same .wasm (webinfer.js picks the variant with the
-    same self-test); `relaxed` says which one it is.
+    `instance` is the JS instance the worker created from the same .wasm (webinfer/cpu/browser.py js_host picks
+    the variant with the same self-test); `relaxed` says which one it is. threads=2: the instance is the threads
+    build on the shared `memory`, `module` its compiled WebAssembly.Module, which start_worker hands to a second
+    Worker (web/wasm-thread.js) as thread 1.
     """
 
-    def __init__(self, instance, relaxed: bool, reason: str = ""):
+    def __init__(self, instance, relaxed: bool, reason: str = "", *, threads: int = 1, memory=None, module=None):
         self.instance, self.relaxed, self.reason = instance, relaxed, reason
         self.variant = "relaxed" if relaxed else "base"
         self.exports = instance.exports
-        self.memory = self.exports.memory
+        self.threads, self.module, self.team, self.worker, self.worker_error = threads, module, 0, None, None
+        self.memory = memory if memory is not None else self.exports.memory
         self.heap_base = int(getattr(self.exports, "__heap_base").value)  # (not .__heap_base: name mangling)
+        self._listener = None
 
     def call(self, name: str, *args):
-        return getattr(self.exports, name)(*args)
+        out = getattr(self.exports, name)(*args)
+        if self.team and name == "wi_step" and self.read(self.team + 4 * _QUIT_WORD, 4) != bytes(4):
+            raise WebinferError(f"wasm: the step was abandoned: thread 1 "
+                                f"{'failed: ' + self.worker_error if self.worker_error else 'has quit'}")
+        return out
+
+    async def start_worker(self, team: int, stack_top: int) -> None:
+        """Start thread 1: a Worker (web/wasm-thread.js, beside worker.js) instantiates the module on the shared
+        memory and parks in wi_worker; returns once it runs (raises if it could not start)."""
+        import asyncio  # noqa: PLC0415
+
+        from js import URL, Object, Worker, globalThis  # noqa: PLC0415 (Pyodide only)
+        from pyodide.ffi import create_proxy, to_js  # noqa: PLC0415
+
+        started = asyncio.get_event_loop().create_future()
+
+        def on_event(ev):
+            kind = getattr(ev, "type", "")
+            data = getattr(ev, "data", None)
+            what = getattr(data, "type", None) if kind == "message" else "error"
+            if what == "started" and not started.done():
+                started.set_result(None)
+            elif what == "error":
+                self.worker_error = str(getattr(data, "message", None) or getattr(ev, "message", "") or
+                                        "the thread's script failed to load")
+                if not started.done():
+                    started.set_exception(WebinferError(f"wasm thread 1 did not start: {self.worker_error}"))
+
+        self._listener = create_proxy(on_event)
+        url = URL.new("./wasm-thread.js", globalThis.location.href).href
+        self.worker = Worker.new(url, to_js({"type": "module", "name": "webinfer-wasm-thread-1"},
+                                            dict_converter=Object.fromEntries))
+        self.worker.addEventListener("message", self._listener)
+        self.worker.addEventListener("error", self._listener)
+        self.worker.postMessage(to_js({"module": self.module, "memory": self.memory, "team": team,
+                                       "stackTop": stack_top}, dict_converter=Object.fromEntries))
+        await started
+        self.team = team
+
+    def close(self) -> None:
+        """Stop thread 1 (no-op with one thread): the team quits, its Worker ends."""
+        if self.worker is not None:
+            if self.team:
+                self.exports.wi_team_quit(self.team)
+            self.worker.terminate()
+            self.worker = None
 
     def _view(self, offset: int, n: int):
         from js import Uint8Array  # noqa: PLC0415 (Pyodide only)
