@@ -127,6 +127,26 @@ def decode_speed(runner, n_tokens: int, prompt_len: int = 40) -> dict:
             "decode_tok_per_cpu_s": round((n_tokens - 1) / (cpu_n - cpu1), 2) if cpu_n > cpu1 else None}
 
 
+def thread0_step_ms(runner, n_steps: int) -> float:
+    """CPU ms of the calling thread (thread 0: the host's wi_step call) per greedy decode step, straight through
+    runner.execute: with two threads and blocking barriers (spins 0) its share of the work, whatever else the
+    machine runs (the ratio to one thread's bounds what a second idle core can give)."""
+    from webinfer.engine.batch import SeqChunk, StepBatch
+
+    toks = [(7 * i + 11) % runner.vocab_size for i in range(8)]
+    table = list(range(1, -(-(len(toks) + n_steps + 1) // runner.block_size) + 1))
+    pos = 0
+    out = []
+    for i in range(n_steps + 1):
+        t0 = time.thread_time()
+        ids = asyncio.run(runner.execute(StepBatch([SeqChunk(0, toks[pos:], pos, table, True)])))
+        if i:  # (the first step is the prompt's prefill)
+            out.append(time.thread_time() - t0)
+        pos = len(toks)
+        toks += ids
+    return round(statistics.median(out) * 1e3, 2)
+
+
 def threads_compare(runner, n_tokens: int, variant: str) -> dict:
     """Decode on one thread (`runner`) and on two (a second runner over the threads build, the same sizes), in
     each mode one after the other, wall clock: the ratio is what the second thread buys, meaningful only on a
@@ -153,6 +173,10 @@ def threads_compare(runner, n_tokens: int, variant: str) -> dict:
             two.host.write(two.host.team + 4, struct.pack("<I", n))
             spins[str(n)] = decode_speed(two, n_tokens)["decode_tok_s"]
         out["fast_2_threads_tok_s_by_barrier_spins"] = spins
+        two.host.write(two.host.team + 4, struct.pack("<I", 0))
+        one_ms, two_ms = thread0_step_ms(runner, n_tokens), thread0_step_ms(two, n_tokens)
+        out["fast_thread0_cpu_ms_per_step"] = {"1": one_ms, "2 (blocking barriers)": two_ms,
+                                               "ratio": round(one_ms / two_ms, 3) if two_ms else None}
     finally:
         two.close()
     out["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
@@ -274,6 +298,7 @@ def cli_main(args) -> int:
               f" tok/s wall (x{t[mode]['wall_ratio_2_vs_1']}); load average {t['loadavg_before'][0]} -> "
               f"{t['loadavg_after'][0]} on {t['cores']} cores")
     print(f"two threads, fast, by barrier polls before blocking: {t['fast_2_threads_tok_s_by_barrier_spins']} tok/s")
+    print(f"thread 0's CPU ms per fast decode step: {t['fast_thread0_cpu_ms_per_step']}")
     if "ppl" in res:
         p = res["ppl"]
         print(f"perplexity exact {p['exact']['ppl']:.4f}  fast {p['fast']['ppl']:.4f}  "
