@@ -1013,10 +1013,10 @@ INLINE float dot_f32(const float *a, const float *b, u32 n) {
 // Causal attention of one query row q [n_heads * hd] at position `pos` over cached positions [0, pos] of one
 // sequence (K/V [num_blocks, block_size, n_kv_heads, hd] per layer; table maps position / block_size to a block).
 static void attend_row(const float *q, float *out, const float *kc, const float *vc, const u32 *table, u32 pos,
-                       u32 n_heads, u32 n_kv, u32 hd, u32 bs, float *scores) {
+                       u32 n_heads, u32 n_kv, u32 hd, u32 bs, float *scores, u32 h0, u32 h1) {
     u32 kvd = n_kv * hd, group = n_heads / n_kv;
     float scale = __builtin_sqrtf((float)hd);
-    for (u32 h = 0; h < n_heads; h++) {
+    for (u32 h = h0; h < h1; h++) {  // (query heads [h0, h1): a thread's share)
         const float *qh = q + h * hd;
         u32 kvh = h / group;
         float mx = bits_f32(0xff800000u);
@@ -1285,9 +1285,10 @@ INLINE int same_layout(const Weight *a, const Weight *b) {
 // The threads build (-DTHREADS: shared memory, atomics) runs a step on two threads, each its own instance of the
 // module on the same memory: thread 0 is the host's wi_step call, thread 1 a host thread parked in wi_worker. Both
 // walk the same step (step_body), each computing its share of every matrix's output columns (whole groups of 4
-// rows, the packed layout's) with its own activation scratch; the other ops run on thread 0, and a barrier
-// (team_sync) follows every op whose output the other thread reads. A column's arithmetic does not depend on the
-// split, so the ids are those of one thread. Without THREADS (or with team = 0) it is the one-thread step.
+// rows, the packed layout's) with its own activation scratch, and of the KV heads (RoPE, cache writes and the
+// attention of their query heads); the other ops run on thread 0, and a barrier (team_sync) follows every op whose
+// output the other thread reads. A column's or a head's arithmetic does not depend on the split, so the ids are
+// those of one thread. Without THREADS (or with team = 0) it is the one-thread step.
 typedef struct Team {
     u32 nth;            // threads (2)
     u32 spins;          // polls of a word before blocking on it (memory.atomic.wait32)
@@ -1295,13 +1296,14 @@ typedef struct Team {
     u32 quit;           // 1: leave (the host closes, or a thread failed): every wait returns
     u32 arrived, gen;   // the barrier: threads arrived, generation
     const void *m, *s;  // the step thread 1 runs (Model, Step)
-    u8 *work1;          // thread 1's linear scratch (thread 0 uses the Model's work)
+    u8 *work1;          // thread 1's linear scratch and attention scores (thread 0 uses the Model's work, scores)
 } Team;
 
 typedef struct {
     u32 tid, nth;
     u8 *work;
     Team *team;
+    float *scores;  // attention's scores (thread 1: its work area, which the GEMVs use only outside attention)
 } Ctx;
 
 #ifdef THREADS
@@ -1371,20 +1373,21 @@ static void step_body(const Ctx *c, const Model *m, const Step *s) {
         linear_share(c, L->k, m->xn, d, m->k, kvd, T, 0, fq, !same_layout(L->q, L->k));
         linear_share(c, L->v, m->xn, d, m->v, kvd, T, 0, fq, !same_layout(L->k, L->v));
         SYNC();
-        if (t0) {
-            for (u32 t = 0; t < T; t++) {
-                rope_row(m->q + t * qd, m->n_heads, hd, m->cos_t, m->sin_t, s->pos[t]);
-                rope_row(m->k + t * kvd, m->n_kv, hd, m->cos_t, m->sin_t, s->pos[t]);
-                float *kd = L->k_cache + s->slot[t] * kvd, *vd = L->v_cache + s->slot[t] * kvd;
-                for (u32 i = 0; i < kvd; i++) { kd[i] = m->k[t * kvd + i]; vd[i] = m->v[t * kvd + i]; }
-            }
-            for (u32 si = 0; si < s->n_seqs; si++) {
-                const Seq *q = s->seqs + si;
-                for (u32 j = 0; j < q->n_q; j++) {
-                    u32 row = q->q_row + j;
-                    attend_row(m->q + row * qd, m->attn + row * qd, L->k_cache, L->v_cache, q->table,
-                               q->start_pos + j, m->n_heads, m->n_kv, hd, bs, m->scores);
-                }
+        // this thread's KV heads [kv0, kv1) and their query heads [h0, h1): RoPE, the cache writes and attention
+        // read only what the same thread wrote, so they need no barrier between them
+        u32 kv0 = m->n_kv * c->tid / c->nth, kv1 = m->n_kv * (c->tid + 1) / c->nth, grp = m->n_heads / m->n_kv;
+        for (u32 t = 0; t < T; t++) {
+            rope_row(m->q + t * qd + kv0 * grp * hd, (kv1 - kv0) * grp, hd, m->cos_t, m->sin_t, s->pos[t]);
+            rope_row(m->k + t * kvd + kv0 * hd, kv1 - kv0, hd, m->cos_t, m->sin_t, s->pos[t]);
+            float *kd = L->k_cache + s->slot[t] * kvd, *vd = L->v_cache + s->slot[t] * kvd;
+            for (u32 i = kv0 * hd; i < kv1 * hd; i++) { kd[i] = m->k[t * kvd + i]; vd[i] = m->v[t * kvd + i]; }
+        }
+        for (u32 si = 0; si < s->n_seqs; si++) {
+            const Seq *q = s->seqs + si;
+            for (u32 j = 0; j < q->n_q; j++) {
+                u32 row = q->q_row + j;
+                attend_row(m->q + row * qd, m->attn + row * qd, L->k_cache, L->v_cache, q->table, q->start_pos + j,
+                           m->n_heads, m->n_kv, hd, bs, c->scores, kv0 * grp, kv1 * grp);
             }
         }
         SYNC();
@@ -1421,7 +1424,7 @@ static void step_body(const Ctx *c, const Model *m, const Step *s) {
 // One engine step (thread 0). With a team, thread 1 (parked in wi_worker) is started on the same step first.
 EXPORT(wi_step) void wi_step(const Model *m, const Step *s) {
     Team *t = m->team;
-    Ctx c = {0, t ? t->nth : 1, m->work, t};
+    Ctx c = {0, t ? t->nth : 1, m->work, t, m->scores};
 #ifdef THREADS
     if (t) {
         t->m = m;
@@ -1437,12 +1440,13 @@ EXPORT(wi_step) void wi_step(const Model *m, const Step *s) {
 // Thread 1's life (its own instance, its own stack: the host sets __stack_pointer first): waits for each step
 // wi_step starts and runs its share; returns when the team quits.
 EXPORT(wi_worker) void wi_worker(Team *t) {
-    Ctx c = {1, t->nth, 0, t};
+    Ctx c = {1, t->nth, 0, t, 0};
     for (u32 seen = 0;;) {
         team_wait(t, &t->go, seen);
         if (__atomic_load_n(&t->quit, __ATOMIC_ACQUIRE)) return;
         seen = __atomic_load_n(&t->go, __ATOMIC_ACQUIRE);
         c.work = t->work1;
+        c.scores = (float *)t->work1;
         step_body(&c, (const Model *)t->m, (const Step *)t->s);
     }
 }
@@ -1501,7 +1505,7 @@ EXPORT(wi_attention) void wi_attention(const float *q, float *out, u32 rows, con
                                        float *scores) {
     for (u32 j = 0; j < rows; j++)
         attend_row(q + j * n_heads * hd, out + j * n_heads * hd, kc, vc, table, start_pos + j, n_heads, n_kv, hd, bs,
-                   scores);
+                   scores, 0, n_heads);
 }
 
 EXPORT(wi_swiglu) void wi_swiglu(float *g, const float *u, u32 n) {

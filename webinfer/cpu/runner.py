@@ -201,7 +201,7 @@ class CpuRunner:
         self.threads = getattr(host, "threads", 1)
         team = 0
         if self.threads > 1:  # thread 1's scratch and stack, and the team that joins the two
-            work1 = arena.alloc(work, "thread 1 work")
+            work1 = arena.alloc(max(work, 4 * self.max_model_len), "thread 1 work")  # (and its attention scores)
             stack = arena.alloc(WORKER_STACK, "thread 1 stack")
             team = arena.put(team_words(self.threads, work1), "team")
         head = struct.pack("<8If3I", d, f, L, cfg.num_attention_heads, cfg.num_key_value_heads, hd, V, block_size,
