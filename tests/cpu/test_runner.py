@@ -3,7 +3,10 @@
 Tiny random packages (fast): greedy ids equal the reference token for token in exact mode, also with the prompt
 prefilled in chunks; logits agree to 1e-3; a sequence's logits are bit-identical alone and batched with others
 (batch invariance); the fast mode (int8 activations) stays close; bad steps raise the GPU runner's errors.
-The real SmolLM2 (marked model/slow): exact-mode greedy ids equal the reference's teacher-forced argmax.
+Two threads (the threads build, every matrix's columns and the KV heads split): the ids and logits of one thread,
+and a trap on thread 1 fails the step instead of hanging it.
+The real SmolLM2 (marked model/slow): exact-mode greedy ids equal the reference's teacher-forced argmax, on one
+thread and on two.
 """
 
 from __future__ import annotations

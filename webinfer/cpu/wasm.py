@@ -34,7 +34,8 @@ THREAD_MODULES = {"base": "kernels-threads.wasm", "relaxed": "kernels-relaxed-th
 TEAM_WORDS = 9  # kernels.c Team: nth, spins, go, quit, arrived, gen, m, s, work1
 _QUIT_WORD = 3
 # polls of a barrier word before blocking on it (memory.atomic.wait32): ~10-50 us at a few ns a poll, about one
-# small GEMV, so a waiting thread does not sleep through the other's short ops (measured: docs/cpu-backend.md)
+# small GEMV, so a waiting thread does not sleep through the other's short ops; not tuned on idle cores (the
+# bench compares it with 0: docs/cpu-backend.md "Measured")
 SPINS = 20000
 
 
@@ -131,8 +132,7 @@ class WasmtimeHost:
         store = wasmtime.Store(self.engine)
         inst = wasmtime.Instance(store, self.module, [self.memory])  # (the data segments are not written again)
         ex = inst.exports(store)
-        ex["__stack_pointer"].set_value(store, wasmtime.Val.i32(stack_top - (1 << 32) if stack_top >= 1 << 31
-                                                                    else stack_top))
+        ex["__stack_pointer"].set_value(store, wasmtime.Val.i32(_i32([stack_top])[0]))
         self.team = team
         self._worker = _Worker(store, ex["wi_worker"], ex["wi_team_quit"], team)
         self._worker.thread.start()
