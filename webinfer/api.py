@@ -329,7 +329,12 @@ class LLM:
         return self.engine.max_model_len
 
     async def close(self) -> None:
+        """End the engine (open streams get EngineStepError) and release what the runner holds (the CPU engine's
+        second thread). The LLM takes no more requests."""
         await self.engine.close()
+        close = getattr(self.engine.runner, "close", None)
+        if close is not None:
+            close()
 
     def prompt_ids(self, r: ParsedRequest) -> list[int]:
         return self.prompter.chat_ids(r.prompt, r.tools) if r.kind == "chat" else self.prompter.prompt_ids(r.prompt)

@@ -121,6 +121,22 @@ def test_thread_1_failing_fails_the_step(tiny_llama):
     runner.close()
 
 
+def test_llm_close_stops_thread_1(tiny_llama):
+    """LLM.close() ends the CPU engine's second thread (not only at garbage collection or exit)."""
+    import webinfer
+    from webinfer.factory import EngineOptions
+
+    async def main():
+        llm = await webinfer.load(tiny_llama, backend="cpu", options=EngineOptions(cpu_threads=2, context_tokens=64))
+        r = await llm.completions.create(prompt=[5, 17, 200], max_tokens=3, temperature=0)
+        worker = llm.engine.runner.host._worker
+        assert worker.thread.is_alive() and len(r["choices"][0]["token_ids"]) == 3
+        await llm.close()
+        return worker
+
+    assert not asyncio.run(main()).thread.is_alive(), "thread 1 still runs after LLM.close()"
+
+
 def test_decode_after_prefill_uses_the_cache(tiny_llama):
     """A decode step reads the K/V a previous step wrote through the block table (a wrong table -> wrong ids)."""
     runner = _runner(tiny_llama)
