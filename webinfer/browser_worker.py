@@ -122,7 +122,7 @@ class PageWorker:
                 "pipeline_record": record}
 
     def start_deferred(self, idle_s: float = 1.0) -> None:
-        """Compile the pipelines the build left lazy (gemv tiles for several chats at once, the speculative and
+        """Compile the chat template, then the pipelines the build left lazy (gemv tiles for several chats at once, the speculative and
         long-context attention kernels) in the background, one at a time, each once the engine has been idle for
         idle_s: a chat sent right after ready does not share the CPU with them (on a software GPU a compile takes
         seconds). A chat that needs one first compiles it itself (KernelLibrary.LazyPipeline)."""
@@ -138,6 +138,11 @@ class PageWorker:
         async def run():
             n = len(lib.deferred())
             self.deferred_stats = {"pending": n}
+            if self.llm.prompter.chat_template:  # the template's first compile (jinja2: 0.1-0.2 s in Pyodide) too
+                try:
+                    self.llm.prompter.chat_ids([{"role": "user", "content": "Hi"}])
+                except WebinferError:
+                    pass  # a template that needs more than one user message: compiled by the first chat
             try:
                 made = await lib.create_deferred(idle)
             except Exception as e:  # a lost device: the rebuild starts again; anything else: compiled at first use
