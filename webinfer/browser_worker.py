@@ -122,11 +122,13 @@ class PageWorker:
                 "pipeline_record": record}
 
     def start_deferred(self, idle_s: float = 1.0) -> None:
-        """Compile the chat template, then the pipelines the build left lazy (gemv tiles for several chats at once, the speculative and
-        long-context attention kernels) in the background, one at a time, each once the engine has been idle for
-        idle_s: a chat sent right after ready does not share the CPU with them (on a software GPU a compile takes
-        seconds). A chat that needs one first compiles it itself (KernelLibrary.LazyPipeline)."""
-        engine, lib = self.llm.engine, self.llm.engine.runner.lib
+        """After ready, in the background: Python's first-chat costs (imports, the chat template's compile), then
+        the pipelines the build left lazy (gemv tiles for several chats at once, the speculative and long-context
+        attention kernels), one at a time, each once the engine has been idle for idle_s: a chat sent right after
+        ready does not share the CPU with them (on a software GPU a compile takes seconds). A chat that needs one
+        first compiles it itself (KernelLibrary.LazyPipeline)."""
+        llm = self.llm
+        engine, lib = llm.engine, llm.engine.runner.lib
         t0 = time.perf_counter()
 
         async def idle():
@@ -138,9 +140,13 @@ class PageWorker:
         async def run():
             n = len(lib.deferred())
             self.deferred_stats = {"pending": n}
-            if self.llm.prompter.chat_template:  # the template's first compile (jinja2: 0.1-0.2 s in Pyodide) too
+            # what the first chat would pay once in Python (Pyodide compiles a module's source at its first import):
+            # the grammar package (api.py imports its matcher per request) and the chat template's jinja2 compile
+            import webinfer.grammar  # noqa: F401, PLC0415
+
+            if llm.prompter.chat_template:
                 try:
-                    self.llm.prompter.chat_ids([{"role": "user", "content": "Hi"}])
+                    llm.prompter.chat_ids([{"role": "user", "content": "Hi"}])
                 except WebinferError:
                     pass  # a template that needs more than one user message: compiled by the first chat
             try:
