@@ -111,8 +111,8 @@ class PageWorker:
             # "deferred" (compiled after ready, in the background); written again when it differs from what was
             # made ahead: a miss, or made ahead but not used (a record from before a pipeline turned lazy)
             made = dev.made_ahead
-            if dev.made_ahead_hits < len(dev.created) or made is None or int(made.size) != dev.made_ahead_hits:
-                unique = {(p["entry"], p["code"]): p for p in dev.created}  # two libraries may ask for the same one
+            unique = {(p["entry"], p["code"]): p for p in dev.created}  # two libraries may ask for the same one
+            if dev.made_ahead_hits < len(dev.created) or made is None or int(made.size) != len(unique):
                 for p in self.llm.engine.runner.lib.deferred():
                     unique.setdefault((p["entry"], p["code"]), {**p, "deferred": True})
                 record = {**dev.request, "pipelines": list(unique.values())}
