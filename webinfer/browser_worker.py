@@ -129,7 +129,7 @@ class PageWorker:
         first compiles it itself (KernelLibrary.LazyPipeline)."""
         llm = self.llm
         engine, lib = llm.engine, llm.engine.runner.lib
-        t0 = time.perf_counter()
+        t0, compile0 = time.perf_counter(), lib.device.time_ms["create_pipeline_async"]
 
         async def idle():
             quiet = 0.0
@@ -155,6 +155,7 @@ class PageWorker:
                 self.deferred_stats["error"] = f"{type(e).__name__}: {e}"
                 return
             self.deferred_stats = {"pending": 0, "compiled": made, "at_first_use": lib.created_on_use,
+                                   "compile_ms": lib.device.time_ms["create_pipeline_async"] - compile0,
                                    "done_after_ready_ms": (time.perf_counter() - t0) * 1e3}
 
         self.deferred = asyncio.ensure_future(run())
