@@ -386,7 +386,8 @@ async function generate() {
   };
   log.onscroll = () => { follow = atBottom(); };
   try {
-    for await (const chunk of ui.engine.chat.completions.create(request)) {
+    const it = ui.engine.chat.completions.create(request);
+    for await (const chunk of it) {
       const choice = chunk.choices?.[0];
       const delta = choice?.delta?.content ?? "";
       if (delta) {
@@ -399,7 +400,11 @@ async function generate() {
       if (choice?.finish_reason === "length") msg.truncated = true;
     }
     const tps = n > 1 ? (n - 1) / ((performance.now() - first) / 1000) : 0;
-    $("stats").textContent = `TTFT ${first ? (first - t0).toFixed(0) : "–"} ms · ${tps.toFixed(1)} tokens/s · ${n} tokens`;
+    // where a token's time goes (the worker's split, GPU backend): waiting for the GPU vs Python + JS calls
+    const pt = it.stats?.per_token;
+    const split = pt ? ` · per token: GPU ${pt.read_wait_ms.toFixed(0)} ms, host ${(pt.python_ms + pt.js_upload_ms
+      + pt.js_submit_ms).toFixed(0)} ms` : "";
+    $("stats").textContent = `TTFT ${first ? (first - t0).toFixed(0) : "–"} ms · ${tps.toFixed(1)} tokens/s · ${n} tokens${split}`;
     msg.stats = `${n} tokens, ${tps.toFixed(1)} tokens/s`;
     status(msg.stopped ? "Stopped." : "Answer finished.");
   } catch (e) {

@@ -83,16 +83,18 @@ async function makeAhead(sha256, mode) {
   const device = await adapter.requestDevice({ requiredFeatures: rec.features, requiredLimits, label: "webinfer" });
   const t1 = performance.now();
   const pipelines = new Map();
+  // the pipelines a chat's first token needs; the record's "deferred" ones Python compiles after ready
+  const needed = rec.pipelines.filter((p) => !p.deferred);
   // "async": createComputePipelineAsync; Chrome compiles them off its GPU process's main thread, so other GPU work
   // (the page's preflight, the uploads) does not queue behind them; one that fails is left out and Python creates
   // it again, reporting the error its own way. "sync": createComputePipeline; the GPU process compiles them in
   // order before anything sent after them (these sources compiled without error on this adapter before, so no
   // error scope, which would wait). `ready` resolves when every async one is in the map.
-  const timings = { ahead_device_ms: t1 - t0, ahead_pipelines: rec.pipelines.length, ahead_mode: mode,
+  const timings = { ahead_device_ms: t1 - t0, ahead_pipelines: needed.length, ahead_mode: mode,
                     ahead_issued_at_ms: performance.now() - T0 };
   // done/total and onStep: the load's progress bar while it waits for the compile
-  const state = { adapter, device, pipelines, timings, done: 0, total: rec.pipelines.length, onStep: null };
-  const made = rec.pipelines.map(async ({ code, entry, label }) => {
+  const state = { adapter, device, pipelines, timings, done: 0, total: needed.length, onStep: null };
+  const made = needed.map(async ({ code, entry, label }) => {
     const desc = { layout: "auto", label, compute: { module: device.createShaderModule({ code, label }), entryPoint: entry } };
     if (mode === "async") {
       try { pipelines.set(entry + "\0" + code, await device.createComputePipelineAsync(desc)); } catch { /* left out */ }

@@ -64,6 +64,8 @@ class PageWorker:
     ahead: Any = None                  # JS {adapter, device, pipelines: Map} made by worker.js before Python ran
     cpu_threads: int | None = None     # load()'s threads for the CPU engine (None: 2 when the page allows)
     cpu_host: Any = None               # the CPU engine's JsHost (closed on rebuild: its second Worker ends)
+    deferred: asyncio.Task | None = None   # compiling the lazy pipelines in the background (start_deferred)
+    deferred_stats: dict = field(default_factory=dict)
 
     async def get_device(self):
         from .gpu.browser import adopt_device, request_device  # noqa: PLC0415  (JS FFI: only inside Pyodide)
@@ -108,17 +110,71 @@ class PageWorker:
         await self.build()
         timings = {"handover_ms": (t_copy - t0) * 1e3, **self.build_timings}
         record = None
-        if dev is not None and dev.made_ahead_hits < len(dev.created):
+        if dev is not None:
+            # the build's pipelines first (made ahead next visit, before Load), then the lazy ones flagged
+            # "deferred" (compiled after ready, in the background); written again when it differs from what was
+            # made ahead: a miss, or made ahead but not used (a record from before a pipeline turned lazy)
+            made = dev.made_ahead
             unique = {(p["entry"], p["code"]): p for p in dev.created}  # two libraries may ask for the same one
-            record = {**dev.request, "pipelines": list(unique.values())}
+            if dev.made_ahead_hits < len(dev.created) or made is None or int(made.size) != len(unique):
+                for p in self.llm.engine.runner.lib.deferred():
+                    unique.setdefault((p["entry"], p["code"]), {**p, "deferred": True})
+                record = {**dev.request, "pipelines": list(unique.values())}
+        self.start_deferred()
         return {"name": self.package.name, "device": selftests.device_summary(dev) if dev else None,
                 "timings": timings, "backend": self.backend, "backend_reason": self.backend_reason,
                 "pipeline_record": record}
+
+    def start_deferred(self, idle_s: float = 1.0) -> None:
+        """After ready, in the background: Python's first-chat costs (imports, the chat template's compile), then
+        the pipelines the build left lazy (gemv tiles for several chats at once, the speculative and long-context
+        attention kernels), one at a time, each once the engine has been idle for idle_s: a chat sent right after
+        ready does not share the CPU with them (on a software GPU a compile takes seconds). A chat that needs one
+        first compiles it itself (KernelLibrary.LazyPipeline). The CPU engine has no pipelines: only the first."""
+        llm = self.llm
+        engine, lib = llm.engine, getattr(llm.engine.runner, "lib", None)
+        t0 = time.perf_counter()
+        compile0 = lib.device.time_ms["create_pipeline_async"] if lib is not None else 0.0
+
+        async def idle():
+            quiet = 0.0
+            while quiet < idle_s:
+                await asyncio.sleep(0.1)
+                quiet = 0.0 if engine.scheduler.has_work() else quiet + 0.1
+
+        async def run():
+            n = len(lib.deferred()) if lib is not None else 0
+            self.deferred_stats = {"pending": n}
+            # what the first chat would pay once in Python (Pyodide compiles a module's source at its first import):
+            # the grammar package (api.py imports its matcher per request) and the chat template's jinja2 compile
+            import webinfer.grammar  # noqa: F401, PLC0415
+
+            if llm.prompter.chat_template:
+                try:
+                    llm.prompter.chat_ids([{"role": "user", "content": "Hi"}])
+                except WebinferError:
+                    pass  # a template that needs more than one user message: compiled by the first chat
+            if lib is None:
+                self.deferred_stats = {"pending": 0, "done_after_ready_ms": (time.perf_counter() - t0) * 1e3}
+                return
+            try:
+                made = await lib.create_deferred(idle)
+            except Exception as e:  # a lost device: the rebuild starts again; anything else: compiled at first use
+                self.deferred_stats["error"] = f"{type(e).__name__}: {e}"
+                return
+            self.deferred_stats = {"pending": 0, "compiled": made, "at_first_use": lib.created_on_use,
+                                   "compile_ms": lib.device.time_ms["create_pipeline_async"] - compile0,
+                                   "done_after_ready_ms": (time.perf_counter() - t0) * 1e3}
+
+        self.deferred = asyncio.ensure_future(run())
 
     async def build(self) -> None:
         """(Re)build the runner and the LLM for the loaded package on a live device (after a loss too)."""
         if self.package is None:
             raise WebinferError("no model is loaded")
+        if self.deferred is not None:
+            self.deferred.cancel()
+            self.deferred = None
         old, self.llm = self.llm, None
         if old is not None:
             await old.close()  # its step loop ends; streams still open get EngineStepError
@@ -158,14 +214,17 @@ class PageWorker:
         t1 = time.perf_counter()
         self.llm = llm_for(self.package, runner, self.options)
         spent = {k: dev.time_ms[k] - counters0.get(k, 0.0) for k in dev.time_ms}
+        t2 = time.perf_counter()
+        await dev.read_buffer(runner.bufs.logits, 0, 4)  # nothing queued: what any read-back costs at least
+        readback_ms = (time.perf_counter() - t2) * 1e3
         self.build_timings = {"engine_build_ms": (t1 - t0) * 1e3, "load_calls_ms": (t_enc - t0) * 1e3,
                               "gpu_drain_ms": (t1 - t_enc) * 1e3, "gpu_upload_ms": spent.get("write_buffer", 0.0),
                               "pipeline_create_ms": spent.get("create_pipeline", 0.0),
                               "buffer_create_ms": spent.get("create_buffer", 0.0),
                               "pipelines": len(dev.created) - made0,
                               "pipelines_made_ahead": dev.made_ahead_hits - hits0,
-                              "ahead_compile_wait_ms": ahead_wait,
-                              "tokenizer_ms": (time.perf_counter() - t1) * 1e3}
+                              "ahead_compile_wait_ms": ahead_wait, "tokenizer_ms": (t2 - t1) * 1e3,
+                              "readback_latency_ms": readback_ms, "pipelines_deferred": len(runner.lib.deferred())}
 
     async def ensure_llm(self) -> tuple[LLM, dict | None]:
         """(LLM, build timings if this call rebuilt it): after a device loss the first caller rebuilds and
@@ -176,6 +235,7 @@ class PageWorker:
             gpu_gone = self.backend == "webgpu" and (self.device is None or self.device.lost)
             if self.llm is None or gpu_gone:
                 await self.build()
+                self.start_deferred()
                 return self.llm, self.build_timings
         return self.llm, None
 
@@ -196,6 +256,8 @@ class PageWorker:
         host_ms0, steps0 = getattr(runner, "host_ms", 0.0), llm.engine.steps
         dev = self.device if self.backend == "webgpu" else None
         dev0 = dict(dev.time_ms) if dev is not None else {}
+        t_req, lazy0 = time.perf_counter(), runner.lib.created_on_use if dev is not None else 0
+        first_token = None  # the request's time to its first token, split like per_token (streams only)
         prompt_ids = req.pop("prompt_ids", None)
         as_chat = bool(prompt_ids) and kind == "chat"  # chunks of the completions path reshaped as chat chunks
         if prompt_ids:
@@ -226,6 +288,11 @@ class PageWorker:
                 if as_chat:
                     c = _as_chat_chunk(c, first)
                 first = False
+                if first_token is None and dev is not None and c["choices"][0].get("token_ids"):
+                    first_token = _time_split(dev, dev0, runner.host_ms - host_ms0, 1,
+                                              (time.perf_counter() - t_req) * 1e3)
+                    first_token.update(steps=llm.engine.steps - steps0,
+                                       pipelines_compiled=runner.lib.created_on_use - lazy0)
                 ids += c["choices"][0].get("token_ids") or []
                 last = c
                 emit(json.dumps(c))
@@ -241,8 +308,11 @@ class PageWorker:
         if stopped:
             emit(json.dumps({**last, "choices": [{**last["choices"][0], "delta": {}, "token_ids": [],
                                                   "finish_reason": "abort"}]}))
-        return self._stats(llm, (last or {}).get("id"), ids, (last or {}).get("usage") or {}, stopped, steps0,
-                           host_ms0, rebuilt, dev, dev0)
+        stats = self._stats(llm, (last or {}).get("id"), ids, (last or {}).get("usage") or {}, stopped, steps0,
+                            host_ms0, rebuilt, dev, dev0)
+        stats["first_token"] = first_token
+        stats["deferred_pipelines"] = dict(self.deferred_stats)
+        return stats
 
     def _stats(self, llm: LLM, rid, ids: list[int], usage: dict, stopped: bool, steps0: int, host_ms0: float,
                rebuilt, dev=None, dev0=None) -> dict:
@@ -252,17 +322,9 @@ class PageWorker:
         steps = llm.engine.steps - steps0
         split = None
         if dev is not None and len(ids) > 1 and tpot:
-            # per decoded token (prefill included: the split is over the whole request): Python recording the
-            # steps, the JS FFI encode + submit, waiting for read-backs (map latency and GPU time, which SwiftShader
-            # cannot tell apart without timestamp queries), and the rest (event loop, worker messages)
-            d = {k: dev.time_ms[k] - (dev0 or {}).get(k, 0.0) for k in ("submit", "read_wait")}
-            host = getattr(runner, "host_ms", 0.0) - host_ms0
-            n = len(ids)
-            wall = (usage["ttft_s"] + tpot * (n - 1)) * 1e3
-            split = {"wall_ms": wall / n, "python_ms": (host - d["submit"]) / n, "js_submit_ms": d["submit"] / n,
-                     "read_wait_ms": d["read_wait"] / n}
-            split["other_ms"] = max(0.0, split["wall_ms"] - split["python_ms"] - split["js_submit_ms"]
-                                    - split["read_wait_ms"])
+            # per decoded token (prefill included: the split is over the whole request)
+            split = _time_split(dev, dev0 or {}, getattr(runner, "host_ms", 0.0) - host_ms0, len(ids),
+                                (usage["ttft_s"] + tpot * (len(ids) - 1)) * 1e3)
         return {"id": rid, "token_ids": ids, "completion_tokens": len(ids),
                 "prompt_tokens": usage.get("prompt_tokens"), "stopped": stopped,
                 "ttft_ms": usage["ttft_s"] * 1e3 if usage.get("ttft_s") is not None else None,
@@ -278,6 +340,19 @@ class PageWorker:
         """Destroy the JS device behind the engine's back, as a driver reset would (tests of the rebuild path)."""
         if self.device is not None:
             self.device.device.destroy()  # not device.destroy(): that one marks the loss as intentional
+
+
+def _time_split(dev, dev0: dict, host_ms: float, n: int, wall_ms: float) -> dict:
+    """Where wall_ms (n tokens' worth) went, per token: Python recording the steps (python_ms), the JS FFI calls
+    that upload step data (js_upload_ms) and encode + submit (js_submit_ms), waiting for read-backs (read_wait_ms:
+    map latency + the GPU's time + shaders compiled on first use, which SwiftShader cannot tell apart without
+    timestamp queries; load timings' readback_latency_ms is an empty read's), and the rest (other_ms: chat
+    template, tokenizer, event loop, worker messages). dev0: dev.time_ms at the start; host_ms: the runner's."""
+    d = {k: dev.time_ms[k] - dev0.get(k, 0.0) for k in ("submit", "read_wait", "write_buffer")}
+    split = {"wall_ms": wall_ms / n, "python_ms": (host_ms - d["submit"] - d["write_buffer"]) / n,
+             "js_upload_ms": d["write_buffer"] / n, "js_submit_ms": d["submit"] / n, "read_wait_ms": d["read_wait"] / n}
+    split["other_ms"] = max(0.0, split["wall_ms"] - sum(v for k, v in split.items() if k != "wall_ms"))
+    return split
 
 
 class AbortError(WebinferError):

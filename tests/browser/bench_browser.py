@@ -10,15 +10,19 @@ browser profile (so the second and later visits read the model from the cache):
                   reading the page): Load -> ready
   pipelines       each recorded pipeline compiled alone (createComputePipelineAsync, awaited one by one) on a
                   fresh device: what each costs on this adapter
+  dispatch        what a dispatch costs on this adapter without any kernel work: one pass of N dependent dispatches
+                  of an almost empty shader, submitted and awaited (N = 1 and 160, a decode step's count)
 
 Load phases print {phase, open_to_ready_ms, load_to_ready_ms, timings}; with a chat (max_tokens > 0, a 40-token
-prompt) also its stats (TTFT, decode tok/s, per-token split). Stage keys in timings: preflight_ms (the page's
+prompt) also its stats (TTFT and its split `first_token`, decode tok/s, per-token split), and `chat2`: a second
+chat of the same length right after (what the first one paid once). Stage keys in timings: preflight_ms (the page's
 adapter check), pyodide_start_ms, wheel_install_ms, runtime_ready_at_ms (from the worker's start), files_ms (cache
 read or download, on the page's thread), verify_ms, runtime_wait_ms (Load waiting for Python after the files),
 ahead_* (device and pipelines made before Python: issued and all compiled at, from the worker's start;
 ahead_compile_wait_ms: the build waiting for them),
 handover_ms, engine_build_ms (gpu_upload_ms, pipeline_create_ms, gpu_drain_ms: waiting for the GPU process),
-pipelines / pipelines_made_ahead, tokenizer_ms, ready_at_ms (from the worker's start).
+pipelines / pipelines_made_ahead / pipelines_deferred (left to compile after ready), tokenizer_ms,
+readback_latency_ms (an empty read-back), ready_at_ms (from the worker's start).
 
 Run: XDG_RUNTIME_DIR=/tmp/xdg python -m tests.browser.bench_browser SITE_DIR [max_tokens] [phase,...] [wait_s]
 """
@@ -33,8 +37,9 @@ from .conftest import site_page
 
 # about 40 tokens with SmolLM2's chat template (system prompt included; the stats report the exact count)
 PROMPT = "What is the capital of France famous for?"
+PROMPT2 = "Why is the sky blue during the day?"
 
-RUN = """async ([model, n, pipelines, wait, prompt]) => {
+RUN = """async ([model, n, pipelines, wait, prompts]) => {
     const w = await import("./webinfer.js");
     if (wait) {
         await w.prepare(model, {pipelines});
@@ -43,15 +48,17 @@ RUN = """async ([model, n, pipelines, wait, prompt]) => {
     const t0 = performance.now();
     const engine = await w.load(model.manifest, {manifestSha256: model.sha256, pipelines});
     const t1 = performance.now();
-    let chat = null;
-    if (n) {
+    const chats = [];
+    for (const prompt of n ? prompts : []) {
         const it = engine.chat.completions.create({messages: [{role: "user", content: prompt}], max_tokens: n,
                                                    temperature: 0, stream: true});
         for await (const c of it) {}
-        chat = it.stats; delete chat.token_ids;
+        const chat = it.stats; delete chat.token_ids;
+        chats.push(chat);
     }
     engine.unload();
-    return {open_to_ready_ms: t1, load_to_ready_ms: t1 - t0, timings: engine.info.timings, chat};
+    return {open_to_ready_ms: t1, load_to_ready_ms: t1 - t0, timings: engine.info.timings, chat: chats[0] ?? null,
+            chat2: chats[1] ?? null};
 }"""
 
 COMPILE_EACH = """async ([sha]) => {
@@ -64,14 +71,39 @@ COMPILE_EACH = """async ([sha]) => {
     const device = await adapter.requestDevice({requiredFeatures: rec.features, requiredLimits});
     const out = [];
     const all0 = performance.now();
-    for (const {code, entry, label} of rec.pipelines) {
+    for (const {code, entry, label, deferred} of rec.pipelines) {
         const t0 = performance.now();
         await device.createComputePipelineAsync({layout: "auto", compute: {module: device.createShaderModule({code}), entryPoint: entry}});
-        out.push([label, Math.round(performance.now() - t0)]);
+        out.push([label + (deferred ? " (deferred)" : ""), Math.round(performance.now() - t0)]);
     }
     const seq = performance.now() - all0;
     device.destroy();
     return {pipelines: out, total_ms: Math.round(seq)};
+}"""
+
+DISPATCH = """async () => {
+    const adapter = await navigator.gpu.requestAdapter();
+    const device = await adapter.requestDevice();
+    const code = `@group(0) @binding(0) var<storage, read_write> b: array<u32>;
+        @compute @workgroup_size(64) fn main(@builtin(global_invocation_id) g: vec3u) { if (g.x == 0u) { b[0] += 1u; } }`;
+    const p = await device.createComputePipelineAsync({layout: "auto", compute: {module: device.createShaderModule({code}), entryPoint: "main"}});
+    const buf = device.createBuffer({size: 256, usage: GPUBufferUsage.STORAGE});
+    const bg = device.createBindGroup({layout: p.getBindGroupLayout(0), entries: [{binding: 0, resource: {buffer: buf}}]});
+    async function run(n) {
+        const t0 = performance.now();
+        const enc = device.createCommandEncoder();
+        const pass = enc.beginComputePass();
+        for (let i = 0; i < n; i++) { pass.setPipeline(p); pass.setBindGroup(0, bg); pass.dispatchWorkgroups(1); }
+        pass.end();
+        device.queue.submit([enc.finish()]);
+        await device.queue.onSubmittedWorkDone();
+        return performance.now() - t0;
+    }
+    const out = {};
+    for (const n of [1, 160, 1, 160, 1, 160]) (out[n] ??= []).push(Math.round(await run(n) * 10) / 10);
+    device.destroy();
+    const min = (a) => Math.min(...a);
+    return {ms: out, per_dispatch_ms: Math.round((min(out[160]) - min(out[1])) / 159 * 1000) / 1000};
 }"""
 
 PHASES = {"cold": ("async", 0), "warm": ("off", 0), "warm-load": ("async", 0), "warm-sync": ("sync", 0),
@@ -88,9 +120,11 @@ def main(site: Path, n: int, phases: list[str], wait_s: float) -> None:
             if phase == "pipelines":
                 r = (page.evaluate(COMPILE_EACH, [m["sha256"]])
                      or {"skipped": "no pipeline record: run a load phase first"})
+            elif phase == "dispatch":
+                r = page.evaluate(DISPATCH)
             else:
                 mode, wait = PHASES[phase]
-                r = page.evaluate(RUN, [m, n, mode, wait_s if wait is None else wait, PROMPT])
+                r = page.evaluate(RUN, [m, n, mode, wait_s if wait is None else wait, [PROMPT, PROMPT2]])
             print(json.dumps({"phase": phase, "loadavg": round(load, 2), **r}), flush=True)
 
 

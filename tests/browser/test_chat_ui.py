@@ -119,6 +119,9 @@ def test_chat_flow_history_switch_and_cache(site, browser):
     assert _texts(page, ".msg.user .content") == ["Hello **there**"]  # the user's text is shown as typed
     first_answer = page.inner_text(".msg.assistant .content")
     assert first_answer.strip(), logs[-20:]
+    # the stats line: TTFT, tokens/s, and where a token's time went (the worker's split)
+    stats = page.inner_text("#stats")
+    assert stats.startswith("TTFT ") and "per token: GPU " in stats and " ms, host " in stats, stats
     page.wait_for_function("document.getElementById('model').selectedOptions[0].textContent.includes('cached on this device')")
     assert page.is_visible("#uncache")
     _shot(page, "desktop")

@@ -16,7 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.gpu.check_op import GpuArray, check_op, run
-from webinfer.kernels.attention import AttentionBinding, PagedAttention, SeqStep, pack_step
+from webinfer.gpu.device import COPY_DST, STORAGE
+from webinfer.kernels.attention import PagedAttention, SeqStep, pack_step
 from webinfer.kernels.library import KernelLibrary
 from webinfer_packager.reference.model import attention as ref_attention
 
@@ -242,11 +243,16 @@ def test_attention_one_split_needs_no_reduce(gpu_f32, lib32):
     e.g. contexts 1, 31, 128 in test_attention_decode_lane_sum_paths); one context past it adds the reduce."""
     attn = PagedAttention(lib32, n_heads=4, n_kv_heads=2, head_dim=16, block_size=16, max_model_len=256,
                           max_seqs=2, split=32, one_split=32)
-    cmds = lib32.device.commands()
-    attn.encode(cmds, AttentionBinding(None, None, None), pack_step([SeqStep(32, [1, 2], 0, 1), SeqStep(3, [3], 1, 1)])[2])
+    dev = lib32.device
+    bufs = [dev.create_buffer(n, STORAGE | COPY_DST) for n in (4 * 2 * 64, 16 * 16 * 32 * 4, 16 * 16 * 32 * 4, 64,
+                                                               32, 4 * 2 * 64)]
+    binding = attn.bind(*bufs)  # the reduce's pipeline and bind group are made at its first use
+    cmds = dev.commands()
+    attn.encode(cmds, binding, pack_step([SeqStep(32, [1, 2], 0, 1), SeqStep(3, [3], 1, 1)])[2])
     assert [op[-1] for op in cmds.ops if op[0] == "dispatch"] == ["attn.decode"]
-    cmds = lib32.device.commands()
-    attn.encode(cmds, AttentionBinding(None, None, None), pack_step([SeqStep(33, [1, 2, 3], 0, 1)])[2])
+    assert not attn.pipelines[1].ready  # the reduce: not compiled while no step needed it
+    cmds = dev.commands()
+    attn.encode(cmds, binding, pack_step([SeqStep(33, [1, 2, 3], 0, 1)])[2])
     assert [op[-1] for op in cmds.ops if op[0] == "dispatch"] == ["attn.decode", "attn.reduce"]
 
 

@@ -141,7 +141,7 @@ class BrowserDevice(Device):
         # and in the calls of a step: encoding through the JS FFI + queue.submit, and waiting for a read-back (map
         # latency + the GPU's time), split out per token by the page's stats (browser_worker.chat)
         self.time_ms = {"create_buffer": 0.0, "write_buffer": 0.0, "create_pipeline": 0.0, "submit": 0.0,
-                        "read_wait": 0.0}
+                        "read_wait": 0.0, "create_pipeline_async": 0.0}
         self.made_ahead = made_ahead   # JS Map "entry\0WGSL" -> pipeline created before Python ran (or None)
         self.created: list[dict] = []  # every pipeline asked for: {"code", "entry", "label"} (the page's record)
         self.made_ahead_hits = 0
@@ -208,6 +208,24 @@ class BrowserDevice(Device):
             pipe = self.device.createComputePipeline(
                 _obj({"layout": "auto", "label": label, "compute": {"module": module, "entryPoint": entry_point}}))
         self.time_ms["create_pipeline"] += (time.perf_counter() - t0) * 1e3
+        return pipe
+
+    async def create_pipeline_async(self, code: str, label: str = "", entry_point: str = "main"):
+        """createComputePipelineAsync: Chrome compiles it off its GPU process's main thread, so a chat's GPU work
+        does not queue behind it (KernelLibrary.create_deferred, in the background after a build)."""
+        t0 = time.perf_counter()
+        self.created.append({"code": code, "entry": entry_point, "label": label})
+        pipe = self.made_ahead.get(entry_point + "\0" + code) if self.made_ahead is not None else None
+        if pipe is not None:
+            self.made_ahead_hits += 1
+            return pipe
+        module = self.device.createShaderModule(code=code, label=label)
+        try:
+            pipe = await self.device.createComputePipelineAsync(
+                _obj({"layout": "auto", "label": label, "compute": {"module": module, "entryPoint": entry_point}}))
+        except Exception as e:
+            raise GPUError(f"shader {label or '?'} failed to compile: {e}") from e
+        self.time_ms["create_pipeline_async"] += (time.perf_counter() - t0) * 1e3
         return pipe
 
     def create_bind_group(self, pipeline, bindings, group: int = 0):

@@ -118,6 +118,11 @@ class Device(ABC):
     def create_pipeline(self, code: str, label: str = "", entry_point: str = "main") -> Any:
         """Compile a compute pipeline with an automatic layout; raises GPUError with the compiler's message."""
 
+    async def create_pipeline_async(self, code: str, label: str = "", entry_point: str = "main") -> Any:
+        """create_pipeline without holding up other GPU work (the browser compiles it off its GPU process's main
+        thread); here the same as create_pipeline."""
+        return self.create_pipeline(code, label, entry_point)
+
     @abstractmethod
     def create_bind_group(self, pipeline: Any, bindings: list[BufferBinding | Any], group: int = 0) -> Any:
         """Bind group for `pipeline`'s group `group`: bindings[i] goes to @binding(i). A bare buffer binds whole."""

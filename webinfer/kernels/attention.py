@@ -35,6 +35,7 @@ from typing import Any
 
 from ..gpu.device import COPY_DST, STORAGE, BufferBinding
 from .common import WG
+from .library import LazyBindGroup
 
 DECODE, REDUCE, PREFILL = 0, 1, 2
 DECODE_WG = 8  # decode invocations per workgroup (shaders/attention.wgsl DWG)
@@ -80,7 +81,8 @@ def pack_step(seqs: list[SeqStep]) -> tuple[bytes, bytes, StepShape]:
 
 @dataclass
 class AttentionBinding:
-    """The three bind groups of one layer (built once)."""
+    """The bind groups of one layer (built once; reduce and decode_roped are LazyBindGroups: with their pipelines,
+    created at first use, since a short single chat never runs them)."""
 
     decode: Any
     reduce: Any
@@ -189,13 +191,16 @@ class PagedAttention:
         if self.subgroup_decode:
             base["SG_DECODE"] = 1
         use_f16 = True if kv_f16 else False
-        self.pipelines = [lib.pipeline("attention", defines={**base, "KERNEL": k}, use_f16=use_f16)
-                          for k in (DECODE, REDUCE, PREFILL)]
+        # the reduce runs only for decode contexts longer than one split: compiled at first use (LazyPipeline)
+        self.pipelines = [lib.pipeline("attention", defines={**base, "KERNEL": DECODE}, use_f16=use_f16),
+                          lib.lazy_pipeline("attention", defines={**base, "KERNEL": REDUCE}, use_f16=use_f16),
+                          lib.pipeline("attention", defines={**base, "KERNEL": PREFILL}, use_f16=use_f16)]
         # rope=True still needs the plain decode kernel for steps where one sequence has several one-token rows
         # (speculative verification): a row's attention reads the K/V of the rows before it, which the RoPE
-        # kernel must have written first. Same arithmetic, so the same bits as the fused kernel.
+        # kernel must have written first. Same arithmetic, so the same bits as the fused kernel. Compiled at first
+        # use: a chat without speculation never runs it.
         plain = {k: v for k, v in base.items() if k != "ROPE"}
-        self.decode_plain = (lib.pipeline("attention", defines={**plain, "KERNEL": DECODE}, use_f16=use_f16)
+        self.decode_plain = (lib.lazy_pipeline("attention", defines={**plain, "KERNEL": DECODE}, use_f16=use_f16)
                              if rope else None)
         self.partials_bytes = partials_bytes(split)
         limit = lib.device.caps.max_binding_bytes
@@ -214,9 +219,9 @@ class PagedAttention:
             raise ValueError(f"attention: rope={self.rope} {'needs' if self.rope else 'takes no'} rope_table")
         dec_bufs = [q, k_cache, v_cache, block_tables, seq_info, self.partials, out] + ([rope_table] if self.rope else [])
         return AttentionBinding(
-            decode_roped=dev.create_bind_group(self.decode_plain, dec_bufs[:7]) if self.rope else None,
+            decode_roped=LazyBindGroup(self.decode_plain, dec_bufs[:7]) if self.rope else None,
             decode=dev.create_bind_group(dec, dec_bufs),
-            reduce=dev.create_bind_group(red, [self.partials, seq_info, out]),
+            reduce=LazyBindGroup(red, [self.partials, seq_info, out]),
             prefill=dev.create_bind_group(pre, [q, k_cache, v_cache, block_tables, seq_info, out]),
         )
 
@@ -226,21 +231,21 @@ class PagedAttention:
         written its K/V this step, the decode kernel must not."""
         if step.n_seqs > self.max_seqs:
             raise ValueError(f"attention: {step.n_seqs} sequences in a step, built for at most {self.max_seqs}")
-        dec, red, pre = self.pipelines
+        dec, _, pre = self.pipelines
         if step.max_ctx_decode:
             splits = -(-step.max_ctx_decode // self.split)
             if splits > self.max_splits:
                 raise ValueError(f"attention: context {step.max_ctx_decode} exceeds max_model_len "
                                  f"{self.max_splits * self.split}")
             if roped:
-                dec, bg = self.decode_plain, binding.decode_roped
+                dec, bg = binding.decode_roped.get()
             else:
                 bg = binding.decode
             cmds.dispatch(dec, bg, -(-splits // self.splits_per_wg), self.n_kv_heads * self.n_head_blocks,
                           step.n_seqs,
                           f"{self.label}.decode")
             if step.max_ctx_decode > self.one_split:  # else every decode sequence is one split, already written
-                cmds.dispatch(red, binding.reduce, self.n_heads, step.n_seqs, 1, f"{self.label}.reduce")
+                cmds.dispatch(*binding.reduce.get(), self.n_heads, step.n_seqs, 1, f"{self.label}.reduce")
         if step.max_q_prefill:
             cmds.dispatch(pre, binding.prefill, -(-step.max_q_prefill // self.bq),
                           self.n_kv_heads * self.n_head_blocks, step.n_seqs, f"{self.label}.prefill")

@@ -35,10 +35,44 @@ class PipelineKey:
     caps: tuple  # Capabilities.variant_key()
 
 
+class LazyPipeline:
+    """A pipeline compiled when first used (`get`), or before that by `KernelLibrary.create_deferred` (the page runs
+    it in the background once the engine is ready). An engine build then compiles only what a single chat needs
+    (each shader costs seconds on a software GPU in the browser); the WGSL is the same either way, so the bits are."""
+
+    def __init__(self, lib: "KernelLibrary", key: PipelineKey):
+        self.lib, self.key = lib, key
+
+    @property
+    def ready(self) -> bool:
+        return self.key in self.lib._cache
+
+    def get(self) -> Any:
+        if not self.ready:
+            self.lib.created_on_use += 1
+        return self.lib._make(self.key)
+
+
+class LazyBindGroup:
+    """A bind group of a LazyPipeline, created with it on first use (an "auto" layout needs the pipeline)."""
+
+    def __init__(self, pipeline: LazyPipeline, bindings: list):
+        self.pipeline, self._bindings, self._group = pipeline, bindings, None
+
+    def get(self) -> tuple[Any, Any]:
+        """(pipeline, bind group), created now if they were not."""
+        p = self.pipeline.get()
+        if self._group is None:
+            self._group = self.pipeline.lib.device.create_bind_group(p, self._bindings)
+        return p, self._group
+
+
 class KernelLibrary:
     def __init__(self, device: Device):
         self.device = device
         self._cache: dict[PipelineKey, Any] = {}
+        self._deferred: dict[PipelineKey, LazyPipeline] = {}  # asked for lazily, in the order asked
+        self.created_on_use = 0  # lazy pipelines compiled at first use (not ahead by create_deferred)
 
     def standard_defines(self, use_f16: bool | None = None) -> dict[str, object]:
         caps = self.device.caps
@@ -56,21 +90,58 @@ class KernelLibrary:
         body = preprocess(load_source(family), defs, load_source, family)
         return self.device.wgsl_enables("F16" in defs, "SUBGROUPS" in defs) + body
 
-    def pipeline(self, family: str, entry_point: str = "main", defines: dict[str, object] | None = None,
-                 use_f16: bool | None = None) -> Any:
-        key = PipelineKey(family, entry_point, tuple(sorted((defines or {}).items())), use_f16,
-                          self.device.caps.variant_key())
+    def _key(self, family: str, entry_point: str, defines: dict[str, object] | None, use_f16: bool | None):
+        return PipelineKey(family, entry_point, tuple(sorted((defines or {}).items())), use_f16,
+                           self.device.caps.variant_key())
+
+    def spec(self, key: PipelineKey) -> dict:
+        """{"code", "entry", "label"}: what the device compiles for `key`."""
+        code = self.source(key.family, dict(key.defines), key.use_f16)
+        label = f"{key.family}:{key.entry_point}:" + ",".join(f"{k}={v}" for k, v in key.defines)
+        return {"code": code, "entry": key.entry_point, "label": label}
+
+    def _make(self, key: PipelineKey) -> Any:
         p = self._cache.get(key)
         if p is None:
-            code = self.source(family, dict(key.defines), use_f16)
-            label = f"{family}:{entry_point}:" + ",".join(f"{k}={v}" for k, v in key.defines)
-            p = self.device.create_pipeline(code, label=label, entry_point=entry_point)
+            s = self.spec(key)
+            p = self.device.create_pipeline(s["code"], label=s["label"], entry_point=s["entry"])
             self._cache[key] = p
         return p
 
-    def variant_pipeline(self, family: str, defines: tuple[tuple[str, object], ...]) -> Any:
-        """The pipeline of a kernel variant's decided defines (f32 arithmetic: no F16 define)."""
-        return self.pipeline(family, defines=dict(defines), use_f16=False)
+    def pipeline(self, family: str, entry_point: str = "main", defines: dict[str, object] | None = None,
+                 use_f16: bool | None = None) -> Any:
+        return self._make(self._key(family, entry_point, defines, use_f16))
+
+    def lazy_pipeline(self, family: str, entry_point: str = "main", defines: dict[str, object] | None = None,
+                      use_f16: bool | None = None) -> LazyPipeline:
+        """The pipeline `pipeline` would return, compiled only at its first `get` (or by create_deferred)."""
+        key = self._key(family, entry_point, defines, use_f16)
+        return self._deferred.setdefault(key, LazyPipeline(self, key))
+
+    def variant_pipeline(self, family: str, defines: tuple[tuple[str, object], ...], lazy: bool = False) -> Any:
+        """The pipeline of a kernel variant's decided defines (f32 arithmetic: no F16 define); lazy: a LazyPipeline."""
+        return (self.lazy_pipeline if lazy else self.pipeline)(family, defines=dict(defines), use_f16=False)
+
+    def deferred(self) -> list[dict]:
+        """The specs (`spec`) of the lazy pipelines not compiled yet, in the order they were asked for."""
+        return [self.spec(k) for k in self._deferred if k not in self._cache]
+
+    async def create_deferred(self, before_each=None) -> int:
+        """Compile every lazy pipeline not compiled yet, one at a time through the device's asynchronous creation
+        (the page stays responsive; a chat's GPU work does not queue behind it). before_each: an async callable
+        awaited before each (the page waits there while the engine is busy). Returns how many it compiled."""
+        n = 0
+        for key in list(self._deferred):
+            if before_each is not None:
+                await before_each()
+            if key in self._cache:  # used meanwhile
+                continue
+            s = self.spec(key)
+            p = await self.device.create_pipeline_async(s["code"], label=s["label"], entry_point=s["entry"])
+            if key not in self._cache:
+                self._cache[key] = p
+                n += 1
+        return n
 
     def __len__(self) -> int:
         return len(self._cache)

@@ -30,6 +30,7 @@ from typing import Any, Mapping
 
 from ..formats import FORMATS, row_bytes
 from .common import WG, ParamsFn, ceil_div, standalone_params
+from .library import LazyPipeline
 
 ROWS_PER_INVOCATION = 4
 AUTO_TILES = (1, 4, 8)  # gemv TILE variants: the dispatch picks the smallest that holds the rows
@@ -231,15 +232,26 @@ class Epilogue:
 @dataclass
 class _Bound:
     variant: LinearVariant
-    pipeline: Any
-    groups: list[tuple[Any, int]]  # (bind group, grid x) per weight part
+    device: Any
+    source: Any  # the pipeline, or a LazyPipeline
+    bindings: list[tuple[list, int]]  # (bindings, grid x) per weight part
+    pipeline: Any = None  # with groups: None until first use (`resolve`)
+    groups: list[tuple[Any, int]] | None = None  # (bind group, grid x) per weight part
+
+    def resolve(self) -> "_Bound":
+        if self.groups is None:
+            self.pipeline = self.source.get() if isinstance(self.source, LazyPipeline) else self.source
+            self.groups = [(self.device.create_bind_group(self.pipeline, b), gx) for b, gx in self.bindings]
+        return self
 
 
 class Linear:
     """y[:, n_offset : n_offset + N] (=, +=, or + bias) W x for every row t < step[count_index] (gemm: from
     step[start_index]). swiglu: W holds gate and up rows interleaved in blocks of 4 (`interleave_gate_up`) and y
     receives silu(gate) * up (N/2 columns). tiles (gemv): the decode tiles to build, default all of AUTO_TILES,
-    one picked per dispatch by the row count; a row's result does not depend on the tile or the other rows.
+    one picked per dispatch by the row count; a row's result does not depend on the tile or the other rows. Only
+    the smallest tile (a single chat's decode) is compiled here, the others at first use or ahead of it by
+    KernelLibrary.create_deferred.
     rows (gemm): weight rows per invocation, 4 or 8 (default gemm_rows(weight); the output bits are the same)."""
 
     def __init__(self, lib, weight: QuantWeight, io: LinearIO, *, kernel: str = "gemv",
@@ -270,15 +282,14 @@ class Linear:
                 io.x_stride // 4, io.y_stride, io.n_offset + p.row0, io.count_index, io.start_index, eps,
                 lay.words("qhigh"), m_off, sup_off, lay.meta_words("super"), 0)))
         self._variants: list[_Bound] = []
-        for v in variants:  # bind
-            pipeline = lib.variant_pipeline(kernel, v.defines)
-            groups = []
+        for i, v in enumerate(variants):  # bind: the smallest tile now, the larger ones at first use
+            bindings = []
             for p, u in zip(weight.parts, uniforms):
                 have = {"qweight": p.qweight, "meta": p.meta, "x": io.x, "y": io.y, "params": u, "step": io.step,
                         "qhigh": p.qhigh, "norm": ep.norm[0] if ep.norm is not None else None, "bias": ep.bias}
-                groups.append((lib.device.create_bind_group(pipeline, [have[b] for b in v.bindings]),
-                               v.grid_x(p.rows)))
-            self._variants.append(_Bound(v, pipeline, groups))
+                bindings.append(([have[b] for b in v.bindings], v.grid_x(p.rows)))
+            b = _Bound(v, lib.device, lib.variant_pipeline(kernel, v.defines, lazy=i > 0), bindings)
+            self._variants.append(b if i else b.resolve())
 
     @property
     def tiles(self) -> tuple[int, ...]:
@@ -289,8 +300,9 @@ class Linear:
         self._variants = [b for b in self._variants if b.variant.key.tile in tiles]
 
     def pick(self, rows: int) -> _Bound:
-        """The smallest tile that holds `rows` in one workgroup row (the largest beyond that)."""
-        return next((b for b in self._variants if rows <= b.variant.key.tile), self._variants[-1])
+        """The smallest tile that holds `rows` in one workgroup row (the largest beyond that); a tile other than
+        the smallest is compiled and bound here at its first use unless KernelLibrary.create_deferred did it."""
+        return next((b for b in self._variants if rows <= b.variant.key.tile), self._variants[-1]).resolve()
 
     def encode(self, cmds, rows: int) -> None:
         """Record the dispatches for `rows` activation rows (at least step[count_index]; extra rows exit early)."""
