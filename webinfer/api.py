@@ -321,6 +321,7 @@ class LLM:
         self.model_name, self.limits = model_name, limits or Limits()
         self.speculative_tokens = speculative_tokens
         self._grammars = None  # grammar.GrammarCache over this tokenizer, built on the first constrained request
+        self.owns_runner = False  # webinfer.load sets it for the runner it made (close() closes that one)
         self.chat = _Chat(self)
         self.completions = _Completions(self)
 
@@ -329,10 +330,10 @@ class LLM:
         return self.engine.max_model_len
 
     async def close(self) -> None:
-        """End the engine (open streams get EngineStepError) and release what the runner holds (the CPU engine's
-        second thread). The LLM takes no more requests."""
+        """End the engine (open streams get EngineStepError); a runner this LLM owns (webinfer.load made it) is
+        closed too: the CPU engine's second thread ends. A runner passed in stays its owner's to close."""
         await self.engine.close()
-        close = getattr(self.engine.runner, "close", None)
+        close = getattr(self.engine.runner, "close", None) if self.owns_runner else None
         if close is not None:
             close()
 

@@ -84,6 +84,7 @@ async def load(package, *, backend: str = "native", runner=None, device=None, op
     """An LLM over `package` (a path or a Package) on `backend`, or over the given `runner`."""
     pkg = package if isinstance(package, Package) else Package.open(package)
     opts = options or EngineOptions()
+    owned = runner is None  # a runner made here is the LLM's: LLM.close() closes it
     if runner is None and backend == "cpu":
         runner = await load_cpu_runner(pkg, opts)
     if runner is None:
@@ -102,7 +103,9 @@ async def load(package, *, backend: str = "native", runner=None, device=None, op
     proposer = None
     if opts.speculative not in (None, "prompt-lookup"):
         proposer = await load_draft(pkg, opts, device)
-    return llm_for(pkg, runner, opts, limits, name, proposer=proposer)
+    llm = llm_for(pkg, runner, opts, limits, name, proposer=proposer)
+    llm.owns_runner = owned
+    return llm
 
 
 async def load_draft(target: Package, opts: EngineOptions, device):
