@@ -8,6 +8,9 @@ browser profile (so the second and later visits read the model from the cache):
   warm-sync       the same with createComputePipeline
   warm-wait       webinfer.prepare() at page open (runtime + pipelines ahead), Load WAIT seconds later (a user
                   reading the page): Load -> ready
+  cpu-warm        the CPU engine (wasm SIMD, `backend: "cpu"`; two Workers: the bench serves the site cross-origin
+                  isolated), second visit, Load at once; cpu-warm-1: the same on one Worker (`threads: 1`)
+  cpu-wait        the CPU engine, prepare() at page open and Load WAIT seconds later
   pipelines       each recorded pipeline compiled alone (createComputePipelineAsync, awaited one by one) on a
                   fresh device: what each costs on this adapter
   dispatch        what a dispatch costs on this adapter without any kernel work: one pass of N dependent dispatches
@@ -39,14 +42,14 @@ from .conftest import site_page
 PROMPT = "What is the capital of France famous for?"
 PROMPT2 = "Why is the sky blue during the day?"
 
-RUN = """async ([model, n, pipelines, wait, prompts]) => {
+RUN = """async ([model, n, pipelines, wait, prompts, extra]) => {
     const w = await import("./webinfer.js");
     if (wait) {
-        await w.prepare(model, {pipelines});
+        await w.prepare(model, {pipelines, ...extra});
         await new Promise((r) => setTimeout(r, wait * 1000));
     }
     const t0 = performance.now();
-    const engine = await w.load(model.manifest, {manifestSha256: model.sha256, pipelines});
+    const engine = await w.load(model.manifest, {manifestSha256: model.sha256, pipelines, ...extra});
     const t1 = performance.now();
     const chats = [];
     for (const prompt of n ? prompts : []) {
@@ -107,13 +110,15 @@ DISPATCH = """async () => {
 }"""
 
 PHASES = {"cold": ("async", 0), "warm": ("off", 0), "warm-load": ("async", 0), "warm-sync": ("sync", 0),
-          "warm-wait": ("async", None)}
+          "warm-wait": ("async", None), "cpu-warm": ("off", 0), "cpu-warm-1": ("off", 0), "cpu-wait": ("off", None)}
+EXTRA = {"cpu-warm": {"backend": "cpu"}, "cpu-warm-1": {"backend": "cpu", "threads": 1},
+         "cpu-wait": {"backend": "cpu"}}
 
 
 def main(site: Path, n: int, phases: list[str], wait_s: float) -> None:
     import os
 
-    with site_page(site) as (page, url, m):
+    with site_page(site, isolated=True) as (page, url, m):
         for phase in phases:
             page.goto(url + "index.html?noprepare")  # the bench decides what starts ahead
             load = os.getloadavg()[0]
@@ -124,7 +129,8 @@ def main(site: Path, n: int, phases: list[str], wait_s: float) -> None:
                 r = page.evaluate(DISPATCH)
             else:
                 mode, wait = PHASES[phase]
-                r = page.evaluate(RUN, [m, n, mode, wait_s if wait is None else wait, [PROMPT, PROMPT2]])
+                r = page.evaluate(RUN, [m, n, mode, wait_s if wait is None else wait, [PROMPT, PROMPT2],
+                                        EXTRA.get(phase, {})])
             print(json.dumps({"phase": phase, "loadavg": round(load, 2), **r}), flush=True)
 
 

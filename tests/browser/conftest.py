@@ -185,12 +185,13 @@ def browser(tmp_path):
 
 
 @contextlib.contextmanager
-def site_page(site: Path, timeout_ms: int = 600_000):
+def site_page(site: Path, timeout_ms: int = 600_000, isolated: bool = False):
     """(page, server URL, the site's first model entry from site.json): headless Chromium with WebGPU and a fresh
-    persistent profile on a built site served here, for the benchmarks (bench_browser.py, bench_speculative.py)."""
+    persistent profile on a built site served here, for the benchmarks (bench_browser.py, bench_speculative.py).
+    isolated: served cross-origin isolated, as `webinfer serve` does (the CPU engine's two Workers need it)."""
     from playwright.sync_api import sync_playwright
 
-    srv = SiteServer(site)
+    srv = SiteServer(site, isolated=isolated)
     model = json.loads((site / "site.json").read_text())["models"][0]
     try:
         with tempfile.TemporaryDirectory() as prof, sync_playwright() as p:
