@@ -1105,6 +1105,20 @@ INLINE float dot_f32(const float *a, const float *b, u32 n) {
     return s;
 }
 
+// o[0 .. 4 NV) = sum over positions j <= pos of p[j] v_j (v_j: position j's row from v, kvd floats a slot), the
+// NV vectors held in registers over the positions (the additions and their order are those of accumulating in
+// memory, without a store and a load per position)
+INLINE void attend_pv(float *o, const float *v, const float *p, const u32 *table, u32 pos, u32 kvd, u32 bs, int NV) {
+    v128_t acc[8];
+    for (int c = 0; c < NV; c++) acc[c] = wasm_f32x4_splat(0.0f);
+    for (u32 j = 0; j <= pos; j++) {
+        const float *vj = v + (table[j / bs] * bs + j % bs) * kvd;
+        v128_t pv = wasm_f32x4_splat(p[j]);
+        for (int c = 0; c < NV; c++) acc[c] = wasm_f32x4_add(acc[c], wasm_f32x4_mul(pv, wasm_v128_load(vj + 4 * c)));
+    }
+    for (int c = 0; c < NV; c++) wasm_v128_store(o + 4 * c, acc[c]);
+}
+
 // Causal attention of one query row q [n_heads * hd] at position `pos` over cached positions [0, pos] of one
 // sequence (K/V [num_blocks, block_size, n_kv_heads, hd] per layer; table maps position / block_size to a block).
 static void attend_row(const float *q, float *out, const float *kc, const float *vc, const u32 *table, u32 pos,
@@ -1127,17 +1141,15 @@ static void attend_row(const float *q, float *out, const float *kc, const float 
             scores[j] = e;
             sum += e;
         }
+        for (u32 j = 0; j <= pos; j++) scores[j] = scores[j] / sum;
         float *o = out + h * hd;
-        u32 hd4 = hd & ~3u;
-        for (u32 i = 0; i < hd; i++) o[i] = 0.0f;
-        for (u32 j = 0; j <= pos; j++) {
-            u32 slot = table[j / bs] * bs + j % bs;
-            const float *v = vc + slot * kvd + kvh * hd;
-            float p = scores[j] / sum;
-            v128_t pv = wasm_f32x4_splat(p);
-            for (u32 i = 0; i < hd4; i += 4)
-                wasm_v128_store(o + i, wasm_f32x4_add(wasm_v128_load(o + i), wasm_f32x4_mul(pv, wasm_v128_load(v + i))));
-            for (u32 i = hd4; i < hd; i++) o[i] += p * v[i];
+        const float *vh = vc + kvh * hd;
+        u32 i = 0;
+        for (; i + 32 <= hd; i += 32) attend_pv(o + i, vh + i, scores, table, pos, kvd, bs, 8);
+        for (; i + 4 <= hd; i += 4) attend_pv(o + i, vh + i, scores, table, pos, kvd, bs, 1);
+        for (; i < hd; i++) {
+            o[i] = 0.0f;
+            for (u32 j = 0; j <= pos; j++) o[i] += scores[j] * vh[(table[j / bs] * bs + j % bs) * kvd + i];
         }
     }
 }

@@ -162,8 +162,9 @@ def test_rope(mem, scaling):
     check(xa, want, atol=2e-5, rtol=1e-5, name="rope")
 
 
-def test_paged_attention(mem):
-    H, Hkv, hd, bs, nb = 6, 2, 16, 4, 12
+@pytest.mark.parametrize("hd", [16, 70])  # 70: two 8-vector passes, one 1-vector pass and 2 scalar elements
+def test_paged_attention(mem, hd):
+    H, Hkv, bs, nb = 6, 2, 4, 12
     rng = np.random.default_rng(8)
     S, start = 10, 7  # positions 0..9; query rows for positions 7, 8, 9
     k, v = rng.standard_normal((2, S, Hkv, hd)).astype(np.float32)

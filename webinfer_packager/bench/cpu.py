@@ -14,6 +14,7 @@ In one process run, so the ratios hold on a busy machine:
                  layer count, plus the LM head), against the measured step; the rest is attention, norms, RoPE,
                  sampling and the host (one wi_step call per step, its step-area write and the ids read)
     decode       tok/s of single-sequence greedy decode, exact and fast; first-token time of a 40-token prompt
+    prefill      CPU seconds to the first token of a 40- and a 511-token prompt, and prompt tok per CPU-second
     ppl          (--ppl-text) perplexity of exact and fast mode on the same windows, and the relative change
 Native wasmtime figures; the page runs the same module in the browser's engine.
 """
@@ -123,6 +124,27 @@ def decode_speed(runner, n_tokens: int, prompt_len: int = 40) -> dict:
             "decode_tok_per_cpu_s": round((n_tokens - 1) / (cpu_n - cpu1), 2) if cpu_n > cpu1 else None}
 
 
+def prefill_speed(runner, lengths=(40, 511), reps: int = 3) -> dict:
+    """CPU seconds (this process, median of `reps` after a warm-up) of a greedy 1-token request through the engine
+    and API per prompt length: the first token's cost (prefill in max_batch_tokens chunks, the LM head of the last
+    row, one sampling), and prompt tokens per CPU-second. 511: the longest prompt the bench's max_model_len of 512
+    leaves room for one output token."""
+    from webinfer.factory import EngineOptions, llm_for
+
+    llm = llm_for(runner.package, runner, EngineOptions(max_seqs=1, max_batch_tokens=runner.max_tokens))
+    out, seed = {}, iter(range(1, 1 << 20))
+
+    def req(n):  # a new first token each time: no prefix-cache hit
+        s = next(seed)
+        prompt = [(7 * i + 11 * s) % runner.vocab_size for i in range(n)]
+        asyncio.run(llm.completions.create(prompt=prompt, max_tokens=1, temperature=0))
+
+    for n in lengths:
+        s = _time(lambda: req(n), reps)
+        out[str(n)] = {"first_token_cpu_s": round(s, 4), "prefill_tok_per_cpu_s": round(n / s, 1)}
+    return out
+
+
 def perplexity(runner, ids: list[int], window: int, stride: int) -> dict:
     """Perplexity over sliding windows (webinfer_packager.cli.eval's windows and scoring), logits from the CPU
     runner: each window prefilled in chunks of max_seqs tokens whose every row's logits come back."""
@@ -187,6 +209,10 @@ def run(package_path, quick: bool = False, ppl_text: str | None = None, variant:
     for mode in ("exact", "fast"):
         runner.set_mode(mode)
         res["decode"][mode] = decode_speed(runner, n_tok)
+    res["prefill"] = {}
+    for mode in ("exact", "fast"):
+        runner.set_mode(mode)
+        res["prefill"][mode] = prefill_speed(runner, (40,) if quick else (40, 511), 1 if quick else 3)
     res["profile"] = step_profile(runner, layer0, m[13], res["decode"], reps=20 if quick else 100)
     if ppl_text:
         from pathlib import Path
@@ -231,6 +257,10 @@ def cli_main(args) -> int:
         p = res["profile"][mode]
         print(f"  step {p['step_ms']} ms: matrices {p['matrices_total_ms']} ms "
               f"({', '.join(f'{k} {v}' for k, v in p['matrices_ms'].items())}), rest {p['rest_ms']} ms")
+    for mode, v in res["prefill"].items():
+        print(f"prefill {mode:5s}: " + ", ".join(f"{n} tokens {p['first_token_cpu_s']} CPU-s to the first token "
+                                                 f"({p['prefill_tok_per_cpu_s']} tok per CPU-second)"
+                                                 for n, p in v.items()))
     if "ppl" in res:
         p = res["ppl"]
         print(f"perplexity exact {p['exact']['ppl']:.4f}  fast {p['fast']['ppl']:.4f}  "
