@@ -796,29 +796,31 @@ INLINE v128_t rows4(v128_t a01, v128_t a23) {
     return wasm_i32x4_add(wasm_i32x4_shuffle(a01, a23, 0, 2, 4, 6), wasm_i32x4_shuffle(a01, a23, 1, 3, 5, 7));
 }
 
-// One unit of a packed group against activation row r: is (and exact mode's low halves il) = the exact integer sum
-// of codes x activation codes, lane i = weight row i of the group. Integer sums are exact: gemm_unit's other order
-// gives the same sums.
-INLINE void packed_unit(u32 dt, const u8 *blk, const Acts *A, u32 r, int mode, u32 kp, u32 u, v128_t *is,
+// One unit of a packed group against R (1 or 4) activation rows: is[r] (and exact mode's low halves il[r]) = the
+// exact integer sum of codes x activation codes, lane i = weight row i of the group: the GEMV's (R = 1) and the
+// int16 tile's (R = 4). Integer sums are exact: gemm_unit's other grouping gives the same sums.
+INLINE void packed_unit(u32 dt, const u8 *blk, const Acts *A, u32 r0, int R, int mode, u32 kp, u32 u, v128_t *is,
                         v128_t *il) {
     v128_t z = wasm_i32x4_splat(0);
     if (packed_i8(dt, mode)) {
 #ifdef RELAXED
         // i16 lanes: |x| <= 127 and codes <= 15, so 8 byte dots (2 products each) stay below 2^15
-        v128_t s = z;
+        v128_t s[4] = {z, z, z, z};
         for (u32 t = 0; t < 4; t++) {
             v128_t v = wasm_v128_load(blk + 16 * t), m = wasm_i8x16_splat(0x0f);
             v128_t lo = wasm_v128_and(v, m), hi = wasm_v128_and(wasm_u16x8_shr(v, 4), m);
-            const i8 *xb = A->xq + r * kp * 4 + 4 * (32 * u + 8 * t);
-            v128_t d0 = wasm_i16x8_relaxed_dot_i8x16_i7x16(wasm_v128_load(xb), lo);
-            v128_t d1 = wasm_i16x8_relaxed_dot_i8x16_i7x16(wasm_v128_load(xb + 16), hi);
-            s = wasm_i16x8_add(s, wasm_i16x8_add(d0, d1));
+            for (int r = 0; r < R; r++) {
+                const i8 *xb = A->xq + (r0 + r) * kp * 4 + 4 * (32 * u + 8 * t);
+                v128_t d0 = wasm_i16x8_relaxed_dot_i8x16_i7x16(wasm_v128_load(xb), lo);
+                v128_t d1 = wasm_i16x8_relaxed_dot_i8x16_i7x16(wasm_v128_load(xb + 16), hi);
+                s[r] = wasm_i16x8_add(s[r], wasm_i16x8_add(d0, d1));
+            }
         }
-        *is = wasm_i32x4_extadd_pairwise_i16x8(s);
+        for (int r = 0; r < R; r++) is[r] = wasm_i32x4_extadd_pairwise_i16x8(s[r]);
 #endif
         return;
     }
-    v128_t a01 = z, a23 = z, l01 = z, l23 = z;
+    v128_t a01[4] = {z, z, z, z}, a23[4] = {z, z, z, z}, l01[4] = {z, z, z, z}, l23[4] = {z, z, z, z};
     for (u32 t = 0; t < PCODES(dt) / 16; t++) {
         v128_t v = wasm_v128_load(blk + 16 * t);
         v128_t w[4];  // i16 codes: rows 0-1 and 2-3 of the first 4 elements, then (nibbles) of the next 4
@@ -837,20 +839,24 @@ INLINE void packed_unit(u32 dt, const u8 *blk, const Acts *A, u32 r, int mode, u
             nw = 4;
         }
         u32 e = dt == F_Q8 ? 32 * u + 4 * t : 32 * u + 8 * t;  // the vector's first element
-        const i16 *xw = A->xw + r * kp * 2 + 2 * e, *xl = A->xl + r * kp * 2 + 2 * e;
-        for (u32 h = 0; h < nw; h += 2) {
-            v128_t xa = wasm_v128_load(xw + 4 * h);
-            a01 = wasm_i32x4_add(a01, wasm_i32x4_dot_i16x8(w[h], xa));
-            a23 = wasm_i32x4_add(a23, wasm_i32x4_dot_i16x8(w[h + 1], xa));
-            if (mode == EXACT_INT) {
-                v128_t la = wasm_v128_load(xl + 4 * h);
-                l01 = wasm_i32x4_add(l01, wasm_i32x4_dot_i16x8(w[h], la));
-                l23 = wasm_i32x4_add(l23, wasm_i32x4_dot_i16x8(w[h + 1], la));
+        for (int r = 0; r < R; r++) {
+            const i16 *xw = A->xw + (r0 + r) * kp * 2 + 2 * e, *xl = A->xl + (r0 + r) * kp * 2 + 2 * e;
+            for (u32 h = 0; h < nw; h += 2) {
+                v128_t xa = wasm_v128_load(xw + 4 * h);
+                a01[r] = wasm_i32x4_add(a01[r], wasm_i32x4_dot_i16x8(w[h], xa));
+                a23[r] = wasm_i32x4_add(a23[r], wasm_i32x4_dot_i16x8(w[h + 1], xa));
+                if (mode == EXACT_INT) {
+                    v128_t la = wasm_v128_load(xl + 4 * h);
+                    l01[r] = wasm_i32x4_add(l01[r], wasm_i32x4_dot_i16x8(w[h], la));
+                    l23[r] = wasm_i32x4_add(l23[r], wasm_i32x4_dot_i16x8(w[h + 1], la));
+                }
             }
         }
     }
-    *is = rows4(a01, a23);
-    if (mode == EXACT_INT) *il = rows4(l01, l23);
+    for (int r = 0; r < R; r++) {
+        is[r] = rows4(a01[r], a23[r]);
+        if (mode == EXACT_INT) il[r] = rows4(l01[r], l23[r]);
+    }
 }
 
 // A unit's float step for one activation row (o: the row's unit index into xd and xs32), the one arithmetic of the
@@ -874,38 +880,32 @@ INLINE v128_t packed_group(u32 dt, const Weight *w, u32 g, const Acts *A, u32 r,
     v128_t acc = wasm_f32x4_splat(0.0f), bacc = acc;
     for (u32 u = 0; u < nu; u++, blk += PBLK(dt)) {
         v128_t is, il;
-        packed_unit(dt, blk, A, r, mode, kp, u, &is, &il);
+        packed_unit(dt, blk, A, r, 1, mode, kp, u, &is, &il);
         unit_step(dt, blk, is, il, A, r * nu + u, mode, &acc, &bacc);
     }
     return wasm_f32x4_add(acc, bacc);
 }
 
-// gemm_unit's i16 path for NR (1 or 2) activation rows from row r: wb[2i], wb[2i + 1] are weight rows 0-1 and 2-3
-// against the activations' i-th 4 elements (8 i16 per 4)
-INLINE void i16_rows(u32 dt, const v128_t *wb, const Acts *A, u32 r, int NR, int mode, u32 kp, u32 u, v128_t *is,
-                     v128_t *il) {
-    v128_t z = wasm_i32x4_splat(0), a01[2] = {z, z}, a23[2] = {z, z}, l01[2] = {z, z}, l23[2] = {z, z};
-    for (u32 i = 0; i < 8; i++)
-        for (int j = 0; j < NR; j++) {
-            const i16 *xw = A->xw + (r + j) * kp * 2 + 64 * u, *xl = A->xl + (r + j) * kp * 2 + 64 * u;
-            v128_t xa = wasm_v128_load(xw + 8 * i);
-            a01[j] = wasm_i32x4_add(a01[j], wasm_i32x4_dot_i16x8(wb[2 * i], xa));
-            a23[j] = wasm_i32x4_add(a23[j], wasm_i32x4_dot_i16x8(wb[2 * i + 1], xa));
-            if (mode == EXACT_INT) {
-                v128_t la = wasm_v128_load(xl + 8 * i);
-                l01[j] = wasm_i32x4_add(l01[j], wasm_i32x4_dot_i16x8(wb[2 * i], la));
-                l23[j] = wasm_i32x4_add(l23[j], wasm_i32x4_dot_i16x8(wb[2 * i + 1], la));
-            }
-        }
-    for (int j = 0; j < NR; j++) {
-        is[j] = rows4(a01[j], a23[j]);
-        if (mode == EXACT_INT) il[j] = rows4(l01[j], l23[j]);
+// gemm_unit's exact-mode row r: wb[2i], wb[2i + 1] are weight rows 0-1 and 2-3 against the activations' i-th 4
+// elements (8 i16 per 4)
+INLINE void exact_row(const v128_t *wb, const Acts *A, u32 r, u32 kp, u32 u, v128_t *is, v128_t *il) {
+    v128_t a01 = wasm_i32x4_splat(0), a23 = a01, l01 = a01, l23 = a01;
+    const i16 *xw = A->xw + r * kp * 2 + 64 * u, *xl = A->xl + r * kp * 2 + 64 * u;
+    for (u32 i = 0; i < 8; i++) {
+        v128_t xa = wasm_v128_load(xw + 8 * i), la = wasm_v128_load(xl + 8 * i);
+        a01 = wasm_i32x4_add(a01, wasm_i32x4_dot_i16x8(wb[2 * i], xa));
+        a23 = wasm_i32x4_add(a23, wasm_i32x4_dot_i16x8(wb[2 * i + 1], xa));
+        l01 = wasm_i32x4_add(l01, wasm_i32x4_dot_i16x8(wb[2 * i], la));
+        l23 = wasm_i32x4_add(l23, wasm_i32x4_dot_i16x8(wb[2 * i + 1], la));
     }
+    *is = rows4(a01, a23);
+    *il = rows4(l01, l23);
 }
 
-// One unit's integer sums for the R activation rows r0 .. r0 + R - 1 of a GEMM tile, as packed_unit's: the codes
-// decoded once, then the rows in a loop kept rolled (unrolled, clang hoists every row's activation loads and
-// wasmtime's register allocator spills them: the 4-row tile this replaced ran slower per row than the GEMV)
+// One unit's integer sums for the R activation rows r0 .. r0 + R - 1 of a GEMM tile (relaxed int8 or exact mode),
+// as packed_unit's: the codes decoded once, then the rows in a loop kept rolled (unrolled, clang hoists every
+// row's activation loads and wasmtime's register allocator spills them: the unrolled 4-row tile ran slower per row
+// than the GEMV)
 INLINE void gemm_unit(u32 dt, const u8 *blk, const Acts *A, u32 r0, u32 R, int mode, u32 kp, u32 u, v128_t *is,
                       v128_t *il) {
     if (packed_i8(dt, mode)) {
@@ -945,13 +945,25 @@ INLINE void gemm_unit(u32 dt, const u8 *blk, const Acts *A, u32 r0, u32 R, int m
             wb[4 * t + 3] = wasm_u16x8_extend_high_u8x16(hi);
         }
     }
-    // rows in pairs sharing each loaded code vector (exact mode one at a time: its 4 accumulators a row fill the
-    // registers), a last odd row alone
-    u32 r = 0;
+    // one row at a time: exact mode's 4 accumulators a row (hi and lo halves) fill the registers
 #pragma clang loop unroll(disable)
-    for (; mode != EXACT_INT && r + 1 < R; r += 2) i16_rows(dt, wb, A, r0 + r, 2, mode, kp, u, is + r, il + r);
-#pragma clang loop unroll(disable)
-    for (; r < R; r++) i16_rows(dt, wb, A, r0 + r, 1, mode, kp, u, is + r, il + r);
+    for (u32 r = 0; r < R; r++) exact_row(wb, A, r0 + r, kp, u, is + r, il + r);
+}
+
+// The int16-activation path's tile (fast mode in the base build, q8, the int16 down projection): 4 rows in
+// registers, each unit's integer sums and float steps in turn (measured faster there than the GEMM below, whose
+// stack round trip costs more than the shared decode saves)
+INLINE void packed_group4(u32 dt, const Weight *w, u32 g, const Acts *A, u32 r0, int mode, v128_t *out) {
+    u32 kp = w->kp, nu = kp / 32;
+    const u8 *blk = w->qweight + g * nu * PBLK(dt);
+    v128_t acc[4], bacc[4];
+    for (int r = 0; r < 4; r++) acc[r] = bacc[r] = wasm_f32x4_splat(0.0f);
+    for (u32 u = 0; u < nu; u++, blk += PBLK(dt)) {
+        v128_t is[4], il[4];
+        packed_unit(dt, blk, A, r0, 4, mode, kp, u, is, il);
+        for (u32 r = 0; r < 4; r++) unit_step(dt, blk, is[r], il[r], A, (r0 + r) * nu + u, mode, &acc[r], &bacc[r]);
+    }
+    for (int r = 0; r < 4; r++) out[r] = wasm_f32x4_add(acc[r], bacc[r]);
 }
 
 // GEMM: weight rows 4g .. 4g + 3 against the R (2 .. GEMM_ROWS) activation rows r0 .. r0 + R - 1. Per chunk of
@@ -976,17 +988,20 @@ INLINE void packed_gemm_group(u32 dt, const Weight *w, u32 g, const Acts *A, u32
     for (u32 r = 0; r < R; r++) out[r] = wasm_f32x4_add(out[r], bacc[r]);
 }
 
-// linear_rows for a packed matrix: activation rows in GEMM tiles of up to GEMM_ROWS, a single row by the GEMV. Per
-// tile, every weight group in turn (the tile's activations stay in L1 while the weights stream).
+// linear_rows for a packed matrix: activation rows in GEMM tiles of up to GEMM_ROWS (relaxed int8 and exact
+// activations) or 4-row tiles (int16), a single row by the GEMV. Per tile, every weight group in turn (the tile's
+// activations stay in L1 while the weights stream).
 INLINE void linear_packed(u32 dt, const Weight *w, const Acts *A, float *y, u32 y_stride, u32 rows, int accumulate,
                           int mode) {
     v128_t out[GEMM_ROWS];
     float lanes[4] __attribute__((aligned(16)));
+    int gemm = packed_i8(dt, mode) || mode == EXACT_INT;
     for (u32 r0 = 0; r0 < rows;) {
-        u32 R = rows - r0 < GEMM_ROWS ? rows - r0 : GEMM_ROWS;
+        u32 R = !gemm ? (rows - r0 >= 4 ? 4 : 1) : rows - r0 < GEMM_ROWS ? rows - r0 : GEMM_ROWS;
         for (u32 g = 0; g < (w->n + 3) / 4; g++) {
-            if (R > 1) packed_gemm_group(dt, w, g, A, r0, R, mode, out);
-            else out[0] = packed_group(dt, w, g, A, r0, mode);
+            if (R == 1) out[0] = packed_group(dt, w, g, A, r0, mode);
+            else if (!gemm) packed_group4(dt, w, g, A, r0, mode, out);
+            else packed_gemm_group(dt, w, g, A, r0, R, mode, out);
             for (u32 r = 0; r < R; r++) {
                 wasm_v128_store(lanes, out[r]);
                 for (u32 i = 0; i < 4 && 4 * g + i < w->n; i++) {

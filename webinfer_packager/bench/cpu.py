@@ -14,6 +14,7 @@ In one process run, so the ratios hold on a busy machine:
                  layer count, plus the LM head), against the measured step; the rest is attention, norms, RoPE,
                  sampling and the host (one wi_step call per step, its step-area write and the ids read)
     decode       tok/s of single-sequence greedy decode, exact and fast; first-token time of a 40-token prompt
+                 already in the prefix cache
     prefill      CPU seconds to the first token of a 40- and a 511-token prompt, and prompt tok per CPU-second
     ppl          (--ppl-text) perplexity of exact and fast mode on the same windows, and the relative change
 Native wasmtime figures; the page runs the same module in the browser's engine.
@@ -105,7 +106,8 @@ def _weight_bytes(t) -> int:
 def decode_speed(runner, n_tokens: int, prompt_len: int = 40) -> dict:
     """Greedy requests through the engine and API over `runner` (as a user runs it): wall-clock figures from the
     API's usage, and per CPU-second of this process (a 1-token request's CPU time subtracted from an n-token one's:
-    the decode steps alone), the figure that holds on a busy machine."""
+    the decode steps alone), the figure that holds on a busy machine. first_token_s is the n-token request's, whose
+    prompt the warm-up requests left in the prefix cache: prefill_speed measures fresh prompts."""
     from webinfer.factory import EngineOptions, llm_for
 
     prompt = [(7 * i + 11) % runner.vocab_size for i in range(prompt_len)]
