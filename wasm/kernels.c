@@ -1120,6 +1120,50 @@ INLINE float dot_f32(const float *a, const float *b, u32 n) {
     return s;
 }
 
+// dot_f32(q, k_c, hd) / scale for 4 key rows at once (hd a multiple of 4): the same lane sums and the same
+// horizontal sum order ((l0 + l1) + (l2 + l3)) per row, through a transpose
+INLINE void attend_scores4(const float *q, const float *k0, const float *k1, const float *k2, const float *k3, u32 hd,
+                           float scale, float *out) {
+    v128_t a = wasm_f32x4_splat(0.0f), b = a, c = a, d = a;
+    for (u32 i = 0; i < hd; i += 4) {
+        v128_t qv = wasm_v128_load(q + i);
+        a = wasm_f32x4_add(a, wasm_f32x4_mul(qv, wasm_v128_load(k0 + i)));
+        b = wasm_f32x4_add(b, wasm_f32x4_mul(qv, wasm_v128_load(k1 + i)));
+        c = wasm_f32x4_add(c, wasm_f32x4_mul(qv, wasm_v128_load(k2 + i)));
+        d = wasm_f32x4_add(d, wasm_f32x4_mul(qv, wasm_v128_load(k3 + i)));
+    }
+    v128_t ab = wasm_f32x4_add(wasm_i32x4_shuffle(a, b, 0, 4, 2, 6), wasm_i32x4_shuffle(a, b, 1, 5, 3, 7));
+    v128_t cd = wasm_f32x4_add(wasm_i32x4_shuffle(c, d, 0, 4, 2, 6), wasm_i32x4_shuffle(c, d, 1, 5, 3, 7));
+    v128_t s = wasm_f32x4_add(wasm_i32x4_shuffle(ab, cd, 0, 1, 4, 5), wasm_i32x4_shuffle(ab, cd, 2, 3, 6, 7));
+    wasm_v128_store(out, wasm_f32x4_div(s, wasm_f32x4_splat(scale)));
+}
+
+// p[0..3] = expf_(p[i] - mx), 4 at a time with expf_'s arithmetic where every lane takes its normal-result path
+// (-87 <= x <= 0: 2^n is a normal f32), else expf_ itself per lane
+INLINE void expf4(float *p, float mx) {
+    v128_t x = wasm_f32x4_sub(wasm_v128_load(p), wasm_f32x4_splat(mx));
+    v128_t ok = wasm_v128_and(wasm_f32x4_ge(x, wasm_f32x4_splat(-87.0f)), wasm_f32x4_le(x, wasm_f32x4_splat(0.0f)));
+    if (!wasm_i32x4_all_true(ok)) {
+        float xs[4] __attribute__((aligned(16)));
+        wasm_v128_store(xs, x);
+        for (u32 i = 0; i < 4; i++) p[i] = expf_(xs[i]);
+        return;
+    }
+    v128_t n = wasm_f32x4_nearest(wasm_f32x4_mul(x, wasm_f32x4_splat(1.44269504088896341f)));
+    v128_t r = wasm_f32x4_sub(x, wasm_f32x4_mul(n, wasm_f32x4_splat(0.693145751953125f)));
+    r = wasm_f32x4_sub(r, wasm_f32x4_mul(n, wasm_f32x4_splat(1.428606765330187e-06f)));
+    v128_t e = wasm_f32x4_splat(1.0f / 5040.0f);
+    e = wasm_f32x4_add(wasm_f32x4_mul(e, r), wasm_f32x4_splat(1.0f / 720.0f));
+    e = wasm_f32x4_add(wasm_f32x4_mul(e, r), wasm_f32x4_splat(1.0f / 120.0f));
+    e = wasm_f32x4_add(wasm_f32x4_mul(e, r), wasm_f32x4_splat(1.0f / 24.0f));
+    e = wasm_f32x4_add(wasm_f32x4_mul(e, r), wasm_f32x4_splat(1.0f / 6.0f));
+    e = wasm_f32x4_add(wasm_f32x4_mul(e, r), wasm_f32x4_splat(0.5f));
+    e = wasm_f32x4_add(wasm_f32x4_mul(e, r), wasm_f32x4_splat(1.0f));
+    e = wasm_f32x4_add(wasm_f32x4_mul(e, r), wasm_f32x4_splat(1.0f));
+    v128_t two_n = wasm_i32x4_shl(wasm_i32x4_add(wasm_i32x4_trunc_sat_f32x4(n), wasm_i32x4_splat(127)), 23);
+    wasm_v128_store(p, wasm_f32x4_mul(e, two_n));
+}
+
 // o[0 .. 4 NV) = sum over positions j <= pos of p[j] v_j (v_j: position j's row from v, kvd floats a slot), the
 // NV vectors held in registers over the positions (the additions and their order are those of accumulating in
 // memory, without a store and a load per position)
@@ -1144,14 +1188,28 @@ static void attend_row(const float *q, float *out, const float *kc, const float 
         const float *qh = q + h * hd;
         u32 kvh = h / group;
         float mx = bits_f32(0xff800000u);
-        for (u32 j = 0; j <= pos; j++) {
+        u32 j = 0;
+        if (hd % 4 == 0)
+            for (; j + 3 <= pos; j += 4) {
+                const float *kj = kc + kvh * hd;
+                attend_scores4(qh, kj + (table[j / bs] * bs + j % bs) * kvd,
+                               kj + (table[(j + 1) / bs] * bs + (j + 1) % bs) * kvd,
+                               kj + (table[(j + 2) / bs] * bs + (j + 2) % bs) * kvd,
+                               kj + (table[(j + 3) / bs] * bs + (j + 3) % bs) * kvd, hd, scale, scores + j);
+                for (u32 c = 0; c < 4; c++) mx = scores[j + c] > mx ? scores[j + c] : mx;
+            }
+        for (; j <= pos; j++) {
             u32 slot = table[j / bs] * bs + j % bs;
             float s = dot_f32(qh, kc + slot * kvd + kvh * hd, hd) / scale;
             scores[j] = s;
             mx = s > mx ? s : mx;
         }
         float sum = 0.0f;
-        for (u32 j = 0; j <= pos; j++) {
+        for (j = 0; j + 3 <= pos; j += 4) {
+            expf4(scores + j, mx);
+            sum = (((sum + scores[j]) + scores[j + 1]) + scores[j + 2]) + scores[j + 3];
+        }
+        for (; j <= pos; j++) {
             float e = expf_(scores[j] - mx);
             scores[j] = e;
             sum += e;
