@@ -789,13 +789,17 @@ static void prepare_packed(Acts *A, u32 rows, u32 k, u32 kp, int mode, int i8cod
     }
 }
 
+#define GEMM_ROWS 16   // activation rows per packed GEMM tile (at most)
+#define GEMM_UNITS 16  // units whose integer sums a GEMM tile holds before their float steps
+
 // lane r = (lo01 lanes 2r, 2r + 1 for r < 2, hi23's for r >= 2) summed: the i16 dots' pair sums to one per row
 INLINE v128_t rows4(v128_t a01, v128_t a23) {
     return wasm_i32x4_add(wasm_i32x4_shuffle(a01, a23, 0, 2, 4, 6), wasm_i32x4_shuffle(a01, a23, 1, 3, 5, 7));
 }
 
-// One unit of a packed group against R activation rows: is[r] (and exact mode's low halves il[r]) = the exact
-// integer sum of codes x activation codes, lane i = weight row i of the group.
+// One unit of a packed group against R (1 or 4) activation rows: is[r] (and exact mode's low halves il[r]) = the
+// exact integer sum of codes x activation codes, lane i = weight row i of the group: the GEMV's (R = 1) and the
+// int16 tile's (R = 4). Integer sums are exact: gemm_unit's other grouping gives the same sums.
 INLINE void packed_unit(u32 dt, const u8 *blk, const Acts *A, u32 r0, int R, int mode, u32 kp, u32 u, v128_t *is,
                         v128_t *il) {
     v128_t z = wasm_i32x4_splat(0);
@@ -856,41 +860,149 @@ INLINE void packed_unit(u32 dt, const u8 *blk, const Acts *A, u32 r0, int R, int
     }
 }
 
-// Weight rows 4g .. 4g + 3 (one lane each) against activation rows r0 .. r0 + R - 1: out[r]
-INLINE void packed_group(u32 dt, const Weight *w, u32 g, const Acts *A, u32 r0, int R, int mode, v128_t *out) {
+// A unit's float step for one activation row (o: the row's unit index into xd and xs32), the one arithmetic of the
+// GEMV and the GEMM (batch invariance): acc += sums * (unit scales * xd), bacc += unit mins * xs32
+INLINE void unit_step(u32 dt, const u8 *blk, v128_t is, v128_t il, const Acts *A, u32 o, int mode, v128_t *acc,
+                      v128_t *bacc) {
+    v128_t t = wasm_f32x4_convert_i32x4(is);
+    if (mode == EXACT_INT)
+        t = wasm_f32x4_add(wasm_f32x4_mul(t, wasm_f32x4_splat(32768.0f)), wasm_f32x4_convert_i32x4(il));
+    v128_t av = wasm_v128_load(blk + PCODES(dt));
+    *acc = wasm_f32x4_add(*acc, wasm_f32x4_mul(t, wasm_f32x4_mul(av, wasm_v128_load32_splat(A->xd + o))));
+    if (dt != F_Q8)
+        *bacc = wasm_f32x4_add(*bacc, wasm_f32x4_mul(wasm_v128_load(blk + PCODES(dt) + 16),
+                                                     wasm_v128_load32_splat(A->xs32 + o)));
+}
+
+// GEMV: weight rows 4g .. 4g + 3 (one lane each) against activation row r
+INLINE v128_t packed_group(u32 dt, const Weight *w, u32 g, const Acts *A, u32 r, int mode) {
+    u32 kp = w->kp, nu = kp / 32;
+    const u8 *blk = w->qweight + g * nu * PBLK(dt);
+    v128_t acc = wasm_f32x4_splat(0.0f), bacc = acc;
+    for (u32 u = 0; u < nu; u++, blk += PBLK(dt)) {
+        v128_t is, il;
+        packed_unit(dt, blk, A, r, 1, mode, kp, u, &is, &il);
+        unit_step(dt, blk, is, il, A, r * nu + u, mode, &acc, &bacc);
+    }
+    return wasm_f32x4_add(acc, bacc);
+}
+
+// gemm_unit's exact-mode row r: wb[2i], wb[2i + 1] are weight rows 0-1 and 2-3 against the activations' i-th 4
+// elements (8 i16 per 4)
+INLINE void exact_row(const v128_t *wb, const Acts *A, u32 r, u32 kp, u32 u, v128_t *is, v128_t *il) {
+    v128_t a01 = wasm_i32x4_splat(0), a23 = a01, l01 = a01, l23 = a01;
+    const i16 *xw = A->xw + r * kp * 2 + 64 * u, *xl = A->xl + r * kp * 2 + 64 * u;
+    for (u32 i = 0; i < 8; i++) {
+        v128_t xa = wasm_v128_load(xw + 8 * i), la = wasm_v128_load(xl + 8 * i);
+        a01 = wasm_i32x4_add(a01, wasm_i32x4_dot_i16x8(wb[2 * i], xa));
+        a23 = wasm_i32x4_add(a23, wasm_i32x4_dot_i16x8(wb[2 * i + 1], xa));
+        l01 = wasm_i32x4_add(l01, wasm_i32x4_dot_i16x8(wb[2 * i], la));
+        l23 = wasm_i32x4_add(l23, wasm_i32x4_dot_i16x8(wb[2 * i + 1], la));
+    }
+    *is = rows4(a01, a23);
+    *il = rows4(l01, l23);
+}
+
+// One unit's integer sums for the R activation rows r0 .. r0 + R - 1 of a GEMM tile (relaxed int8 or exact mode),
+// as packed_unit's: the codes decoded once, then the rows in a loop kept rolled (unrolled, clang hoists every
+// row's activation loads and wasmtime's register allocator spills them: the unrolled 4-row tile ran slower per row
+// than the GEMV)
+INLINE void gemm_unit(u32 dt, const u8 *blk, const Acts *A, u32 r0, u32 R, int mode, u32 kp, u32 u, v128_t *is,
+                      v128_t *il) {
+    if (packed_i8(dt, mode)) {
+#ifdef RELAXED
+        v128_t z = wasm_i32x4_splat(0), c[8], m = wasm_i8x16_splat(0x0f);
+        for (u32 t = 0; t < 4; t++) {
+            v128_t v = wasm_v128_load(blk + 16 * t);
+            c[2 * t] = wasm_v128_and(v, m);
+            c[2 * t + 1] = wasm_v128_and(wasm_u16x8_shr(v, 4), m);
+        }
+#pragma clang loop unroll(disable)
+        for (u32 r = 0; r < R; r++) {
+            const i8 *xb = A->xq + (r0 + r) * kp * 4 + 4 * 32 * u;
+            v128_t s = z;
+            for (u32 t = 0; t < 4; t++) {
+                v128_t d0 = wasm_i16x8_relaxed_dot_i8x16_i7x16(wasm_v128_load(xb + 32 * t), c[2 * t]);
+                v128_t d1 = wasm_i16x8_relaxed_dot_i8x16_i7x16(wasm_v128_load(xb + 32 * t + 16), c[2 * t + 1]);
+                s = wasm_i16x8_add(s, wasm_i16x8_add(d0, d1));
+            }
+            is[r] = wasm_i32x4_extadd_pairwise_i16x8(s);
+        }
+#endif
+        return;
+    }
+    v128_t wb[16];  // the unit's i16 codes, packed_unit's w[] of vector t at wb[4t ..] (q8: wb[2t ..])
+    for (u32 t = 0; t < PCODES(dt) / 16; t++) {
+        v128_t v = wasm_v128_load(blk + 16 * t);
+        if (dt == F_Q8) {
+            wb[2 * t] = wasm_i16x8_extend_low_i8x16(v);
+            wb[2 * t + 1] = wasm_i16x8_extend_high_i8x16(v);
+        } else {
+            v128_t m = wasm_i8x16_splat(0x0f);
+            v128_t lo = wasm_v128_and(v, m), hi = wasm_v128_and(wasm_u16x8_shr(v, 4), m);
+            wb[4 * t] = wasm_u16x8_extend_low_u8x16(lo);
+            wb[4 * t + 1] = wasm_u16x8_extend_high_u8x16(lo);
+            wb[4 * t + 2] = wasm_u16x8_extend_low_u8x16(hi);
+            wb[4 * t + 3] = wasm_u16x8_extend_high_u8x16(hi);
+        }
+    }
+    // one row at a time: exact mode's 4 accumulators a row (hi and lo halves) fill the registers
+#pragma clang loop unroll(disable)
+    for (u32 r = 0; r < R; r++) exact_row(wb, A, r0 + r, kp, u, is + r, il + r);
+}
+
+// The int16-activation path's tile (fast mode in the base build, q8, the int16 down projection): 4 rows in
+// registers, each unit's integer sums and float steps in turn (measured faster there than the GEMM below, whose
+// stack round trip costs more than the shared decode saves)
+INLINE void packed_group4(u32 dt, const Weight *w, u32 g, const Acts *A, u32 r0, int mode, v128_t *out) {
     u32 kp = w->kp, nu = kp / 32;
     const u8 *blk = w->qweight + g * nu * PBLK(dt);
     v128_t acc[4], bacc[4];
-    for (int r = 0; r < R; r++) acc[r] = bacc[r] = wasm_f32x4_splat(0.0f);
+    for (int r = 0; r < 4; r++) acc[r] = bacc[r] = wasm_f32x4_splat(0.0f);
     for (u32 u = 0; u < nu; u++, blk += PBLK(dt)) {
         v128_t is[4], il[4];
-        packed_unit(dt, blk, A, r0, R, mode, kp, u, is, il);
-        v128_t av = wasm_v128_load(blk + PCODES(dt));
-        for (int r = 0; r < R; r++) {
-            u32 o = (r0 + r) * nu + u;
-            v128_t t = wasm_f32x4_convert_i32x4(is[r]);
-            if (mode == EXACT_INT)
-                t = wasm_f32x4_add(wasm_f32x4_mul(t, wasm_f32x4_splat(32768.0f)), wasm_f32x4_convert_i32x4(il[r]));
-            acc[r] = wasm_f32x4_add(acc[r], wasm_f32x4_mul(t, wasm_f32x4_mul(av, wasm_v128_load32_splat(A->xd + o))));
-            if (dt != F_Q8)
-                bacc[r] = wasm_f32x4_add(bacc[r], wasm_f32x4_mul(wasm_v128_load(blk + PCODES(dt) + 16),
-                                                                 wasm_v128_load32_splat(A->xs32 + o)));
-        }
+        packed_unit(dt, blk, A, r0, 4, mode, kp, u, is, il);
+        for (u32 r = 0; r < 4; r++) unit_step(dt, blk, is[r], il[r], A, (r0 + r) * nu + u, mode, &acc[r], &bacc[r]);
     }
-    for (int r = 0; r < R; r++) out[r] = wasm_f32x4_add(acc[r], bacc[r]);
+    for (int r = 0; r < 4; r++) out[r] = wasm_f32x4_add(acc[r], bacc[r]);
 }
 
-// linear_rows for a packed matrix: activation rows in tiles of 4 (each group's codes decoded once per tile), the
-// rest one by one; every weight group in turn
+// GEMM: weight rows 4g .. 4g + 3 against the R (2 .. GEMM_ROWS) activation rows r0 .. r0 + R - 1. Per chunk of
+// GEMM_UNITS units: every row's integer sums (gemm_unit), held on the stack, then each row's float steps in unit
+// order, the GEMV's sequence (bit-identical to it), with one row's float accumulators live at a time.
+INLINE void packed_gemm_group(u32 dt, const Weight *w, u32 g, const Acts *A, u32 r0, u32 R, int mode, v128_t *out) {
+    u32 kp = w->kp, nu = kp / 32;
+    const u8 *blk = w->qweight + g * nu * PBLK(dt);
+    for (u32 r = 0; r < R; r++) out[r] = wasm_f32x4_splat(0.0f);
+    v128_t bacc[GEMM_ROWS];
+    for (u32 r = 0; r < R; r++) bacc[r] = out[r];
+    for (u32 u0 = 0; u0 < nu; u0 += GEMM_UNITS) {
+        u32 nc = nu - u0 < GEMM_UNITS ? nu - u0 : GEMM_UNITS;
+        v128_t is[GEMM_UNITS][GEMM_ROWS], il[GEMM_UNITS][GEMM_ROWS];
+        for (u32 c = 0; c < nc; c++)
+            gemm_unit(dt, blk + (u0 + c) * PBLK(dt), A, r0, R, mode, kp, u0 + c, is[c], il[c]);
+        for (u32 r = 0; r < R; r++)
+            for (u32 c = 0; c < nc; c++)
+                unit_step(dt, blk + (u0 + c) * PBLK(dt), is[c][r], il[c][r], A, (r0 + r) * nu + u0 + c, mode, &out[r],
+                          &bacc[r]);
+    }
+    for (u32 r = 0; r < R; r++) out[r] = wasm_f32x4_add(out[r], bacc[r]);
+}
+
+// linear_rows for a packed matrix: activation rows in GEMM tiles of up to GEMM_ROWS (relaxed int8 and exact
+// activations) or 4-row tiles (int16), a single row by the GEMV. Per tile, every weight group in turn (the tile's
+// activations stay in L1 while the weights stream).
 INLINE void linear_packed(u32 dt, const Weight *w, const Acts *A, float *y, u32 y_stride, u32 rows, int accumulate,
                           int mode) {
-    v128_t out[TILE];
+    v128_t out[GEMM_ROWS];
     float lanes[4] __attribute__((aligned(16)));
+    int gemm = packed_i8(dt, mode) || mode == EXACT_INT;
     for (u32 r0 = 0; r0 < rows;) {
-        u32 R = rows - r0 >= TILE ? TILE : 1;
+        u32 R = !gemm ? (rows - r0 >= 4 ? 4 : 1) : rows - r0 < GEMM_ROWS ? rows - r0 : GEMM_ROWS;
         for (u32 g = A->n0 / 4; g < (A->n1 + 3) / 4; g++) {
-            if (R == TILE) packed_group(dt, w, g, A, r0, TILE, mode, out);
-            else packed_group(dt, w, g, A, r0, 1, mode, out);
+            if (R == 1) out[0] = packed_group(dt, w, g, A, r0, mode);
+            else if (!gemm) packed_group4(dt, w, g, A, r0, mode, out);
+            else packed_gemm_group(dt, w, g, A, r0, R, mode, out);
             for (u32 r = 0; r < R; r++) {
                 wasm_v128_store(lanes, out[r]);
                 for (u32 i = 0; i < 4 && 4 * g + i < A->n1; i++) {
@@ -1010,6 +1122,64 @@ INLINE float dot_f32(const float *a, const float *b, u32 n) {
     return s;
 }
 
+// dot_f32(q, k_c, hd) / scale for 4 key rows at once (hd a multiple of 4): the same lane sums and the same
+// horizontal sum order ((l0 + l1) + (l2 + l3)) per row, through a transpose
+INLINE void attend_scores4(const float *q, const float *k0, const float *k1, const float *k2, const float *k3, u32 hd,
+                           float scale, float *out) {
+    v128_t a = wasm_f32x4_splat(0.0f), b = a, c = a, d = a;
+    for (u32 i = 0; i < hd; i += 4) {
+        v128_t qv = wasm_v128_load(q + i);
+        a = wasm_f32x4_add(a, wasm_f32x4_mul(qv, wasm_v128_load(k0 + i)));
+        b = wasm_f32x4_add(b, wasm_f32x4_mul(qv, wasm_v128_load(k1 + i)));
+        c = wasm_f32x4_add(c, wasm_f32x4_mul(qv, wasm_v128_load(k2 + i)));
+        d = wasm_f32x4_add(d, wasm_f32x4_mul(qv, wasm_v128_load(k3 + i)));
+    }
+    v128_t ab = wasm_f32x4_add(wasm_i32x4_shuffle(a, b, 0, 4, 2, 6), wasm_i32x4_shuffle(a, b, 1, 5, 3, 7));
+    v128_t cd = wasm_f32x4_add(wasm_i32x4_shuffle(c, d, 0, 4, 2, 6), wasm_i32x4_shuffle(c, d, 1, 5, 3, 7));
+    v128_t s = wasm_f32x4_add(wasm_i32x4_shuffle(ab, cd, 0, 1, 4, 5), wasm_i32x4_shuffle(ab, cd, 2, 3, 6, 7));
+    wasm_v128_store(out, wasm_f32x4_div(s, wasm_f32x4_splat(scale)));
+}
+
+// p[0..3] = expf_(p[i] - mx), 4 at a time with expf_'s arithmetic where every lane takes its normal-result path
+// (-87 <= x <= 0: 2^n is a normal f32), else expf_ itself per lane
+INLINE void expf4(float *p, float mx) {
+    v128_t x = wasm_f32x4_sub(wasm_v128_load(p), wasm_f32x4_splat(mx));
+    v128_t ok = wasm_v128_and(wasm_f32x4_ge(x, wasm_f32x4_splat(-87.0f)), wasm_f32x4_le(x, wasm_f32x4_splat(0.0f)));
+    if (!wasm_i32x4_all_true(ok)) {
+        float xs[4] __attribute__((aligned(16)));
+        wasm_v128_store(xs, x);
+        for (u32 i = 0; i < 4; i++) p[i] = expf_(xs[i]);
+        return;
+    }
+    v128_t n = wasm_f32x4_nearest(wasm_f32x4_mul(x, wasm_f32x4_splat(1.44269504088896341f)));
+    v128_t r = wasm_f32x4_sub(x, wasm_f32x4_mul(n, wasm_f32x4_splat(0.693145751953125f)));
+    r = wasm_f32x4_sub(r, wasm_f32x4_mul(n, wasm_f32x4_splat(1.428606765330187e-06f)));
+    v128_t e = wasm_f32x4_splat(1.0f / 5040.0f);
+    e = wasm_f32x4_add(wasm_f32x4_mul(e, r), wasm_f32x4_splat(1.0f / 720.0f));
+    e = wasm_f32x4_add(wasm_f32x4_mul(e, r), wasm_f32x4_splat(1.0f / 120.0f));
+    e = wasm_f32x4_add(wasm_f32x4_mul(e, r), wasm_f32x4_splat(1.0f / 24.0f));
+    e = wasm_f32x4_add(wasm_f32x4_mul(e, r), wasm_f32x4_splat(1.0f / 6.0f));
+    e = wasm_f32x4_add(wasm_f32x4_mul(e, r), wasm_f32x4_splat(0.5f));
+    e = wasm_f32x4_add(wasm_f32x4_mul(e, r), wasm_f32x4_splat(1.0f));
+    e = wasm_f32x4_add(wasm_f32x4_mul(e, r), wasm_f32x4_splat(1.0f));
+    v128_t two_n = wasm_i32x4_shl(wasm_i32x4_add(wasm_i32x4_trunc_sat_f32x4(n), wasm_i32x4_splat(127)), 23);
+    wasm_v128_store(p, wasm_f32x4_mul(e, two_n));
+}
+
+// o[0 .. 4 NV) = sum over positions j <= pos of p[j] v_j (v_j: position j's row from v, kvd floats a slot), the
+// NV vectors held in registers over the positions (the additions and their order are those of accumulating in
+// memory, without a store and a load per position)
+INLINE void attend_pv(float *o, const float *v, const float *p, const u32 *table, u32 pos, u32 kvd, u32 bs, int NV) {
+    v128_t acc[8];
+    for (int c = 0; c < NV; c++) acc[c] = wasm_f32x4_splat(0.0f);
+    for (u32 j = 0; j <= pos; j++) {
+        const float *vj = v + (table[j / bs] * bs + j % bs) * kvd;
+        v128_t pv = wasm_f32x4_splat(p[j]);
+        for (int c = 0; c < NV; c++) acc[c] = wasm_f32x4_add(acc[c], wasm_f32x4_mul(pv, wasm_v128_load(vj + 4 * c)));
+    }
+    for (int c = 0; c < NV; c++) wasm_v128_store(o + 4 * c, acc[c]);
+}
+
 // Causal attention of one query row q [n_heads * hd] at position `pos` over cached positions [0, pos] of one
 // sequence (K/V [num_blocks, block_size, n_kv_heads, hd] per layer; table maps position / block_size to a block).
 static void attend_row(const float *q, float *out, const float *kc, const float *vc, const u32 *table, u32 pos,
@@ -1020,29 +1190,41 @@ static void attend_row(const float *q, float *out, const float *kc, const float 
         const float *qh = q + h * hd;
         u32 kvh = h / group;
         float mx = bits_f32(0xff800000u);
-        for (u32 j = 0; j <= pos; j++) {
+        u32 j = 0;
+        if (hd % 4 == 0)
+            for (; j + 3 <= pos; j += 4) {
+                const float *kj = kc + kvh * hd;
+                attend_scores4(qh, kj + (table[j / bs] * bs + j % bs) * kvd,
+                               kj + (table[(j + 1) / bs] * bs + (j + 1) % bs) * kvd,
+                               kj + (table[(j + 2) / bs] * bs + (j + 2) % bs) * kvd,
+                               kj + (table[(j + 3) / bs] * bs + (j + 3) % bs) * kvd, hd, scale, scores + j);
+                for (u32 c = 0; c < 4; c++) mx = scores[j + c] > mx ? scores[j + c] : mx;
+            }
+        for (; j <= pos; j++) {
             u32 slot = table[j / bs] * bs + j % bs;
             float s = dot_f32(qh, kc + slot * kvd + kvh * hd, hd) / scale;
             scores[j] = s;
             mx = s > mx ? s : mx;
         }
         float sum = 0.0f;
-        for (u32 j = 0; j <= pos; j++) {
+        for (j = 0; j + 3 <= pos; j += 4) {
+            expf4(scores + j, mx);
+            sum = (((sum + scores[j]) + scores[j + 1]) + scores[j + 2]) + scores[j + 3];
+        }
+        for (; j <= pos; j++) {
             float e = expf_(scores[j] - mx);
             scores[j] = e;
             sum += e;
         }
+        for (u32 j = 0; j <= pos; j++) scores[j] = scores[j] / sum;
         float *o = out + h * hd;
-        u32 hd4 = hd & ~3u;
-        for (u32 i = 0; i < hd; i++) o[i] = 0.0f;
-        for (u32 j = 0; j <= pos; j++) {
-            u32 slot = table[j / bs] * bs + j % bs;
-            const float *v = vc + slot * kvd + kvh * hd;
-            float p = scores[j] / sum;
-            v128_t pv = wasm_f32x4_splat(p);
-            for (u32 i = 0; i < hd4; i += 4)
-                wasm_v128_store(o + i, wasm_f32x4_add(wasm_v128_load(o + i), wasm_f32x4_mul(pv, wasm_v128_load(v + i))));
-            for (u32 i = hd4; i < hd; i++) o[i] += p * v[i];
+        const float *vh = vc + kvh * hd;
+        u32 i = 0;
+        for (; i + 32 <= hd; i += 32) attend_pv(o + i, vh + i, scores, table, pos, kvd, bs, 8);
+        for (; i + 4 <= hd; i += 4) attend_pv(o + i, vh + i, scores, table, pos, kvd, bs, 1);
+        for (; i < hd; i++) {
+            o[i] = 0.0f;
+            for (u32 j = 0; j <= pos; j++) o[i] += scores[j] * vh[(table[j / bs] * bs + j % bs) * kvd + i];
         }
     }
 }

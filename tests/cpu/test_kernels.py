@@ -68,7 +68,7 @@ def _quantize_x(x, kp, qmax=127):
 @pytest.mark.parametrize("dtype,gs,packed", LAYOUTS)
 @pytest.mark.parametrize("fast", [0, 1, 2])
 def test_linear(mem, dtype, gs, packed, fast):
-    n, k, rows = 37, 300, 6  # 6 rows: one GEMM tile of 4, then two single rows; 37: a partial packed group
+    n, k, rows = 37, 300, 6  # 6 rows: one GEMM tile (packed) or a tile of 4 and two single rows; 37: a partial group
     rng = np.random.default_rng(2)
     bias = rng.standard_normal(n).astype(np.float32)
     w, (_, q, a, b) = _weight(mem, dtype, gs, n, k, 3, bias, packed)
@@ -118,6 +118,32 @@ def test_split_linear_equals_the_whole(mem, dtype, gs, packed, fast):
         assert np.array_equal(parts.read(), whole.read()), f"{dtype}: split at {n0} differs from the whole"
 
 
+@pytest.mark.parametrize("dtype,gs", PACKED)
+@pytest.mark.parametrize("fast", [0, 1, 2])
+def test_packed_gemm_equals_gemv_bitwise(mem, dtype, gs, fast):
+    """The packed GEMM (tiles of up to 16 activation rows, integer sums of 16 units held before their float steps)
+    against the 1-row GEMV, bit for bit, for every row count 1..37 (whole tiles, short last tiles, a single last
+    row): decode and prefill rows must give the same bits (batch invariance). K = 600: 19 units, more than one
+    chunk of 16; 37 weight rows: a partial packed group."""
+    n, k, T = 37, 600, 37
+    rng = np.random.default_rng(7)
+    w, _ = _weight(mem, dtype, gs, n, k, 8, rng.standard_normal(n).astype(np.float32), packed=True)
+    x = mem.put((rng.standard_normal((T, k)) * rng.uniform(0.01, 10, (T, 1))).astype(np.float32))
+    scratch = mem.scratch(mem.call("wi_linear_scratch_bytes", T, k_padded(k, gs)))
+    one = []
+    for r in range(T):
+        y = mem.empty((1, n))
+        mem.call("wi_linear", w, x.off + 4 * k * r, k, y.off, n, 1, 0, fast, scratch.off)
+        one.append(y.read()[0])
+    one = np.stack(one)
+    for rows in range(1, T + 1):
+        y = mem.empty((rows, n))
+        mem.call("wi_linear", w, x.off, k, y.off, n, rows, 0, fast, scratch.off)
+        got = y.read()
+        bad = np.argwhere(got.view(np.uint32) != one[:rows].view(np.uint32))
+        assert not len(bad), f"{dtype} mode {fast}: {rows} rows, row {bad[0][0]} differs from its GEMV"
+
+
 @pytest.mark.parametrize("dtype,gs,packed", [("q4a", 32, False), ("q6k", 256, False), ("q5k", 256, False),
                                              ("q8", 32, False), ("q4a", 32, True), ("q4", 32, True), ("q8", 32, True)])
 @pytest.mark.parametrize("fast", [0, 1, 2])
@@ -159,8 +185,11 @@ def test_rope(mem, scaling):
     check(xa, want, atol=2e-5, rtol=1e-5, name="rope")
 
 
-def test_paged_attention(mem):
-    H, Hkv, hd, bs, nb = 6, 2, 16, 4, 12
+# hd 16: scores 4 positions at a time; 70: per position, and P.V in two 8-vector passes, one 1-vector pass and 2
+# scalar elements. q x 40: most exp arguments below -87 (expf_'s own path: tiny and zero results)
+@pytest.mark.parametrize("hd,qscale", [(16, 1.0), (70, 1.0), (16, 40.0)])
+def test_paged_attention(mem, hd, qscale):
+    H, Hkv, bs, nb = 6, 2, 4, 12
     rng = np.random.default_rng(8)
     S, start = 10, 7  # positions 0..9; query rows for positions 7, 8, 9
     k, v = rng.standard_normal((2, S, Hkv, hd)).astype(np.float32)
@@ -168,7 +197,7 @@ def test_paged_attention(mem):
     kc, vc = np.zeros((nb, bs, Hkv, hd), np.float32), np.zeros((nb, bs, Hkv, hd), np.float32)
     for p in range(S):
         kc[table[p // bs], p % bs], vc[table[p // bs], p % bs] = k[p], v[p]
-    q = rng.standard_normal((S - start, H, hd)).astype(np.float32)
+    q = (rng.standard_normal((S - start, H, hd)) * qscale).astype(np.float32)
     out = mem.empty((S - start, H * hd))
     scores = mem.empty((64,))
     mem.call("wi_attention", mem.put(q).off, out.off, S - start, mem.put(kc).off, mem.put(vc).off,

@@ -14,6 +14,8 @@ In one process run, so the ratios hold on a busy machine:
                  layer count, plus the LM head), against the measured step; the rest is attention, norms, RoPE,
                  sampling and the host (one wi_step call per step, its step-area write and the ids read)
     decode       tok/s of single-sequence greedy decode, exact and fast; first-token time of a 40-token prompt
+                 already in the prefix cache
+    prefill      CPU seconds to the first token of a 40- and a 511-token prompt, and prompt tok per CPU-second
     threads      the same decode on one thread and on two (the threads build), one after the other in each mode,
                  wall clock (what two threads change) with the load average around it, and the two-thread step
                  with blocking barriers only (spins 0) against the default polling
@@ -108,7 +110,8 @@ def _weight_bytes(t) -> int:
 def decode_speed(runner, n_tokens: int, prompt_len: int = 40) -> dict:
     """Greedy requests through the engine and API over `runner` (as a user runs it): wall-clock figures from the
     API's usage, and per CPU-second of this process (a 1-token request's CPU time subtracted from an n-token one's:
-    the decode steps alone), the figure that holds on a busy machine."""
+    the decode steps alone), the figure that holds on a busy machine. first_token_s is the n-token request's, whose
+    prompt the warm-up requests left in the prefix cache: prefill_speed measures fresh prompts."""
     from webinfer.factory import EngineOptions, llm_for
 
     prompt = [(7 * i + 11) % runner.vocab_size for i in range(prompt_len)]
@@ -183,6 +186,27 @@ def threads_compare(runner, n_tokens: int, variant: str) -> dict:
     return out
 
 
+def prefill_speed(runner, lengths=(40, 511), reps: int = 3) -> dict:
+    """CPU seconds (this process, median of `reps` after a warm-up) of a greedy 1-token request through the engine
+    and API per prompt length: the first token's cost (prefill in max_batch_tokens chunks, the LM head of the last
+    row, one sampling), and prompt tokens per CPU-second. 511: the longest prompt the bench's max_model_len of 512
+    leaves room for one output token."""
+    from webinfer.factory import EngineOptions, llm_for
+
+    llm = llm_for(runner.package, runner, EngineOptions(max_seqs=1, max_batch_tokens=runner.max_tokens))
+    out, seed = {}, iter(range(1, 1 << 20))
+
+    def req(n):  # a new first token each time: no prefix-cache hit
+        s = next(seed)
+        prompt = [(7 * i + 11 * s) % runner.vocab_size for i in range(n)]
+        asyncio.run(llm.completions.create(prompt=prompt, max_tokens=1, temperature=0))
+
+    for n in lengths:
+        s = _time(lambda: req(n), reps)
+        out[str(n)] = {"first_token_cpu_s": round(s, 4), "prefill_tok_per_cpu_s": round(n / s, 1)}
+    return out
+
+
 def perplexity(runner, ids: list[int], window: int, stride: int) -> dict:
     """Perplexity over sliding windows (webinfer_packager.cli.eval's windows and scoring), logits from the CPU
     runner: each window prefilled in chunks of max_seqs tokens whose every row's logits come back."""
@@ -247,6 +271,10 @@ def run(package_path, quick: bool = False, ppl_text: str | None = None, variant:
     for mode in ("exact", "fast"):
         runner.set_mode(mode)
         res["decode"][mode] = decode_speed(runner, n_tok)
+    res["prefill"] = {}
+    for mode in ("exact", "fast"):
+        runner.set_mode(mode)
+        res["prefill"][mode] = prefill_speed(runner, (40,) if quick else (40, 511), 1 if quick else 3)
     res["profile"] = step_profile(runner, layer0, m[13], res["decode"], reps=20 if quick else 100)
     res["threads"] = threads_compare(runner, n_tok, host.variant)
     if ppl_text:
@@ -299,6 +327,10 @@ def cli_main(args) -> int:
               f"{t['loadavg_after'][0]} on {t['cores']} cores")
     print(f"two threads, fast, by barrier polls before blocking: {t['fast_2_threads_tok_s_by_barrier_spins']} tok/s")
     print(f"thread 0's CPU ms per fast decode step: {t['fast_thread0_cpu_ms_per_step']}")
+    for mode, v in res["prefill"].items():
+        print(f"prefill {mode:5s}: " + ", ".join(f"{n} tokens {p['first_token_cpu_s']} CPU-s to the first token "
+                                                 f"({p['prefill_tok_per_cpu_s']} tok per CPU-second)"
+                                                 for n, p in v.items()))
     if "ppl" in res:
         p = res["ppl"]
         print(f"perplexity exact {p['exact']['ppl']:.4f}  fast {p['fast']['ppl']:.4f}  "
