@@ -1286,9 +1286,10 @@ INLINE int same_layout(const Weight *a, const Weight *b) {
 // module on the same memory: thread 0 is the host's wi_step call, thread 1 a host thread parked in wi_worker. Both
 // walk the same step (step_body), each computing its share of every matrix's output columns (whole groups of 4
 // rows, the packed layout's) with its own activation scratch, and of the KV heads (RoPE, cache writes and the
-// attention of their query heads); the other ops run on thread 0, and a barrier (team_sync) follows every op whose
-// output the other thread reads. A column's or a head's arithmetic does not depend on the split, so the ids are
-// those of one thread. Without THREADS (or with team = 0) it is the one-thread step.
+// attention of their query heads); every thread norms the whole residual into its own buffer, thread 0 samples,
+// and a barrier (team_sync) follows every op whose output the other thread reads. A column's or a head's
+// arithmetic does not depend on the split, so the ids are those of one thread. Without THREADS (or with team = 0)
+// it is the one-thread step.
 typedef struct Team {
     u32 nth;            // threads (2)
     u32 spins;          // polls of a word before blocking on it (memory.atomic.wait32)
@@ -1363,17 +1364,18 @@ static void linear_share(const Ctx *c, const Weight *w, const float *x, u32 x_st
 // One engine step on thread c->tid (see "threads" above): every fed token through the model, K/V into the paged
 // cache, the sampled rows' next ids. Barriers: after attention (o reads every head), after o and after down (the
 // norms read the whole residual), after SwiGLU (down reads every column) and after the LM head; no norm has one,
-// and with the q/k/v columns split by KV heads none sits between the projections and attention.
+// and with the q/k/v columns split by KV heads (by_heads) none sits between the projections and attention.
 static void step_body(const Ctx *c, const Model *m, const Step *s) {
     u32 T = s->n_tokens, d = m->d, hd = m->hd, qd = m->n_heads * hd, kvd = m->n_kv * hd, bs = m->block_size;
     int t0 = c->tid == 0;
     // the residual r is written by thread 0; the others take the embedding straight into their xn (normed there)
     for (u32 t = 0; t < T; t++) dequant_row(m->embed, s->ids[t], (t0 ? m->r : c->xn) + t * d);
-    // this thread's KV heads [kv0, kv1) and their query heads: with by_heads (a head's columns whole groups of 4,
-    // every thread a head) it computes their q/k/v columns itself, then RoPE, the cache writes and attention, which
-    // read only what the same thread wrote; else the columns are split evenly and a barrier follows them
+    // this thread's KV heads [kv0, kv1) and their query heads: with by_heads (the KV heads split evenly, a head's
+    // columns whole groups of 4) it computes their q/k/v columns itself, then RoPE, the cache writes and attention,
+    // which read only what the same thread wrote; else (SmolLM2's 3 KV heads on 2 threads: a 1:2 split of the
+    // projections cost more than the barrier, measured) the columns are split evenly and a barrier follows them
     u32 kv0 = m->n_kv * c->tid / c->nth, kv1 = m->n_kv * (c->tid + 1) / c->nth, grp = m->n_heads / m->n_kv;
-    int by_heads = (hd & 3) == 0 && m->n_kv >= c->nth;
+    int by_heads = (hd & 3) == 0 && m->n_kv % c->nth == 0;
     for (u32 li = 0; li < m->n_layers; li++) {
         const Layer *L = m->layers + li;
         rmsnorm(li || t0 ? m->r : c->xn, d, L->attn_norm, c->xn, d, T, d, m->eps);

@@ -109,9 +109,9 @@ def test_two_threads_give_the_ids_of_one(tiny_qwen, mode, variant):
 
 @pytest.mark.parametrize("heads", [dict(num_key_value_heads=1), dict(head_dim=6)], ids=["one_kv_head", "head_dim_6"])
 def test_two_threads_without_the_head_split(tmp_path, heads):
-    """Fewer KV heads than threads, or a head's q/k/v columns not whole groups of 4 (the packed layout's): the
-    step splits the q/k/v columns evenly with a barrier before attention (kernels.c by_heads = 0); the ids and
-    logits are still one thread's and the reference's."""
+    """KV heads that do not split evenly (one on two threads, as SmolLM2's three), or a head's q/k/v columns not
+    whole groups of 4 (the packed layout's): the step splits the q/k/v columns evenly with a barrier before
+    attention (kernels.c by_heads = 0); the ids and logits are still one thread's and the reference's."""
     from tests.gpu_fixtures import generate_ids
     from tests.synthetic import write_hf
     from webinfer_packager.pack.build import pack
