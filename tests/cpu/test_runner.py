@@ -107,7 +107,7 @@ def test_two_threads_give_the_ids_of_one(tiny_qwen, mode, variant):
     assert not two.host._worker.thread.is_alive(), "thread 1 did not leave on close"
 
 
-@pytest.mark.parametrize("heads", [dict(num_key_value_heads=1), dict(head_dim=6)], ids=["one_kv_head", "head_dim_6"])
+@pytest.mark.parametrize("heads", [{"num_key_value_heads": 1}, {"head_dim": 6}], ids=["one_kv_head", "head_dim_6"])
 def test_two_threads_without_the_head_split(tmp_path, heads):
     """KV heads that do not split evenly (one on two threads, as SmolLM2's three), or a head's q/k/v columns not
     whole groups of 4 (the packed layout's): the step splits the q/k/v columns evenly with a barrier before
