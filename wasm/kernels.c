@@ -1468,9 +1468,10 @@ INLINE int same_layout(const Weight *a, const Weight *b) {
 // module on the same memory: thread 0 is the host's wi_step call, thread 1 a host thread parked in wi_worker. Both
 // walk the same step (step_body), each computing its share of every matrix's output columns (whole groups of 4
 // rows, the packed layout's) with its own activation scratch, and of the KV heads (RoPE, cache writes and the
-// attention of their query heads); the other ops run on thread 0, and a barrier (team_sync) follows every op whose
-// output the other thread reads. A column's or a head's arithmetic does not depend on the split, so the ids are
-// those of one thread. Without THREADS (or with team = 0) it is the one-thread step.
+// attention of their query heads); every thread norms the whole residual into its own buffer, thread 0 samples,
+// and a barrier (team_sync) follows every op whose output the other thread reads. A column's or a head's
+// arithmetic does not depend on the split, so the ids are those of one thread. Without THREADS (or with team = 0)
+// it is the one-thread step.
 typedef struct Team {
     u32 nth;            // threads (2)
     u32 spins;          // polls of a word before blocking on it (memory.atomic.wait32)
@@ -1479,6 +1480,7 @@ typedef struct Team {
     u32 arrived, gen;   // the barrier: threads arrived, generation
     const void *m, *s;  // the step thread 1 runs (Model, Step)
     u8 *work1;          // thread 1's linear scratch and attention scores (thread 0 uses the Model's work, scores)
+    float *xn1;         // thread 1's normed activations [max(T, S), d] (thread 0 uses the Model's xn and xs)
 } Team;
 
 typedef struct {
@@ -1486,6 +1488,8 @@ typedef struct {
     u8 *work;
     Team *team;
     float *scores;  // attention's scores (thread 1: its work area, which the GEMVs use only outside attention)
+    float *xn, *xs;  // this thread's normed activations: the layers' (every thread norms the whole residual itself,
+                     // cheaper than a barrier) and the sampled rows' (thread 1: both in the Team's xn1)
 } Ctx;
 
 #ifdef THREADS
@@ -1540,24 +1544,35 @@ static void linear_share(const Ctx *c, const Weight *w, const float *x, u32 x_st
     } while (0)
 
 // One engine step on thread c->tid (see "threads" above): every fed token through the model, K/V into the paged
-// cache, the sampled rows' next ids.
+// cache, the sampled rows' next ids. Barriers: after attention (o reads every head), after o and after down (the
+// norms read the whole residual), after SwiGLU (down reads every column) and after the LM head; no norm has one,
+// and with the q/k/v columns split by KV heads (by_heads) none sits between the projections and attention.
 static void step_body(const Ctx *c, const Model *m, const Step *s) {
     u32 T = s->n_tokens, d = m->d, hd = m->hd, qd = m->n_heads * hd, kvd = m->n_kv * hd, bs = m->block_size;
     int t0 = c->tid == 0;
-    if (t0)
-        for (u32 t = 0; t < T; t++) dequant_row(m->embed, s->ids[t], m->r + t * d);
+    // the residual r is written by thread 0; the others take the embedding straight into their xn (normed there)
+    for (u32 t = 0; t < T; t++) dequant_row(m->embed, s->ids[t], (t0 ? m->r : c->xn) + t * d);
+    // this thread's KV heads [kv0, kv1) and their query heads: with by_heads (the KV heads split evenly, a head's
+    // columns whole groups of 4) it computes their q/k/v columns itself, then RoPE, the cache writes and attention,
+    // which read only what the same thread wrote; else (SmolLM2's 3 KV heads on 2 threads: a 1:2 split of the
+    // projections cost more than the barrier, measured) the columns are split evenly and a barrier follows them
+    u32 kv0 = m->n_kv * c->tid / c->nth, kv1 = m->n_kv * (c->tid + 1) / c->nth, grp = m->n_heads / m->n_kv;
+    int by_heads = (hd & 3) == 0 && m->n_kv % c->nth == 0;
     for (u32 li = 0; li < m->n_layers; li++) {
         const Layer *L = m->layers + li;
-        if (t0) rmsnorm(m->r, d, L->attn_norm, m->xn, d, T, d, m->eps);
-        SYNC();
+        rmsnorm(li || t0 ? m->r : c->xn, d, L->attn_norm, c->xn, d, T, d, m->eps);
         int fq = (m->fast & FAST_QKV) != 0;
-        linear_share(c, L->q, m->xn, d, m->q, qd, T, 0, fq, 1);
-        linear_share(c, L->k, m->xn, d, m->k, kvd, T, 0, fq, !same_layout(L->q, L->k));
-        linear_share(c, L->v, m->xn, d, m->v, kvd, T, 0, fq, !same_layout(L->k, L->v));
-        SYNC();
-        // this thread's KV heads [kv0, kv1) and their query heads [h0, h1): RoPE, the cache writes and attention
-        // read only what the same thread wrote, so they need no barrier between them
-        u32 kv0 = m->n_kv * c->tid / c->nth, kv1 = m->n_kv * (c->tid + 1) / c->nth, grp = m->n_heads / m->n_kv;
+        if (by_heads) {
+            u32 q0 = kv0 * grp * hd, q1 = kv1 * grp * hd;
+            linear(L->q, c->xn, d, m->q, qd, T, 0, fq, c->work, 1, q0, q1);
+            linear(L->k, c->xn, d, m->k, kvd, T, 0, fq, c->work, !same_layout(L->q, L->k), kv0 * hd, kv1 * hd);
+            linear(L->v, c->xn, d, m->v, kvd, T, 0, fq, c->work, !same_layout(L->k, L->v), kv0 * hd, kv1 * hd);
+        } else {
+            linear_share(c, L->q, c->xn, d, m->q, qd, T, 0, fq, 1);
+            linear_share(c, L->k, c->xn, d, m->k, kvd, T, 0, fq, !same_layout(L->q, L->k));
+            linear_share(c, L->v, c->xn, d, m->v, kvd, T, 0, fq, !same_layout(L->k, L->v));
+            SYNC();
+        }
         for (u32 t = 0; t < T; t++) {
             rope_row(m->q + t * qd + kv0 * grp * hd, (kv1 - kv0) * grp, hd, m->cos_t, m->sin_t, s->pos[t]);
             rope_row(m->k + t * kvd + kv0 * hd, kv1 - kv0, hd, m->cos_t, m->sin_t, s->pos[t]);
@@ -1575,10 +1590,9 @@ static void step_body(const Ctx *c, const Model *m, const Step *s) {
         SYNC();
         linear_share(c, L->o, m->attn, qd, m->r, d, T, 1, (m->fast & FAST_O) != 0, 1);
         SYNC();
-        if (t0) rmsnorm(m->r, d, L->ffn_norm, m->xn, d, T, d, m->eps);
-        SYNC();
-        linear_share(c, L->gate, m->xn, d, m->g, m->f, T, 0, (m->fast & FAST_GATE_UP) != 0, 1);
-        linear_share(c, L->up, m->xn, d, m->u, m->f, T, 0, (m->fast & FAST_GATE_UP) != 0,
+        rmsnorm(m->r, d, L->ffn_norm, c->xn, d, T, d, m->eps);
+        linear_share(c, L->gate, c->xn, d, m->g, m->f, T, 0, (m->fast & FAST_GATE_UP) != 0, 1);
+        linear_share(c, L->up, c->xn, d, m->u, m->f, T, 0, (m->fast & FAST_GATE_UP) != 0,
                      !same_layout(L->gate, L->up));
         u32 f0, f1;  // SwiGLU on the columns this thread computed
         share(c, m->f, &f0, &f1);
@@ -1589,12 +1603,10 @@ static void step_body(const Ctx *c, const Model *m, const Step *s) {
                      1);
         SYNC();
     }
-    if (t0)
-        for (u32 j = 0; j < s->n_sampled; j++)
-            rmsnorm(m->r + s->sample_rows[j] * d, d, m->norm, m->xs + j * d, d, 1, d, m->eps);
-    SYNC();
+    for (u32 j = 0; j < s->n_sampled; j++)
+        rmsnorm(m->r + s->sample_rows[j] * d, d, m->norm, c->xs + j * d, d, 1, d, m->eps);
     if (s->n_sampled)
-        linear_share(c, m->lm_head, m->xs, d, m->logits, m->vocab, s->n_sampled, 0, (m->fast & FAST_HEAD) != 0, 1);
+        linear_share(c, m->lm_head, c->xs, d, m->logits, m->vocab, s->n_sampled, 0, (m->fast & FAST_HEAD) != 0, 1);
     SYNC();
     if (t0)
         for (u32 j = 0; j < s->n_sampled; j++)
@@ -1606,7 +1618,7 @@ static void step_body(const Ctx *c, const Model *m, const Step *s) {
 // One engine step (thread 0). With a team, thread 1 (parked in wi_worker) is started on the same step first.
 EXPORT(wi_step) void wi_step(const Model *m, const Step *s) {
     Team *t = m->team;
-    Ctx c = {0, t ? t->nth : 1, m->work, t, m->scores};
+    Ctx c = {0, t ? t->nth : 1, m->work, t, m->scores, m->xn, m->xs};
 #ifdef THREADS
     if (t) {
         t->m = m;
@@ -1622,13 +1634,11 @@ EXPORT(wi_step) void wi_step(const Model *m, const Step *s) {
 // Thread 1's life (its own instance, its own stack: the host sets __stack_pointer first): waits for each step
 // wi_step starts and runs its share; returns when the team quits.
 EXPORT(wi_worker) void wi_worker(Team *t) {
-    Ctx c = {1, t->nth, 0, t, 0};
     for (u32 seen = 0;;) {
         team_wait(t, &t->go, seen);
         if (__atomic_load_n(&t->quit, __ATOMIC_ACQUIRE)) return;
         seen = __atomic_load_n(&t->go, __ATOMIC_ACQUIRE);
-        c.work = t->work1;
-        c.scores = (float *)t->work1;
+        Ctx c = {1, t->nth, t->work1, t, (float *)t->work1, t->xn1, t->xn1};
         step_body(&c, (const Model *)t->m, (const Step *)t->s);
     }
 }

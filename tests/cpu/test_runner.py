@@ -85,7 +85,7 @@ def test_batch_invariance_and_logits(tiny_llama, mode):
 @pytest.mark.parametrize("mode", ["exact", "fast"])
 @pytest.mark.parametrize("variant", ["base", "relaxed"])
 def test_two_threads_give_the_ids_of_one(tiny_qwen, mode, variant):
-    """The threads build on two threads (every matrix's columns split, a barrier per op): the ids of one thread,
+    """The threads build on two threads (every matrix's columns split, q/k/v by KV heads): the ids of one thread,
     alone and batched (3 sequences decoding together), and in exact mode the reference's; logits bit-identical."""
     from tests.gpu_fixtures import generate_ids
 
@@ -105,6 +105,29 @@ def test_two_threads_give_the_ids_of_one(tiny_qwen, mode, variant):
     finally:
         two.close()
     assert not two.host._worker.thread.is_alive(), "thread 1 did not leave on close"
+
+
+@pytest.mark.parametrize("heads", [{"num_key_value_heads": 1}, {"head_dim": 6}], ids=["one_kv_head", "head_dim_6"])
+def test_two_threads_without_the_head_split(tmp_path, heads):
+    """KV heads that do not split evenly (one on two threads, as SmolLM2's three), or a head's q/k/v columns not
+    whole groups of 4 (the packed layout's): the step splits the q/k/v columns evenly with a barrier before
+    attention (kernels.c by_heads = 0); the ids and logits are still one thread's and the reference's."""
+    from tests.gpu_fixtures import generate_ids
+    from tests.synthetic import write_hf
+    from webinfer_packager.pack.build import pack
+
+    pkg = pack(write_hf(tmp_path / "hf", arch="llama", **heads), tmp_path / "pkg", progress=False)
+    one, two = _runner(pkg), _runner(pkg, threads=2)
+    try:
+        got = generate_ids(pkg, PROMPTS[0], 8, runner=two)
+        assert got == generate_ids(pkg, PROMPTS[0], 8, runner=one) == _reference(pkg, PROMPTS[0], 8)
+        prompts = [[5, 17, 200, 33, 1], [42]]
+        a1, b1 = _logits_alone_and_batched(one, prompts)
+        a2, b2 = _logits_alone_and_batched(two, prompts)
+        for x, y in zip(a1 + b1, a2 + b2):
+            assert np.array_equal(x, y), "two threads' logits differ from one thread's"
+    finally:
+        two.close()
 
 
 def test_thread_1_failing_fails_the_step(tiny_llama):

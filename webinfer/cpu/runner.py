@@ -202,8 +202,9 @@ class CpuRunner:
         team = 0
         if self.threads > 1:  # thread 1's scratch and stack, and the team that joins the two
             work1 = arena.alloc(max(work, 4 * self.max_model_len), "thread 1 work")  # (and its attention scores)
+            xn1 = a(max(T, S) * d, "thread 1 xn")  # (its normed rows: the layers' and the sampled ones')
             stack = arena.alloc(WORKER_STACK, "thread 1 stack")
-            team = arena.put(team_words(self.threads, work1), "team")
+            team = arena.put(team_words(self.threads, work1, xn1), "team")
         head = struct.pack("<8If3I", d, f, L, cfg.num_attention_heads, cfg.num_key_value_heads, hd, V, block_size,
                            cfg.rms_norm_eps, MODES[mode], self.max_model_len, self.max_model_len)
         self.model_off = arena.put(head + struct.pack("<19I", embed, lm_head, norm, cos_t, sin_t, layers_off, *scratch,

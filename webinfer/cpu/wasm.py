@@ -31,7 +31,7 @@ PAGE = 65536
 MAX_BYTES = 1 << 32  # the wasm32 address space
 MODULES = {"base": "kernels.wasm", "relaxed": "kernels-relaxed.wasm"}
 THREAD_MODULES = {"base": "kernels-threads.wasm", "relaxed": "kernels-relaxed-threads.wasm"}
-TEAM_WORDS = 9  # kernels.c Team: nth, spins, go, quit, arrived, gen, m, s, work1
+TEAM_WORDS = 10  # kernels.c Team: nth, spins, go, quit, arrived, gen, m, s, work1, xn1
 _QUIT_WORD = 3
 # polls of a barrier word before blocking on it (memory.atomic.wait32): ~10-50 us at a few ns a poll, about one
 # small GEMV, so a waiting thread does not sleep through the other's short ops; not tuned on idle cores (the
@@ -48,9 +48,10 @@ def module_bytes(variant: str, threads: bool = False) -> bytes:
     return resources.files("webinfer.cpu").joinpath((THREAD_MODULES if threads else MODULES)[variant]).read_bytes()
 
 
-def team_words(nth: int, work1: int, spins: int | None = None) -> bytes:
-    """A fresh kernels.c Team for `nth` threads, thread 1's scratch at `work1` (spins: default SPINS)."""
-    return struct.pack(f"<{TEAM_WORDS}I", nth, SPINS if spins is None else spins, 0, 0, 0, 0, 0, 0, work1)
+def team_words(nth: int, work1: int, xn1: int, spins: int | None = None) -> bytes:
+    """A fresh kernels.c Team for `nth` threads, thread 1's scratch at `work1` and its normed activations at `xn1`
+    (spins: default SPINS)."""
+    return struct.pack(f"<{TEAM_WORDS}I", nth, SPINS if spins is None else spins, 0, 0, 0, 0, 0, 0, work1, xn1)
 
 
 class WasmtimeHost:

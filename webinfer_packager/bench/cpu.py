@@ -18,7 +18,8 @@ In one process run, so the ratios hold on a busy machine:
     prefill      CPU seconds to the first token of a 40- and a 511-token prompt, and prompt tok per CPU-second
     threads      the same decode on one thread and on two (the threads build), one after the other in each mode,
                  wall clock (what two threads change) with the load average around it, and the two-thread step
-                 with blocking barriers only (spins 0) against the default polling
+                 with blocking barriers only (spins 0) against the default polling; each thread's CPU ms per
+                 fast step with blocking barriers (its share of the work, what survives a loaded machine)
     ppl          (--ppl-text) perplexity of exact and fast mode on the same windows, and the relative change
 Native wasmtime figures; the page runs the same module in the browser's engine.
 """
@@ -130,24 +131,39 @@ def decode_speed(runner, n_tokens: int, prompt_len: int = 40) -> dict:
             "decode_tok_per_cpu_s": round((n_tokens - 1) / (cpu_n - cpu1), 2) if cpu_n > cpu1 else None}
 
 
-def thread0_step_ms(runner, n_steps: int) -> float:
-    """CPU ms of the calling thread (thread 0: the host's wi_step call) per greedy decode step, straight through
-    runner.execute: with two threads and blocking barriers (spins 0) its share of the work, whatever else the
-    machine runs (the ratio to one thread's bounds what a second idle core can give)."""
+def _task_cpu_s(native_id: int) -> float | None:
+    """CPU seconds of one thread of this process (Linux: schedstat's first field, ns); None elsewhere."""
+    try:
+        with open(f"/proc/self/task/{native_id}/schedstat") as f:
+            return int(f.read().split()[0]) / 1e9
+    except OSError:
+        return None
+
+
+def thread_step_ms(runner, n_steps: int) -> dict:
+    """CPU ms per greedy decode step, straight through runner.execute, of thread 0 (the calling thread: the host's
+    wi_step call) and, with two threads, of thread 1 (the host's worker thread): with blocking barriers (spins 0)
+    each one's share of the work, whatever else the machine runs. The larger of the two bounds a step's time on
+    two idle cores; its ratio to one thread's, what the second thread can give."""
     from webinfer.engine.batch import SeqChunk, StepBatch
 
+    worker = getattr(runner.host, "_worker", None)
+    tid1 = worker.thread.native_id if worker else None
     toks = [(7 * i + 11) % runner.vocab_size for i in range(8)]
     table = list(range(1, -(-(len(toks) + n_steps + 1) // runner.block_size) + 1))
     pos = 0
-    out = []
+    out0, out1 = [], []
     for i in range(n_steps + 1):
-        t0 = time.thread_time()
+        t0, c1 = time.thread_time(), _task_cpu_s(tid1) if tid1 else None
         ids = asyncio.run(runner.execute(StepBatch([SeqChunk(0, toks[pos:], pos, table, True)])))
         if i:  # (the first step is the prompt's prefill)
-            out.append(time.thread_time() - t0)
+            out0.append(time.thread_time() - t0)
+            if c1 is not None:
+                out1.append(_task_cpu_s(tid1) - c1)
         pos = len(toks)
         toks += ids
-    return round(statistics.median(out) * 1e3, 2)
+    ms = lambda xs: round(statistics.median(xs) * 1e3, 2) if xs else None  # noqa: E731
+    return {"0": ms(out0), "1": ms(out1)}
 
 
 def threads_compare(runner, n_tokens: int, variant: str) -> dict:
@@ -177,9 +193,14 @@ def threads_compare(runner, n_tokens: int, variant: str) -> dict:
             spins[str(n)] = decode_speed(two, n_tokens)["decode_tok_s"]
         out["fast_2_threads_tok_s_by_barrier_spins"] = spins
         two.host.write(two.host.team + 4, struct.pack("<I", 0))
-        one_ms, two_ms = thread0_step_ms(runner, n_tokens), thread0_step_ms(two, n_tokens)
+        one, both = thread_step_ms(runner, n_tokens), thread_step_ms(two, n_tokens)
+        one_ms, two_ms = one["0"], both["0"]
         out["fast_thread0_cpu_ms_per_step"] = {"1": one_ms, "2 (blocking barriers)": two_ms,
                                                "ratio": round(one_ms / two_ms, 3) if two_ms else None}
+        slow = max(both["0"], both["1"]) if both["1"] is not None else None
+        out["fast_thread1_cpu_ms_per_step"] = {"2 (blocking barriers)": both["1"],
+                                               "ratio_1_thread_vs_slower_of_2": round(one_ms / slow, 3) if slow
+                                               else None}
     finally:
         two.close()
     out["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
@@ -327,6 +348,7 @@ def cli_main(args) -> int:
               f"{t['loadavg_after'][0]} on {t['cores']} cores")
     print(f"two threads, fast, by barrier polls before blocking: {t['fast_2_threads_tok_s_by_barrier_spins']} tok/s")
     print(f"thread 0's CPU ms per fast decode step: {t['fast_thread0_cpu_ms_per_step']}")
+    print(f"thread 1's CPU ms per fast decode step: {t['fast_thread1_cpu_ms_per_step']}")
     for mode, v in res["prefill"].items():
         print(f"prefill {mode:5s}: " + ", ".join(f"{n} tokens {p['first_token_cpu_s']} CPU-s to the first token "
                                                  f"({p['prefill_tok_per_cpu_s']} tok per CPU-second)"
