@@ -61,13 +61,14 @@ def engine_options(args, **kw) -> EngineOptions:
 
 
 def cpu_threads(choice: str) -> int:
-    """--cpu-threads: "1", "2", or "auto" = 2 on a machine with 4 or more cores. Two wasm threads need two idle
-    cores beside the host's Python thread (engine loop, tokenizer, server): on 2 cores they would contend with it
-    and with each other's barriers."""
+    """--cpu-threads: "1", "2", or "auto" = 2 on a machine with 2 or more cores. Thread 0 is the host's own thread
+    (the engine loop calls wi_step), so two wasm threads need two cores: on an idle 2-core machine they decode
+    1.8x as fast as one (docs/cpu-backend.md, Measured); on cores busy with other jobs a thread waiting at a
+    barrier for a descheduled partner makes them slower than one (measured 0.8x at load 4-6): pass 1 there."""
     import os
 
     if choice == "auto":
-        return 2 if (os.cpu_count() or 1) >= 4 else 1
+        return 2 if (os.cpu_count() or 1) >= 2 else 1
     return int(choice)
 
 

@@ -39,7 +39,7 @@ def _add_backend(p: argparse.ArgumentParser, default: str) -> None:
                    help="--backend cpu: f32 activations (exact) or int8 activations (fast)")
     p.add_argument("--cpu-threads", choices=["auto", "1", "2"], default="auto",
                    help="--backend cpu: wasm threads (each matrix split between them; the same output). auto: 2 "
-                        "when the machine has 4 or more cores (the host's own Python work keeps a core), else 1")
+                        "when the machine has 2 or more cores (pass 1 when other jobs keep the cores busy)")
     p.add_argument("--speculative", default=None, metavar="prompt-lookup|DRAFT_PACKAGE",
                    help="speculative decoding: verify proposed tokens, from prompt lookup (fewer steps when the text "
                         "repeats its context) or from a smaller draft package with the same tokenizer (native "
