@@ -97,14 +97,18 @@ def test_two_threads_give_the_ids_of_one(tiny_qwen, mode, variant):
             assert got == generate_ids(tiny_qwen, prompt, 12, runner=one), f"prompt {prompt[:5]}"
             if mode == "exact":
                 assert got == _reference(tiny_qwen, prompt, 12)
-        prompts = [[5, 17, 200, 33, 1], [42], [7, 8, 9, 10, 11, 12, 13, 14, 15]]
-        a1, b1 = _logits_alone_and_batched(one, prompts)
-        a2, b2 = _logits_alone_and_batched(two, prompts)
-        for x, y in zip(a1 + b1, a2 + b2):
-            assert np.array_equal(x, y), "two threads' logits differ from one thread's"
+        _assert_same_logits(one, two, [[5, 17, 200, 33, 1], [42], [7, 8, 9, 10, 11, 12, 13, 14, 15]])
     finally:
         two.close()
     assert not two.host._worker.thread.is_alive(), "thread 1 did not leave on close"
+
+
+def _assert_same_logits(one, two, prompts):
+    """Every prompt's logits, alone and batched together, bit for bit the same on runner `two` as on `one`."""
+    a1, b1 = _logits_alone_and_batched(one, prompts)
+    a2, b2 = _logits_alone_and_batched(two, prompts)
+    for x, y in zip(a1 + b1, a2 + b2):
+        assert np.array_equal(x, y), "two threads' logits differ from one thread's"
 
 
 @pytest.mark.parametrize("heads", [{"num_key_value_heads": 1}, {"head_dim": 6}], ids=["one_kv_head", "head_dim_6"])
@@ -121,11 +125,7 @@ def test_two_threads_without_the_head_split(tmp_path, heads):
     try:
         got = generate_ids(pkg, PROMPTS[0], 8, runner=two)
         assert got == generate_ids(pkg, PROMPTS[0], 8, runner=one) == _reference(pkg, PROMPTS[0], 8)
-        prompts = [[5, 17, 200, 33, 1], [42]]
-        a1, b1 = _logits_alone_and_batched(one, prompts)
-        a2, b2 = _logits_alone_and_batched(two, prompts)
-        for x, y in zip(a1 + b1, a2 + b2):
-            assert np.array_equal(x, y), "two threads' logits differ from one thread's"
+        _assert_same_logits(one, two, [[5, 17, 200, 33, 1], [42]])
     finally:
         two.close()
 
