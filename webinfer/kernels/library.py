@@ -57,14 +57,14 @@ class LazyBindGroup:
     """A bind group of a LazyPipeline, created with it on first use (an "auto" layout needs the pipeline)."""
 
     def __init__(self, pipeline: LazyPipeline, bindings: list):
-        self.pipeline, self._bindings, self._group = pipeline, bindings, None
+        self.pipeline, self._bindings, self._made = pipeline, bindings, None
 
     def get(self) -> tuple[Any, Any]:
-        """(pipeline, bind group), created now if they were not."""
-        p = self.pipeline.get()
-        if self._group is None:
-            self._group = self.pipeline.lib.device.create_bind_group(p, self._bindings)
-        return p, self._group
+        """(pipeline, bind group), created now if they were not (then kept: this runs per layer and step)."""
+        if self._made is None:
+            p = self.pipeline.get()
+            self._made = (p, self.pipeline.lib.device.create_bind_group(p, self._bindings))
+        return self._made
 
 
 class KernelLibrary:
