@@ -797,6 +797,23 @@ INLINE v128_t rows4(v128_t a01, v128_t a23) {
     return wasm_i32x4_add(wasm_i32x4_shuffle(a01, a23, 0, 2, 4, 6), wasm_i32x4_shuffle(a01, a23, 1, 3, 5, 7));
 }
 
+// One packed code vector as i16 lanes for the i16 dot products: q8's 16 signed codes in 2 vectors, a nibble format's
+// 32 codes in 4 (low nibbles' halves, then high nibbles'); returns how many
+INLINE u32 i16_codes(u32 dt, v128_t v, v128_t *w) {
+    if (dt == F_Q8) {
+        w[0] = wasm_i16x8_extend_low_i8x16(v);
+        w[1] = wasm_i16x8_extend_high_i8x16(v);
+        return 2;
+    }
+    v128_t m = wasm_i8x16_splat(0x0f);
+    v128_t lo = wasm_v128_and(v, m), hi = wasm_v128_and(wasm_u16x8_shr(v, 4), m);
+    w[0] = wasm_u16x8_extend_low_u8x16(lo);
+    w[1] = wasm_u16x8_extend_high_u8x16(lo);
+    w[2] = wasm_u16x8_extend_low_u8x16(hi);
+    w[3] = wasm_u16x8_extend_high_u8x16(hi);
+    return 4;
+}
+
 // One unit of a packed group against R (1 or 4) activation rows: is[r] (and exact mode's low halves il[r]) = the
 // exact integer sum of codes x activation codes, lane i = weight row i of the group: the GEMV's (R = 1) and the
 // int16 tile's (R = 4). Integer sums are exact: gemm_unit's other grouping gives the same sums.
@@ -823,22 +840,8 @@ INLINE void packed_unit(u32 dt, const u8 *blk, const Acts *A, u32 r0, int R, int
     }
     v128_t a01[4] = {z, z, z, z}, a23[4] = {z, z, z, z}, l01[4] = {z, z, z, z}, l23[4] = {z, z, z, z};
     for (u32 t = 0; t < PCODES(dt) / 16; t++) {
-        v128_t v = wasm_v128_load(blk + 16 * t);
         v128_t w[4];  // i16 codes: rows 0-1 and 2-3 of the first 4 elements, then (nibbles) of the next 4
-        u32 nw;
-        if (dt == F_Q8) {
-            w[0] = wasm_i16x8_extend_low_i8x16(v);
-            w[1] = wasm_i16x8_extend_high_i8x16(v);
-            nw = 2;
-        } else {
-            v128_t m = wasm_i8x16_splat(0x0f);
-            v128_t lo = wasm_v128_and(v, m), hi = wasm_v128_and(wasm_u16x8_shr(v, 4), m);
-            w[0] = wasm_u16x8_extend_low_u8x16(lo);
-            w[1] = wasm_u16x8_extend_high_u8x16(lo);
-            w[2] = wasm_u16x8_extend_low_u8x16(hi);
-            w[3] = wasm_u16x8_extend_high_u8x16(hi);
-            nw = 4;
-        }
+        u32 nw = i16_codes(dt, wasm_v128_load(blk + 16 * t), w);
         u32 e = dt == F_Q8 ? 32 * u + 4 * t : 32 * u + 8 * t;  // the vector's first element
         for (int r = 0; r < R; r++) {
             const i16 *xw = A->xw + (r0 + r) * kp * 2 + 2 * e, *xl = A->xl + (r0 + r) * kp * 2 + 2 * e;
@@ -932,20 +935,8 @@ INLINE void gemm_unit(u32 dt, const u8 *blk, const Acts *A, u32 r0, u32 R, int m
         return;
     }
     v128_t wb[16];  // the unit's i16 codes, packed_unit's w[] of vector t at wb[4t ..] (q8: wb[2t ..])
-    for (u32 t = 0; t < PCODES(dt) / 16; t++) {
-        v128_t v = wasm_v128_load(blk + 16 * t);
-        if (dt == F_Q8) {
-            wb[2 * t] = wasm_i16x8_extend_low_i8x16(v);
-            wb[2 * t + 1] = wasm_i16x8_extend_high_i8x16(v);
-        } else {
-            v128_t m = wasm_i8x16_splat(0x0f);
-            v128_t lo = wasm_v128_and(v, m), hi = wasm_v128_and(wasm_u16x8_shr(v, 4), m);
-            wb[4 * t] = wasm_u16x8_extend_low_u8x16(lo);
-            wb[4 * t + 1] = wasm_u16x8_extend_high_u8x16(lo);
-            wb[4 * t + 2] = wasm_u16x8_extend_low_u8x16(hi);
-            wb[4 * t + 3] = wasm_u16x8_extend_high_u8x16(hi);
-        }
-    }
+    for (u32 t = 0; t < PCODES(dt) / 16; t++)
+        i16_codes(dt, wasm_v128_load(blk + 16 * t), wb + (dt == F_Q8 ? 2 : 4) * t);
     // one row at a time: exact mode's 4 accumulators a row (hi and lo halves) fill the registers
 #pragma clang loop unroll(disable)
     for (u32 r = 0; r < R; r++) exact_row(wb, A, r0 + r, kp, u, is + r, il + r);
