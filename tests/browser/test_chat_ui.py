@@ -29,16 +29,19 @@ ANSWERED = "document.getElementById('stats').textContent.includes('tokens/s') &&
 
 
 @pytest.fixture(scope="module")
-def two_model_site(tmp_path_factory, tiny_package) -> Path:
+def two_model_site(tmp_path_factory) -> Path:
     from tests.synthetic import write_hf
     from webinfer_packager.pack.build import pack
     from webinfer_packager.site.build import build_site
 
     d = tmp_path_factory.mktemp("two")
-    write_hf(d / "hf")  # the same seed as tiny_package: identical shards, another name, another manifest
-    pack(d / "hf", d / "tiny-b", progress=False, name="tiny-b", shard_mb=1)
+    # A 2048-token context: the tiny model decodes hundreds of tokens a second and its random bytes rarely make
+    # text, so with the usual 256 its whole answer could end before the Stop pressed at the first text landed.
+    write_hf(d / "hf", max_position_embeddings=2048)
+    pack(d / "hf", d / "tiny", progress=False, name="tiny", shard_mb=1)
+    pack(d / "hf", d / "tiny-b", progress=False, name="tiny-b", shard_mb=1)  # identical shards, another manifest
     out = d / "site"
-    build_site([tiny_package, d / "tiny-b"], out)
+    build_site([d / "tiny", d / "tiny-b"], out)
     return out
 
 
@@ -127,7 +130,7 @@ def test_chat_flow_history_switch_and_cache(site, browser):
     _shot(page, "desktop")
 
     # stop: a long answer stopped after its first tokens is kept and marked
-    _set_max_tokens(page, 400)
+    _set_max_tokens(page, 1500)
     # (the page presses Stop itself at the first streamed text: the tiny model's whole answer takes a few seconds)
     page.evaluate("""() => new MutationObserver((_, obs) => {
         if (document.querySelector(".msg.streaming .content")?.textContent) { obs.disconnect(); document.getElementById("stop").click(); }
