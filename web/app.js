@@ -10,6 +10,7 @@ const $ = (id) => document.getElementById(id);
 const site = JSON.parse($("site").textContent);
 const ui = {
   engine: null, loadedSha: null, loading: null,  // the engine in the worker and the package it runs
+  loadedEngine: null,                           // the engine choice it was loaded with
   conv: null,                                   // the open conversation
   busy: false, stopping: false,
   cache: {},                                    // manifest sha256 -> {cached, bytes}
@@ -22,6 +23,35 @@ if ("serviceWorker" in navigator) {
 const fmt = webinfer.fmtBytes;
 const modelBySha = (sha) => site.models.find((m) => m.sha256 === sha) || null;
 const selectedModel = () => modelBySha($("model").selectedOptions[0]?.dataset.sha256);
+
+// The engine (a choice of this device, not of a conversation): "auto" (the default: the GPU, or the CPU where the
+// adapter is missing, a software one or slower), "webgpu", "cpu" (exact) or "cpu-fast".
+const ENGINES = ["auto", "webgpu", "cpu", "cpu-fast"];
+const ENGINE_KEY = "webinfer.engine";
+function engineChoice() {
+  const v = $("engine").value;
+  return ENGINES.includes(v) ? v : "auto";
+}
+function engineOptions(choice) {
+  return choice === "cpu-fast" ? { backend: "cpu", cpuMode: "fast" } : { backend: choice };
+}
+try { $("engine").value = ENGINES.includes(localStorage.getItem(ENGINE_KEY)) ? localStorage.getItem(ENGINE_KEY) : "auto"; }
+catch { $("engine").value = "auto"; }  // storage blocked: the default
+$("engine").onchange = () => {
+  try { localStorage.setItem(ENGINE_KEY, engineChoice()); } catch { /* not kept: still used for this page */ }
+  if (ui.engine && ui.loadedEngine !== engineChoice()) status("The engine changes at the next load (Load, or send a message).");
+};
+
+// Where the engine runs and why, in words (engine.info: backend, backend_reason, device, timings).
+function engineWhere(info) {
+  const t = info.timings || {};
+  if (info.backend === "cpu") {
+    const threads = t.wasm_threads > 1 ? `${t.wasm_threads} threads` : "1 thread";
+    const mode = info.cpu_mode === "fast" ? "fast" : "exact";
+    return `the CPU (WebAssembly SIMD${t.wasm_variant === "relaxed" ? ", relaxed" : ""}, ${threads}, ${mode} mode)`;
+  }
+  return info.device?.adapter || "this GPU";
+}
 
 // ------------------------------------------------------------------------------------------ status and errors
 
@@ -89,7 +119,8 @@ function onProgress(p) {
     stage("Compiling the GPU shaders", p.loaded / p.total);
     $("bytes").textContent = `${p.loaded} of ${p.total} shaders`;
   } else if (p.phase === "done" || p.phase === "build") {
-    stage("Building the model on the GPU", null);
+    const on = { webgpu: " on the GPU", cpu: " on the CPU", "cpu-fast": " on the CPU" }[engineChoice()] ?? "";
+    stage(`Building the model${on}`, null);
     $("bytes").textContent = "";
   }
   function stage(text, fraction) {
@@ -109,7 +140,9 @@ function stageTimes(t) {
   if (t.pyodide_start_ms != null) parts.push(`Python runtime ${s(t.pyodide_start_ms + (t.wheel_install_ms || 0))}`);
   if (t.files_ms != null) parts.push(`${t.files_downloaded ? "download" : "model files"} ${s(t.files_ms)}`);
   // the wait for shaders compiled ahead (from page open) is part of the build the user waited for
-  if (t.engine_build_ms != null) parts.push(`GPU build ${s(t.engine_build_ms + (t.ahead_compile_wait_ms || 0))}`);
+  if (t.engine_build_ms != null) {
+    parts.push(`${t.wasm_variant ? "CPU" : "GPU"} build ${s(t.engine_build_ms + (t.ahead_compile_wait_ms || 0))}`);
+  }
   return parts.length ? `: ${parts.join(", ")}` : "";
 }
 
@@ -123,15 +156,27 @@ async function loadModel(model = selectedModel()) {
       ui.engine?.unload();  // its worker and GPU memory go; the files stay cached for switching back
       ui.engine = null;
       ui.loadedSha = null;
+      ui.loadedEngine = null;
+      $("where").hidden = true;
       delete document.body.dataset.loaded;
+      delete document.body.dataset.backend;
       const t0 = performance.now();
+      const choice = engineChoice();
       status(`Loading ${model.name}…`);
-      ui.engine = await webinfer.load(model.manifest, { onProgress, manifestSha256: model.sha256 });
+      ui.engine = await webinfer.load(model.manifest, { onProgress, manifestSha256: model.sha256,
+                                                        ...engineOptions(choice) });
       ui.loadedSha = model.sha256;
-      const where = ui.engine.info.device?.adapter || "this GPU";
-      const warn = ui.engine.info.timings?.warning;
-      status(`${model.name} ready on ${where} (loaded in ${((performance.now() - t0) / 1000).toFixed(1)} s` +
-             `${stageTimes(ui.engine.info.timings)})` + (warn ? `. ${warn}` : ""));
+      ui.loadedEngine = choice;
+      const info = ui.engine.info;
+      document.body.dataset.backend = info.backend;
+      const warn = info.timings?.warning;
+      // Auto says why it chose (no adapter, a software one, or which side a start-up GEMV ran faster on); the
+      // line stays while the model is loaded (the status line below it changes with every answer)
+      const why = choice === "auto" && info.backend_reason ? ` (Auto: ${info.backend_reason})` : "";
+      $("where").textContent = `${model.name} runs on ${engineWhere(info)}${why}.`;
+      $("where").hidden = false;
+      status(`${model.name} ready on ${engineWhere(info)} (loaded in ${((performance.now() - t0) / 1000).toFixed(1)} s` +
+             `${stageTimes(info.timings)})` + (warn ? `. ${warn}` : ""));
       document.body.dataset.loaded = model.sha256;
       return true;
     } catch (e) {
@@ -334,6 +379,7 @@ function setBusy(busy) {
   $("stop").disabled = !busy;
   $("load").disabled = busy || !!ui.loading;
   $("model").disabled = busy || !!ui.loading;
+  $("engine").disabled = busy || !!ui.loading;
   $("uncache").disabled = busy || !!ui.loading;
   for (const b of $("log").querySelectorAll(".actions button")) b.disabled = busy || !!ui.loading;
 }
@@ -357,7 +403,7 @@ async function send(text) {
 async function generate() {
   const conv = ui.conv;
   const model = selectedModel();
-  if (!ui.engine || ui.loadedSha !== model?.sha256) {
+  if (!ui.engine || ui.loadedSha !== model?.sha256 || ui.loadedEngine !== engineChoice()) {
     if (!(await loadModel(model))) return;
   }
   clearError();
@@ -376,7 +422,7 @@ async function generate() {
   setBusy(true);
   status("Generating…");
   const t0 = performance.now();
-  let first = null, n = 0, painted = true;
+  let first = null, nFirst = 0, n = 0, painted = true;  // tokens counted from the chunks' token_ids
   const atBottom = () => log.scrollHeight - log.scrollTop - log.clientHeight < 48;
   let follow = true;
   const paint = () => {
@@ -390,20 +436,24 @@ async function generate() {
     for await (const chunk of it) {
       const choice = chunk.choices?.[0];
       const delta = choice?.delta?.content ?? "";
+      const got = choice?.token_ids?.length ?? 0;  // a chunk holds 0 or more tokens (text can wait for a
+      if (got && first == null) { first = performance.now(); nFirst = got; }  // character's last byte)
+      n += got;
       if (delta) {
-        first ??= performance.now();
-        n++;
         msg.content += delta;
         if (painted) { painted = false; requestAnimationFrame(paint); }  // one render per frame, not per token
       }
       if (choice?.finish_reason === "abort") msg.stopped = true;
       if (choice?.finish_reason === "length") msg.truncated = true;
     }
-    const tps = n > 1 ? (n - 1) / ((performance.now() - first) / 1000) : 0;
-    // where a token's time goes (the worker's split, GPU backend): waiting for the GPU vs Python + JS calls
-    const pt = it.stats?.per_token;
+    // decode speed: the tokens that came after the first chunk, over the time since it came
+    const tps = n > nFirst ? (n - nFirst) / ((performance.now() - first) / 1000) : 0;
+    // where a token's time goes (the worker's split): GPU backend, waiting for the GPU vs Python + JS calls; CPU
+    // backend, the engine's step (the wasm call) per step
+    const pt = it.stats?.per_token, cpuStep = it.stats?.cpu_ms_per_step;
     const split = pt ? ` · per token: GPU ${pt.read_wait_ms.toFixed(0)} ms, host ${(pt.python_ms + pt.js_upload_ms
-      + pt.js_submit_ms).toFixed(0)} ms` : "";
+      + pt.js_submit_ms).toFixed(0)} ms` : ui.engine.info.backend === "cpu" && cpuStep
+      ? ` · per step: CPU ${cpuStep.toFixed(1)} ms` : "";
     $("stats").textContent = `TTFT ${first ? (first - t0).toFixed(0) : "–"} ms · ${tps.toFixed(1)} tokens/s · ${n} tokens${split}`;
     msg.stats = `${n} tokens, ${tps.toFixed(1)} tokens/s`;
     status(msg.stopped ? "Stopped." : "Answer finished.");

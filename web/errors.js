@@ -7,18 +7,21 @@ export function explain(e, model = null) {
   const msg = String(e?.message || e);
   const what = model ? model.name : "the model";
   if (name === "PreflightError" && /no WebGPU/i.test(msg)) {
-    return ["This browser cannot run models here: it has no WebGPU.",
-      "Open this page in a recent Chrome or Edge (version 113 or later), or turn WebGPU on in your browser's " +
-      "settings (Safari and Firefox have it behind a setting in some versions)."];
+    return ["This browser cannot run models on its GPU: it has no WebGPU.",
+      "Set Engine to Auto or CPU to run on the processor instead, or open this page in a recent Chrome or Edge " +
+      "(version 113 or later), or turn WebGPU on in your browser's settings (Safari and Firefox have it behind a " +
+      "setting in some versions)."];
   }
   if (name === "PreflightError" && /no GPU adapter/i.test(msg)) {
     return ["WebGPU is on, but the browser offers it no GPU.",
-      "Turn on hardware acceleration in the browser's settings, update the graphics driver, or try another browser."];
+      "Set Engine to Auto or CPU to run on the processor instead, or turn on hardware acceleration in the " +
+      "browser's settings, update the graphics driver, or try another browser."];
   }
   if (name === "PreflightError" || /maxStorage|maxBuffer|limit|too large|exceeds|out of memory|OutOfMemory/i.test(msg) &&
       /GPU|Validation|Operation|Preflight/.test(name)) {
     return [`This device's GPU is too small for ${what}.`,
-      `Pick a smaller model, close other tabs that use the GPU, or use a device with more GPU memory. (${msg})`];
+      `Pick a smaller model, set Engine to CPU, close other tabs that use the GPU, or use a device with more GPU ` +
+      `memory. (${msg})`];
   }
   if (name === "QuotaExceededError" || /quota|storage is full/i.test(msg)) {
     return ["This device's storage for this site is full.",

@@ -22,6 +22,21 @@ self.addEventListener("activate", (ev) => {
   })());
 });
 
+// Cross-origin isolation on any static host: the CPU engine's two threads need a SharedArrayBuffer, which a browser
+// gives only to a page served with COOP/COEP. `webinfer serve` sends them; a static host (GitHub Pages, a CDN)
+// often cannot, so the shell's responses get them here. The page loaded before this worker controlled it is not
+// isolated (one CPU thread, and the engine says why); every later visit or reload is. Everything the site loads is
+// same-origin, and a model on another origin is fetched with CORS, which require-corp allows.
+const ISOLATION = { "Cross-Origin-Opener-Policy": "same-origin", "Cross-Origin-Embedder-Policy": "require-corp" };
+
+function isolated(resp) {
+  if (resp.type === "opaque" || resp.type === "opaqueredirect" || resp.redirected) return resp;  // kept as they are
+  if (Object.entries(ISOLATION).every(([k, v]) => resp.headers.get(k) === v)) return resp;
+  const headers = new Headers(resp.headers);
+  for (const [k, v] of Object.entries(ISOLATION)) headers.set(k, v);
+  return new Response(resp.body, { status: resp.status, statusText: resp.statusText, headers });
+}
+
 self.addEventListener("fetch", (ev) => {
   const url = new URL(ev.request.url);
   if (ev.request.method !== "GET" || url.origin !== self.location.origin) return;
@@ -30,13 +45,13 @@ self.addEventListener("fetch", (ev) => {
     const cache = await caches.open(SHELL);
     // Versioned shell: cache first (URLs carry ?v=<hash>; the cache holds exactly this version's files).
     const hit = await cache.match(ev.request, { ignoreSearch: true });
-    if (hit) return hit;
+    if (hit) return isolated(hit);
     try {
-      return await fetch(ev.request);
+      return isolated(await fetch(ev.request));
     } catch (e) {
       if (ev.request.mode === "navigate") {
         const page = await cache.match("index.html");
-        if (page) return page;
+        if (page) return isolated(page);
       }
       throw e;
     }

@@ -123,6 +123,7 @@ class PageWorker:
         self.start_deferred()
         return {"name": self.package.name, "device": selftests.device_summary(dev) if dev else None,
                 "timings": timings, "backend": self.backend, "backend_reason": self.backend_reason,
+                "cpu_mode": self.options.cpu_mode if self.backend == "cpu" else None,
                 "pipeline_record": record}
 
     def start_deferred(self, idle_s: float = 1.0) -> None:
@@ -253,7 +254,7 @@ class PageWorker:
         req = json.loads(request_json)
         llm, rebuilt = await self.ensure_llm()
         runner = llm.engine.runner
-        host_ms0, steps0 = getattr(runner, "host_ms", 0.0), llm.engine.steps
+        host_ms0, steps0, step_ms0 = getattr(runner, "host_ms", 0.0), llm.engine.steps, getattr(runner, "step_ms", 0.0)
         dev = self.device if self.backend == "webgpu" else None
         dev0 = dict(dev.time_ms) if dev is not None else {}
         t_req, lazy0 = time.perf_counter(), runner.lib.created_on_use if dev is not None else 0
@@ -276,7 +277,7 @@ class PageWorker:
             out_ids = [t for c in r["choices"] for t in c["token_ids"]]
             return {"response": r,
                     "stats": self._stats(llm, r["id"], out_ids, r["usage"], False, steps0, host_ms0, rebuilt,
-                                         dev, dev0)}
+                                         dev, dev0, step_ms0)}
         stream = await llm.create(kind, req)
         ids: list[int] = []
         last, first, stopped = None, True, False
@@ -309,14 +310,15 @@ class PageWorker:
             emit(json.dumps({**last, "choices": [{**last["choices"][0], "delta": {}, "token_ids": [],
                                                   "finish_reason": "abort"}]}))
         stats = self._stats(llm, (last or {}).get("id"), ids, (last or {}).get("usage") or {}, stopped, steps0,
-                            host_ms0, rebuilt, dev, dev0)
+                            host_ms0, rebuilt, dev, dev0, step_ms0)
         stats["first_token"] = first_token
         stats["deferred_pipelines"] = dict(self.deferred_stats)
         return stats
 
     def _stats(self, llm: LLM, rid, ids: list[int], usage: dict, stopped: bool, steps0: int, host_ms0: float,
-               rebuilt, dev=None, dev0=None) -> dict:
-        """A request's stats; dev, dev0: the browser device and its time counters when the request began."""
+               rebuilt, dev=None, dev0=None, step_ms0: float = 0.0) -> dict:
+        """A request's stats; dev, dev0: the browser device and its time counters when the request began; step_ms0:
+        the CPU runner's summed step time then (cpu_ms_per_step: the wasm step, the CPU backend's per-step cost)."""
         runner = llm.engine.runner
         tpot = usage.get("time_per_output_token_s")
         steps = llm.engine.steps - steps0
@@ -330,6 +332,8 @@ class PageWorker:
                 "ttft_ms": usage["ttft_s"] * 1e3 if usage.get("ttft_s") is not None else None,
                 "decode_tok_s": 1.0 / tpot if tpot else 0.0,
                 "host_ms_per_step": (getattr(runner, "host_ms", 0.0) - host_ms0) / steps if steps else 0.0,
+                "cpu_ms_per_step": ((runner.step_ms - step_ms0) / steps if steps else 0.0)
+                if hasattr(runner, "step_ms") else None,
                 "engine_steps": steps, "engine": llm.engine.stats(), "rebuild_timings": rebuilt,
                 "per_token": split}
 

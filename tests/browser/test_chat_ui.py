@@ -6,6 +6,7 @@ share every shard (the same weights under two names):
 - streaming, stop, regenerate, edit-and-resend, per-conversation settings, history that survives a reload;
 - Markdown from the model is untrusted: a <script> or an onerror handler stays text; code blocks get a Copy button;
 - keyboard only, at phone size; axe-core (WCAG 2.1 A/AA: contrast, labels, names) finds nothing at both sizes;
+- the Engine picker (Auto, the default, picks the CPU on SwiftShader; GPU; CPU fast) and what the status says;
 - errors in plain words (no WebGPU, a file damaged on the server).
 Screenshots at desktop and phone sizes go to test-artifacts/."""
 
@@ -122,9 +123,17 @@ def test_chat_flow_history_switch_and_cache(site, browser):
     assert _texts(page, ".msg.user .content") == ["Hello **there**"]  # the user's text is shown as typed
     first_answer = page.inner_text(".msg.assistant .content")
     assert first_answer.strip(), logs[-20:]
-    # the stats line: TTFT, tokens/s, and where a token's time went (the worker's split)
+    # Engine "Auto" (the default): CI Chromium's only adapter is SwiftShader, a fallback one, so the CPU runs it and
+    # the status says so and why
+    assert page.get_attribute("body", "data-backend") == "cpu"
+    where = page.inner_text("#where")
+    assert "runs on the CPU (WebAssembly SIMD" in where and "fallback" in where, where
+    # the stats line: TTFT, tokens/s, and the engine's step time; tokens are counted from the chunks' token ids
+    # (not text pieces: the random model's bytes rarely end a character), so a cut answer has exactly max tokens
     stats = page.inner_text("#stats")
-    assert stats.startswith("TTFT ") and "per token: GPU " in stats and " ms, host " in stats, stats
+    assert stats.startswith("TTFT ") and " tokens/s · " in stats and "per step: CPU " in stats, stats
+    note = page.inner_text(".msg.assistant .note")
+    assert "Cut at the length limit" not in note or "12 tokens" in note, note
     page.wait_for_function("document.getElementById('model').selectedOptions[0].textContent.includes('cached on this device')")
     assert page.is_visible("#uncache")
     _shot(page, "desktop")
@@ -189,6 +198,38 @@ def test_chat_flow_history_switch_and_cache(site, browser):
     page.click("#uncache")
     page.wait_for_function("document.getElementById('status').textContent.includes('tiny removed')")
     assert f"{len(shards)} files deleted" in page.inner_text("#status")
+    assert not [l for l in logs if l.startswith("pageerror")], logs
+
+
+def test_engine_choice_gpu_then_cpu_fast_and_kept(site, browser):
+    """The Engine picker: GPU runs on WebGPU (SwiftShader here) with the GPU's per-token split; switching to CPU fast
+    reloads the model at the next send; the choice is this device's and survives a reload."""
+    logs: list[str] = []
+    page = _open(browser, site, logs)
+    page.select_option("#engine", "webgpu")
+    _set_max_tokens(page, 4)
+    page.fill("#input", "Hi")
+    page.press("#input", "Enter")
+    page.wait_for_function(ANSWERED, timeout=300_000)
+    assert page.get_attribute("body", "data-backend") == "webgpu"
+    where = page.inner_text("#where")
+    assert "runs on " in where and "runs on the CPU" not in where, where
+    stats = page.inner_text("#stats")
+    assert "per token: GPU " in stats and " ms, host " in stats, stats
+
+    page.select_option("#engine", "cpu-fast")
+    assert "next load" in page.inner_text("#status")
+    page.fill("#input", "Again")
+    page.press("#input", "Enter")
+    page.wait_for_function(ANSWERED + " && document.querySelectorAll('.msg').length === 4", timeout=300_000)
+    assert page.get_attribute("body", "data-backend") == "cpu"
+    where = page.inner_text("#where")
+    assert "runs on the CPU (WebAssembly SIMD" in where and "fast mode" in where and "Auto" not in where, where
+    assert "per step: CPU " in page.inner_text("#stats")
+
+    page.reload()
+    page.wait_for_selector("body[data-ready]")
+    assert page.input_value("#engine") == "cpu-fast"
     assert not [l for l in logs if l.startswith("pageerror")], logs
 
 
@@ -292,7 +333,8 @@ def test_damaged_file_is_explained(site, browser):
 
 
 def test_no_webgpu_is_explained(site):
-    """Chromium without --enable-unsafe-webgpu has no adapter: the page says so, and what to do, before any download."""
+    """Chromium without --enable-unsafe-webgpu has no adapter. Engine "GPU": the page says so, and what to do, before
+    any download. Engine "Auto" (the default): the model runs on the CPU and the status says why."""
     _require_browser()
     from playwright.sync_api import sync_playwright
 
@@ -302,13 +344,22 @@ def test_no_webgpu_is_explained(site):
             page = b.new_page(viewport=PHONE)
             page.goto(site.url + "index.html")
             page.wait_for_selector("body[data-ready]")
+            assert page.input_value("#engine") == "auto"
+            page.select_option("#engine", "webgpu")
             page.click("#load")
             page.wait_for_selector("#error:not([hidden])")
             text = page.inner_text("#error")
-            assert "WebGPU" in text and ("settings" in text or "driver" in text), text
+            assert "WebGPU" in text and ("settings" in text or "driver" in text) and "Engine" in text, text
             assert page.get_attribute("#error", "data-kind") == "PreflightError"
             assert site.requests_for("/models/") == []
             _shot(page, "phone-no-webgpu")
+
+            page.select_option("#engine", "auto")
+            page.click("#load")
+            page.wait_for_selector("body[data-loaded]", timeout=300_000)
+            assert page.get_attribute("body", "data-backend") == "cpu"
+            where = page.inner_text("#where")
+            assert "runs on the CPU (WebAssembly SIMD" in where and "no WebGPU adapter (navigator.gpu.requestAdapter() returned no adapter" in where, where
         finally:
             b.close()
 

@@ -2,7 +2,8 @@
 WebAssembly (Pyodide calls it through the FFI), and its greedy ids equal the native CPU engine's (wasmtime).
 In CI Chromium the only WebGPU adapter is SwiftShader, a fallback adapter, so "auto" must choose the CPU and say why.
 A cross-origin isolated page (COOP/COEP) runs the engine on two Workers by default (the threads build on a shared
-memory, web/wasm-thread.js as thread 1), with the same ids; a page that is not isolated runs one and says why.
+memory, web/wasm-thread.js as thread 1), with the same ids; a page that is not isolated runs one and says why. On
+a host that sends no such headers the site's service worker adds them, so from the second visit on it is isolated.
 """
 
 from __future__ import annotations
@@ -88,6 +89,29 @@ def test_two_workers_when_cross_origin_isolated(served, browser, tiny_package):
             print(threads, t["wasm_reason"], json.dumps(r["stats"]))
     finally:
         srv.stop()
+
+
+def test_service_worker_isolates_a_static_host(served, browser, tiny_package):
+    """A host that sends no COOP/COEP (served here without them): the first visit is not isolated (one Worker); once
+    the site's service worker controls the page, a reload is (web/sw.js adds the headers), and the CPU engine runs
+    on two Workers with the same ids."""
+    logs: list[str] = []
+    site = json.loads((served.root / "site.json").read_text())
+    prompt, n = [298, 5, 17, 42, 101], 6
+    page = browser.new_page()
+    attach_console(page, logs)
+    page.goto(served.url + "index.html")
+    assert not page.evaluate("crossOriginIsolated")
+    page.wait_for_function("navigator.serviceWorker.controller !== null", timeout=60_000)
+    page.reload()
+    page.wait_for_selector("body[data-ready]")
+    assert page.evaluate("crossOriginIsolated"), logs[-5:]
+    r = page.evaluate(GENERATE, [site["models"][0]["manifest"], prompt, n, "cpu", "exact", None])
+    t = r["info"]["timings"]
+    assert t["wasm_threads"] == 2 and "cross-origin isolated" in t["wasm_reason"], (t, logs[-5:])
+    want, _ = _native_cpu_ids(tiny_package, prompt, n)
+    assert r["ids"] == want, (r["ids"], want, logs[-5:])
+    assert not [l for l in logs if l.startswith("pageerror")], logs
 
 
 @pytest.mark.model

@@ -159,21 +159,3 @@ async def choose_backend(backend: str, get_device, shape: tuple[int, int] | None
     gpu_ms, cpu_ms = await time_backends(dev, await make_host(), *shape)
     what = f"start-up GEMV q4a {shape[0]}x{shape[1]}: WebGPU ({dev.info.name}) {gpu_ms:.2f} ms, CPU {cpu_ms:.2f} ms"
     return ("cpu", f"the CPU was faster ({what})") if cpu_ms < gpu_ms else ("webgpu", f"WebGPU was faster ({what})")
-
-
-class StepTimer:
-    """Running totals of the time spent in the runner's steps (the worker's host_ms_per_step for the CPU)."""
-
-    def __init__(self, runner):
-        self.ms, self.steps = 0.0, 0
-        run = runner.execute
-
-        async def execute(batch):
-            t0 = time.perf_counter()
-            try:
-                return await run(batch)
-            finally:
-                self.ms += (time.perf_counter() - t0) * 1e3
-                self.steps += 1
-
-        runner.execute = execute

@@ -32,6 +32,7 @@ from __future__ import annotations
 import inspect
 import math
 import struct
+import time
 from array import array
 
 from ..engine.batch import Sampled, StepBatch
@@ -109,6 +110,7 @@ class CpuRunner:
 
     def __init__(self):  # use load()
         self.block_size = self.num_blocks = self.max_model_len = 0
+        self.step_ms = 0.0  # wall time inside execute(), summed (the page's per-step CPU figure)
 
     @classmethod
     async def load(cls, host, package, *, mode: str = "exact", num_blocks: int, block_size: int = 16,
@@ -280,13 +282,17 @@ class CpuRunner:
     async def execute(self, batch: StepBatch) -> list[int]:
         # the GPU model's validation and row layout (pure host code): same errors, same token rows; the sampling
         # rows and their packing are the GPU sampler's too (masks, logit_bias, min_p)
-        ids, pos, slots, rows, seqs, sampled, _ = GPUModel._prepare(self, batch)
-        out = self._run(ids, pos, slots, seqs, rows,
-                        pack_chunks(sampled, self.vocab_size, self.counts_slots.assign(sampled)))
-        if all(c.logprobs is None for c in sampled):
-            return out
-        lps = unpack_logprobs(self.host.read(self.logprobs_off, LOGPROB_BYTES * len(out)), len(out))
-        return Sampled(out, [lp if c.logprobs is not None else None for lp, c in zip(lps, sampled)])
+        t0 = time.perf_counter()
+        try:
+            ids, pos, slots, rows, seqs, sampled, _ = GPUModel._prepare(self, batch)
+            out = self._run(ids, pos, slots, seqs, rows,
+                            pack_chunks(sampled, self.vocab_size, self.counts_slots.assign(sampled)))
+            if all(c.logprobs is None for c in sampled):
+                return out
+            lps = unpack_logprobs(self.host.read(self.logprobs_off, LOGPROB_BYTES * len(out)), len(out))
+            return Sampled(out, [lp if c.logprobs is not None else None for lp, c in zip(lps, sampled)])
+        finally:
+            self.step_ms += (time.perf_counter() - t0) * 1e3
 
     def logits(self, n_rows: int) -> list[array]:
         """The logits rows of the last step's sampled chunks (f32 arrays; tests, evaluation)."""

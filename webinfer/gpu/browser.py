@@ -69,7 +69,7 @@ async def request_device(*, timestamps: bool = False, force_f32: bool = False,
         raise NoAdapterError("this browser has no WebGPU (navigator.gpu is missing); use a recent Chrome or Edge, "
                              "or Safari/Firefox with WebGPU enabled")
     adapter = await gpu.requestAdapter(powerPreference="high-performance")
-    if adapter is None:
+    if adapter is None or type(adapter).__name__ == "JsNull":  # JS null is pyodide.ffi.jsnull, not None
         raise NoAdapterError("navigator.gpu.requestAdapter() returned no adapter (WebGPU disabled or blocklisted)")
     feats = set(adapter.features.keys())  # a JS Set: keys() iterates its values
     want = []
