@@ -132,3 +132,31 @@ def test_auto_backend_times_both_engines(gpu):
 
 async def _ready(value):
     return value
+
+
+@pytest.mark.gpu
+def test_cli_auto_takes_the_cpu_engine_on_a_software_adapter(gpu, tmp_path):
+    """`webinfer serve`'s default --backend auto, by the page's rule: lavapipe is a software (CPU-type) adapter, so
+    the CPU engine runs, says why, and gives the CPU backend's ids; a draft model keeps the GPU."""
+    import io
+
+    from webinfer.cpu.runner import CpuRunner
+    from webinfer_packager.cli.backend import auto_backend, open_llm
+    from webinfer_packager.pack.build import pack
+
+    assert gpu.info.is_fallback, gpu.info  # lavapipe
+    write_hf(tmp_path / "hf", arch="llama")
+    pkg = pack(tmp_path / "hf", tmp_path / "pkg", progress=False)
+    from webinfer.package import Package
+
+    choice, dev, why = auto_backend(Package.open(pkg), gpu)
+    assert (choice, dev) == ("cpu", None) and "fallback" in why, why
+    assert auto_backend(Package.open(pkg), gpu, draft=True)[:2] == ("native", gpu)
+    said = io.StringIO()
+    auto, cpu = open_llm(pkg, "auto", device=gpu, warn=said), open_llm(pkg, "cpu")
+    assert isinstance(auto.engine.runner, CpuRunner)
+    assert "--backend auto: the CPU engine (the WebGPU adapter is a fallback (software) one" in said.getvalue()
+    req = {"max_tokens": 8, "ignore_eos": True}
+    assert _complete(auto, **req)["choices"][0]["token_ids"] == _complete(cpu, **req)["choices"][0]["token_ids"]
+    for llm in (auto, cpu):
+        asyncio.run(llm.close())

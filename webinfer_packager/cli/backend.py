@@ -1,15 +1,16 @@
 """The LLM behind a CLI command (`generate`, `chat`, `serve`, `bench`, `eval`): webinfer.load() on the chosen
 backend. `cpu` is the WebAssembly SIMD engine through wasmtime (webinfer/cpu); `reference` runs the numpy oracle (webinfer_packager.reference) as the engine's runner — same engine,
-scheduler, prompt builder and sampler rule as the GPU, only the math differs; `auto` is native when an adapter
-exists, else the reference with a warning."""
+scheduler, prompt builder and sampler rule as the GPU, only the math differs; `auto` is native on a hardware
+adapter and the CPU engine on a software one (lavapipe, SwiftShader) or none, as the page's Auto."""
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import sys
 
 from webinfer.api import LLM
-from webinfer.errors import GPUError, WebinferError
+from webinfer.errors import WebinferError
 from webinfer.factory import EngineOptions, kv_blocks, llm_for, load
 from webinfer.package import Package
 
@@ -36,16 +37,43 @@ def open_llm(package, backend: str = "auto", *, options: EngineOptions | None = 
     opts = options or EngineOptions()
     if backend not in BACKENDS:
         raise WebinferError(f"unknown backend {backend!r}: one of {', '.join(BACKENDS)}")
+    if backend == "auto":
+        backend, device, why = auto_backend(pkg, device, draft=opts.speculative not in (None, "prompt-lookup"))
+        print(f"webinfer: --backend auto: {'the CPU engine' if backend == 'cpu' else 'the GPU'} ({why})", file=warn)
     if backend == "cpu":  # the WebAssembly SIMD engine in wasmtime (webinfer/cpu)
         return asyncio.run(load(pkg, backend="cpu", options=opts, limits=limits))
-    if backend in ("auto", "native"):
-        try:
-            return asyncio.run(load(pkg, backend="native", device=device, options=opts, limits=limits))
-        except GPUError as e:  # no adapter here: still answer, slowly, rather than not at all
-            if backend == "native":
-                raise
-            print(f"webinfer: warning: no GPU ({e}); using the numpy reference model (slow)", file=warn)
+    if backend == "native":
+        return asyncio.run(load(pkg, backend="native", device=device, options=opts, limits=limits))
     return llm_for(pkg, reference_runner(pkg, opts), opts, limits)
+
+
+def auto_backend(pkg: Package, device=None, draft: bool = False) -> tuple[str, object, str]:
+    """(backend, device, why) for --backend auto, by the page's rule (webinfer.cpu.browser.choose_backend): the CPU
+    engine when there is no adapter or a software one (lavapipe, SwiftShader: there the WebAssembly engine decodes
+    faster, docs/cpu-backend.md), else a start-up GEMV of the model's gate matrix on each side picks the faster.
+    A draft model (speculative decoding) runs only on the GPU."""
+    from webinfer.cpu.browser import choose_backend
+    from webinfer.cpu.wasm import WasmtimeHost
+    from webinfer.gpu.native import request_device
+
+    if draft:
+        return "native", device, "a draft model runs on the GPU"
+    if importlib.util.find_spec("wasmtime") is None:
+        return "native", device, "the CPU engine is not installed: pip install 'webinfer[cpu]'"
+    got = [device]
+
+    async def get_device():
+        if got[0] is None:
+            got[0] = await request_device(limits="browser")
+        return got[0]
+
+    async def make_host():
+        return WasmtimeHost()
+
+    cfg = pkg.config
+    choice, why = asyncio.run(choose_backend("auto", get_device, shape=(cfg.intermediate_size, cfg.hidden_size),
+                                             make_host=make_host))
+    return ("cpu", None, why) if choice == "cpu" else ("native", got[0], why)
 
 
 def engine_options(args, **kw) -> EngineOptions:

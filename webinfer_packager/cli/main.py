@@ -34,7 +34,8 @@ def _version() -> str:
 def _add_backend(p: argparse.ArgumentParser, default: str) -> None:
     p.add_argument("--backend", choices=["auto", "native", "cpu", "reference"], default=default,
                    help="native GPU, cpu (the WebAssembly SIMD engine in wasmtime), the numpy reference model (slow), "
-                        f"or auto (native if an adapter exists; default {default})")
+                        f"or auto (native on a hardware GPU, the cpu engine on a software adapter or none; "
+                        f"default {default})")
     p.add_argument("--cpu-mode", choices=["exact", "fast"], default="exact",
                    help="--backend cpu: f32 activations (exact) or int8 activations (fast)")
     p.add_argument("--cpu-threads", choices=["auto", "1", "2"], default="auto",

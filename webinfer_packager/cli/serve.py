@@ -1,7 +1,8 @@
 """`webinfer serve`: the OpenAI-compatible API (and the chat site) on 127.0.0.1, over the LLM from
-webinfer_packager.cli.backend.open_llm (native GPU; `--backend auto` falls back to the numpy reference).
+webinfer_packager.cli.backend.open_llm (`--backend auto`: native on a hardware GPU, the CPU engine on a software
+adapter or none).
 
-    webinfer serve [PACKAGE] [--host 127.0.0.1] [--port 8000] [--site FOLDER | --no-site] [--backend auto|native|reference]
+    webinfer serve [PACKAGE] [--host 127.0.0.1] [--port 8000] [--site FOLDER | --no-site] [--backend auto|native|cpu|reference]
                    [--allow-origin ORIGIN ...] [--api-key KEY] [--max-waiting N] [--speculative prompt-lookup]
 
 Who may ask: pages from other origins are refused unless listed with --allow-origin or WEBINFER_ORIGINS
