@@ -12,6 +12,8 @@ browser profile (so the second and later visits read the model from the cache):
                   isolated), second visit, Load at once; cpu-warm-1: the same on one Worker (`threads: 1`)
   cpu-wait        the CPU engine, prepare() at page open and Load WAIT seconds later
   cpu-fast, cpu-fast-1  cpu-warm and cpu-warm-1 in the CPU engine's fast mode (`cpuMode: "fast"`)
+  auto-cold, auto-warm  the chat page's default engine (`backend: "auto"`: the CPU on SwiftShader, a fallback
+                  adapter), first visit (list it first: the profile is fresh) and second visit, Load at once
   pipelines       each recorded pipeline compiled alone (createComputePipelineAsync, awaited one by one) on a
                   fresh device: what each costs on this adapter
   dispatch        what a dispatch costs on this adapter without any kernel work: one pass of N dependent dispatches
@@ -112,10 +114,11 @@ DISPATCH = """async () => {
 
 PHASES = {"cold": ("async", 0), "warm": ("off", 0), "warm-load": ("async", 0), "warm-sync": ("sync", 0),
           "warm-wait": ("async", None), "cpu-warm": ("off", 0), "cpu-warm-1": ("off", 0), "cpu-wait": ("off", None),
-          "cpu-fast": ("off", 0), "cpu-fast-1": ("off", 0)}
+          "cpu-fast": ("off", 0), "cpu-fast-1": ("off", 0), "auto-cold": ("async", 0), "auto-warm": ("async", 0)}
 EXTRA = {"cpu-warm": {"backend": "cpu"}, "cpu-warm-1": {"backend": "cpu", "threads": 1},
          "cpu-wait": {"backend": "cpu"}, "cpu-fast": {"backend": "cpu", "cpuMode": "fast"},
-         "cpu-fast-1": {"backend": "cpu", "cpuMode": "fast", "threads": 1}}
+         "cpu-fast-1": {"backend": "cpu", "cpuMode": "fast", "threads": 1}, "auto-cold": {"backend": "auto"},
+         "auto-warm": {"backend": "auto"}}
 
 
 def main(site: Path, n: int, phases: list[str], wait_s: float) -> None:
