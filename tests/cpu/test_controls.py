@@ -160,3 +160,32 @@ def test_cli_auto_takes_the_cpu_engine_on_a_software_adapter(gpu, tmp_path):
     assert _complete(auto, **req)["choices"][0]["token_ids"] == _complete(cpu, **req)["choices"][0]["token_ids"]
     for llm in (auto, cpu):
         asyncio.run(llm.close())
+
+
+def test_prompt_lookup_on_the_cpu_gives_the_same_ids(tmp_path):
+    """Speculative decoding (prompt lookup) on the CPU engine: proposals are verified (and some accepted) and the
+    greedy ids are those of plain decoding, alone and beside a second request (the packed GEMM rows are bit for
+    bit the GEMV's, so verification rows cannot change a token). adaptive_proposals off: always verify."""
+    from webinfer.factory import EngineOptions
+    from webinfer_packager.cli.backend import open_llm
+    from webinfer_packager.pack.build import pack
+
+    write_hf(tmp_path / "hf", arch="llama")
+    pkg = pack(tmp_path / "hf", tmp_path / "pkg", progress=False)
+    plain = open_llm(pkg, "cpu")
+    spec = open_llm(pkg, "cpu", options=EngineOptions(speculative="prompt-lookup", adaptive_proposals=False))
+    prompt = [5, 6, 7, 8, 9, 10, 11, 5, 6, 7, 8, 9, 10, 11, 5, 6, 7]  # repeats: prompt lookup proposes
+    req = {"prompt": prompt, "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+
+    async def both(llm):
+        return await asyncio.gather(llm.completions.create(**req), llm.completions.create(**{**req, "prompt": [3, 4]}))
+
+    want = [r["choices"][0]["token_ids"] for r in asyncio.run(both(plain))]
+    got = asyncio.run(both(spec))
+    assert [r["choices"][0]["token_ids"] for r in got] == want
+    alone = asyncio.run(spec.completions.create(**req))
+    assert alone["choices"][0]["token_ids"] == want[0]
+    sp = alone["usage"]["speculative"]  # this model's greedy text repeats: 8 of 9 proposals accepted
+    assert sp["proposed_tokens"] > 0 and sp["accepted_tokens"] > 0, sp
+    for llm in (plain, spec):
+        asyncio.run(llm.close())

@@ -298,6 +298,12 @@ def run(package_path, quick: bool = False, ppl_text: str | None = None, variant:
         res["prefill"][mode] = prefill_speed(runner, (40,) if quick else (40, 511), 1 if quick else 3)
     res["profile"] = step_profile(runner, layer0, m[13], res["decode"], reps=20 if quick else 100)
     res["threads"] = threads_compare(runner, n_tok, host.variant)
+    # speculative decoding (prompt lookup) per mode, one thread, against plain decoding in the same minutes
+    from .speculative import bench_speculative
+
+    res["speculative"] = {mode: bench_speculative(package_path, max_tokens=32 if quick else 96, reps=1 if quick else 2,
+                                                  backend="cpu", cpu_mode=mode, cpu_threads=1)
+                          for mode in ("exact", "fast")}
     if ppl_text:
         from pathlib import Path
 
@@ -353,6 +359,11 @@ def cli_main(args) -> int:
         print(f"prefill {mode:5s}: " + ", ".join(f"{n} tokens {p['first_token_cpu_s']} CPU-s to the first token "
                                                  f"({p['prefill_tok_per_cpu_s']} tok per CPU-second)"
                                                  for n, p in v.items()))
+    for mode, sp in res["speculative"].items():
+        print(f"prompt lookup {mode:5s}: " + ", ".join(
+            f"{name} x{v['speedup']} ({v['plain_decode_tok_s']} -> {v['spec_decode_tok_s']} tok/s, accepted "
+            f"{v['accepted']}/{v['proposed']}{'' if v['identical'] else ', OUTPUT DIFFERS'})"
+            for name, v in sp["prompts"].items() if "speedup" in v))
     if "ppl" in res:
         p = res["ppl"]
         print(f"perplexity exact {p['exact']['ppl']:.4f}  fast {p['fast']['ppl']:.4f}  "

@@ -4,8 +4,11 @@ rarely match and the adaptive length should keep the cost small). The outputs mu
 so for each prompt.
 
     python -m webinfer_packager.bench.speculative [PACKAGE] [--max-tokens 96] [--tokens 4] [--draft DRAFT_PACKAGE]
+        [--backend native|cpu] [--cpu-mode exact|fast] [--cpu-threads 1|2]
 
 --draft: proposals from a draft model (a smaller package with the same tokenizer) instead of prompt lookup.
+--backend cpu: both sides on the WebAssembly CPU engine (webinfer/cpu; prompt lookup only), whose GEMM tile rows
+are bit for bit its GEMV's.
 The plain side runs with the engine's defaults (decode blocks on), the speculative side verifies every step.
 
 `replay` (prompt lookup only): the same proposer and ProposalBudget replayed over the plain run's greedy output
@@ -20,6 +23,7 @@ import asyncio
 import json
 import sys
 import time
+from dataclasses import replace
 
 PASSAGE = ("The lighthouse on the northern cape was built in 1884 from granite cut in the quarry behind the village. "
            "Its lamp burned paraffin until 1951, when the keepers installed an electric light visible for twenty "
@@ -82,17 +86,18 @@ async def _one(llm, messages, max_tokens: int) -> dict:
 
 
 def bench_speculative(package, device=None, max_tokens: int = 96, tokens: int = 4, reps: int = 2,
-                      method: str = "prompt-lookup", adaptive: bool = True) -> dict:
+                      method: str = "prompt-lookup", adaptive: bool = True, backend: str = "native",
+                      cpu_mode: str = "exact", cpu_threads: int = 1) -> dict:
     """{prompt: {plain, speculative, speedup, acceptance, identical}} measured alternately in one process.
     method: "prompt-lookup" or a draft package's path. adaptive: the engine verifies only the proposals that pay
-    for their rows on this device (the default); False: every proposal."""
+    for their rows on this device (the default); False: every proposal. backend: "native" (GPU) or "cpu"."""
     from webinfer.factory import EngineOptions, load
 
-    base = EngineOptions(context_tokens=2048, max_seqs=1)
-    plain = asyncio.run(load(package, device=device, options=base))
-    spec = asyncio.run(load(package, device=plain.engine.runner.device,
-                            options=EngineOptions(context_tokens=2048, max_seqs=1, speculative=str(method),
-                                                  speculative_tokens=tokens, adaptive_proposals=adaptive)))
+    base = EngineOptions(context_tokens=2048, max_seqs=1, cpu_mode=cpu_mode, cpu_threads=cpu_threads)
+    plain = asyncio.run(load(package, backend=backend, device=device, options=base))
+    spec = asyncio.run(load(package, backend=backend, device=getattr(plain.engine.runner, "device", None),
+                            options=replace(base, speculative=str(method), speculative_tokens=tokens,
+                                            adaptive_proposals=adaptive)))
     from webinfer.errors import ContextOverflowError
 
     out = {}
@@ -128,7 +133,11 @@ def bench_speculative(package, device=None, max_tokens: int = 96, tokens: int = 
                 "measured_row_costs": replay(prompt_ids, out_ids, tokens, measured),
                 "flat_row_costs": replay(prompt_ids, out_ids, tokens, {1: 1.0})}
     row_s = spec.engine.budget.row_s if spec.engine.budget is not None else {}
-    return {"method": str(method), "speculative_tokens": tokens, "adaptive_proposals": adaptive,
+    for llm in (plain, spec):
+        asyncio.run(llm.close())
+    return {"method": str(method), "backend": backend, **({"cpu_mode": cpu_mode, "cpu_threads": cpu_threads}
+                                                          if backend == "cpu" else {}),
+            "speculative_tokens": tokens, "adaptive_proposals": adaptive,
             "max_tokens": max_tokens, "reps": reps, "prompts": out,
             "step_ms_by_rows": {r: round(v * 1e3, 2) for r, v in sorted(row_s.items())}}
 
@@ -145,7 +154,11 @@ if __name__ == "__main__":
     ap.add_argument("--draft", default=None, help="a draft package (same tokenizer) instead of prompt lookup")
     ap.add_argument("--verify-all", action="store_true",
                     help="verify every proposal (default: only those that pay for their rows on this device)")
+    ap.add_argument("--backend", choices=["native", "cpu"], default="native")
+    ap.add_argument("--cpu-mode", choices=["exact", "fast"], default="exact")
+    ap.add_argument("--cpu-threads", type=int, choices=[1, 2], default=1)
     a = ap.parse_args()
     json.dump(bench_speculative(resolve_package(a.package), max_tokens=a.max_tokens, tokens=a.tokens,
-                                method=a.draft or "prompt-lookup", adaptive=not a.verify_all), sys.stdout, indent=1)
+                                method=a.draft or "prompt-lookup", adaptive=not a.verify_all, backend=a.backend,
+                                cpu_mode=a.cpu_mode, cpu_threads=a.cpu_threads), sys.stdout, indent=1)
     print()
