@@ -45,6 +45,12 @@ def test_doctor_json_reports_adapter_extras_and_caches(tmp_path, monkeypatch, ca
         adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
     except Exception:  # noqa: BLE001 (no adapter here: doctor must say so and fail)
         adapter = None
+    ce = r["cpu_engine"]  # the WebAssembly engine starts here (wasmtime is a test dependency)
+    assert ce["ok"] and ce["variant"] in ("base", "relaxed") and ce["reason"], ce
+    if adapter is None:
+        assert "no GPU adapter" in ce["auto"], ce
+    else:  # lavapipe reports a CPU-type adapter: --backend auto then takes the CPU engine
+        assert ("software" in ce["auto"]) == (str(adapter.info.get("adapter_type", "")) == "CPU"), ce
     if adapter is None:
         assert rc == 1 and not r["native_gpu"]["ok"] and any("native GPU" in p for p in r["problems"])
         if os.environ.get("CI") == "true":
@@ -64,6 +70,15 @@ def test_doctor_quiet_prints_only_problems(tmp_path, monkeypatch, capsys):
     assert rc == 1 and out.out == ""
     assert out.err.splitlines() == ['problem: optional parts missing: pip install "webinfer[gpu]" (or "webinfer[all]")',
                                     'problem: native GPU: wgpu-py is not installed: pip install "webinfer[gpu]"']
+
+
+def test_doctor_without_wasmtime_names_the_cpu_extra(tmp_path, monkeypatch, capsys):
+    _fake_home(tmp_path, monkeypatch)
+    monkeypatch.setattr("importlib.util.find_spec", _hide("wasmtime"))
+    rc = main(["doctor", "--quiet", "--no-browser"])
+    err = capsys.readouterr().err.splitlines()
+    assert rc == 1 and 'problem: CPU engine: wasmtime is not installed: pip install "webinfer[cpu]"' in err, err
+    assert 'problem: optional parts missing: pip install "webinfer[cpu]" (or "webinfer[all]")' in err, err
 
 
 def _hide(name):

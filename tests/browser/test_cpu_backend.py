@@ -30,6 +30,21 @@ GENERATE = """async ([url, ids, n, backend, cpuMode, threads]) => {
 }"""
 
 
+PROMPT, N = [298, 5, 17, 42, 101], 6  # the tiny model's request in these tests
+
+
+def _open(browser, url, logs):
+    """A fresh page (its own context: no service worker yet) on the site's index.html; console lines go to logs."""
+    page = browser.new_page()
+    attach_console(page, logs)
+    page.goto(url + "index.html")
+    return page
+
+
+def _manifest(root):
+    return json.loads((root / "site.json").read_text())["models"][0]["manifest"]
+
+
 def _native_cpu_ids(package, prompt, n, cpu_mode="exact"):
     from concurrent.futures import ThreadPoolExecutor
 
@@ -49,18 +64,14 @@ def _native_cpu_ids(package, prompt, n, cpu_mode="exact"):
 @pytest.mark.parametrize("backend", ["cpu", "auto"])
 def test_tiny_model_cpu_backend_matches_native(served, browser, tiny_package, backend):
     logs: list[str] = []
-    site = json.loads((served.root / "site.json").read_text())
-    prompt, n = [298, 5, 17, 42, 101], 6
-    page = browser.new_page()
-    attach_console(page, logs)
-    page.goto(served.url + "index.html")
-    r = page.evaluate(GENERATE, [site["models"][0]["manifest"], prompt, n, backend])
+    page = _open(browser, served.url, logs)
+    r = page.evaluate(GENERATE, [_manifest(served.root), PROMPT, N, backend])
     info = r["info"]
     assert info["name"] and info["backend"] == "cpu", (info, logs)
     if backend == "auto":
         assert "fallback" in info["backend_reason"], info["backend_reason"]
-    want, _ = _native_cpu_ids(tiny_package, prompt, n)
-    assert r["ids"] == want and len(want) == n, (r["ids"], want)
+    want, _ = _native_cpu_ids(tiny_package, PROMPT, N)
+    assert r["ids"] == want and len(want) == N, (r["ids"], want)
     assert info["timings"]["wasm_variant"] in ("base", "relaxed"), info["timings"]
     assert info["timings"]["wasm_threads"] == 1 and "not cross-origin isolated" in info["timings"]["wasm_reason"]
     print(backend, info["backend_reason"], info["timings"]["wasm_reason"], json.dumps(r["stats"]))
@@ -74,15 +85,11 @@ def test_two_workers_when_cross_origin_isolated(served, browser, tiny_package):
     srv = SiteServer(served.root, isolated=True)
     try:
         logs: list[str] = []
-        site = json.loads((served.root / "site.json").read_text())
-        prompt, n = [298, 5, 17, 42, 101], 6
-        page = browser.new_page()
-        attach_console(page, logs)
-        page.goto(srv.url + "index.html")
+        page = _open(browser, srv.url, logs)
         assert page.evaluate("crossOriginIsolated"), logs
-        want, _ = _native_cpu_ids(tiny_package, prompt, n)
+        want, _ = _native_cpu_ids(tiny_package, PROMPT, N)
         for threads, workers in ((None, 2), (1, 1)):
-            r = page.evaluate(GENERATE, [site["models"][0]["manifest"], prompt, n, "cpu", "exact", threads])
+            r = page.evaluate(GENERATE, [_manifest(served.root), PROMPT, N, "cpu", "exact", threads])
             t = r["info"]["timings"]
             assert t["wasm_threads"] == workers, (t, logs[-5:])
             assert r["ids"] == want, (threads, r["ids"], want, logs[-5:])
@@ -96,20 +103,16 @@ def test_service_worker_isolates_a_static_host(served, browser, tiny_package):
     the site's service worker controls the page, a reload is (web/sw.js adds the headers), and the CPU engine runs
     on two Workers with the same ids."""
     logs: list[str] = []
-    site = json.loads((served.root / "site.json").read_text())
-    prompt, n = [298, 5, 17, 42, 101], 6
-    page = browser.new_page()
-    attach_console(page, logs)
-    page.goto(served.url + "index.html")
+    page = _open(browser, served.url, logs)
     assert not page.evaluate("crossOriginIsolated")
     page.wait_for_function("navigator.serviceWorker.controller !== null", timeout=60_000)
     page.reload()
     page.wait_for_selector("body[data-ready]")
     assert page.evaluate("crossOriginIsolated"), logs[-5:]
-    r = page.evaluate(GENERATE, [site["models"][0]["manifest"], prompt, n, "cpu", "exact", None])
+    r = page.evaluate(GENERATE, [_manifest(served.root), PROMPT, N, "cpu", "exact", None])
     t = r["info"]["timings"]
     assert t["wasm_threads"] == 2 and "cross-origin isolated" in t["wasm_reason"], (t, logs[-5:])
-    want, _ = _native_cpu_ids(tiny_package, prompt, n)
+    want, _ = _native_cpu_ids(tiny_package, PROMPT, N)
     assert r["ids"] == want, (r["ids"], want, logs[-5:])
     assert not [l for l in logs if l.startswith("pageerror")], logs
 

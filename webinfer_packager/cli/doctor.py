@@ -2,7 +2,8 @@
 
     webinfer doctor [--json] [--quiet] [--no-browser]
 
-Checks: the installed extras, the native WebGPU adapter (name, backend, features, limits), Chromium and whether
+Checks: the installed extras, the native WebGPU adapter (name, backend, features, limits), the CPU engine (the
+WebAssembly module in wasmtime: which build runs, and what `--backend auto` takes here), Chromium and whether
 its WebGPU gives an adapter (through Playwright, when installed), the Pyodide runtime for `webinfer site`, and the
 sizes of what is kept under $WEBINFER_HOME. Exit status 0 when the native GPU path works, 1 when something needed
 is missing (each problem comes with its fix); `--json` prints one JSON object on stdout for programs.
@@ -24,7 +25,7 @@ CHROMIUM_ARGS = ["--enable-unsafe-webgpu", "--headless", "--no-sandbox", "--no-f
                  "--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-quic"]
 # Which extra provides each optional module (pyproject.toml); cli/main.py names it when an import fails.
 EXTRA_OF = {"numpy": "pack", "gguf": "pack", "safetensors": "pack", "tqdm": "pack", "wgpu": "gpu",
-            "fastapi": "serve", "uvicorn": "serve", "starlette": "serve"}
+            "fastapi": "serve", "uvicorn": "serve", "starlette": "serve", "wasmtime": "cpu"}
 LIMITS = ("max-storage-buffer-binding-size", "max-buffer-size", "max-storage-buffers-per-shader-stage",
           "max-compute-workgroup-storage-size", "max-compute-invocations-per-workgroup")
 PROBE = """async () => {
@@ -75,6 +76,25 @@ def check_native_gpu() -> dict:
             "backend": str(info.get("backend_type", "")), "type": str(info.get("adapter_type", "")),
             "features": sorted(str(f) for f in adapter.features),
             "limits": {k: int(adapter.limits[k]) for k in LIMITS if k in adapter.limits}}
+
+
+def check_cpu_engine(gpu: dict) -> dict:
+    """The WebAssembly CPU engine natively: which module validates and passes its self-test (relaxed SIMD or base
+    SIMD128), and what `--backend auto` takes on this machine (the CPU where the only adapter is a software one or
+    there is none; a hardware adapter is decided by a start-up GEMV when a model loads)."""
+    if importlib.util.find_spec("wasmtime") is None:
+        return {"ok": False, "problem": 'wasmtime is not installed: pip install "webinfer[cpu]"'}
+    from webinfer.cpu.wasm import WasmtimeHost
+    from webinfer.errors import WebinferError
+
+    try:
+        host = WasmtimeHost()
+    except WebinferError as e:
+        return {"ok": False, "problem": str(e)}
+    auto = ("the CPU engine: no GPU adapter" if not gpu["ok"] else
+            f"the CPU engine: the GPU adapter is a software one ({gpu['adapter']})" if gpu["type"] == "CPU" else
+            "a start-up GEMV decides at load (a hardware adapter)")
+    return {"ok": True, "variant": host.variant, "reason": host.reason, "auto": auto}
 
 
 def check_browser(probe: bool) -> dict:
@@ -145,6 +165,7 @@ def diagnose(probe_browser: bool = True) -> dict:
     report = {"webinfer": webinfer.__version__, "python": platform.python_version(), "platform": platform.platform(),
               "extras": check_extras(), "native_gpu": check_native_gpu(), "browser": check_browser(probe_browser),
               "caches": check_caches()}
+    report["cpu_engine"] = check_cpu_engine(report["native_gpu"])
     problems = []
     missing = sorted({v["extra"] for v in report["extras"].values() if not v["installed"]})
     if missing:
@@ -152,6 +173,8 @@ def diagnose(probe_browser: bool = True) -> dict:
                         '(or "webinfer[all]")')
     if not report["native_gpu"]["ok"]:
         problems.append(f"native GPU: {report['native_gpu']['problem']}")
+    if not report["cpu_engine"]["ok"]:
+        problems.append(f"CPU engine: {report['cpu_engine']['problem']}")
     report["problems"] = problems
     report["ok"] = not problems
     return report
@@ -170,6 +193,9 @@ def print_report(r: dict) -> None:
     if g["ok"]:
         w(f"native GPU: {g['adapter']} ({g['backend']}, {g['type']})\n  features: {', '.join(g['features'])}\n")
         w("".join(f"  {k}: {v}\n" for k, v in g["limits"].items()))
+    ce = r["cpu_engine"]
+    if ce["ok"]:
+        w(f"CPU engine (wasmtime): {ce['reason']}; --backend auto here: {ce['auto']}\n")
     b = r["browser"]
     w(f"chromium: {b.get('version') or b['chromium'] or 'not found'}\n")
     if "webgpu" in b:
