@@ -158,6 +158,9 @@ class Engine {
   /** Stop every request of this engine: a stream ends with finish_reason "abort" after its next chunk, a whole
    * request rejects with an AbortError. */
   stop() { for (const id of this.running) this.client.stop(id); }
+  /** What the worker's work after ready has done so far: {pending, compiled, ... (the lazy GPU pipelines),
+   * pycache: {state: "written" | "hit" | "off" | "error", files, ms}} (Python's bytecode kept for the next visit). */
+  backgroundStatus() { return this.client.call("background").promise; }
   /** Tests only: destroy the GPU device as a driver reset would; the next message rebuilds the engine. */
   _loseDeviceForTest() { return this.client.call("loseDevice").promise; }
   unload() { this.client.worker.terminate(); }

@@ -14,6 +14,8 @@
 //   {id, type: "chat", request, kind}        -> {type: "chunk", chunk}*, {type: "result", value}
 //                                            (kind: "chat" | "completion"; without request.stream no chunks and
 //                                             value = {response, stats})
+//   {id, type: "background"}                 -> {type: "result", value}: what the work after ready has done
+//                                            (the lazy pipelines, the bytecode cache; diagnostics and tests)
 //   {type: "stop", target}                   (no reply: that chat is aborted after its next chunk; others go on)
 // Errors: {id, type: "error", name, message, details}.
 import { readPipelineRecord, writePipelineRecord } from "./loader.js";
@@ -42,6 +44,33 @@ function unwrap(pyResult) {
   throw e;
 }
 
+// Python's bytecode for the wheels' modules, kept in IndexedDB across visits (Pyodide compiles a module's source
+// at every import: ~1.3 s of webinfer, jinja2 and the grammar package here). Keyed by the wheels' content-addressed
+// directories (a new site version is a new key, whose first visit compiles and stores again); "unchecked-hash"
+// .pyc files, so Python never compares them with the freshly unpacked sources' times. Written after ready, while
+// the engine is idle (browser_worker.py start_deferred). No IndexedDB (private windows): no cache, the same load.
+const PYCACHE = "/webinfer-pycache";
+async function mountPycache(site) {
+  try {
+    const key = site.wheels.map((w) => w.split("/").at(-2)).join("-");
+    pyodide.FS.mkdir(PYCACHE);
+    pyodide.FS.mount(pyodide.FS.filesystems.IDBFS, {}, PYCACHE);
+    await syncfs(true);
+    for (const old of pyodide.FS.readdir(PYCACHE)) {  // other versions' bytecode: dropped
+      if (old !== "." && old !== ".." && old !== key) pyodide.runPython(`import shutil; shutil.rmtree(${JSON.stringify(PYCACHE + "/" + old)})`);
+    }
+    pyodide.runPython(`import sys; sys.pycache_prefix = ${JSON.stringify(PYCACHE + "/" + key)}`);
+    const done = pyodide.FS.analyzePath(`${PYCACHE}/${key}/complete`).exists;
+    timings.pycache = done ? "hit" : "empty";
+  } catch (e) {
+    timings.pycache = `off (${e && e.message || e})`;
+  }
+}
+function syncfs(populate) {
+  return new Promise((resolve, reject) => pyodide.FS.syncfs(populate, (e) => (e ? reject(e) : resolve())));
+}
+self.webinferPersistPycache = () => syncfs(false);  // called by Python once it has written the bytecode
+
 // Pyodide, the wheels and `import webinfer.browser_worker`, started by the first message that needs them.
 function startRuntime(site, baseHref) {
   runtime ??= (async () => {
@@ -50,10 +79,13 @@ function startRuntime(site, baseHref) {
     const { loadPyodide } = await import(new URL(site.pyodide + "pyodide.mjs", base).href);
     pyodide = await loadPyodide({ indexURL: new URL(site.pyodide, base).href });
     const t1 = performance.now();
+    await mountPycache(site);
+    const t1b = performance.now();
     await pyodide.loadPackage(site.wheels.map((w) => new URL(w, base).href));
     worker = pyodide.pyimport("webinfer.browser_worker");
     const t2 = performance.now();
-    Object.assign(timings, { pyodide_start_ms: t1 - t0, wheel_install_ms: t2 - t1, runtime_ready_at_ms: t2 - T0 });
+    Object.assign(timings, { pyodide_start_ms: t1 - t0, pycache_mount_ms: t1b - t1, wheel_install_ms: t2 - t1b,
+                             runtime_ready_at_ms: t2 - T0 });
   })();
   return runtime;
 }
@@ -169,12 +201,16 @@ async function loseDevice() {
   return true;
 }
 
-const handlers = { init, prepare, load, chat, selftest, loseDevice };
+async function background() {
+  return worker ? JSON.parse(worker.background_stats()) : null;
+}
+
+const handlers = { init, prepare, load, chat, selftest, loseDevice, background };
 
 // Setup messages (init, load, selftest, loseDevice) run one at a time, in order. Chats run concurrently: each is
 // one request in the shared engine, which batches them; a chat starts once the setup sent before it is done.
 // stop must get through at once, while chats run.
-const CONCURRENT = new Set(["chat"]);
+const CONCURRENT = new Set(["chat", "background"]);
 let queue = Promise.resolve();
 async function run(msg, h) {
   try {

@@ -42,6 +42,49 @@ def make_reader(files: dict[str, Any]) -> Callable[[str, int, int], bytes]:
     return reader
 
 
+async def write_pycache(engine, idle) -> dict:
+    """Compile the wheels' modules (webinfer, jinja2, markupsafe) into the bytecode cache that web/worker.js keeps
+    in IndexedDB (sys.pycache_prefix, set there), unless the cache is complete. One file at a time, each while the
+    engine has no work (a chat sent meanwhile waits for one file's compile at most); "unchecked-hash" .pyc: the
+    key of the prefix names the wheels' content, so the sources cannot change under it. `complete` is written
+    last: a visit that ends mid-way leaves a cache that the next one compiles again."""
+    import importlib.util  # noqa: PLC0415
+    import os  # noqa: PLC0415
+    import py_compile  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    import jinja2  # noqa: PLC0415
+    import markupsafe  # noqa: PLC0415
+
+    import webinfer  # noqa: PLC0415
+
+    prefix = getattr(sys, "pycache_prefix", None)
+    if not prefix:
+        return {"state": "off"}
+    if os.path.exists(os.path.join(prefix, "complete")):
+        return {"state": "hit"}
+    t0, n = time.perf_counter(), 0
+    for pkg in (webinfer, jinja2, markupsafe):
+        for root, _, names in os.walk(os.path.dirname(pkg.__file__)):
+            for name in sorted(names):
+                if not name.endswith(".py"):
+                    continue
+                if engine.scheduler.has_work():
+                    await idle()
+                else:
+                    await asyncio.sleep(0)
+                src = os.path.join(root, name)
+                py_compile.compile(src, cfile=importlib.util.cache_from_source(src), doraise=True,
+                                   invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+                n += 1
+    with open(os.path.join(prefix, "complete"), "w") as f:
+        f.write(f"{n}\n")
+    from js import webinferPersistPycache  # noqa: PLC0415 (web/worker.js)
+
+    await webinferPersistPycache()
+    return {"state": "written", "files": n, "ms": round((time.perf_counter() - t0) * 1e3, 1)}
+
+
 def open_package(manifest_text: str, files: dict[str, Any], where: str = "manifest.json") -> Package:
     try:
         manifest = json.loads(manifest_text)
@@ -103,12 +146,14 @@ class PageWorker:
         t_copy = time.perf_counter()
         self.package = open_package(manifest_text, files, where)
         cfg = self.package.config  # "auto" on a real adapter times both engines on the model's gate matrix
+        t_choice = time.perf_counter()
         self.backend, self.backend_reason = await choose_backend(
             eng.get("backend") or "webgpu", self.get_device, shape=(cfg.intermediate_size, cfg.hidden_size),
             make_host=js_host)
+        t_choice = time.perf_counter() - t_choice
         dev = await self.get_device() if self.backend == "webgpu" else None
         await self.build()
-        timings = {"handover_ms": (t_copy - t0) * 1e3, **self.build_timings}
+        timings = {"handover_ms": (t_copy - t0) * 1e3, "backend_choice_ms": t_choice * 1e3, **self.build_timings}
         record = None
         if dev is not None:
             # the build's pipelines first (made ahead next visit, before Load), then the lazy ones flagged
@@ -127,10 +172,10 @@ class PageWorker:
                 "pipeline_record": record}
 
     def start_deferred(self, idle_s: float = 1.0) -> None:
-        """After ready, in the background: Python's first-chat costs (imports, the chat template's compile), then
-        the pipelines the build left lazy (gemv tiles for several chats at once, the speculative and long-context
-        attention kernels), one at a time, each once the engine has been idle for idle_s: a chat sent right after
-        ready does not share the CPU with them (on a software GPU a compile takes seconds). A chat that needs one
+        """After ready, in the background, each step once the engine has been idle for idle_s: Python's first-chat
+        costs (imports, the chat template's compile), then the pipelines the build left lazy (gemv tiles for
+        several chats at once, the speculative and long-context attention kernels), one at a time: a chat sent
+        right after ready does not share the CPU with them (on a software GPU a compile takes seconds). A chat that needs one
         first compiles it itself (KernelLibrary.LazyPipeline). The CPU engine has no pipelines: only the first."""
         llm = self.llm
         engine, lib = llm.engine, getattr(llm.engine.runner, "lib", None)
@@ -147,7 +192,10 @@ class PageWorker:
             n = len(lib.deferred()) if lib is not None else 0
             self.deferred_stats = {"pending": n}
             # what the first chat would pay once in Python (Pyodide compiles a module's source at its first import):
-            # the grammar package (api.py imports its matcher per request) and the chat template's jinja2 compile
+            # the grammar package (api.py imports its matcher per request), jinja2 and the chat template's compile.
+            # Only once the engine has been idle: this blocks the worker's thread for ~1 s, which must not delay
+            # load()'s answer (ready) nor a chat sent at once (that chat pays them itself).
+            await idle()
             import webinfer.grammar  # noqa: F401, PLC0415
 
             if llm.prompter.chat_template:
@@ -155,19 +203,27 @@ class PageWorker:
                     llm.prompter.chat_ids([{"role": "user", "content": "Hi"}])
                 except WebinferError:
                     pass  # a template that needs more than one user message: compiled by the first chat
+            try:
+                self.deferred_stats["pycache"] = await write_pycache(engine, idle)
+            except Exception as e:  # noqa: BLE001 (storage full or gone: the next visit compiles from source)
+                self.deferred_stats["pycache"] = {"state": "error", "error": f"{type(e).__name__}: {e}"}
             if lib is None:
-                self.deferred_stats = {"pending": 0, "done_after_ready_ms": (time.perf_counter() - t0) * 1e3}
+                self.deferred_stats.update(pending=0, done_after_ready_ms=(time.perf_counter() - t0) * 1e3)
                 return
             try:
                 made = await lib.create_deferred(idle)
             except Exception as e:  # a lost device: the rebuild starts again; anything else: compiled at first use
                 self.deferred_stats["error"] = f"{type(e).__name__}: {e}"
                 return
-            self.deferred_stats = {"pending": 0, "compiled": made, "at_first_use": lib.created_on_use,
-                                   "compile_ms": lib.device.time_ms["create_pipeline_async"] - compile0,
-                                   "done_after_ready_ms": (time.perf_counter() - t0) * 1e3}
+            self.deferred_stats.update({"pending": 0, "compiled": made, "at_first_use": lib.created_on_use,
+                                        "compile_ms": lib.device.time_ms["create_pipeline_async"] - compile0,
+                                        "done_after_ready_ms": (time.perf_counter() - t0) * 1e3})
 
         self.deferred = asyncio.ensure_future(run())
+
+    def background_stats(self) -> dict:
+        """What the work after ready has done so far (start_deferred): the lazy pipelines and the bytecode cache."""
+        return dict(self.deferred_stats)
 
     async def build(self) -> None:
         """(Re)build the runner and the LLM for the loaded package on a live device (after a loss too)."""
@@ -399,3 +455,8 @@ async def selftest(name: str = "copy", spec_json: str = "{}") -> dict:
 
 def lose_device_for_test() -> None:
     WORKER.lose_device_for_test()
+
+
+def background_stats() -> str:
+    """JSON of what the work after ready has done (PageWorker.background_stats)."""
+    return json.dumps(WORKER.background_stats())

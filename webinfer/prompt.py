@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 
-from webinfer.chat_template import render
 from webinfer.errors import ChatTemplateError, InvalidRequestError
 from webinfer.tokenizer.chat import chat_segments
 
@@ -51,6 +50,10 @@ class Prompter:
             raise InvalidRequestError("messages", "this model has no chat template: pack it with --chat-template FILE, "
                                                   "or send a plain prompt to /v1/completions")
         st = self.special_tokens
+        # imported at the first render: jinja2's import (~0.7 s in Pyodide) is then off the page's load path (the
+        # worker renders once in the background after ready, webinfer/browser_worker.py start_deferred)
+        from webinfer.chat_template import render  # noqa: PLC0415
+
         return render(self.chat_template, messages, add_generation_prompt=add_generation_prompt,
                       bos_token=st.get("bos_token") or "", eos_token=st.get("eos_token") or "", tools=tools)
 

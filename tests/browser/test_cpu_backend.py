@@ -117,6 +117,37 @@ def test_service_worker_isolates_a_static_host(served, browser, tiny_package):
     assert not [l for l in logs if l.startswith("pageerror")], logs
 
 
+PYCACHE_VISIT = """async ([url, ids, n]) => {
+    const w = await import("./webinfer.js");
+    const engine = await w.load(url, {backend: "cpu"});
+    const got = [];
+    for await (const c of engine.chat.completions.create({prompt_ids: ids, max_tokens: n, temperature: 0, ignore_eos: true, stream: true}))
+        got.push(...(c.choices[0].token_ids || []));
+    let bg = null;
+    for (let i = 0; i < 240 && !bg?.pycache; i++) {  // written once the engine has been idle (1 s), file by file
+        await new Promise((r) => setTimeout(r, 500));
+        bg = await engine.backgroundStatus();
+    }
+    engine.unload();
+    return {ids: got, timings: engine.info.timings, background: bg};
+}"""
+
+
+def test_bytecode_cache_across_visits(served, browser, tiny_package):
+    """Python's bytecode for the wheels is written to IndexedDB after the first visit's ready (while idle) and used
+    by the next visit of the same browser profile; both visits give the native ids."""
+    logs: list[str] = []
+    want, _ = _native_cpu_ids(tiny_package, PROMPT, N)
+    states = []
+    for _ in range(2):  # two visits in this test's browser profile (its own: IndexedDB starts empty)
+        page = _open(browser, served.url, logs)
+        r = page.evaluate(PYCACHE_VISIT, [_manifest(served.root), PROMPT, N])
+        page.close()
+        assert r["ids"] == want, (r["ids"], want, logs[-5:])
+        states.append((r["timings"]["pycache"], r["background"]["pycache"]["state"]))
+    assert states == [("empty", "written"), ("hit", "hit")], (states, logs[-5:])
+
+
 @pytest.mark.model
 def test_smollm2_cpu_backend_in_the_page(smollm2_package, browser, tmp_path_factory):
     """The real model on the page's CPU backend, exact and fast mode: greedy ids equal the native CPU engine's;

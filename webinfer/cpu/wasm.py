@@ -43,6 +43,21 @@ class WasmMemoryError(WebinferError):
     """The model (or a request for scratch memory) does not fit the 4 GiB wasm32 address space."""
 
 
+# Memory grows in steps of at least this much: each grow is a host call (a JS FFI round trip in the page) and a
+# model's load places ~1200 buffers; what is reserved beyond use (runner.memory_bytes) stays under one step.
+GROW_STEP = 8 << 20
+
+
+def grow_pages(have: int, nbytes: int) -> int:
+    """Pages to grow a memory of `have` bytes by so that `nbytes` fit (0 when they do): at least GROW_STEP, never
+    past the wasm32 ceiling."""
+    if nbytes > MAX_BYTES:
+        raise WasmMemoryError(f"wasm memory: need {nbytes} bytes, more than the 4 GiB wasm32 address space")
+    if nbytes <= have:
+        return 0
+    return -(-(min(max(nbytes, have + GROW_STEP), MAX_BYTES) - have) // PAGE)
+
+
 def module_bytes(variant: str, threads: bool = False) -> bytes:
     """The packaged .wasm of a variant ("base" or "relaxed"), or its threads build."""
     return resources.files("webinfer.cpu").joinpath((THREAD_MODULES if threads else MODULES)[variant]).read_bytes()
@@ -167,15 +182,11 @@ class WasmtimeHost:
         return self.memory.data_len() if self.threads > 1 else self.memory.data_len(self.store)
 
     def ensure(self, nbytes: int) -> None:
-        if nbytes > MAX_BYTES:
-            raise WasmMemoryError(f"wasm memory: need {nbytes} bytes, more than the 4 GiB wasm32 address space")
-        have = self.size
-        if nbytes > have:
-            pages = -(-(nbytes - have) // PAGE)
-            if self.threads > 1:
-                self.memory.grow(pages)
-            else:
-                self.memory.grow(self.store, pages)
+        pages = grow_pages(self.size, nbytes)
+        if pages and self.threads > 1:
+            self.memory.grow(pages)
+        elif pages:
+            self.memory.grow(self.store, pages)
 
 
 def _shared_memory(wasmtime):
@@ -234,6 +245,7 @@ class JsHost:
         self.memory = memory if memory is not None else self.exports.memory
         self.heap_base = int(getattr(self.exports, "__heap_base").value)  # (not .__heap_base: name mangling)
         self._listener = None
+        self._have: int | None = None  # the memory's size as last read or grown (only this host grows it)
 
     def call(self, name: str, *args):
         out = getattr(self.exports, name)(*args)
@@ -301,8 +313,9 @@ class JsHost:
         return int(self.memory.buffer.byteLength)
 
     def ensure(self, nbytes: int) -> None:
-        if nbytes > MAX_BYTES:
-            raise WasmMemoryError(f"wasm memory: need {nbytes} bytes, more than the 4 GiB wasm32 address space")
-        have = self.size
-        if nbytes > have:
-            self.memory.grow(-(-(nbytes - have) // PAGE))
+        if self._have is None or nbytes > self._have:  # the size is asked of JS only when it may have to grow
+            self._have = self.size
+            pages = grow_pages(self._have, nbytes)
+            if pages:
+                self.memory.grow(pages)
+                self._have += pages * PAGE

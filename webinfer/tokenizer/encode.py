@@ -169,20 +169,27 @@ class _BPE:
         for key in ("continuing_subword_prefix", "end_of_word_suffix"):
             if model.get(key) not in (None, ""):
                 raise err(f"model.{key}", f"{model.get(key)!r} is not supported", "null or empty")
-        self.vocab: dict[str, int] = {}
-        self.id_to_token: dict[int, str] = {}
-        for tok, i in vocab.items():
-            if type(i) is not int or i < 0 or i >= MAX_VOCAB:
-                raise err(f"model.vocab[{tok!r}]", f"id {i!r}", f"an integer in [0, {MAX_VOCAB})")
-            if i in self.id_to_token:
-                raise err(f"model.vocab[{tok!r}]", f"duplicate id {i} (also {self.id_to_token[i]!r})", "unique ids")
-            self.vocab[tok] = i
-            self.id_to_token[i] = tok
+        self.vocab: dict[str, int] = dict(vocab)
+        self.id_to_token: dict[int, str] = {i: tok for tok, i in vocab.items()}
+        ids = vocab.values()
+        # checked in bulk (the page builds this at every load); the loop below only names the first bad entry
+        if not (all(type(i) is int for i in ids) and 0 <= min(ids) and max(ids) < MAX_VOCAB
+                and len(self.id_to_token) == len(vocab)):
+            seen: dict[int, str] = {}
+            for tok, i in vocab.items():
+                if type(i) is not int or i < 0 or i >= MAX_VOCAB:
+                    raise err(f"model.vocab[{tok!r}]", f"id {i!r}", f"an integer in [0, {MAX_VOCAB})")
+                if i in seen:
+                    raise err(f"model.vocab[{tok!r}]", f"duplicate id {i} (also {seen[i]!r})", "unique ids")
+                seen[i] = tok
         # (left id, right id) -> (rank, merged id)
         self.merges: dict[tuple[int, int], tuple[int, int]] = {}
+        get, setdefault = self.vocab.get, self.merges.setdefault
         for rank, m in enumerate(merges):
-            if isinstance(m, str):
+            if type(m) is str:
                 parts = m.split(" ")
+            elif type(m) is list and len(m) == 2 and type(m[0]) is str and type(m[1]) is str:  # the common case
+                parts = m
             elif isinstance(m, list) and all(isinstance(x, str) for x in m):
                 parts = m
             else:
@@ -190,11 +197,11 @@ class _BPE:
             if len(parts) != 2:
                 raise err(f"model.merges[{rank}]", f"{m!r}", '"a b" or ["a", "b"]')
             a, b = parts
-            ia, ib, ic = self.vocab.get(a), self.vocab.get(b), self.vocab.get(a + b)
+            ia, ib, ic = get(a), get(b), get(a + b)
             if ia is None or ib is None or ic is None:
                 missing = [t for t, i in ((a, ia), (b, ib), (a + b, ic)) if i is None]
                 raise err(f"model.merges[{rank}]", f"{m!r} uses tokens not in the vocabulary: {missing!r}")
-            self.merges.setdefault((ia, ib), (rank, ic))
+            setdefault((ia, ib), (rank, ic))
         self.ignore_merges = bool(model.get("ignore_merges", False))
         self.fuse_unk = bool(model.get("fuse_unk", False))
         self.byte_fallback = bool(model.get("byte_fallback", False))
