@@ -541,7 +541,10 @@ async function start() {
   else newChat(false);
   await refreshCache();
   // the Python runtime (and the GPU pipelines of the selected model's last load) start now, not on Load
-  if (!new URLSearchParams(location.search).has("noprepare")) webinfer.prepare(selectedModel()).catch(() => {});
+  // (the GPU pipelines only when the GPU may be used: a CPU choice would compile them for nothing)
+  if (!new URLSearchParams(location.search).has("noprepare")) {
+    webinfer.prepare(selectedModel(), { pipelines: engineChoice().startsWith("cpu") ? "off" : "async" }).catch(() => {});
+  }
   document.body.dataset.ready = "1";
   if (new URLSearchParams(location.search).has("autoload")) loadModel();
 }

@@ -173,10 +173,11 @@ class PageWorker:
 
     def start_deferred(self, idle_s: float = 1.0) -> None:
         """After ready, in the background, each step once the engine has been idle for idle_s: Python's first-chat
-        costs (imports, the chat template's compile), then the pipelines the build left lazy (gemv tiles for
-        several chats at once, the speculative and long-context attention kernels), one at a time: a chat sent
-        right after ready does not share the CPU with them (on a software GPU a compile takes seconds). A chat that needs one
-        first compiles it itself (KernelLibrary.LazyPipeline). The CPU engine has no pipelines: only the first."""
+        costs (imports, the chat template's compile), the bytecode cache for the next visit (write_pycache), then
+        the pipelines the build left lazy (gemv tiles for several chats at once, the speculative and long-context
+        attention kernels), one at a time: a chat sent right after ready does not share the CPU with them (on a
+        software GPU a compile takes seconds). A chat that needs a lazy pipeline first compiles it itself
+        (KernelLibrary.LazyPipeline). The CPU engine has no pipelines."""
         llm = self.llm
         engine, lib = llm.engine, getattr(llm.engine.runner, "lib", None)
         t0 = time.perf_counter()

@@ -1,7 +1,8 @@
 """The LLM behind a CLI command (`generate`, `chat`, `serve`, `bench`, `eval`): webinfer.load() on the chosen
-backend. `cpu` is the WebAssembly SIMD engine through wasmtime (webinfer/cpu); `reference` runs the numpy oracle (webinfer_packager.reference) as the engine's runner — same engine,
-scheduler, prompt builder and sampler rule as the GPU, only the math differs; `auto` is native on a hardware
-adapter and the CPU engine on a software one (lavapipe, SwiftShader) or none, as the page's Auto."""
+backend. `cpu` is the WebAssembly SIMD engine through wasmtime (webinfer/cpu); `reference` runs the numpy oracle
+(webinfer_packager.reference) as the engine's runner — same engine, scheduler, prompt builder and sampler rule as
+the GPU, only the math differs; `auto` is native on a hardware adapter and the CPU engine on a software one
+(lavapipe, SwiftShader) or none, as the page's Auto."""
 
 from __future__ import annotations
 
