@@ -36,8 +36,8 @@ def two_model_site(tmp_path_factory) -> Path:
     from webinfer_packager.site.build import build_site
 
     d = tmp_path_factory.mktemp("two")
-    # A 2048-token context: the tiny model decodes hundreds of tokens a second and its random bytes rarely make
-    # text, so with the usual 256 its whole answer could end before the Stop pressed at the first text landed.
+    # A 2048-token context: on the CPU engine (Auto, here) the tiny model decodes hundreds of tokens a second and its
+    # random bytes rarely make text, so a long context keeps the stopped answer running until Stop lands.
     write_hf(d / "hf", max_position_embeddings=2048)
     pack(d / "hf", d / "tiny", progress=False, name="tiny", shard_mb=1)
     pack(d / "hf", d / "tiny-b", progress=False, name="tiny-b", shard_mb=1)  # identical shards, another manifest
@@ -140,14 +140,16 @@ def test_chat_flow_history_switch_and_cache(site, browser):
 
     # stop: a long answer stopped after its first tokens is kept and marked
     _set_max_tokens(page, 1500)
-    # (the page presses Stop itself at the first streamed text: the tiny model's whole answer takes a few seconds)
+    # (the page presses Stop itself at the first streamed text: the tiny model's whole answer takes a few seconds;
+    # the wait below counts the messages: until send() has stored the new one, the last answer still looks done)
     page.evaluate("""() => new MutationObserver((_, obs) => {
         if (document.querySelector(".msg.streaming .content")?.textContent) { obs.disconnect(); document.getElementById("stop").click(); }
     }).observe(document.getElementById("log"), {childList: true, subtree: true, characterData: true})""")
     page.fill("#input", "Tell me more")
     page.press("#input", "Enter")
-    page.wait_for_function(ANSWERED)
-    assert "Stopped." in page.inner_text(".msg.assistant:last-of-type .note")
+    page.wait_for_function(ANSWERED + " && document.querySelectorAll('.msg').length === 4")
+    assert "Stopped." in page.inner_text(".msg.assistant:last-of-type .note"), (
+        _texts(page, ".msg .note"), page.inner_text("#status"), logs[-10:])
 
     # regenerate replaces the last answer; edit-and-resend drops everything after the edited message
     # (short answers from here on: the tiny model's context is small, and a long history would overflow it)
