@@ -189,3 +189,25 @@ def test_prompt_lookup_on_the_cpu_gives_the_same_ids(tmp_path):
     assert sp["proposed_tokens"] > 0 and sp["accepted_tokens"] > 0, sp
     for llm in (plain, spec):
         asyncio.run(llm.close())
+
+
+@pytest.mark.gpu
+def test_generate_defaults_to_auto_and_reports_the_choice(gpu, tmp_path, capsys):
+    """`webinfer generate` without --backend: auto, which on this software adapter is the CPU engine; --json says
+    which backend ran, and the ids are --backend cpu's."""
+    from webinfer_packager.cli.main import main
+    from webinfer_packager.pack.build import pack
+
+    write_hf(tmp_path / "hf", arch="llama")
+    pkg = pack(tmp_path / "hf", tmp_path / "pkg", progress=False)
+    args = ["generate", str(pkg), "--prompt", "hello world", "--max-tokens", "5", "--temperature", "0", "--json"]
+    assert gpu.info.is_fallback  # lavapipe
+    runs, said = [], []
+    for extra in ([], ["--backend", "cpu"]):
+        assert main(args + extra) == 0
+        out = capsys.readouterr()
+        runs.append(json.loads(out.out))
+        said.append(out.err)
+    assert "--backend auto: the CPU engine (the WebGPU adapter is a fallback (software) one" in said[0], said
+    assert [r["backend"] for r in runs] == ["cpu", "cpu"], runs
+    assert runs[0]["output_ids"] == runs[1]["output_ids"] and len(runs[0]["output_ids"]) == 5, runs

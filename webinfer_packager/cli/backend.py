@@ -32,7 +32,7 @@ def reference_runner(pkg: Package, opts: EngineOptions):
 
 
 def open_llm(package, backend: str = "auto", *, options: EngineOptions | None = None, device=None,
-             limits=None, warn=sys.stderr) -> LLM:
+             limits=None, warn=None) -> LLM:
     """An LLM for `package` (path or Package) on `backend`; call it outside a running event loop."""
     pkg = open_package(package)
     opts = options or EngineOptions()
@@ -40,12 +40,18 @@ def open_llm(package, backend: str = "auto", *, options: EngineOptions | None = 
         raise WebinferError(f"unknown backend {backend!r}: one of {', '.join(BACKENDS)}")
     if backend == "auto":
         backend, device, why = auto_backend(pkg, device, draft=opts.speculative not in (None, "prompt-lookup"))
-        print(f"webinfer: --backend auto: {'the CPU engine' if backend == 'cpu' else 'the GPU'} ({why})", file=warn)
+        print(f"webinfer: --backend auto: {'the CPU engine' if backend == 'cpu' else 'the GPU'} ({why})",
+              file=warn or sys.stderr)  # (looked up now: a caller may have redirected sys.stderr since import)
     if backend == "cpu":  # the WebAssembly SIMD engine in wasmtime (webinfer/cpu)
         return asyncio.run(load(pkg, backend="cpu", options=opts, limits=limits))
     if backend == "native":
         return asyncio.run(load(pkg, backend="native", device=device, options=opts, limits=limits))
     return llm_for(pkg, reference_runner(pkg, opts), opts, limits)
+
+
+def backend_of(llm: LLM) -> str:
+    """The backend an LLM from open_llm runs on ("native", "cpu" or "reference"): what --backend auto chose."""
+    return {"CpuRunner": "cpu", "ReferenceRunner": "reference"}.get(type(llm.engine.runner).__name__, "native")
 
 
 def auto_backend(pkg: Package, device=None, draft: bool = False) -> tuple[str, object, str]:

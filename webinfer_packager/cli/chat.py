@@ -1,7 +1,8 @@
 """`webinfer chat`: an interactive chat in the terminal: a front end over LLM.chat.completions (webinfer/api.py),
 the same path as the HTTP API and the page.
 
-    webinfer chat [PACKAGE] [--max-tokens 512] [--temperature 0.7 --top-p 0.9 --seed 1] [--backend native|reference]
+    webinfer chat [PACKAGE] [--max-tokens 512] [--temperature 0.7 --top-p 0.9 --seed 1]
+                  [--backend auto|native|cpu|reference]
 
 Each turn sends the whole conversation; the engine's prefix cache finds the blocks of the earlier turns, so only
 the new text is prefilled (the stats line says how many prompt tokens came from the cache). The answer streams as

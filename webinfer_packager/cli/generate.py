@@ -1,7 +1,8 @@
 """`webinfer generate`: one prompt in, one completion out, streamed as it is generated. A thin front end over
 LLM.completions / LLM.chat.completions (webinfer/api.py), the same path as the HTTP API and the page.
 
-    webinfer generate --prompt "Once upon a time" --max-tokens 32 [--chat] [--backend native|reference] [--json]
+    webinfer generate --prompt "Once upon a time" --max-tokens 32 [--chat] [--backend auto|native|cpu|reference]
+                      [--json]
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ async def run(llm, kind: str, req: dict, out=None, echo: bool = True) -> dict:
 
 
 def cli_main(args) -> int:
-    from webinfer_packager.cli.backend import engine_options, open_llm
+    from webinfer_packager.cli.backend import backend_of, engine_options, open_llm
     from webinfer_packager.paths import resolve_package
 
     if args.max_tokens < 1:
@@ -88,7 +89,7 @@ def cli_main(args) -> int:
     res = asyncio.run(main())
     res["timings"]["load_s"] = round(load_s, 4)
     if args.json:
-        print(json.dumps({"backend": args.backend, **res}))
+        print(json.dumps({"backend": backend_of(llm), **res}))  # the one auto chose, when it was auto
     else:
         sys.stdout.write("\n")
     return 0

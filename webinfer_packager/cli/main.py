@@ -91,14 +91,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--messages", help="JSON file with a list of {role, content}")
     p.add_argument("--chat", action="store_true", help="wrap --prompt as one user message in the chat template")
     _add_sampling(p)
-    _add_backend(p, "native")
+    _add_backend(p, "auto")
     p.add_argument("--json", action="store_true", help="print prompt_ids, output_ids, text and timings as JSON")
     p.set_defaults(handler="webinfer_packager.cli.generate:cli_main")
 
     p = sub.add_parser("chat", help="interactive chat in the terminal (Ctrl-C stops an answer)")
     p.add_argument("package", nargs="?")
     _add_sampling(p)
-    _add_backend(p, "native")
+    _add_backend(p, "auto")
     p.set_defaults(handler="webinfer_packager.cli.chat:cli_main", max_tokens=512)
 
     p = sub.add_parser("eval", help="perplexity of a package on a text")
