@@ -1085,8 +1085,16 @@ static void linear_packed_any(const Weight *w, const Acts *A, float *y, u32 y_st
 // y[r, n] (+)= W x[r] (+ bias) for `rows` activation rows: GEMV for one row, 4-row GEMM tiles for more.
 // scratch: room for prepare_acts (wi_linear_scratch_bytes); prepare: see prepare_acts. Only the output columns
 // [n0, n1) are computed (a thread's share; n0 a multiple of 4, the packed layout's row group).
+// The bench's switch (wi_bench_skip_linear): every linear() returns at once, so a step's time is its remainder
+// (attention, norms, RoPE, SwiGLU, sampling), measured directly rather than as a difference that noise can make
+// negative. Never set outside the bench: the outputs are then garbage.
+static u32 skip_linear;
+
+EXPORT(wi_bench_skip_linear) void wi_bench_skip_linear(u32 on) { skip_linear = on; }
+
 static void linear(const Weight *w, const float *x, u32 x_stride, float *y, u32 y_stride, u32 rows, int accumulate,
                    int fast, u8 *scratch, int prepare, u32 n0, u32 n1) {
+    if (skip_linear) return;
     u32 kp = w->dtype == F_F32 ? w->k : w->kp;
     Acts A = {x, x_stride, (float *)scratch, 0, 0, 0, 0, 0, n0, n1};
     if (w->dtype == F_F32) fast = ACT_F32;  // in: 0 exact, 1 int8 activations, 2 int16 activations
@@ -1725,10 +1733,12 @@ EXPORT(wi_linear_part) void wi_linear_part(const Weight *w, const float *x, u32 
     linear(w, x, x_stride, y, y_stride, rows, accumulate, fast, scratch, 1, n0, n1);
 }
 
-// wi_linear `reps` times in one call: the bench times kernels without the host's per-call cost (~40 us in wasmtime-py)
+// wi_linear `reps` times in one call: the bench times kernels without the host's per-call cost (~40 us in wasmtime-py).
+// The activations are prepared once (the first rep), as a step prepares them once for q/k/v and gate/up: the
+// bench's per-matrix times are the matrices' own, and the preparation falls in the step's remainder.
 EXPORT(wi_linear_reps) void wi_linear_reps(const Weight *w, const float *x, u32 x_stride, float *y, u32 y_stride,
                                            u32 rows, u32 fast, u8 *scratch, u32 reps) {
-    for (u32 i = 0; i < reps; i++) linear(w, x, x_stride, y, y_stride, rows, 0, fast, scratch, 1, 0, w->n);
+    for (u32 i = 0; i < reps; i++) linear(w, x, x_stride, y, y_stride, rows, 0, fast, scratch, i == 0, 0, w->n);
 }
 
 // bytes of scratch wi_linear needs for `rows` rows of K = kp

@@ -23,6 +23,8 @@ def test_cpu_bench_quick_json(tmp_path, capsys):
     for mode in ("exact", "fast"):
         assert res["decode"][mode]["decode_tok_s"] > 0, res["decode"]
         assert res["threads"][mode]["2"]["decode_tok_s"] > 0, res["threads"]
+        prof = res["profile"][mode]  # the remainder is timed (matrices skipped), not a difference
+        assert 0 < prof["rest_ms"] and prof["step_ms"] > 0 and prof["matrices_alone_total_ms"] > 0, prof
         sp = res["speculative"][mode]
         assert sp["backend"] == "cpu" and sp["cpu_mode"] == mode, sp
         ran = [v for v in sp["prompts"].values() if "speedup" in v]

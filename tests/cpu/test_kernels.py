@@ -144,6 +144,24 @@ def test_packed_gemm_equals_gemv_bitwise(mem, dtype, gs, fast):
         assert not len(bad), f"{dtype} mode {fast}: {rows} rows, row {bad[0][0]} differs from its GEMV"
 
 
+def test_bench_switch_skips_linear_and_resets(mem):
+    """wi_bench_skip_linear (the step profile's remainder): while on, wi_linear leaves y untouched; off, it writes."""
+    n, k = 8, 64
+    w, _ = _weight(mem, "q4a", 32, n, k, 9, packed=True)
+    x = mem.put(np.random.default_rng(9).standard_normal((1, k)).astype(np.float32))
+    y0 = np.full((1, n), 7.0, np.float32)
+    y = mem.put(y0)
+    scratch = mem.scratch(mem.call("wi_linear_scratch_bytes", 1, k))
+    mem.call("wi_bench_skip_linear", 1)
+    try:
+        mem.call("wi_linear", w, x.off, k, y.off, n, 1, 0, 0, scratch.off)
+        assert np.array_equal(y.read(), y0)
+    finally:
+        mem.call("wi_bench_skip_linear", 0)
+    mem.call("wi_linear", w, x.off, k, y.off, n, 1, 0, 0, scratch.off)
+    assert not np.array_equal(y.read(), y0)
+
+
 @pytest.mark.parametrize("dtype,gs,packed", [("q4a", 32, False), ("q6k", 256, False), ("q5k", 256, False),
                                              ("q8", 32, False), ("q4a", 32, True), ("q4", 32, True), ("q8", 32, True)])
 @pytest.mark.parametrize("fast", [0, 1, 2])

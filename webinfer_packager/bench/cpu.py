@@ -75,10 +75,13 @@ def gemv(host, arena, desc: int, k: int, weight_bytes: int, reps: int) -> dict:
     return out
 
 
-def step_profile(runner, layer0: tuple, head_desc: int, decode: dict, reps: int) -> dict:
-    """Per mode, in CPU milliseconds: a decode step's matrices (layer 0's seven x the layer count, and the LM head;
-    each timed alone, so with warm caches), the measured step (1000 / decode tok per CPU-second) and the remainder
-    (attention, norms, RoPE, SwiGLU, sampling, the host)."""
+def step_profile(runner, layer0: tuple, head_desc: int, reps: int, rounds: int = 3) -> dict:
+    """Per mode, in CPU milliseconds of thread 0 (one thread): a decode step (runner.execute, median of 8 steps:
+    thread_step_ms), its remainder (attention, norms, RoPE, SwiGLU, sampling, the activations' preparation, the
+    host's call), timed directly as the same step with every matrix skipped (wi_bench_skip_linear), the matrices'
+    share of the step (step - remainder), and each matrix timed alone (layer 0's seven x the layer count, and the
+    LM head: warm caches, so they say how the share divides, not its size). Each figure is the median over
+    `rounds` rounds, all figures of a round timed together."""
     from webinfer.cpu.runner import MODES
 
     cfg, host, arena = runner.cfg, runner.host, runner.arena
@@ -87,18 +90,25 @@ def step_profile(runner, layer0: tuple, head_desc: int, decode: dict, reps: int)
               "gate": (layer0[8], d), "up": (layer0[9], d), "down": (layer0[10], f)}
     out = {}
     for mode in ("exact", "fast"):
+        runner.set_mode(mode)
         bits = MODES[mode]
         fast = {"q": bits & 1, "k": bits & 1, "v": bits & 1, "o": (bits >> 1) & 1, "gate": (bits >> 2) & 1,
                 "up": (bits >> 2) & 1, "down": 2 if bits & 32 else (bits >> 3) & 1}
-        ms = {name: 1e3 * cfg.num_hidden_layers * gemv_seconds(host, arena, desc, k, fast[name], reps)
-              for name, (desc, k) in shapes.items()}
-        ms["lm_head"] = 1e3 * gemv_seconds(host, arena, head_desc, d, (bits >> 4) & 1, max(1, reps // 20))
-        tok_s = decode[mode]["decode_tok_per_cpu_s"]
-        step = 1e3 / tok_s if tok_s else None
-        mats = sum(ms.values())
-        out[mode] = {"matrices_ms": {k: round(v, 3) for k, v in ms.items()}, "matrices_total_ms": round(mats, 2),
-                     "step_ms": round(step, 2) if step else None,
-                     "rest_ms": round(step - mats, 2) if step else None}
+        steps, rests, mats = [], [], {name: [] for name in [*shapes, "lm_head"]}
+        for _ in range(rounds):
+            steps.append(thread_step_ms(runner, 8)["0"])
+            host.call("wi_bench_skip_linear", 1)
+            try:
+                rests.append(thread_step_ms(runner, 8)["0"])
+            finally:
+                host.call("wi_bench_skip_linear", 0)
+            for name, (desc, k) in shapes.items():
+                mats[name].append(1e3 * cfg.num_hidden_layers * gemv_seconds(host, arena, desc, k, fast[name], reps))
+            mats["lm_head"].append(1e3 * gemv_seconds(host, arena, head_desc, d, (bits >> 4) & 1, max(1, reps // 20)))
+        step, rest = statistics.median(steps), statistics.median(rests)
+        ms = {name: round(statistics.median(v), 3) for name, v in mats.items()}
+        out[mode] = {"step_ms": round(step, 2), "rest_ms": round(rest, 2), "matrices_in_step_ms": round(step - rest, 2),
+                     "matrices_alone_ms": ms, "matrices_alone_total_ms": round(sum(ms.values()), 2)}
     host_us = _time(lambda: [host.call("wi_relaxed") for _ in range(100)], 3) / 100 * 1e6
     out["host_call_us"] = round(host_us, 1)
     return out
@@ -296,7 +306,7 @@ def run(package_path, quick: bool = False, ppl_text: str | None = None, variant:
     for mode in ("exact", "fast"):
         runner.set_mode(mode)
         res["prefill"][mode] = prefill_speed(runner, (40,) if quick else (40, 511), 1 if quick else 3)
-    res["profile"] = step_profile(runner, layer0, m[13], res["decode"], reps=20 if quick else 100)
+    res["profile"] = step_profile(runner, layer0, m[13], reps=20 if quick else 100)
     res["threads"] = threads_compare(runner, n_tok, host.variant)
     # speculative decoding (prompt lookup) per mode, one thread, against plain decoding in the same minutes
     from .speculative import bench_speculative
@@ -345,8 +355,9 @@ def cli_main(args) -> int:
         print(f"decode {mode:5s}: {v['decode_tok_s']} tok/s wall, {v['decode_tok_per_cpu_s']} per CPU-second; "
               f"first token of a 40-token prompt {v['first_token_s']} s")
         p = res["profile"][mode]
-        print(f"  step {p['step_ms']} ms: matrices {p['matrices_total_ms']} ms "
-              f"({', '.join(f'{k} {v}' for k, v in p['matrices_ms'].items())}), rest {p['rest_ms']} ms")
+        print(f"  step {p['step_ms']} ms: matrices {p['matrices_in_step_ms']} ms, rest {p['rest_ms']} ms (timed with "
+              f"the matrices skipped); matrices alone {p['matrices_alone_total_ms']} ms "
+              f"({', '.join(f'{k} {v}' for k, v in p['matrices_alone_ms'].items())})")
     t = res["threads"]
     for mode in ("exact", "fast"):
         print(f"threads {mode:5s}: 1 thread {t[mode]['1']['decode_tok_s']} tok/s, 2 threads {t[mode]['2']['decode_tok_s']}"
