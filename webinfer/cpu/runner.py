@@ -108,6 +108,8 @@ def rope_tables(head_dim: int, theta: float, scaling: dict | None, positions: in
 class CpuRunner:
     """ModelRunner over a wasm host (webinfer/cpu/wasm.py). Build with `await CpuRunner.load(host, package, ...)`."""
 
+    kind = "cpu"
+
     def __init__(self):  # use load()
         self.block_size = self.num_blocks = self.max_model_len = 0
         self.step_ms = 0.0  # wall time inside execute(), summed (the page's per-step CPU figure)

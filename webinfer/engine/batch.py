@@ -84,6 +84,7 @@ class ModelRunner(Protocol):
     max_model_len: int
     vocab_size: int       # token ids must lie in [0, vocab_size)
     max_steps: int        # longest decode block execute() takes (optional attribute; absent = 1)
+    kind: str             # what runs the model: "gpu" (WebGPU), "cpu" (the wasm engine), "reference" (numpy)
 
     async def execute(self, batch: StepBatch) -> list[int]:
         """One sampled token id per chunk with sample=True, in chunk order; for a decode block (steps = K) the

@@ -171,6 +171,8 @@ class DualLinear:
 class GPUModel:
     """ModelRunner over one device. Build with `await GPUModel.load(device, package, ...)`."""
 
+    kind = "gpu"
+
     def __init__(self):  # use load()
         self.block_size = self.num_blocks = self.max_model_len = 0
 

@@ -51,7 +51,8 @@ def open_llm(package, backend: str = "auto", *, options: EngineOptions | None = 
 
 def backend_of(llm: LLM) -> str:
     """The backend an LLM from open_llm runs on ("native", "cpu" or "reference"): what --backend auto chose."""
-    return {"CpuRunner": "cpu", "ReferenceRunner": "reference"}.get(type(llm.engine.runner).__name__, "native")
+    kind = llm.engine.runner.kind
+    return "native" if kind == "gpu" else kind
 
 
 def auto_backend(pkg: Package, device=None, draft: bool = False) -> tuple[str, object, str]:

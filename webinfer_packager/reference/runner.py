@@ -52,6 +52,8 @@ def sample(logits: np.ndarray, temperature: float, top_p: float, top_k: int, see
 
 
 class ReferenceRunner:
+    kind = "reference"
+
     def __init__(self, model: ReferenceModel, num_blocks: int = 129, block_size: int = 16,
                  max_model_len: int | None = None, in_thread: bool = True):
         c = model.cfg
