@@ -278,6 +278,40 @@ export async function writePipelineRecord(manifestSha, record) {
   } catch (e) { if (!isQuota(e)) throw e; }  // only a hint: without it the next visit compiles later, that is all
 }
 
+// ------------------------------------------------------------- the Python runtime's memory snapshot (worker.js)
+// Pyodide's start (~3.5 s on a second visit here: the interpreter's own init) and the wheels' imports, skipped
+// by restoring the wasm memory of a runtime that had done both (web/snapshot-worker.js makes it). One per site
+// version: `key` names the Pyodide build and the wheels' content-addressed folders.
+
+/** The stored snapshot for `key` (Uint8Array) or null. */
+export async function readRuntimeSnapshot(key) {
+  const cache = await openCache();
+  const res = cache && await cache.match(keyUrl("runtime", encodeURIComponent(key)));
+  if (!res) return null;
+  const bytes = new Uint8Array(await res.arrayBuffer());
+  return bytes.length === Number(res.headers.get("X-Webinfer-Length")) ? bytes : null;  // a cut write: not used
+}
+
+/** Stores the snapshot for `key` and drops other versions' (false when the storage is full). */
+export async function writeRuntimeSnapshot(key, bytes) {
+  const cache = await openCache();
+  if (!cache) return false;
+  const mine = keyUrl("runtime", encodeURIComponent(key));
+  try {
+    await cache.put(mine, new Response(bytes, { headers: { "Content-Type": "application/octet-stream",
+                                                           "X-Webinfer-Length": String(bytes.length) } }));
+  } catch (e) { if (isQuota(e)) return false; throw e; }
+  for (const req of await cache.keys()) {
+    if (req.url.startsWith(keyUrl("runtime", "")) && req.url !== mine) await cache.delete(req);
+  }
+  return true;
+}
+
+export async function deleteRuntimeSnapshot(key) {
+  const cache = await openCache();
+  if (cache) await cache.delete(keyUrl("runtime", encodeURIComponent(key)));
+}
+
 // ------------------------------------------------------------------------------------------ for the page's picker
 
 async function packageIndex(cache) {

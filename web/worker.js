@@ -18,7 +18,7 @@
 //                                            (the lazy pipelines, the bytecode cache; diagnostics and tests)
 //   {type: "stop", target}                   (no reply: that chat is aborted after its next chunk; others go on)
 // Errors: {id, type: "error", name, message, details}.
-import { readPipelineRecord, writePipelineRecord } from "./loader.js";
+import { deleteRuntimeSnapshot, readPipelineRecord, readRuntimeSnapshot, writePipelineRecord } from "./loader.js";
 
 let pyodide = null;
 let worker = null;          // the Python module webinfer.browser_worker
@@ -71,13 +71,80 @@ function syncfs(populate) {
 }
 self.webinferPersistPycache = () => syncfs(false);  // called by Python once it has written the bytecode
 
-// Pyodide, the wheels and `import webinfer.browser_worker`, started by the first message that needs them.
+// Called by Python after ready while the engine idles (browser_worker.py start_deferred): makes the runtime
+// snapshot in its own Worker unless this runtime came from one. Resolves to a JSON status.
+self.webinferMakeRuntimeSnapshot = () => new Promise((resolve) => {
+  if (timings.runtime_snapshot === "restored" || !runtimeSite) {
+    resolve(JSON.stringify({ state: timings.runtime_snapshot === "restored" ? "restored" : "off" }));
+    return;
+  }
+  const w = new Worker(new URL("./snapshot-worker.js", import.meta.url), { type: "module" });
+  w.onmessage = ({ data }) => {
+    w.terminate();
+    resolve(JSON.stringify({ state: data.ok ? "written" : "error", ...data }));
+  };
+  w.onerror = (e) => {
+    w.terminate();
+    resolve(JSON.stringify({ state: "error", error: String(e.message || e) }));
+  };
+  w.postMessage({ site: runtimeSite.site, base: runtimeSite.base, key: runtimeKey(runtimeSite.site) });
+});
+
+// Pyodide restores a snapshot into the memory its module declares (30 MiB), but the snapshot runtime grew past it
+// (the imports): grow the new instance's memory to the snapshot's heap before Pyodide takes its views. The
+// snapshot's header length is its second u32 (Pyodide 314's format; a mismatch fails the restore, which falls back).
+async function withMemoryFor(snap, start) {
+  const heap = snap.length - new Uint32Array(snap.buffer, snap.byteOffset, 2)[1];
+  const orig = { streaming: WebAssembly.instantiateStreaming, plain: WebAssembly.instantiate };
+  const grow = (result) => {
+    const mem = result?.instance?.exports?.memory;
+    if (mem instanceof WebAssembly.Memory && mem.buffer.byteLength < heap) {
+      mem.grow(Math.ceil((heap - mem.buffer.byteLength) / 65536));
+    }
+    return result;
+  };
+  WebAssembly.instantiateStreaming = async (...a) => grow(await orig.streaming.apply(WebAssembly, a));
+  WebAssembly.instantiate = async (...a) => grow(await orig.plain.apply(WebAssembly, a));
+  try {
+    return await start();
+  } finally {
+    WebAssembly.instantiateStreaming = orig.streaming;
+    WebAssembly.instantiate = orig.plain;
+  }
+}
+
+// The runtime snapshot's key: the Pyodide build and the wheels' content-addressed folders (a new site version is a
+// new key; loader.js keeps one).
+function runtimeKey(site) {
+  return [site.pyodide, ...site.wheels.map((w) => w.split("/").at(-2))].join("|");
+}
+let runtimeSite = null;  // {site, base} of the started runtime: what the snapshot Worker rebuilds
+
+// Pyodide, the wheels and `import webinfer.browser_worker`, started by the first message that needs them. A later
+// visit restores the memory snapshot an earlier one left (web/snapshot-worker.js), which skips Pyodide's start
+// and the imports; one that fails to restore is deleted and the runtime starts as on a first visit.
 function startRuntime(site, baseHref) {
   runtime ??= (async () => {
     const base = new URL(baseHref || "./", self.location.href);
+    runtimeSite = { site, base: base.href };
     const t0 = performance.now();
     const { loadPyodide } = await import(new URL(site.pyodide + "pyodide.mjs", base).href);
-    pyodide = await loadPyodide({ indexURL: new URL(site.pyodide, base).href });
+    const indexURL = new URL(site.pyodide, base).href;
+    let snap = null;
+    try { snap = await readRuntimeSnapshot(runtimeKey(site)); } catch { /* no storage: a plain start */ }
+    if (snap) {
+      try {
+        pyodide = await withMemoryFor(snap, () => loadPyodide({ indexURL, _loadSnapshot: snap }));
+        timings.runtime_snapshot = "restored";
+      } catch (e) {
+        console.warn("webinfer: the runtime snapshot did not restore:", e);
+        timings.runtime_snapshot = `failed (${e && e.message || e})`;
+        pyodide = null;
+        await deleteRuntimeSnapshot(runtimeKey(site)).catch(() => {});
+      }
+    }
+    timings.runtime_snapshot ??= "none";
+    pyodide ??= await loadPyodide({ indexURL });
     const t1 = performance.now();
     await mountPycache(site);
     const t1b = performance.now();

@@ -85,6 +85,40 @@ async def write_pycache(engine, idle) -> dict:
     return {"state": "written", "files": n, "ms": round((time.perf_counter() - t0) * 1e3, 1)}
 
 
+async def make_runtime_snapshot(idle) -> dict:
+    """Once the engine idles, the memory snapshot of a started runtime with the modules of snapshot_imports (web/
+    worker.js webinferMakeRuntimeSnapshot: its own Worker; skipped when this runtime was restored from one)."""
+    try:
+        from js import webinferMakeRuntimeSnapshot  # noqa: PLC0415 (web/worker.js)
+    except ImportError:
+        return {"state": "off"}
+    await idle()
+    try:
+        return json.loads(await webinferMakeRuntimeSnapshot())
+    except Exception as e:  # noqa: BLE001 (the next visit starts Pyodide as this one did)
+        return {"state": "error", "error": f"{type(e).__name__}: {e}"}
+
+
+def snapshot_imports() -> int:
+    """Imports what a load and a first chat import lazily, in the runtime web/snapshot-worker.js snapshots, so that a
+    visit restored from it imports nothing. Returns how many modules are loaded."""
+    import sys  # noqa: PLC0415
+
+    import jinja2  # noqa: F401, PLC0415 (webinfer/prompt.py: at the first render)
+
+    import webinfer.grammar  # noqa: F401, PLC0415 (api.py: per request with a response format)
+
+    import webinfer.chat_template  # noqa: F401, PLC0415
+    import webinfer.cpu.browser  # noqa: F401, PLC0415
+    import webinfer.cpu.runner  # noqa: F401, PLC0415
+    import webinfer.engine.gpu_model  # noqa: F401, PLC0415
+    import webinfer.engine.speculative  # noqa: F401, PLC0415
+    import webinfer.gpu.browser  # noqa: F401, PLC0415
+    import webinfer.kernels.sampling  # noqa: F401, PLC0415
+
+    return len(sys.modules)
+
+
 def open_package(manifest_text: str, files: dict[str, Any], where: str = "manifest.json") -> Package:
     try:
         manifest = json.loads(manifest_text)
@@ -208,6 +242,7 @@ class PageWorker:
                 self.deferred_stats["pycache"] = await write_pycache(engine, idle)
             except Exception as e:  # noqa: BLE001 (storage full or gone: the next visit compiles from source)
                 self.deferred_stats["pycache"] = {"state": "error", "error": f"{type(e).__name__}: {e}"}
+            self.deferred_stats["runtime_snapshot"] = await make_runtime_snapshot(idle)
             if lib is None:
                 self.deferred_stats.update(pending=0, done_after_ready_ms=(time.perf_counter() - t0) * 1e3)
                 return

@@ -20,7 +20,7 @@ browser profile (so the second and later visits read the model from the cache):
                   of an almost empty shader, submitted and awaited (N = 1 and 160, a decode step's count)
 
 Load phases print {phase, open_to_ready_ms, load_to_ready_ms, timings, background (what the worker did after
-ready: each phase waits up to 30 s for its bytecode cache, as a reader's pause would)}; with a chat (max_tokens > 0, a 40-token
+ready: each phase waits up to 60 s for its bytecode cache and runtime snapshot, as a reader's pause would)}; with a chat (max_tokens > 0, a 40-token
 prompt) also its stats (TTFT and its split `first_token`, decode tok/s, per-token split; ttft_ms is the engine's,
 from the request's arrival there; page_ttft_ms from the page's call, so it includes any wait in the worker, e.g.
 behind its background warm-up after ready), and `chat2`: a second
@@ -68,9 +68,10 @@ RUN = """async ([model, n, pipelines, wait, prompts, extra]) => {
         chat.page_ttft_ms = first == null ? null : first - s0;  // from the page's call: queueing in the worker too
         chats.push(chat);
     }
-    // a reader's pause: the work after ready (the bytecode cache for the next visit) runs while the engine idles
+    // a reader's pause: the work after ready (the bytecode cache and the runtime snapshot for the next visit) runs
+    // while the engine idles
     let background = null;
-    for (let i = 0; i < 60 && !background?.pycache; i++) {
+    for (let i = 0; i < 120 && !background?.runtime_snapshot; i++) {
         await new Promise((r) => setTimeout(r, 500));
         background = await engine.backgroundStatus();
     }

@@ -156,6 +156,48 @@ def test_bytecode_cache_across_visits(served, browser, tiny_package):
     assert states == [("empty", "written"), ("hit", "hit")], (states, logs[-5:])
 
 
+SNAPSHOT_VISIT = """async ([url, ids, n, corrupt]) => {
+    const L = await import("./loader.js");
+    const site = await (await fetch("site.json")).json();
+    const key = [site.pyodide, ...site.wheels.map((w) => w.split("/").at(-2))].join("|");  // worker.js runtimeKey
+    const w = await import("./webinfer.js");
+    const engine = await w.load(url, {backend: "cpu"});
+    const got = [];
+    for await (const c of engine.chat.completions.create({prompt_ids: ids, max_tokens: n, temperature: 0, ignore_eos: true, stream: true}))
+        got.push(...(c.choices[0].token_ids || []));
+    let bg = null;
+    for (let i = 0; i < 240 && !bg?.runtime_snapshot; i++) {  // made in its own Worker once the engine idles
+        await new Promise((r) => setTimeout(r, 500));
+        bg = await engine.backgroundStatus();
+    }
+    engine.unload();
+    const stored = await L.readRuntimeSnapshot(key);
+    if (corrupt) {  // for the next visit (the page's runtime starts at page open): the right length, a header that
+        stored.fill(7, 0, 64);  // is not Pyodide's: its restore must fail, not load
+        await L.writeRuntimeSnapshot(key, stored);
+    }
+    return {ids: got, timings: engine.info.timings, background: bg, stored: !!stored};
+}"""
+
+
+def test_runtime_snapshot_across_visits(served, browser, tiny_package):
+    """The first visit leaves a memory snapshot of a started runtime (web/snapshot-worker.js, after ready); the next
+    visit restores it instead of starting Pyodide, and a snapshot that does not restore is deleted and the runtime
+    starts as on a first visit (then writes a new one). Every visit gives the native ids."""
+    logs: list[str] = []
+    want, _ = _native_cpu_ids(tiny_package, PROMPT, N)
+    seen = []
+    for corrupt in (False, True, False):  # three visits in this test's own browser profile
+        page = _open(browser, served.url, logs)
+        r = page.evaluate(SNAPSHOT_VISIT, [_manifest(served.root), PROMPT, N, corrupt])
+        page.close()
+        assert r["ids"] == want, (r["ids"], want, logs[-5:])
+        seen.append((r["timings"]["runtime_snapshot"].split(" ")[0], r["background"]["runtime_snapshot"]["state"],
+                     r["stored"]))
+    assert seen == [("none", "written", True), ("restored", "restored", True), ("failed", "written", True)], \
+        (seen, logs[-8:])
+
+
 @pytest.mark.model
 def test_smollm2_cpu_backend_in_the_page(smollm2_package, browser, tmp_path_factory):
     """The real model on the page's CPU backend, exact and fast mode: greedy ids equal the native CPU engine's;

@@ -42,7 +42,7 @@ from webinfer.errors import IntegrityError, WebinferError
 REPO = Path(__file__).resolve().parents[2]
 PYODIDE_FILES = ("pyodide.mjs", "pyodide.asm.mjs", "pyodide.asm.wasm", "python_stdlib.zip", "pyodide-lock.json")
 STATIC_FILES = ("app.js", "errors.js", "markdown.js", "store.js", "worker.js", "loader.js", "webinfer.js", "sw.js",
-                "style.css", "wasm-thread.js")
+                "style.css", "wasm-thread.js", "snapshot-worker.js")
 DEPENDENCY_WHEELS = ("jinja2", "markupsafe")
 NPM_REGISTRY = "https://registry.npmjs.org/"
 _ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # fixed timestamps: the same sources give a byte-identical wheel
