@@ -79,14 +79,15 @@ self.webinferMakeRuntimeSnapshot = () => new Promise((resolve) => {
     return;
   }
   const w = new Worker(new URL("./snapshot-worker.js", import.meta.url), { type: "module" });
-  w.onmessage = ({ data }) => {
+  const done = (status) => {
+    clearTimeout(timer);
     w.terminate();
-    resolve(JSON.stringify({ state: data.ok ? "written" : "error", ...data }));
+    resolve(JSON.stringify(status));
   };
-  w.onerror = (e) => {
-    w.terminate();
-    resolve(JSON.stringify({ state: "error", error: String(e.message || e) }));
-  };
+  // ~5 s here; a Worker that never answers must not hold the rest of the work after ready (browser_worker.py)
+  const timer = setTimeout(() => done({ state: "error", error: "no answer in 180 s" }), 180_000);
+  w.onmessage = ({ data }) => done({ state: data.ok ? "written" : "error", ...data });
+  w.onerror = (e) => done({ state: "error", error: String(e.message || e) });
   w.postMessage({ site: runtimeSite.site, base: runtimeSite.base, key: runtimeKey(runtimeSite.site) });
 });
 
