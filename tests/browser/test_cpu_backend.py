@@ -125,38 +125,9 @@ def test_service_worker_isolates_a_static_host(served, browser, tiny_package):
     assert not [l for l in logs if l.startswith("pageerror")], logs
 
 
-PYCACHE_VISIT = """async ([url, ids, n]) => {
-    const w = await import("./webinfer.js");
-    const engine = await w.load(url, {backend: "cpu"});
-    const got = [];
-    for await (const c of engine.chat.completions.create({prompt_ids: ids, max_tokens: n, temperature: 0, ignore_eos: true, stream: true}))
-        got.push(...(c.choices[0].token_ids || []));
-    let bg = null;
-    for (let i = 0; i < 240 && !bg?.pycache; i++) {  // written once the engine has been idle (1 s), file by file
-        await new Promise((r) => setTimeout(r, 500));
-        bg = await engine.backgroundStatus();
-    }
-    engine.unload();
-    return {ids: got, timings: engine.info.timings, background: bg};
-}"""
-
-
-def test_bytecode_cache_across_visits(served, browser, tiny_package):
-    """Python's bytecode for the wheels is written to IndexedDB after the first visit's ready (while idle) and used
-    by the next visit of the same browser profile; both visits give the native ids."""
-    logs: list[str] = []
-    want, _ = _native_cpu_ids(tiny_package, PROMPT, N)
-    states = []
-    for _ in range(2):  # two visits in this test's browser profile (its own: IndexedDB starts empty)
-        page = _open(browser, served.url, logs)
-        r = page.evaluate(PYCACHE_VISIT, [_manifest(served.root), PROMPT, N])
-        page.close()
-        assert r["ids"] == want, (r["ids"], want, logs[-5:])
-        states.append((r["timings"]["pycache"], r["background"]["pycache"]["state"]))
-    assert states == [("empty", "written"), ("hit", "hit")], (states, logs[-5:])
-
-
-SNAPSHOT_VISIT = """async ([url, ids, n, corrupt]) => {
+# one visit: load, a greedy chat, then a reader's pause until the work after ready has reached `wait_for` (a key of
+# engine.backgroundStatus()); `corrupt`: damage the stored runtime snapshot for the next visit
+VISIT = """async ([url, ids, n, waitFor, corrupt]) => {
     const L = await import("./loader.js");
     const site = await (await fetch("site.json")).json();
     const key = [site.pyodide, ...site.wheels.map((w) => w.split("/").at(-2))].join("|");  // worker.js runtimeKey
@@ -166,7 +137,7 @@ SNAPSHOT_VISIT = """async ([url, ids, n, corrupt]) => {
     for await (const c of engine.chat.completions.create({prompt_ids: ids, max_tokens: n, temperature: 0, ignore_eos: true, stream: true}))
         got.push(...(c.choices[0].token_ids || []));
     let bg = null;
-    for (let i = 0; i < 240 && !bg?.runtime_snapshot; i++) {  // made in its own Worker once the engine idles
+    for (let i = 0; i < 240 && !bg?.[waitFor]; i++) {  // done once the engine has been idle (1 s)
         await new Promise((r) => setTimeout(r, 500));
         bg = await engine.backgroundStatus();
     }
@@ -180,6 +151,21 @@ SNAPSHOT_VISIT = """async ([url, ids, n, corrupt]) => {
 }"""
 
 
+def test_bytecode_cache_across_visits(served, browser, tiny_package):
+    """Python's bytecode for the wheels is written to IndexedDB after the first visit's ready (while idle) and used
+    by the next visit of the same browser profile; both visits give the native ids."""
+    logs: list[str] = []
+    want, _ = _native_cpu_ids(tiny_package, PROMPT, N)
+    states = []
+    for _ in range(2):  # two visits in this test's browser profile (its own: IndexedDB starts empty)
+        page = _open(browser, served.url, logs)
+        r = page.evaluate(VISIT, [_manifest(served.root), PROMPT, N, "pycache", False])
+        page.close()
+        assert r["ids"] == want, (r["ids"], want, logs[-5:])
+        states.append((r["timings"]["pycache"], r["background"]["pycache"]["state"]))
+    assert states == [("empty", "written"), ("hit", "hit")], (states, logs[-5:])
+
+
 def test_runtime_snapshot_across_visits(served, browser, tiny_package):
     """The first visit leaves a memory snapshot of a started runtime (web/snapshot-worker.js, after ready); the next
     visit restores it instead of starting Pyodide, and a snapshot that does not restore is deleted and the runtime
@@ -189,7 +175,7 @@ def test_runtime_snapshot_across_visits(served, browser, tiny_package):
     seen = []
     for corrupt in (False, True, False):  # three visits in this test's own browser profile
         page = _open(browser, served.url, logs)
-        r = page.evaluate(SNAPSHOT_VISIT, [_manifest(served.root), PROMPT, N, corrupt])
+        r = page.evaluate(VISIT, [_manifest(served.root), PROMPT, N, "runtime_snapshot", corrupt])
         page.close()
         assert r["ids"] == want, (r["ids"], want, logs[-5:])
         seen.append((r["timings"]["runtime_snapshot"].split(" ")[0], r["background"]["runtime_snapshot"]["state"],
