@@ -131,26 +131,30 @@ function startRuntime(site, baseHref) {
     const t0 = performance.now();
     const { loadPyodide } = await import(new URL(site.pyodide + "pyodide.mjs", base).href);
     const indexURL = new URL(site.pyodide, base).href;
-    let snap = null;
+    let snap = null, t1, t1b;
     try { snap = await readRuntimeSnapshot(runtimeKey(site)); } catch { /* no storage: a plain start */ }
-    if (snap) {
-      try {
-        pyodide = await withMemoryFor(snap, () => loadPyodide({ indexURL, _loadSnapshot: snap }));
-        timings.runtime_snapshot = "restored";
-      } catch (e) {
-        console.warn("webinfer: the runtime snapshot did not restore:", e);
-        timings.runtime_snapshot = `failed (${e && e.message || e})`;
-        pyodide = null;
-        await deleteRuntimeSnapshot(runtimeKey(site)).catch(() => {});
-      }
+    const boot = async (from) => {  // a runtime, its wheels' files and the worker module
+      pyodide = from ? await withMemoryFor(from, () => loadPyodide({ indexURL, _loadSnapshot: from }))
+                     : await loadPyodide({ indexURL });
+      t1 = performance.now();
+      await mountPycache(site);
+      t1b = performance.now();
+      await pyodide.loadPackage(site.wheels.map((w) => new URL(w, base).href));
+      worker = pyodide.pyimport("webinfer.browser_worker");
+    };
+    try {
+      await boot(snap);
+      timings.runtime_snapshot = snap ? "restored" : "none";
+    } catch (e) {
+      if (!snap) throw e;
+      // a snapshot that does not restore, or whose runtime then fails: deleted, and a plain start (the next visit
+      // writes a new one)
+      console.warn("webinfer: the runtime snapshot did not restore:", e);
+      timings.runtime_snapshot = `failed (${e && e.message || e})`;
+      pyodide = worker = null;
+      await deleteRuntimeSnapshot(runtimeKey(site)).catch(() => {});
+      await boot(null);
     }
-    timings.runtime_snapshot ??= "none";
-    pyodide ??= await loadPyodide({ indexURL });
-    const t1 = performance.now();
-    await mountPycache(site);
-    const t1b = performance.now();
-    await pyodide.loadPackage(site.wheels.map((w) => new URL(w, base).href));
-    worker = pyodide.pyimport("webinfer.browser_worker");
     const t2 = performance.now();
     Object.assign(timings, { pyodide_start_ms: t1 - t0, pycache_mount_ms: t1b - t1, wheel_install_ms: t2 - t1b,
                              runtime_ready_at_ms: t2 - T0 });
