@@ -950,6 +950,41 @@ INLINE v128_t packed_group(u32 dt, const Weight *w, u32 g, const Acts *A, u32 r,
     return wasm_f32x4_add(acc, bacc);
 }
 
+// GEMV over GEMV_STREAMS weight groups at once, far apart in memory: each group's arithmetic is packed_group's,
+// unit by unit in the same order (the same bits). Why: the weights stream from memory (a decode step reads ~100 MB)
+// and one group's loop keeps too few cache misses in flight for one core to reach its read bandwidth. Where it pays
+// (measured, SmolLM2, tok per CPU-second, docs/cpu-backend.md): the relaxed build's fast mode, light enough to wait
+// on memory (+18 %); not exact mode's three-digit dots nor the base build's int16 dots, compute-bound (0 to -4 %:
+// two streams' accumulators spill). Three or four streams were no better than two.
+#define GEMV_STREAMS 2
+INLINE int streamed(int mode) {
+#ifdef RELAXED
+    return mode == ACT_I8 || mode == ACT_I16;
+#else
+    (void)mode;
+    return 0;
+#endif
+}
+
+INLINE void packed_groups(u32 dt, const Weight *w, const u32 *gs, const Acts *A, u32 r, int mode, v128_t *out) {
+    u32 kp = w->kp, nu = kp / 32;
+    const u8 *p[GEMV_STREAMS];
+    v128_t acc[GEMV_STREAMS], bacc[GEMV_STREAMS];
+    for (int j = 0; j < GEMV_STREAMS; j++) {
+        p[j] = w->qweight + gs[j] * nu * PBLK(dt);
+        acc[j] = bacc[j] = wasm_f32x4_splat(0.0f);
+    }
+    for (u32 u = 0; u < nu; u++) {
+        v128_t is[GEMV_STREAMS], il[GEMV_STREAMS];
+        for (int j = 0; j < GEMV_STREAMS; j++) packed_unit(dt, p[j], A, r, 1, mode, kp, u, &is[j], &il[j]);
+        for (int j = 0; j < GEMV_STREAMS; j++) {
+            unit_step(dt, p[j], is[j], il[j], A, r * nu + u, mode, &acc[j], &bacc[j]);
+            p[j] += PBLK(dt);
+        }
+    }
+    for (int j = 0; j < GEMV_STREAMS; j++) out[j] = wasm_f32x4_add(acc[j], bacc[j]);
+}
+
 // gemm_unit's exact-mode row r: wb[2i], wb[2i + 1] are weight rows 0-1 and 2-3 against the activations' i-th 4
 // elements (8 i16 per 4)
 INLINE void exact_row(const v128_t *wb, const Acts *A, u32 r, u32 kp, u32 u, v128_t *is, v128_t *il) {
@@ -1050,6 +1085,32 @@ INLINE void linear_packed(u32 dt, const Weight *w, const Acts *A, float *y, u32 
     int gemm = packed_i8(dt, mode) || mode == EXACT_INT;
     for (u32 r0 = 0; r0 < rows;) {
         u32 R = !gemm ? (rows - r0 >= 4 ? 4 : 1) : rows - r0 < GEMM_ROWS ? rows - r0 : GEMM_ROWS;
+        if (R == 1 && streamed(mode)) {  // GEMV_STREAMS parts of the groups, a group of each at a time
+            u32 g0 = A->n0 / 4, g1 = (A->n1 + 3) / 4, part = (g1 - g0 + GEMV_STREAMS - 1) / GEMV_STREAMS;
+            for (u32 i = 0; i < part; i++) {
+                u32 gs[GEMV_STREAMS];
+                int all = 1, nj = GEMV_STREAMS;
+                for (int j = 0; j < GEMV_STREAMS; j++) {
+                    gs[j] = g0 + j * part + i;
+                    all &= gs[j] < g1;
+                }
+                if (all) packed_groups(dt, w, gs, A, r0, mode, out);
+                else
+                    for (int j = 0; j < GEMV_STREAMS; j++)
+                        if (gs[j] < g1) out[j] = packed_group(dt, w, gs[j], A, r0, mode);
+                        else nj = nj < j ? nj : j;
+                for (int j = 0; j < nj; j++) {
+                    wasm_v128_store(lanes, out[j]);
+                    for (u32 l = 0; l < 4 && 4 * gs[j] + l < A->n1; l++) {
+                        float v = lanes[l] + (w->bias ? w->bias[4 * gs[j] + l] : 0.0f);
+                        float *dst = y + r0 * y_stride + 4 * gs[j] + l;
+                        *dst = accumulate ? *dst + v : v;
+                    }
+                }
+            }
+            r0 += 1;
+            continue;
+        }
         for (u32 g = A->n0 / 4; g < (A->n1 + 3) / 4; g++) {
             if (R == 1) out[0] = packed_group(dt, w, g, A, r0, mode);
             else if (!gemm) packed_group4(dt, w, g, A, r0, mode, out);
