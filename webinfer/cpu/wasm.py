@@ -73,14 +73,19 @@ class WasmtimeHost:
     """The module in wasmtime (native CPython); threads=2: the threads build, thread 1 a second Python thread with
     its own Store and Instance on the same wasmtime.SharedMemory (wasm calls release the GIL: ctypes)."""
 
-    def __init__(self, variant: str = "auto", threads: int = 1):
+    def __init__(self, variant: str = "auto", threads: int = 1, module: bytes | None = None):
+        """module: a build's bytes instead of the packaged one (A/B benches: webinfer_packager.bench.cpu_ab); its
+        variant ("base" or "relaxed") and threads must be the build's."""
         import wasmtime
 
         if variant not in ("auto", "base", "relaxed"):
             raise ValueError(f"wasm variant {variant!r}: expected 'auto', 'base' or 'relaxed'")
         if threads not in (1, 2):
             raise ValueError(f"threads={threads}: expected 1 or 2")
+        if module is not None and variant == "auto":
+            raise ValueError("wasm: a module's bytes need its variant, 'base' or 'relaxed'")
         self.threads, self.reason, self.team, self._worker = threads, "", 0, None
+        self._module_bytes = module
         self._closer = None
         if variant in ("auto", "relaxed"):
             try:
@@ -114,7 +119,7 @@ class WasmtimeHost:
             cfg.shared_memory = True
         self.engine = wasmtime.Engine(cfg)
         self.store = wasmtime.Store(self.engine)
-        self.module = module = wasmtime.Module(self.engine, module_bytes(variant, shared))
+        self.module = module = wasmtime.Module(self.engine, self._module_bytes or module_bytes(variant, shared))
         if shared:  # the module's own limits (its initial size; 4 GiB max), shared
             lim = module.imports[0].type.limits
             self.memory = _shared_memory(wasmtime)(

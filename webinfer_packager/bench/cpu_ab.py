@@ -1,0 +1,167 @@
+"""Two builds of the CPU engine's module, A and B, in one process: decode speed runs alternating, and the greedy ids
+(and optionally exact mode's logits against an f64 reference) compared. How a kernel change is measured before it
+is kept: on a shared 2-core machine two runs minutes apart differ by more than most changes, alternating runs in
+one process do not.
+
+    python -m webinfer_packager.bench.cpu_ab A.wasm B.wasm [--package PKG] [--mode fast|exact] [--rounds 8]
+                                             [--tokens 48] [--variant relaxed|base] [--precision] [--json]
+
+A.wasm, B.wasm: builds of wasm/kernels.c of the same variant, one thread (e.g. `git show
+REV:webinfer/cpu/kernels-relaxed.wasm > a.wasm`, and `scripts/build-wasm.sh DIR` for a working tree's).
+    decode       tok per CPU-second of single-sequence greedy decode (webinfer_packager.bench.cpu.decode_speed), A and B
+                 alternating for --rounds rounds: medians, the B / A ratio of the medians, every run
+    same_ids     whether A and B decode the same greedy ids (a kernel change meant to keep the bits must)
+    precision    (--precision, exact mode) teacher-forced logits of a fixed chat against the numpy reference model
+                 in float32 and float64 (webinfer_packager.reference): RMS and max distance, argmax agreement
+CPU time of this process: what another job on the machine takes is not counted, what it does to memory bandwidth
+and caches is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import statistics
+import sys
+
+import numpy as np
+
+from .cpu import decode_speed
+
+# a chat in SmolLM2's tokenizer (any ids below the vocabulary work: the logits are compared, not the text)
+TEACHER_IDS = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3717, 282, 11326, 1024, 30, 2, 198, 1, 4093, 198,
+               2683, 359, 253, 1789, 282, 4234, 30, 2, 198, 1, 520, 9531, 198, 57, 5248, 338, 1303, 314, 2, 198, 1,
+               9520, 9531, 198, 504, 3767, 314, 3287, 282, 253, 4234, 30, 1373, 6548, 253, 1789]
+PROMPT_LEN = 40
+
+
+def load(package, module: bytes, variant: str, mode: str):
+    from webinfer.cpu import load_cpu_runner
+    from webinfer.cpu.wasm import WasmtimeHost
+
+    host = WasmtimeHost(variant, module=module)
+    return asyncio.run(load_cpu_runner(package, mode=mode, num_blocks=40, max_model_len=512, max_seqs=16, host=host))
+
+
+def greedy_ids(runner, n: int) -> list[int]:
+    from webinfer.engine.batch import SeqChunk, StepBatch
+
+    ids = [(7 * i + 11) % runner.vocab_size for i in range(8)]
+    table = list(range(1, -(-(len(ids) + n + 1) // runner.block_size) + 1))
+    pos, out = 0, []
+    for _ in range(n):
+        got = asyncio.run(runner.execute(StepBatch([SeqChunk(0, ids[pos:], pos, table, True)])))
+        pos = len(ids)
+        ids += got
+        out += got
+    return out
+
+
+def teacher_logits(runner, ids: list[int]) -> np.ndarray:
+    """[len(ids) - PROMPT_LEN + 1, vocab] float64: the prompt's last row, then one row per fed token."""
+    from webinfer.engine.batch import SeqChunk, StepBatch
+
+    table = list(range(1, -(-len(ids) // runner.block_size) + 2))
+    asyncio.run(runner.execute(StepBatch([SeqChunk(0, ids[:PROMPT_LEN], 0, table, True)])))
+    rows = [np.asarray(runner.logits(1)[0], np.float64)]
+    for i in range(PROMPT_LEN, len(ids)):
+        asyncio.run(runner.execute(StepBatch([SeqChunk(0, [ids[i]], i, table, True)])))
+        rows.append(np.asarray(runner.logits(1)[0], np.float64))
+    return np.stack(rows)
+
+
+def reference_logits(package, ids: list[int], dtype) -> np.ndarray:
+    from webinfer_packager.reference.model import ReferenceModel
+
+    ref = ReferenceModel.from_package(package)
+    if dtype == np.float64:
+        ref = ReferenceModel(ref.cfg, _to64(ref.w))
+    ref.reset()
+    rows = [ref.forward(ids[:PROMPT_LEN], 0)[-1]]
+    for i in range(PROMPT_LEN, len(ids)):
+        rows.append(ref.forward([ids[i]], i)[-1])
+    return np.stack(rows).astype(np.float64)
+
+
+def _to64(o):
+    if isinstance(o, np.ndarray) and o.dtype == np.float32:
+        return o.astype(np.float64)
+    if isinstance(o, list):
+        return [_to64(x) for x in o]
+    if dataclasses.is_dataclass(o):
+        return dataclasses.replace(o, **{f.name: _to64(getattr(o, f.name)) for f in dataclasses.fields(o)})
+    return o
+
+
+def distance(a: np.ndarray, b: np.ndarray) -> dict:
+    d = np.abs(a - b)
+    return {"rms": float(np.sqrt((d ** 2).mean())), "max": float(d.max()),
+            "argmax_agree": float(np.mean(a.argmax(1) == b.argmax(1)))}
+
+
+def run(a: bytes, b: bytes, package, mode: str = "fast", rounds: int = 8, tokens: int = 48,
+        variant: str = "relaxed", precision: bool = False) -> dict:
+    from webinfer.package import Package
+
+    pkg = package if isinstance(package, Package) else Package.open(package)
+    runners = {"A": load(pkg, a, variant, mode), "B": load(pkg, b, variant, mode)}
+    try:
+        runs = {k: [] for k in runners}
+        for _ in range(rounds):
+            for k, r in runners.items():
+                runs[k].append(decode_speed(r, tokens)["decode_tok_per_cpu_s"])
+        med = {k: statistics.median(v) for k, v in runs.items()}
+        res = {"package": pkg.name, "mode": mode, "variant": variant, "rounds": rounds, "tokens": tokens,
+               "decode_tok_per_cpu_s": {k: {"median": round(med[k], 2), "runs": v} for k, v in runs.items()},
+               "b_over_a": round(med["B"] / med["A"], 3) if med["A"] else None}
+        ids = {k: greedy_ids(r, 16) for k, r in runners.items()}
+        res["same_ids"] = ids["A"] == ids["B"]
+        if precision:
+            teach = [t % pkg.config.vocab_size for t in TEACHER_IDS]
+            got = {k: teacher_logits(r, teach) for k, r in runners.items()}
+            r32, r64 = reference_logits(pkg, teach, np.float32), reference_logits(pkg, teach, np.float64)
+            res["precision"] = {"rows": len(r64), "reference_f32_vs_f64": distance(r32, r64),
+                                **{f"{k}_vs_f64": distance(g, r64) for k, g in got.items()},
+                                **{f"{k}_vs_f32": distance(g, r32) for k, g in got.items()}}
+    finally:
+        for r in runners.values():
+            r.close()
+    return res
+
+
+def main(argv=None) -> int:
+    from webinfer_packager.paths import default_package_dir
+
+    ap = argparse.ArgumentParser(prog="python -m webinfer_packager.bench.cpu_ab", description=__doc__.split("\n")[0])
+    ap.add_argument("a", help="module A (.wasm)")
+    ap.add_argument("b", help="module B (.wasm)")
+    ap.add_argument("--package", default=None, help="package folder (default: the packed default model)")
+    ap.add_argument("--mode", choices=("fast", "exact"), default="fast")
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=48)
+    ap.add_argument("--variant", choices=("relaxed", "base"), default="relaxed")
+    ap.add_argument("--precision", action="store_true", help="exact mode's logits against the f32 and f64 reference")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    with open(args.a, "rb") as fa, open(args.b, "rb") as fb:
+        a, b = fa.read(), fb.read()
+    res = run(a, b, args.package or default_package_dir(), args.mode, args.rounds, args.tokens, args.variant,
+              args.precision)
+    if args.json:
+        print(json.dumps(res, indent=1))
+        return 0
+    d = res["decode_tok_per_cpu_s"]
+    print(f"{res['package']} {res['mode']} ({res['variant']}), {res['rounds']} x {res['tokens']} tokens, tok per "
+          f"CPU-second: A {d['A']['median']} B {d['B']['median']}  B/A {res['b_over_a']}  same ids: {res['same_ids']}")
+    for k in ("A", "B"):
+        print(f"  {k} runs: {d[k]['runs']}")
+    for k, v in res.get("precision", {}).items():
+        if isinstance(v, dict):
+            print(f"  logits {k}: rms {v['rms']:.3e} max {v['max']:.3e} argmax agree {v['argmax_agree']:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
