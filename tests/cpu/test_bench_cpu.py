@@ -21,8 +21,10 @@ def test_cpu_bench_quick_json(tmp_path, capsys):
     assert res["read_bw_gb_s"] > 0 and res["variant"] in ("base", "relaxed"), res
     for v in res["gemv"].values():
         assert v["exact"]["gb_s"] > 0 and v["fast"]["gb_s"] > 0, v
+    assert res["decode_read_bound"]["step_weight_mb"] > 0, res["decode_read_bound"]
     for mode in ("exact", "fast"):
         assert res["decode"][mode]["decode_tok_s"] > 0, res["decode"]
+        assert res["decode"][mode]["of_read_bound"] > 0, (res["decode"], res["decode_read_bound"])
         assert res["threads"][mode]["2"]["decode_tok_s"] > 0, res["threads"]
         prof = res["profile"][mode]  # the remainder is timed (matrices skipped), not a difference
         assert 0 < prof["rest_ms"] and prof["step_ms"] > 0 and prof["matrices_alone_total_ms"] > 0, prof

@@ -152,12 +152,15 @@ class CpuRunner:
                 comps[c] = off
             return comps
 
+        resident: dict[str, int] = {}  # the bytes of each matrix as the module reads them (packed or not)
+
         async def matrix(name: str, bias: str | None = None) -> int:
             t = package.tensors[name]
             b = (await tensor(bias))["data"] if bias else 0
             desc = arena.alloc(4 * WEIGHT_WORDS, f"{name}.desc")
             host.write(desc, weight_desc(t.dtype, t.rows, t.k, t.group_size, {"qweight": 0}, b))
             packed = host.call("wi_repack_bytes", desc)
+            resident[name] = packed or sum(t.rows * t.row_bytes(c) for c in t.components)
             if not packed:
                 host.write(desc, weight_desc(t.dtype, t.rows, t.k, t.group_size, await tensor(name), b))
                 return desc
@@ -190,6 +193,9 @@ class CpuRunner:
             vc = arena.alloc(cache_bytes, f"{p}v_cache")
             layers += struct.pack(f"<{LAYER_WORDS}I", attn_norm, ffn_norm, kc, vc, q, k, v, o, gate, up, down)
         norm = (await tensor("norm"))["data"]
+        # what one decode step reads of the weights: every matrix once, but only a row of an embedding that is
+        # not also the LM head (the bench's bandwidth bound on decode speed)
+        self.step_weight_bytes = sum(v for n, v in resident.items() if n != "embed" or cfg.tie_word_embeddings)
         layers_off = arena.put(bytes(layers), "layers")
         cos_b, sin_b = rope_tables(hd, cfg.rope_theta, cfg.rope_scaling, self.max_model_len)
         cos_t, sin_t = arena.put(cos_b, "rope.cos"), arena.put(sin_b, "rope.sin")

@@ -14,7 +14,9 @@ In one process run, so the ratios hold on a busy machine:
                  layer count, plus the LM head), against the measured step; the rest is attention, norms, RoPE,
                  sampling and the host (one wi_step call per step, its step-area write and the ids read)
     decode       tok/s of single-sequence greedy decode, exact and fast; first-token time of a 40-token prompt
-                 already in the prefix cache
+                 already in the prefix cache; beside them decode_read_bound, the most one thread could do: read_bw
+                 over the weight bytes a step reads (every matrix as the module holds it, packed or not), and each
+                 mode's per-CPU-second figure as a fraction of it
     prefill      CPU seconds to the first token of a 40- and a 511-token prompt, and prompt tok per CPU-second
     threads      the same decode on one thread and on two (the threads build), one after the other in each mode,
                  wall clock (what two threads change) with the load average around it, and the two-thread step
@@ -299,9 +301,16 @@ def run(package_path, quick: bool = False, ppl_text: str | None = None, variant:
     res["gemv"] = g
     n_tok = 16 if quick else 64
     res["decode"] = {}
+    # the limit beside decode: a step reads every matrix once (the bytes as the module holds them), so one thread
+    # decodes at most read_bw / those bytes tokens a second, with nothing else costing time
+    bound = res["read_bw_gb_s"] * 1e9 / runner.step_weight_bytes
+    res["decode_read_bound"] = {"step_weight_mb": round(runner.step_weight_bytes / 1e6, 1),
+                                "tok_s": round(bound, 1)}
     for mode in ("exact", "fast"):
         runner.set_mode(mode)
         res["decode"][mode] = decode_speed(runner, n_tok)
+        per_cpu_s = res["decode"][mode]["decode_tok_per_cpu_s"]
+        res["decode"][mode]["of_read_bound"] = round(per_cpu_s / bound, 3) if per_cpu_s else None
     res["prefill"] = {}
     for mode in ("exact", "fast"):
         runner.set_mode(mode)
@@ -351,9 +360,12 @@ def cli_main(args) -> int:
     for name, v in res["gemv"].items():
         print(f"gemv {name:34s} exact {v['exact']['ms']:8.3f} ms {v['exact']['gb_s']:6.2f} GB/s"
               f"   fast {v['fast']['ms']:8.3f} ms {v['fast']['gb_s']:6.2f} GB/s")
+    b = res["decode_read_bound"]
+    print(f"decode's read bound: {b['step_weight_mb']} MB of weights a step at {res['read_bw_gb_s']} GB/s = "
+          f"{b['tok_s']} tok/s on one thread")
     for mode, v in res["decode"].items():
-        print(f"decode {mode:5s}: {v['decode_tok_s']} tok/s wall, {v['decode_tok_per_cpu_s']} per CPU-second; "
-              f"first token of a 40-token prompt {v['first_token_s']} s")
+        print(f"decode {mode:5s}: {v['decode_tok_s']} tok/s wall, {v['decode_tok_per_cpu_s']} per CPU-second "
+              f"({v['of_read_bound']} of the read bound); first token of a 40-token prompt {v['first_token_s']} s")
         p = res["profile"][mode]
         print(f"  step {p['step_ms']} ms: matrices {p['matrices_in_step_ms']} ms, rest {p['rest_ms']} ms (timed with "
               f"the matrices skipped); matrices alone {p['matrices_alone_total_ms']} ms "
