@@ -2,8 +2,9 @@
 greedy, batch 1, on one engine loaded with speculative: "prompt-lookup"; plain runs ask for speculative_tokens: 0
 (the request extension), so both sides share the device, the pipelines and the machine's load, and alternate.
 
-Run: XDG_RUNTIME_DIR=/tmp/xdg python -m tests.browser.bench_speculative SITE_DIR [max_tokens] [reps]
-Prints one JSON object per prompt: decode tok/s of both sides (the best of the reps), steps, proposals accepted,
+Run: XDG_RUNTIME_DIR=/tmp/xdg python -m tests.browser.bench_speculative SITE_DIR [max_tokens] [reps] [LOAD_OPTIONS]
+LOAD_OPTIONS: JSON merged into load()'s options, e.g. '{"backend": "cpu", "cpuMode": "fast", "threads": 1}' (the
+default is the page's: "auto", which picks the CPU engine on SwiftShader). Prints one JSON object per prompt: decode tok/s of both sides (the best of the reps), steps, proposals accepted,
 and whether every run produced the same ids."""
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from webinfer_packager.bench.speculative import PROMPTS
 
 from .conftest import site_page
 
-LOAD = """async ([url, k]) => {
+LOAD = """async ([url, k, extra]) => {
     const w = await import("./webinfer.js");
     const t0 = performance.now();
-    window._engine = await w.load(url, {speculative: "prompt-lookup", speculativeTokens: k});
-    return performance.now() - t0;
+    window._engine = await w.load(url, {speculative: "prompt-lookup", speculativeTokens: k, ...extra});
+    const i = window._engine.info;
+    return {ms: performance.now() - t0, backend: i.backend, cpu_mode: i.cpu_mode ?? null, timings: i.timings};
 }"""
 
 RUN = """async ([messages, n, spec]) => {
@@ -30,10 +32,13 @@ RUN = """async ([messages, n, spec]) => {
 }"""
 
 
-def main(site: Path, n: int, reps: int, k: int = 4) -> None:
+def main(site: Path, n: int, reps: int, k: int = 4, extra: dict | None = None) -> None:
     with site_page(site, timeout_ms=1_800_000) as (page, url, m):
         page.goto(url + "index.html")
-        print(json.dumps({"load_ms": round(page.evaluate(LOAD, [m["manifest"], k]))}), flush=True)
+        info = page.evaluate(LOAD, [m["manifest"], k, extra or {}])
+        print(json.dumps({"load_ms": round(info["ms"]), "options": extra or {}, "backend": info["backend"],
+                          "cpu_mode": info["cpu_mode"], "threads": info["timings"].get("wasm_threads")}),
+              flush=True)
         page.evaluate(RUN, [[{"role": "user", "content": "Hi"}], 4, 0])  # warm-up
         for name, msgs in PROMPTS.items():
             runs = {"plain": [], "speculative": []}
@@ -53,4 +58,5 @@ def main(site: Path, n: int, reps: int, k: int = 4) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 64, int(sys.argv[3]) if len(sys.argv) > 3 else 1)
+    main(Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 64, int(sys.argv[3]) if len(sys.argv) > 3 else 1,
+         extra=json.loads(sys.argv[4]) if len(sys.argv) > 4 else None)
