@@ -937,21 +937,9 @@ INLINE void unit_step(u32 dt, const u8 *blk, v128_t is, v128_t il, const Acts *A
                                                      wasm_v128_load32_splat(A->xs32 + o)));
 }
 
-// GEMV: weight rows 4g .. 4g + 3 (one lane each) against activation row r
-INLINE v128_t packed_group(u32 dt, const Weight *w, u32 g, const Acts *A, u32 r, int mode) {
-    u32 kp = w->kp, nu = kp / 32;
-    const u8 *blk = w->qweight + g * nu * PBLK(dt);
-    v128_t acc = wasm_f32x4_splat(0.0f), bacc = acc;
-    for (u32 u = 0; u < nu; u++, blk += PBLK(dt)) {
-        v128_t is, il;
-        packed_unit(dt, blk, A, r, 1, mode, kp, u, &is, &il);
-        unit_step(dt, blk, is, il, A, r * nu + u, mode, &acc, &bacc);
-    }
-    return wasm_f32x4_add(acc, bacc);
-}
-
-// GEMV over GEMV_STREAMS weight groups at once, far apart in memory: each group's arithmetic is packed_group's,
-// unit by unit in the same order (the same bits). Why: the weights stream from memory (a decode step reads ~100 MB)
+// GEMV: weight rows 4g .. 4g + 3 (one lane each) of the ns (1 or GEMV_STREAMS, a constant after inlining) groups
+// gs[] against activation row r, out[j] group gs[j]'s, the groups' units interleaved; a group's arithmetic does not
+// depend on ns (the same bits). Why two streams: the weights stream from memory (a decode step reads ~100 MB)
 // and one group's loop keeps too few cache misses in flight for one core to reach its read bandwidth. Where it pays
 // (measured, SmolLM2, tok per CPU-second, docs/cpu-backend.md): the relaxed build's fast mode, light enough to wait
 // on memory (+18 %); not exact mode's three-digit dots nor the base build's int16 dots, compute-bound (0 to -4 %:
@@ -966,23 +954,24 @@ INLINE int streamed(int mode) {
 #endif
 }
 
-INLINE void packed_groups(u32 dt, const Weight *w, const u32 *gs, const Acts *A, u32 r, int mode, v128_t *out) {
+INLINE void packed_groups(u32 dt, const Weight *w, const u32 *gs, int ns, const Acts *A, u32 r, int mode,
+                          v128_t *out) {
     u32 kp = w->kp, nu = kp / 32;
     const u8 *p[GEMV_STREAMS];
     v128_t acc[GEMV_STREAMS], bacc[GEMV_STREAMS];
-    for (int j = 0; j < GEMV_STREAMS; j++) {
+    for (int j = 0; j < ns; j++) {
         p[j] = w->qweight + gs[j] * nu * PBLK(dt);
         acc[j] = bacc[j] = wasm_f32x4_splat(0.0f);
     }
     for (u32 u = 0; u < nu; u++) {
         v128_t is[GEMV_STREAMS], il[GEMV_STREAMS];
-        for (int j = 0; j < GEMV_STREAMS; j++) packed_unit(dt, p[j], A, r, 1, mode, kp, u, &is[j], &il[j]);
-        for (int j = 0; j < GEMV_STREAMS; j++) {
+        for (int j = 0; j < ns; j++) packed_unit(dt, p[j], A, r, 1, mode, kp, u, &is[j], &il[j]);
+        for (int j = 0; j < ns; j++) {
             unit_step(dt, p[j], is[j], il[j], A, r * nu + u, mode, &acc[j], &bacc[j]);
             p[j] += PBLK(dt);
         }
     }
-    for (int j = 0; j < GEMV_STREAMS; j++) out[j] = wasm_f32x4_add(acc[j], bacc[j]);
+    for (int j = 0; j < ns; j++) out[j] = wasm_f32x4_add(acc[j], bacc[j]);
 }
 
 // gemm_unit's exact-mode row r: wb[2i], wb[2i + 1] are weight rows 0-1 and 2-3 against the activations' i-th 4
@@ -1078,51 +1067,43 @@ INLINE void packed_gemm_group(u32 dt, const Weight *w, u32 g, const Acts *A, u32
 // linear_rows for a packed matrix: activation rows in GEMM tiles of up to GEMM_ROWS (relaxed int8 and exact
 // activations) or 4-row tiles (int16), a single row by the GEMV. Per tile, every weight group in turn (the tile's
 // activations stay in L1 while the weights stream).
+// y[r, 4g .. 4g + 3] (+)= v (+ bias), only the columns below n1
+INLINE void store_group(const Weight *w, const Acts *A, v128_t v, u32 g, float *yrow, int accumulate) {
+    float lanes[4] __attribute__((aligned(16)));
+    wasm_v128_store(lanes, v);
+    for (u32 i = 0; i < 4 && 4 * g + i < A->n1; i++) {
+        float x = lanes[i] + (w->bias ? w->bias[4 * g + i] : 0.0f), *dst = yrow + 4 * g + i;
+        *dst = accumulate ? *dst + x : x;
+    }
+}
+
 INLINE void linear_packed(u32 dt, const Weight *w, const Acts *A, float *y, u32 y_stride, u32 rows, int accumulate,
                           int mode) {
     v128_t out[GEMM_ROWS];
-    float lanes[4] __attribute__((aligned(16)));
     int gemm = packed_i8(dt, mode) || mode == EXACT_INT;
+    u32 g0 = A->n0 / 4, g1 = (A->n1 + 3) / 4;
     for (u32 r0 = 0; r0 < rows;) {
         u32 R = !gemm ? (rows - r0 >= 4 ? 4 : 1) : rows - r0 < GEMM_ROWS ? rows - r0 : GEMM_ROWS;
-        if (R == 1 && streamed(mode)) {  // GEMV_STREAMS parts of the groups, a group of each at a time
-            u32 g0 = A->n0 / 4, g1 = (A->n1 + 3) / 4, part = (g1 - g0 + GEMV_STREAMS - 1) / GEMV_STREAMS;
+        if (R == 1) {  // the GEMV: the groups in ns parts, a group of each at a time
+            int ns = streamed(mode) ? GEMV_STREAMS : 1;
+            u32 part = (g1 - g0 + ns - 1) / ns;
             for (u32 i = 0; i < part; i++) {
                 u32 gs[GEMV_STREAMS];
-                int all = 1, nj = GEMV_STREAMS;
-                for (int j = 0; j < GEMV_STREAMS; j++) {
-                    gs[j] = g0 + j * part + i;
-                    all &= gs[j] < g1;
-                }
-                if (all) packed_groups(dt, w, gs, A, r0, mode, out);
+                int n = 0;  // the parts that still have a group i (a prefix: the last part may be shorter)
+                for (int j = 0; j < ns; j++)
+                    if ((gs[j] = g0 + j * part + i) < g1) n++;
+                if (n == ns) packed_groups(dt, w, gs, ns, A, r0, mode, out);
                 else
-                    for (int j = 0; j < GEMV_STREAMS; j++)
-                        if (gs[j] < g1) out[j] = packed_group(dt, w, gs[j], A, r0, mode);
-                        else nj = nj < j ? nj : j;
-                for (int j = 0; j < nj; j++) {
-                    wasm_v128_store(lanes, out[j]);
-                    for (u32 l = 0; l < 4 && 4 * gs[j] + l < A->n1; l++) {
-                        float v = lanes[l] + (w->bias ? w->bias[4 * gs[j] + l] : 0.0f);
-                        float *dst = y + r0 * y_stride + 4 * gs[j] + l;
-                        *dst = accumulate ? *dst + v : v;
-                    }
-                }
+                    for (int j = 0; j < n; j++) packed_groups(dt, w, gs + j, 1, A, r0, mode, out + j);
+                for (int j = 0; j < n; j++) store_group(w, A, out[j], gs[j], y + r0 * y_stride, accumulate);
             }
             r0 += 1;
             continue;
         }
-        for (u32 g = A->n0 / 4; g < (A->n1 + 3) / 4; g++) {
-            if (R == 1) out[0] = packed_group(dt, w, g, A, r0, mode);
-            else if (!gemm) packed_group4(dt, w, g, A, r0, mode, out);
+        for (u32 g = g0; g < g1; g++) {
+            if (!gemm) packed_group4(dt, w, g, A, r0, mode, out);
             else packed_gemm_group(dt, w, g, A, r0, R, mode, out);
-            for (u32 r = 0; r < R; r++) {
-                wasm_v128_store(lanes, out[r]);
-                for (u32 i = 0; i < 4 && 4 * g + i < A->n1; i++) {
-                    float v = lanes[i] + (w->bias ? w->bias[4 * g + i] : 0.0f);
-                    float *dst = y + (r0 + r) * y_stride + 4 * g + i;
-                    *dst = accumulate ? *dst + v : v;
-                }
-            }
+            for (u32 r = 0; r < R; r++) store_group(w, A, out[r], g, y + (r0 + r) * y_stride, accumulate);
         }
         r0 += R;
     }
