@@ -231,6 +231,15 @@ class PageWorker:
             # Only once the engine has been idle: this blocks the worker's thread for ~1 s, which must not delay
             # load()'s answer (ready) nor a chat sent at once (that chat pays them itself).
             await idle()
+            warm_up = getattr(engine.runner, "warm_up", None)
+            if warm_up is not None:  # the CPU engine: the first chat then finds the kernels optimized
+                w0 = time.perf_counter()
+                try:
+                    warm_up()
+                    self.deferred_stats["kernel_warm_up_ms"] = (time.perf_counter() - w0) * 1e3
+                except Exception as e:  # noqa: BLE001 (the first chat then runs unoptimized code: slower, not wrong)
+                    self.deferred_stats["kernel_warm_up"] = f"error: {type(e).__name__}: {e}"
+                await idle()
             import webinfer.grammar  # noqa: F401, PLC0415
 
             if llm.prompter.chat_template:

@@ -19,6 +19,14 @@ browser profile (so the second and later visits read the model from the cache):
   dispatch        what a dispatch costs on this adapter without any kernel work: one pass of N dependent dispatches
                   of an almost empty shader, submitted and awaited (N = 1 and 160, a decode step's count)
 
+PHASE+S (e.g. cpu-fast+3): the same phase with its first chat S seconds after ready, a reader's pause (the work
+after ready runs then: for the CPU engine, the kernels' warm-up first).
+
+Each phase is a fresh page, but Chromium keeps the renderer process, and V8 reuses a WebAssembly module it compiled
+there before (the same bytes) with the code it has optimized since: a phase's CPU engine starts from optimized
+code when an earlier phase of the run used the same build (one Worker: the plain build; two Workers: the threads
+build), unlike a user's first visit in a new browser session. Order the phases with that in mind.
+
 Load phases print {phase, open_to_ready_ms, load_to_ready_ms, timings, background (what the worker did after
 ready: each phase waits up to 60 s for its bytecode cache and runtime snapshot, as a reader's pause would)}; with a chat (max_tokens > 0, a 40-token
 prompt) also its stats (TTFT and its split `first_token`, decode tok/s, per-token split; ttft_ms is the engine's,
@@ -50,14 +58,16 @@ PROMPT2 = "Why is the sky blue during the day?"
 
 RUN = """async ([model, n, pipelines, wait, prompts, extra]) => {
     const w = await import("./webinfer.js");
+    const {chatPauseMs, ...extraLoad} = extra;  // (chatPauseMs: not a load option)
     if (wait) {
-        await w.prepare(model, {pipelines, ...extra});
+        await w.prepare(model, {pipelines, ...extraLoad});
         await new Promise((r) => setTimeout(r, wait * 1000));
     }
     const t0 = performance.now();
-    const engine = await w.load(model.manifest, {manifestSha256: model.sha256, pipelines, ...extra});
+    const engine = await w.load(model.manifest, {manifestSha256: model.sha256, pipelines, ...extraLoad});
     const t1 = performance.now();
     const chats = [];
+    if (chatPauseMs) await new Promise((r) => setTimeout(r, chatPauseMs));
     for (const prompt of n ? prompts : []) {
         const s0 = performance.now();
         let first = null;
@@ -129,7 +139,8 @@ DISPATCH = """async () => {
 PHASES = {"cold": ("async", 0), "warm": ("off", 0), "warm-load": ("async", 0), "warm-sync": ("sync", 0),
           "warm-wait": ("async", None), "cpu-warm": ("off", 0), "cpu-warm-1": ("off", 0), "cpu-wait": ("off", None),
           "cpu-fast": ("off", 0), "cpu-fast-1": ("off", 0), "auto-cold": ("async", 0), "auto-warm": ("async", 0)}
-EXTRA = {"cpu-warm": {"backend": "cpu"}, "cpu-warm-1": {"backend": "cpu", "threads": 1},
+GPU = {"backend": "webgpu"}  # (load()'s default is "auto": the CPU engine on SwiftShader)
+EXTRA = {"cold": GPU, "warm": GPU, "warm-load": GPU, "warm-sync": GPU, "warm-wait": GPU, "cpu-warm": {"backend": "cpu"}, "cpu-warm-1": {"backend": "cpu", "threads": 1},
          "cpu-wait": {"backend": "cpu"}, "cpu-fast": {"backend": "cpu", "cpuMode": "fast"},
          "cpu-fast-1": {"backend": "cpu", "cpuMode": "fast", "threads": 1}, "auto-cold": {"backend": "auto"},
          "auto-warm": {"backend": "auto"}}
@@ -148,9 +159,10 @@ def main(site: Path, n: int, phases: list[str], wait_s: float) -> None:
             elif phase == "dispatch":
                 r = page.evaluate(DISPATCH)
             else:
-                mode, wait = PHASES[phase]
+                name, _, pause = phase.partition("+")  # PHASE+S: the first chat S seconds after ready
+                mode, wait = PHASES[name]
                 r = page.evaluate(RUN, [m, n, mode, wait_s if wait is None else wait, [PROMPT, PROMPT2],
-                                        EXTRA.get(phase, {})])
+                                        {**EXTRA.get(name, {}), "chatPauseMs": float(pause or 0) * 1e3}])
             print(json.dumps({"phase": phase, "loadavg": round(load, 2), **r}), flush=True)
 
 

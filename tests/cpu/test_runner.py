@@ -169,6 +169,30 @@ def test_decode_after_prefill_uses_the_cache(tiny_llama):
     assert first + nxt == _reference(tiny_llama, p, 2)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_warm_up_between_steps_changes_nothing(tiny_llama, threads):
+    """The page's kernel warm-up (CpuRunner.warm_up, after ready) before a request and between its steps writes
+    only the null block: every step's logits are bit for bit those of a runner without it, and the ids the
+    reference's (a warm-up writing a request's block, e.g. block 1, changes the logits)."""
+    plain, warmed = _runner(tiny_llama, threads=threads), _runner(tiny_llama, threads=threads)
+    try:
+        p, ids = [5, 17, 200, 33, 1, 9, 250, 3, 4], {}
+        for r in (plain, warmed):
+            out, logits, chunk, start = [], [], p, 0
+            for _ in range(3):  # prefill, then two decode steps
+                if r is warmed:
+                    r.warm_up()
+                out += asyncio.run(r.execute(StepBatch([SeqChunk(0, chunk, start, [1, 2], True)])))
+                logits.append(r.logits(1)[0].tobytes())
+                start, chunk = start + len(chunk), out[-1:]
+            ids[r] = out, logits
+        assert ids[warmed] == ids[plain]
+        assert ids[plain][0] == _reference(tiny_llama, p, 3)
+    finally:
+        plain.close()
+        warmed.close()
+
+
 def test_sampling_is_the_gpu_rule(tiny_llama):
     """Sampled ids: the same draw for the same (seed, index), whatever the batch; greedy when top_k=1."""
     runner = _runner(tiny_llama)

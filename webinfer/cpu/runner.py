@@ -302,6 +302,22 @@ class CpuRunner:
         finally:
             self.step_ms += (time.perf_counter() - t0) * 1e3
 
+    def warm_up(self) -> None:
+        """Run the module's hot code once, on the null block: a short prefill (the GEMM path), a decode step (the
+        GEMV path), attention and sampling. A browser compiles a module with its baseline compiler first and
+        optimizes each function only once it has run hot, in a background thread (V8's dynamic tiering): the page
+        calls this after ready, while the user reads, so that the first chat finds optimized code. Natively the
+        module is compiled once, fully, at load. Writes only the null block 0 (never in a request's block table),
+        the scratch and the step area; the engine must be idle."""
+        from ..kernels.attention import SeqStep
+
+        n = max(1, min(4, self.max_seqs, self.max_tokens, self.block_size - 1))
+        ids = [(7 + 31 * i) % self.vocab_size for i in range(n + 1)]
+        for start, chunk in ((0, ids[:n]), (n, ids[n:])):  # slot = position: block 0's
+            pos = list(range(start, start + len(chunk)))
+            seq = SeqStep(ctx_len=start + len(chunk), block_table=[0], q_row=0, n_q=len(chunk))
+            self._run(chunk, pos, pos, [seq], list(range(len(chunk))), pack([SampleRow(j) for j in range(len(chunk))]))
+
     def logits(self, n_rows: int) -> list[array]:
         """The logits rows of the last step's sampled chunks (f32 arrays; tests, evaluation)."""
         v = self.vocab_size
