@@ -173,8 +173,8 @@ class Engine {
  *          not ready; "compile": loaded of total GPU pipelines made ahead are compiled),
  *          manifestSha256 (pins the manifest; default: from site.json when the URL is one of its models),
  *          preflight (default true),
- *          backend: "webgpu" (default), "cpu" (the WebAssembly SIMD engine, no GPU needed) or "auto" (the CPU
- *          when there is no WebGPU adapter or only a fallback/software one); engine.info.backend and
+ *          backend: "auto" (default: the CPU engine when there is no WebGPU adapter or only a fallback/software
+ *          one, else WebGPU), "webgpu" or "cpu" (the WebAssembly SIMD engine, no GPU needed); engine.info.backend and
  *          engine.info.backend_reason say which was chosen and why (engine.info.cpu_mode: the CPU engine's mode),
  *          cpuMode: the CPU engine's "exact" (default; f32 precision) or "fast" (int8 activations) mode,
  *          threads: the CPU engine's Workers, 1 or 2 (default: 2 when the page is cross-origin isolated and
@@ -195,7 +195,7 @@ export async function load(manifestUrl, options = {}) {
   const cfg = await site();
   const abs = new URL(manifestUrl, document.baseURI).href;
   const model = cfg.models.find((m) => new URL(m.manifest, ROOT).href === abs) || null;
-  const backend = options.backend ?? "webgpu";
+  const backend = options.backend ?? "auto";
   let preflightMs = 0;
   if (options.preflight !== false) {
     const pf = await preflight(model);

@@ -4,8 +4,8 @@ greedy, batch 1, on one engine loaded with speculative: "prompt-lookup"; plain r
 
 Run: XDG_RUNTIME_DIR=/tmp/xdg python -m tests.browser.bench_speculative SITE_DIR [max_tokens] [reps] [LOAD_OPTIONS]
 LOAD_OPTIONS: JSON merged into load()'s options, e.g. '{"backend": "cpu", "cpuMode": "fast", "threads": 1}'; without
-it, load()'s own default backend, "webgpu" (the chat page asks for "auto", which picks the CPU engine on
-SwiftShader: '{"backend": "auto"}'). Prints the engine chosen, then one JSON object per prompt: decode tok/s of both
+it, load()'s own default backend, "auto" (the CPU engine on SwiftShader, a fallback adapter; the WebGPU path:
+'{"backend": "webgpu"}'). Prints the engine chosen, then one JSON object per prompt: decode tok/s of both
 sides (the best of the reps), steps, proposals accepted, and whether every run produced the same ids."""
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ TOOL_N = {"messages": [{"role": "user", "content": "weather?"}], "max_tokens": 4
 
 RUN = """async ([url, reqs]) => {
     const w = await import("./webinfer.js");
-    const engine = await w.load(url);
+    const engine = await w.load(url, {backend: "webgpu"});
     const out = [];
     for (const r of reqs) out.push(await engine.chat.completions.create(r));
     const calls = {};

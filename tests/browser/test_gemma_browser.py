@@ -30,7 +30,7 @@ N = 24
 RUN = """async ([url, requests, n]) => {
     const w = await import("./webinfer.js");
     const t0 = performance.now();
-    const engine = await w.load(url);
+    const engine = await w.load(url, {backend: "webgpu"});
     const loadMs = performance.now() - t0;
     const runs = [];
     for (const req of requests) {

@@ -48,7 +48,7 @@ def test_smollm2_greedy_ids_equal_native(smol_site, browser, smollm2_package):
     m = json.loads((smol_site.root / "site.json").read_text())["models"][0]
     r = page.evaluate("""async ([url, messages, n]) => {
         const w = await import("./webinfer.js");
-        const engine = await w.load(url);
+        const engine = await w.load(url, {backend: "webgpu"});
         const ids = []; let text = "";
         for await (const c of engine.chat.completions.create({messages, max_tokens: n, temperature: 0, stream: true})) {
             ids.push(...(c.choices[0].token_ids || [])); text += c.choices[0].delta.content || "";
