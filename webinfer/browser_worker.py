@@ -284,14 +284,15 @@ class PageWorker:
             self.cpu_host.close()  # the old CPU engine's second Worker, if any
             self.cpu_host = None
         if self.backend == "cpu":
-            from .cpu.browser import js_host  # noqa: PLC0415
+            from .cpu.browser import js_host, warm_kernels  # noqa: PLC0415
 
             t0 = time.perf_counter()
             host = self.cpu_host = await js_host(threads=self.cpu_threads)
+            warm_ms = warm_kernels(host)  # (the rest of the step's code: CpuRunner.warm_up after ready)
             runner = await load_cpu_runner(self.package, self.options, host=host)
             self.llm = llm_for(self.package, runner, self.options)
             self.build_timings = {"engine_build_ms": (time.perf_counter() - t0) * 1e3, "wasm_variant": host.variant,
-                                  "wasm_threads": host.threads, "wasm_reason": host.reason,
+                                  "wasm_threads": host.threads, "wasm_reason": host.reason, "wasm_warm_ms": warm_ms,
                                   "wasm_memory_bytes": runner.memory_bytes}
             return
         dev = await self.get_device()

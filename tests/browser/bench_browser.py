@@ -39,7 +39,7 @@ ahead_* (device and pipelines made before Python: issued and all compiled at, fr
 ahead_compile_wait_ms: the build waiting for them),
 handover_ms, backend_choice_ms ("auto": the adapter check, and on a real adapter the GEMV timing), engine_build_ms (gpu_upload_ms, pipeline_create_ms, gpu_drain_ms: waiting for the GPU process),
 pipelines / pipelines_made_ahead / pipelines_deferred (left to compile after ready), tokenizer_ms,
-readback_latency_ms (an empty read-back), ready_at_ms (from the worker's start).
+readback_latency_ms (an empty read-back), wasm_warm_ms (the CPU engine's start-up warm-up), ready_at_ms (from the worker's start).
 
 Run: XDG_RUNTIME_DIR=/tmp/xdg python -m tests.browser.bench_browser SITE_DIR [max_tokens] [phase,...] [wait_s]
 """

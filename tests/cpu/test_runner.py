@@ -193,6 +193,29 @@ def test_warm_up_between_steps_changes_nothing(tiny_llama, threads):
         warmed.close()
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_start_up_warm_up_leaves_the_memory_to_the_runner(tiny_qwen, threads):
+    """The page's start-up warm-up (webinfer/cpu/browser.py warm_kernels: a q4a matrix and its GEMVs in the memory
+    the runner then places its model in) leaves nothing the runner reads: its ids are the reference's and its
+    logits bit for bit a fresh host's."""
+    from tests.gpu_fixtures import generate_ids
+    from webinfer.cpu import WasmtimeHost, load_cpu_runner
+    from webinfer.cpu.browser import warm_kernels
+
+    host = WasmtimeHost("auto", threads=threads)
+    assert warm_kernels(host) > 0 and any(host.read(host.heap_base, 4096))  # (where the runner places its model)
+    kw = {"num_blocks": 24, "block_size": 8, "max_batch_tokens": 16, "max_seqs": 4}
+    warmed = asyncio.run(load_cpu_runner(tiny_qwen, host=host, **kw))
+    fresh = _runner(tiny_qwen, threads=threads)
+    try:
+        for prompt in PROMPTS[:2]:
+            assert generate_ids(tiny_qwen, prompt, 8, runner=warmed) == _reference(tiny_qwen, prompt, 8)
+        _assert_same_logits(fresh, warmed, [[5, 17, 200, 33, 1], [42]])
+    finally:
+        warmed.close()
+        fresh.close()
+
+
 def test_sampling_is_the_gpu_rule(tiny_llama):
     """Sampled ids: the same draw for the same (seed, index), whatever the batch; greedy when top_k=1."""
     runner = _runner(tiny_llama)

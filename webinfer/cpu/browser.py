@@ -85,6 +85,35 @@ def _random_q4a(n: int, k: int) -> dict[str, bytes]:
             "scales": b"\x1f\x21" * units, "mins": b"\x1f\xad" * units}
 
 
+def _wasm_q4a(host, n: int, k: int):
+    """A q4a [n, k] matrix (_random_q4a) in a throwaway arena of `host`'s memory, in the runner's packed layout, with
+    an activation row: (desc, x, y, scratch for `n` rows, arena). The runner's own arena reuses that memory."""
+    from .runner import Arena, repack, weight_desc  # noqa: PLC0415
+
+    comps = _random_q4a(n, k)
+    arena = Arena(host)
+    offs = {c: arena.put(b, f"start-up {c}") for c, b in comps.items()}
+    desc = arena.put(weight_desc("q4a", n, k, 32, offs), "start-up desc")
+    repack(host, arena, desc, "start-up weight")  # the layout the runner's GEMVs read
+    x = struct.pack(f"<{k}f", *(((i * 7) % 13 - 6) / 8 for i in range(k)))
+    xo, yo = arena.put(x * 16, "start-up x"), arena.alloc(4 * n * 16, "start-up y")
+    scratch = arena.alloc(host.call("wi_linear_scratch_bytes", 16, k), "start-up scratch")
+    return desc, xo, yo, scratch, comps
+
+
+def warm_kernels(host, n: int = 256, k: int = 1024) -> float:
+    """Runs the module's matrix code on a small q4a matrix (GEMVs and a 16-row GEMM, both modes) before the model's
+    weights are placed; returns the ms it took. The browser compiles the module with its baseline compiler and
+    optimizes a function only once it has run hot, in a background thread: this starts that for the largest one
+    (every format's loops) while the load copies the weights, so that a first chat sent at ready finds it
+    optimized (docs/cpu-backend.md). The throwaway memory is the runner's to reuse."""
+    t0 = time.perf_counter()
+    desc, xo, yo, scratch, _ = _wasm_q4a(host, n, k)
+    for fast, rows, reps in ((1, 1, 8), (0, 1, 4), (1, 16, 1), (0, 16, 1)):
+        host.call("wi_linear_reps", desc, xo, k, yo, n, rows, fast, scratch, reps)
+    return (time.perf_counter() - t0) * 1e3
+
+
 async def time_backends(dev, host, n: int, k: int, reps: int = 8) -> tuple[float, float]:
     """(GPU ms, CPU ms) per GEMV of a q4a [n, k] matrix (one activation row): the GPU's Linear kernel
     (webinfer/kernels/linear.py) with its pipeline built before timing, and the wasm module's fast-mode GEMV
@@ -92,18 +121,10 @@ async def time_backends(dev, host, n: int, k: int, reps: int = 8) -> tuple[float
     from ..gpu.device import COPY_DST, COPY_SRC, STORAGE, BufferBinding  # noqa: PLC0415
     from ..kernels.library import KernelLibrary  # noqa: PLC0415
     from ..kernels.linear import Linear, LinearIO, QuantWeight, WeightPart, pack_meta  # noqa: PLC0415
-    from .runner import Arena, repack, weight_desc  # noqa: PLC0415
-
     k = -(-k // 32) * 32
-    comps = _random_q4a(n, k)
-    x = struct.pack(f"<{k}f", *(((i * 7) % 13 - 6) / 8 for i in range(k)))
     # CPU: the weight in a throwaway arena of this host's memory
-    arena = Arena(host)
-    offs = {c: arena.put(b, f"start-up {c}") for c, b in comps.items()}
-    desc = arena.put(weight_desc("q4a", n, k, 32, offs), "start-up desc")
-    repack(host, arena, desc, "start-up weight")  # the layout the runner's GEMVs read
-    xo, yo = arena.put(x, "start-up x"), arena.alloc(4 * n, "start-up y")
-    scratch = arena.alloc(host.call("wi_linear_scratch_bytes", 1, k), "start-up scratch")
+    desc, xo, yo, scratch, comps = _wasm_q4a(host, n, k)
+    x = struct.pack(f"<{k}f", *(((i * 7) % 13 - 6) / 8 for i in range(k)))
     host.call("wi_linear_reps", desc, xo, k, yo, n, 1, 1, scratch, 1)
     t0 = time.perf_counter()
     host.call("wi_linear_reps", desc, xo, k, yo, n, 1, 1, scratch, reps)
