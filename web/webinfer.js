@@ -174,8 +174,9 @@ class Engine {
  *          manifestSha256 (pins the manifest; default: from site.json when the URL is one of its models),
  *          preflight (default true),
  *          backend: "auto" (default: the CPU engine when there is no WebGPU adapter or only a fallback/software
- *          one, else WebGPU), "webgpu" or "cpu" (the WebAssembly SIMD engine, no GPU needed); engine.info.backend and
- *          engine.info.backend_reason say which was chosen and why (engine.info.cpu_mode: the CPU engine's mode),
+ *          one, else WebGPU), "webgpu" or "cpu" (the WebAssembly SIMD engine, no GPU needed);
+ *          engine.info.backend and engine.info.backend_reason say which was chosen and why (engine.info.cpu_mode:
+ *          the CPU engine's mode),
  *          cpuMode: the CPU engine's "exact" (default; f32 precision) or "fast" (int8 activations) mode,
  *          threads: the CPU engine's Workers, 1 or 2 (default: 2 when the page is cross-origin isolated and
  *          navigator.hardwareConcurrency >= 2; the same output); engine.info.timings.wasm_threads / wasm_reason

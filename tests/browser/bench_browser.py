@@ -39,7 +39,8 @@ ahead_* (device and pipelines made before Python: issued and all compiled at, fr
 ahead_compile_wait_ms: the build waiting for them),
 handover_ms, backend_choice_ms ("auto": the adapter check, and on a real adapter the GEMV timing), engine_build_ms (gpu_upload_ms, pipeline_create_ms, gpu_drain_ms: waiting for the GPU process),
 pipelines / pipelines_made_ahead / pipelines_deferred (left to compile after ready), tokenizer_ms,
-readback_latency_ms (an empty read-back), wasm_warm_ms (the CPU engine's start-up warm-up), ready_at_ms (from the worker's start).
+readback_latency_ms (an empty read-back), wasm_warm_ms (the CPU engine's start-up warm-up), ready_at_ms (from the
+worker's start).
 
 Run: XDG_RUNTIME_DIR=/tmp/xdg python -m tests.browser.bench_browser SITE_DIR [max_tokens] [phase,...] [wait_s]
 """
@@ -140,7 +141,8 @@ PHASES = {"cold": ("async", 0), "warm": ("off", 0), "warm-load": ("async", 0), "
           "warm-wait": ("async", None), "cpu-warm": ("off", 0), "cpu-warm-1": ("off", 0), "cpu-wait": ("off", None),
           "cpu-fast": ("off", 0), "cpu-fast-1": ("off", 0), "auto-cold": ("async", 0), "auto-warm": ("async", 0)}
 GPU = {"backend": "webgpu"}  # (load()'s default is "auto": the CPU engine on SwiftShader)
-EXTRA = {"cold": GPU, "warm": GPU, "warm-load": GPU, "warm-sync": GPU, "warm-wait": GPU, "cpu-warm": {"backend": "cpu"}, "cpu-warm-1": {"backend": "cpu", "threads": 1},
+EXTRA = {"cold": GPU, "warm": GPU, "warm-load": GPU, "warm-sync": GPU, "warm-wait": GPU,
+         "cpu-warm": {"backend": "cpu"}, "cpu-warm-1": {"backend": "cpu", "threads": 1},
          "cpu-wait": {"backend": "cpu"}, "cpu-fast": {"backend": "cpu", "cpuMode": "fast"},
          "cpu-fast-1": {"backend": "cpu", "cpuMode": "fast", "threads": 1}, "auto-cold": {"backend": "auto"},
          "auto-warm": {"backend": "auto"}}

@@ -99,7 +99,8 @@ def test_tiny_model_matches_native_and_works_offline(served, browser, tiny_packa
 # together they must take fewer engine steps than one after the other (they really were batched).
 CONCURRENT = """async ([url, a, b]) => {
     const w = await import("./webinfer.js");
-    const engine = await w.load(url, {backend: "webgpu", decodeBlock: 2});  // blocks short enough to stop a stream midway
+    // blocks short enough to stop a stream midway
+    const engine = await w.load(url, {backend: "webgpu", decodeBlock: 2});
     const events = [];
     async function run(tag, req, stopAfter = 0) {
         const ids = [], ids_seen = new Set(); let finish = null, k = 0, id = null;

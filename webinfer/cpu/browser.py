@@ -86,8 +86,9 @@ def _random_q4a(n: int, k: int) -> dict[str, bytes]:
 
 
 def _wasm_q4a(host, n: int, k: int):
-    """A q4a [n, k] matrix (_random_q4a) in a throwaway arena of `host`'s memory, in the runner's packed layout, with
-    an activation row: (desc, x, y, scratch for `n` rows, arena). The runner's own arena reuses that memory."""
+    """A q4a [n, k] matrix (_random_q4a) in a throwaway arena of `host`'s memory, in the runner's packed layout, and
+    16 activation rows: (desc, x offset, y offset, scratch offset, the components, one activation row's bytes). The
+    runner's own arena reuses that memory."""
     from .runner import Arena, repack, weight_desc  # noqa: PLC0415
 
     comps = _random_q4a(n, k)
@@ -98,7 +99,7 @@ def _wasm_q4a(host, n: int, k: int):
     x = struct.pack(f"<{k}f", *(((i * 7) % 13 - 6) / 8 for i in range(k)))
     xo, yo = arena.put(x * 16, "start-up x"), arena.alloc(4 * n * 16, "start-up y")
     scratch = arena.alloc(host.call("wi_linear_scratch_bytes", 16, k), "start-up scratch")
-    return desc, xo, yo, scratch, comps
+    return desc, xo, yo, scratch, comps, x
 
 
 def warm_kernels(host, n: int = 256, k: int = 1024) -> float:
@@ -108,7 +109,7 @@ def warm_kernels(host, n: int = 256, k: int = 1024) -> float:
     (every format's loops) while the load copies the weights, so that a first chat sent at ready finds it
     optimized (docs/cpu-backend.md). The throwaway memory is the runner's to reuse."""
     t0 = time.perf_counter()
-    desc, xo, yo, scratch, _ = _wasm_q4a(host, n, k)
+    desc, xo, yo, scratch, _, _ = _wasm_q4a(host, n, k)
     for fast, rows, reps in ((1, 1, 8), (0, 1, 4), (1, 16, 1), (0, 16, 1)):
         host.call("wi_linear_reps", desc, xo, k, yo, n, rows, fast, scratch, reps)
     return (time.perf_counter() - t0) * 1e3
@@ -121,10 +122,10 @@ async def time_backends(dev, host, n: int, k: int, reps: int = 8) -> tuple[float
     from ..gpu.device import COPY_DST, COPY_SRC, STORAGE, BufferBinding  # noqa: PLC0415
     from ..kernels.library import KernelLibrary  # noqa: PLC0415
     from ..kernels.linear import Linear, LinearIO, QuantWeight, WeightPart, pack_meta  # noqa: PLC0415
+
     k = -(-k // 32) * 32
     # CPU: the weight in a throwaway arena of this host's memory
-    desc, xo, yo, scratch, comps = _wasm_q4a(host, n, k)
-    x = struct.pack(f"<{k}f", *(((i * 7) % 13 - 6) / 8 for i in range(k)))
+    desc, xo, yo, scratch, comps, x = _wasm_q4a(host, n, k)
     host.call("wi_linear_reps", desc, xo, k, yo, n, 1, 1, scratch, 1)
     t0 = time.perf_counter()
     host.call("wi_linear_reps", desc, xo, k, yo, n, 1, 1, scratch, reps)
