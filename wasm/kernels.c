@@ -1064,9 +1064,6 @@ INLINE void packed_gemm_group(u32 dt, const Weight *w, u32 g, const Acts *A, u32
     for (u32 r = 0; r < R; r++) out[r] = wasm_f32x4_add(out[r], bacc[r]);
 }
 
-// linear_rows for a packed matrix: activation rows in GEMM tiles of up to GEMM_ROWS (relaxed int8 and exact
-// activations) or 4-row tiles (int16), a single row by the GEMV. Per tile, every weight group in turn (the tile's
-// activations stay in L1 while the weights stream).
 // y[r, 4g .. 4g + 3] (+)= v (+ bias), only the columns below n1
 INLINE void store_group(const Weight *w, const Acts *A, v128_t v, u32 g, float *yrow, int accumulate) {
     float lanes[4] __attribute__((aligned(16)));
@@ -1077,6 +1074,9 @@ INLINE void store_group(const Weight *w, const Acts *A, v128_t v, u32 g, float *
     }
 }
 
+// linear_rows for a packed matrix: activation rows in GEMM tiles of up to GEMM_ROWS (relaxed int8 and exact
+// activations) or 4-row tiles (int16), a single row by the GEMV. Per tile, every weight group in turn (the tile's
+// activations stay in L1 while the weights stream).
 INLINE void linear_packed(u32 dt, const Weight *w, const Acts *A, float *y, u32 y_stride, u32 rows, int accumulate,
                           int mode) {
     v128_t out[GEMM_ROWS];
