@@ -74,3 +74,20 @@ def test_bench_table(tiny_package, capsys):
     assert main(["bench", str(tiny_package), "--quick", "--skip-hf", "--skip-serving"]) == 0
     text = capsys.readouterr().out
     assert "copy" in text and "gemv q4" in text and "decode step" in text and "first token" in text
+
+
+@pytest.mark.oracle
+def test_hf_peer_runs_the_folder_the_package_was_packed_from(tiny_package):
+    """bench_hf(..., hf_folder): the peer for a package packed from an HF folder (the real-GPU run's synthetic
+    model, scripts/device_bench.py), here on the CPU in f32; without the folder such a package has no peer."""
+    import torch
+
+    from webinfer.package import Package
+    from webinfer_packager.bench.run import bench_hf
+
+    pkg = Package.open(tiny_package)
+    assert bench_hf(pkg, 4)["decode_tok_s"] is None  # not the default GGUF: says why instead
+    res = bench_hf(pkg, 4, hf_folder=tiny_package.parent / "hf")
+    assert res["decode_tok_s"] > 0
+    assert (res["device"], res["dtype"]) == (("cpu", "float32") if not torch.cuda.is_available() else
+                                             (torch.cuda.get_device_name(0), "bfloat16"))

@@ -23,7 +23,8 @@ of one decode step) and with the wall clock where the host is involved (a decode
     ttft_40              a 40-token prompt to its first token (median), and over the decode step's wall time
                          (issue 12's target: <= 3 step times)
     decode_tok_s         DECODE_LEN tokens (128; 8 with --quick), greedy, one sequence
-    hf_transformers      the same model through HF transformers on this CPU (model.generate, greedy): decode tok/s
+    hf_transformers      the same model through HF transformers (model.generate, greedy; on CUDA in bf16 where torch
+                         has a GPU, else on this CPU in f32): decode tok/s
                          and ratio = ours / theirs; null with a reason when skipped or not possible
 
 Numbers are medians over a few repetitions (`quick` uses fewer); lavapipe on a shared 2-core box is noisy.
@@ -225,6 +226,10 @@ def bench_model(dev, package, prompt_len: int, decode_len: int, reps: int) -> di
     block = llm.engine.decode_block
     llm.engine.decode_block_ms = 0  # blocks of exactly `block` steps, however long a step is here
     rates: dict[int, list[float]] = {block: [], 1: []}
+    for k in rates:  # untimed: the pipelines compiled at first use (lazy ones, the block's id copy) and warm caches
+        llm.engine.decode_block = k
+        asyncio.run(llm.completions.create(prompt=prompt[:16], max_tokens=min(decode_len, block + 2), temperature=0,
+                                           ignore_eos=True))
     for _ in range(max(1, reps // 2)):
         for k in rates:
             llm.engine.decode_block = k
@@ -306,37 +311,50 @@ def _kind(label: str) -> str:
     return ".".join(parts) or label or "?"
 
 
-def bench_hf(package, decode_len: int) -> dict:
-    """Greedy decode tok/s of HF transformers' model.generate on this CPU for the package's GGUF source."""
+def bench_hf(package, decode_len: int, hf_folder=None) -> dict:
+    """Greedy decode tok/s of HF transformers' model.generate for the package's source: the default GGUF, or
+    `hf_folder` (the HF folder the package was packed from). On CUDA when torch has a GPU (bf16: the peer on a real
+    GPU's machine), else on this CPU (f32)."""
     from webinfer_packager.paths import default_gguf_path
 
-    src = package.manifest.get("source", {}) if hasattr(package, "manifest") else {}
-    gguf = default_gguf_path()
-    if src.get("kind") != "gguf" or src.get("name") != gguf.name:
-        return {"decode_tok_s": None, "reason": f"only the default GGUF source can be loaded by transformers here "
-                                                f"(package source: {src})"}
     import torch
     from transformers import AutoModelForCausalLM
 
+    cuda = torch.cuda.is_available()
+    dtype = torch.bfloat16 if cuda else torch.float32
+    if hf_folder is not None:
+        where, kw = str(hf_folder), {}
+    else:
+        src = package.manifest.get("source", {}) if hasattr(package, "manifest") else {}
+        gguf = default_gguf_path()
+        if src.get("kind") != "gguf" or src.get("name") != gguf.name:
+            return {"decode_tok_s": None, "reason": f"only the default GGUF source can be loaded by transformers "
+                                                    f"here (package source: {src})"}
+        where, kw = str(gguf.parent), {"gguf_file": gguf.name}
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(where, local_files_only=True, dtype=dtype, **kw)
     model.eval()
-    ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]])
+    if cuda:
+        model = model.to("cuda")
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]], device=model.device)
 
     def run(n):
         t = time.perf_counter()
         with torch.no_grad():
             model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+        if cuda:
+            torch.cuda.synchronize()
         return time.perf_counter() - t
 
     run(2)  # warm-up
     t1, tn = run(1), run(decode_len)
     return {"decode_tok_s": round((decode_len - 1) / max(tn - t1, 1e-9), 2), "path": "model.generate (greedy)",
+            "device": torch.cuda.get_device_name(0) if cuda else "cpu", "dtype": str(dtype).replace("torch.", ""),
             "torch_threads": torch.get_num_threads()}
 
 
 def run_bench(package_path, *, quick: bool = False, skip_hf: bool = False, skip_serving: bool = False,
-              device=None) -> dict:
+              device=None, hf_folder=None) -> dict:
     from webinfer.gpu.native import request_device_sync
     from webinfer.formats import QUANT_DTYPES
     from webinfer.kernels.library import KernelLibrary
@@ -365,7 +383,7 @@ def run_bench(package_path, *, quick: bool = False, skip_hf: bool = False, skip_
         res["hf_transformers"] = {"decode_tok_s": None, "reason": "skipped (--skip-hf)"}
     else:
         try:
-            res["hf_transformers"] = bench_hf(pkg, 16 if quick else 64)
+            res["hf_transformers"] = bench_hf(pkg, 16 if quick else 64, hf_folder)
         except Exception as e:  # the comparison must never sink the benchmark
             res["hf_transformers"] = {"decode_tok_s": None, "reason": f"{type(e).__name__}: {e}"}
     hf = res["hf_transformers"].get("decode_tok_s")
