@@ -93,9 +93,14 @@ def request_device_sync(*, limits: str = "browser", timestamps: bool = False) ->
     except Exception as e:
         raise GPUError(f"requestDevice failed: {e}") from e
     info = adapter.info
-    sg_size = int(info.get("subgroup_min_size", 0) or 0) if sub else 0
-    if sub and not sg_size:
-        sg_size = 8 if "llvmpipe" in str(info.get("device", "")) else 4
+    # the smallest subgroup the adapter runs (wgpu-py 0.32 names it stackgroup_min_size), as a browser reports
+    # subgroupMinSize: the kernels need at least SG_SIZE lanes (their SG_SIZE 4 path runs on any size). llvmpipe
+    # reports 4 but runs its 8 invocations of a SIMD batch as one subgroup: 8 there, as CI has always measured.
+    sg_size = int(info.get("subgroup_min_size") or info.get("stackgroup_min_size") or 0) if sub else 0
+    if sub and "llvmpipe" in str(info.get("device", "")):
+        sg_size = 8
+    elif sub and not sg_size:
+        sg_size = 4
     caps = Capabilities(
         f16=f16,
         subgroups=sub,
