@@ -1,6 +1,8 @@
-"""The GPU-resident decode loop (decode blocks: K steps per read-back, sampled ids fed back on the GPU) gives the
-same tokens as one step at a time, on the native GPU engine: greedy and seeded sampling, logit_bias, requests that
-finish inside a block (max_tokens, stop strings) beside ones that go on, and requests arriving mid-run.
+"""Decode blocks give the same tokens as one step at a time: greedy and seeded sampling, logit_bias, penalties and
+logprobs, requests that finish inside a block (max_tokens, stop strings) beside ones that go on, and requests
+arriving mid-run. On the native GPU engine a block is the GPU-resident decode loop (K steps per read-back, sampled
+ids fed back on the GPU); on the CPU engine (wasmtime) K plain steps in one execute() (the engine's work between
+steps saved).
 
 Run: python -m pytest tests/test_decode_block.py -q
 """
@@ -11,24 +13,27 @@ import asyncio
 
 import pytest
 
-pytestmark = [pytest.mark.gpu]
-
 REQS = [
     {"prompt": "The quick brown fox", "max_tokens": 21, "temperature": 0},
     {"prompt": "Once upon a time", "max_tokens": 9, "temperature": 0.8, "seed": 3},          # ends inside a block
     {"prompt": "A", "max_tokens": 30, "temperature": 1.0, "seed": 11, "top_k": 20, "top_p": 0.9},
     {"prompt": "Numbers: 1 2 3", "max_tokens": 17, "temperature": 0, "logit_bias": {"5": 3.0, "17": -100}},
+    {"prompt": "the the the", "max_tokens": 19, "temperature": 0, "frequency_penalty": 0.8, "presence_penalty": 0.4,
+     "logprobs": 3},
 ]
 
 
-@pytest.fixture(scope="module")
-def llms(tiny_llama, gpu):
+@pytest.fixture(scope="module", params=[pytest.param("native", marks=pytest.mark.gpu), "cpu"])
+def llms(request, tiny_llama):
     from webinfer.factory import EngineOptions
     from webinfer_packager.cli.backend import open_llm
 
+    backend = request.param
+    device = request.getfixturevalue("gpu") if backend == "native" else None
     opts = dict(context_tokens=512, max_seqs=4)
-    return (open_llm(tiny_llama, "native", device=gpu, options=EngineOptions(**opts, decode_block=1)),
-            open_llm(tiny_llama, "native", device=gpu, options=EngineOptions(**opts, decode_block=8, decode_block_ms=0)))
+    return (open_llm(tiny_llama, backend, device=device, options=EngineOptions(**opts, decode_block=1)),
+            open_llm(tiny_llama, backend, device=device,
+                     options=EngineOptions(**opts, decode_block=8, decode_block_ms=0)))
 
 
 def _run(llm, reqs, stagger: float = 0.0):
@@ -45,6 +50,10 @@ def _ids(resp):
     return [c["token_ids"] for c in resp["choices"]]
 
 
+def _logprobs(resp):
+    return [c["logprobs"] for c in resp["choices"]]
+
+
 def test_blocks_equal_single_steps_alone_and_batched(llms):
     single, block = llms
     want = [_ids(_run(single, [r])[0]) for r in REQS]
@@ -53,6 +62,7 @@ def test_blocks_equal_single_steps_alone_and_batched(llms):
     got = _run(block, REQS)
     assert [_ids(g) for g in got] == want
     assert block.engine.blocks > b0, "no decode block ran"
+    assert _logprobs(got[-1]) == _logprobs(_run(single, [REQS[-1]])[0])  # logprobs come back with a block's ids
     for r, w in zip(REQS, want):  # alone, in blocks
         assert _ids(_run(block, [r])[0]) == w
 

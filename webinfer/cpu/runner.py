@@ -109,6 +109,7 @@ class CpuRunner:
     """ModelRunner over a wasm host (webinfer/cpu/wasm.py). Build with `await CpuRunner.load(host, package, ...)`."""
 
     kind = "cpu"
+    max_steps = 16  # the longest decode block execute() takes (batch.py)
 
     def __init__(self):  # use load()
         self.block_size = self.num_blocks = self.max_model_len = 0
@@ -288,19 +289,39 @@ class CpuRunner:
         return list(struct.unpack(f"<{n}I", self.host.read(o_out, 4 * n))) if n else []
 
     async def execute(self, batch: StepBatch) -> list[int]:
-        # the GPU model's validation and row layout (pure host code): same errors, same token rows; the sampling
-        # rows and their packing are the GPU sampler's too (masks, logit_bias, min_p)
         t0 = time.perf_counter()
         try:
-            ids, pos, slots, rows, seqs, sampled, _ = GPUModel._prepare(self, batch)
-            out = self._run(ids, pos, slots, seqs, rows,
-                            pack_chunks(sampled, self.vocab_size, self.counts_slots.assign(sampled)))
-            if all(c.logprobs is None for c in sampled):
-                return out
-            lps = unpack_logprobs(self.host.read(self.logprobs_off, LOGPROB_BYTES * len(out)), len(out))
-            return Sampled(out, [lp if c.logprobs is not None else None for lp, c in zip(lps, sampled)])
+            if batch.steps == 1:
+                return self._execute_step(batch)
+            return self._execute_block(batch)
         finally:
             self.step_ms += (time.perf_counter() - t0) * 1e3
+
+    def _execute_step(self, batch: StepBatch) -> list[int]:
+        # the GPU model's validation and row layout (pure host code): same errors, same token rows; the sampling
+        # rows and their packing are the GPU sampler's too (masks, logit_bias, min_p)
+        ids, pos, slots, rows, seqs, sampled, _ = GPUModel._prepare(self, batch)
+        out = self._run(ids, pos, slots, seqs, rows,
+                        pack_chunks(sampled, self.vocab_size, self.counts_slots.assign(sampled)))
+        if all(c.logprobs is None for c in sampled):
+            return out
+        lps = unpack_logprobs(self.host.read(self.logprobs_off, LOGPROB_BYTES * len(out)), len(out))
+        return Sampled(out, [lp if c.logprobs is not None else None for lp, c in zip(lps, sampled)])
+
+    def _execute_block(self, batch: StepBatch) -> list[int]:
+        """A decode block (batch.py): K plain steps back to back, step j fed the ids step j - 1 sampled, so the ids
+        are K single steps' by construction. What it saves is the engine's work between steps (scheduling, the
+        asyncio round trip), which in the page is Python in Pyodide while a second Worker waits."""
+        batch.check_block()
+        if batch.steps > self.max_steps:
+            raise ValueError(f"a decode block of {batch.steps} steps exceeds max_steps={self.max_steps}")
+        ids = [c.token_ids[0] for c in batch.chunks]
+        out, lps = [], []
+        for j in range(batch.steps):
+            ids = self._execute_step(batch.unrolled(j, ids))
+            out += ids
+            lps += getattr(ids, "logprobs", None) or [None] * len(ids)
+        return Sampled(out, lps) if any(lp is not None for lp in lps) else out
 
     def warm_up(self) -> None:
         """Run the module's hot code once, on the null block: a short prefill (the GEMM path), a decode step (the
