@@ -20,7 +20,8 @@ browser profile (so the second and later visits read the model from the cache):
                   of an almost empty shader, submitted and awaited (N = 1 and 160, a decode step's count)
 
 PHASE+S (e.g. cpu-fast+3): the same phase with its first chat S seconds after ready, a reader's pause (the work
-after ready runs then: for the CPU engine, the kernels' warm-up first).
+after ready runs then: for the CPU engine, the kernels' warm-up first). PHASE-k1 (e.g. cpu-fast-1-k1): the same
+with decode blocks off (`decodeBlock: 1`), to set against the default blocks.
 
 Each phase is a fresh page, but Chromium keeps the renderer process, and V8 reuses a WebAssembly module it compiled
 there before (the same bytes) with the code it has optimized since: a phase's CPU engine starts from optimized
@@ -162,9 +163,10 @@ def main(site: Path, n: int, phases: list[str], wait_s: float) -> None:
                 r = page.evaluate(DISPATCH)
             else:
                 name, _, pause = phase.partition("+")  # PHASE+S: the first chat S seconds after ready
+                name, k1 = (name[:-3], {"decodeBlock": 1}) if name.endswith("-k1") else (name, {})
                 mode, wait = PHASES[name]
                 r = page.evaluate(RUN, [m, n, mode, wait_s if wait is None else wait, [PROMPT, PROMPT2],
-                                        {**EXTRA.get(name, {}), "chatPauseMs": float(pause or 0) * 1e3}])
+                                        {**EXTRA.get(name, {}), **k1, "chatPauseMs": float(pause or 0) * 1e3}])
             print(json.dumps({"phase": phase, "loadavg": round(load, 2), **r}), flush=True)
 
 
