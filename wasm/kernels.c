@@ -1738,6 +1738,34 @@ EXPORT(wi_step) void wi_step(const Model *m, const Step *s) {
     step_body(&c, m, s);
 }
 
+// A decode block (webinfer/engine/batch.py StepBatch.steps = K): the host writes step 0 as a plain step of n
+// one-token sequences that all sample (tables covering K positions more); each later step feeds every sequence the
+// id the step before sampled for it, one position on (cache slot from its table), with the next sample index. So
+// each step is a plain step of the same shape (the same ids as K host steps), and the host is not called between
+// them: ids_out[j * n + i] = step j's id of sequence i; lp_out (0: none) gets each step's n logprob rows.
+EXPORT(wi_steps) void wi_steps(const Model *m, Step *s, u32 K, u32 *ids_out, u32 *lp_out) {
+    u32 n = s->n_seqs, bs = m->block_size;
+    u32 *ids = (u32 *)s->ids, *pos = (u32 *)s->pos, *slot = (u32 *)s->slot;
+    Seq *q = (Seq *)s->seqs;
+    SampleParams *p = (SampleParams *)s->params;
+    for (u32 j = 0; j < K; j++) {
+        if (j)
+            for (u32 i = 0; i < n; i++) {
+                u32 ps = ++pos[i];
+                ids[i] = s->out_ids[i];
+                slot[i] = q[i].table[ps / bs] * bs + ps % bs;
+                q[i].start_pos++;
+                p[i].index++;
+            }
+        wi_step(m, s);
+#ifdef THREADS
+        if (m->team && __atomic_load_n(&m->team->quit, __ATOMIC_ACQUIRE)) return;  // abandoned: the host raises
+#endif
+        for (u32 i = 0; i < n; i++) ids_out[j * n + i] = s->out_ids[i];
+        if (lp_out) __builtin_memcpy(lp_out + j * n * LPW, s->logprobs, 4 * LPW * n);
+    }
+}
+
 #ifdef THREADS
 // Thread 1's life (its own instance, its own stack: the host sets __stack_pointer first): waits for each step
 // wi_step starts and runs its share; returns when the team quits.

@@ -230,6 +230,9 @@ class CpuRunner:
                       + PARAM_BYTES * S)
         self.step_off = arena.alloc(step_bytes, "step")
         self.logprobs_off = arena.alloc(LOGPROB_BYTES * S, "logprobs")
+        # a decode block's ids and logprob rows, every step's (wi_steps)
+        self.block_ids_off = arena.alloc(4 * S * self.max_steps, "block ids")
+        self.block_logprobs_off = arena.alloc(LOGPROB_BYTES * S * self.max_steps, "block logprobs")
         # the penalties' token counts (kernels/sampling.py CountsSlots), placed in the module's memory when a first
         # penalized row comes; the module counts each id it samples
         self.counts_off = 0
@@ -309,19 +312,31 @@ class CpuRunner:
         return Sampled(out, [lp if c.logprobs is not None else None for lp, c in zip(lps, sampled)])
 
     def _execute_block(self, batch: StepBatch) -> list[int]:
-        """A decode block (batch.py): K plain steps back to back, step j fed the ids step j - 1 sampled, so the ids
-        are K single steps' by construction. What it saves is the engine's work between steps (scheduling, the
-        asyncio round trip), which in the page is Python in Pyodide while a second Worker waits."""
+        """A decode block (batch.py) in one call: the host writes step 0 and the module runs the K steps, feeding
+        each the ids the one before sampled (kernels.c wi_steps), so the ids are K single steps'. What it saves
+        is the host between steps: the engine's scheduling and this runner's step writes and reads (in the page,
+        Python in Pyodide while a second Worker waits)."""
+        from dataclasses import replace  # noqa: PLC0415
+
         batch.check_block()
-        if batch.steps > self.max_steps:
-            raise ValueError(f"a decode block of {batch.steps} steps exceeds max_steps={self.max_steps}")
-        ids = [c.token_ids[0] for c in batch.chunks]
-        out, lps = [], []
-        for j in range(batch.steps):
-            ids = self._execute_step(batch.unrolled(j, ids))
-            out += ids
-            lps += getattr(ids, "logprobs", None) or [None] * len(ids)
-        return Sampled(out, lps) if any(lp is not None for lp in lps) else out
+        K, n = batch.steps, len(batch.chunks)
+        if K > self.max_steps:
+            raise ValueError(f"a decode block of {K} steps exceeds max_steps={self.max_steps}")
+        first = [c.token_ids[0] for c in batch.chunks]
+        # the last step's inputs validate the whole block (positions, tables); its tables reach K positions on
+        last = GPUModel._prepare(self, batch.unrolled(K - 1, first))[4]
+        ids, pos, slots, rows, seqs, sampled, _ = GPUModel._prepare(self, batch.unrolled(0, first))
+        seqs = [replace(s0, block_table=sk.block_table) for s0, sk in zip(seqs, last)]
+        self._write_step(ids, pos, slots, seqs, rows,
+                         pack_chunks(sampled, self.vocab_size, self.counts_slots.assign(sampled, steps=K)))
+        want_lp = any(c.logprobs is not None for c in sampled)
+        self.host.call("wi_steps", self.model_off, self.step_off, K, self.block_ids_off,
+                       self.block_logprobs_off if want_lp else 0)
+        out = list(struct.unpack(f"<{n * K}I", self.host.read(self.block_ids_off, 4 * n * K)))
+        if not want_lp:
+            return out
+        lps = unpack_logprobs(self.host.read(self.block_logprobs_off, LOGPROB_BYTES * n * K), n * K)
+        return Sampled(out, [lp if sampled[i % n].logprobs is not None else None for i, lp in enumerate(lps)])
 
     def warm_up(self) -> None:
         """Run the module's hot code once, on the null block: a short prefill (the GEMM path), a decode step (the

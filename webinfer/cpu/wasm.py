@@ -141,7 +141,7 @@ class WasmtimeHost:
         if f is None:
             f = self._funcs[name] = self._ex[name]
         out = f(self.store, *_i32(args))
-        if self.team and name == "wi_step" and self.read(self.team + 4 * _QUIT_WORD, 4) != bytes(4):
+        if self.team and name in ("wi_step", "wi_steps") and self.read(self.team + 4 * _QUIT_WORD, 4) != bytes(4):
             err = self._worker.error if self._worker else None
             raise WebinferError(f"wasm: the step was abandoned: thread 1 {'failed: ' + err if err else 'has quit'}")
         return out
@@ -254,7 +254,7 @@ class JsHost:
 
     def call(self, name: str, *args):
         out = getattr(self.exports, name)(*args)
-        if self.team and name == "wi_step" and self.read(self.team + 4 * _QUIT_WORD, 4) != bytes(4):
+        if self.team and name in ("wi_step", "wi_steps") and self.read(self.team + 4 * _QUIT_WORD, 4) != bytes(4):
             raise WebinferError(f"wasm: the step was abandoned: thread 1 "
                                 f"{'failed: ' + self.worker_error if self.worker_error else 'has quit'}")
         return out
