@@ -95,6 +95,8 @@ def test_two_workers_when_cross_origin_isolated(served, browser, tiny_package):
             t = r["info"]["timings"]
             assert t["wasm_threads"] == workers, (t, logs[-5:])
             assert r["ids"] == want, (threads, r["ids"], want, logs[-5:])
+            # the page's default decode blocks ran in the module (wi_steps), on both Workers too
+            assert r["stats"]["engine"]["decode_blocks"] > 0, r["stats"]
             print(threads, t["wasm_reason"], json.dumps(r["stats"]))
     finally:
         srv.stop()
