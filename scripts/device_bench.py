@@ -42,7 +42,7 @@ SMOLLM2 = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, nu
 def stage_env(work: Path, args) -> dict:
     import wgpu
 
-    from webinfer.gpu.native import request_adapter_sync
+    from webinfer.gpu.native import request_adapter_sync, request_device_sync
 
     res: dict = {"python": sys.version.split()[0], "cpus": os.cpu_count(), "wgpu": wgpu.__version__}
     try:
@@ -50,11 +50,11 @@ def stage_env(work: Path, args) -> dict:
     except (OSError, subprocess.SubprocessError) as e:
         res["nvidia_smi"] = f"{type(e).__name__}: {e}"
     res["adapters"] = [dict(a.info) for a in wgpu.gpu.enumerate_adapters_sync()]
-    info = dict(request_adapter_sync().info)
-    res["picked"] = info
-    res["software"] = str(info.get("adapter_type", "")) == "CPU" or "llvmpipe" in str(info.get("device", ""))
+    res["picked"] = dict(request_adapter_sync().info)
+    dev = request_device_sync()  # what the engine gets: its capabilities (SG_SIZE) and the fallback rule
+    res["caps"], res["software"] = dev.caps, dev.info.is_fallback
     if res["software"] and not args.allow_software:
-        raise SystemExit(f"webinfer picked a software adapter ({info.get('device')}): no real GPU to measure")
+        raise SystemExit(f"webinfer picked a software adapter ({dev.info.name}): no real GPU to measure")
     return res
 
 
