@@ -1221,6 +1221,30 @@ static void rope_row(float *x, u32 n_heads, u32 hd, const float *cos_t, const fl
     }
 }
 
+INLINE float silu(float x) { return x / (1.0f + expf_(-x)); }
+
+// tanh(x) in f32 within a few 1e-8 (absolute): an odd series below 1/8 (no cancellation), else
+// sign(x) (1 - e) / (1 + e), e = exp(-2|x|). Gemma's soft-capping and GELU use it.
+static float tanhf_(float x) {
+    float a = x < 0 ? -x : x, t;
+    if (a < 0.125f) {
+        float a2 = a * a;
+        t = a + a * a2 * (-1.0f / 3.0f + a2 * (2.0f / 15.0f + a2 * (-17.0f / 315.0f)));
+    } else {
+        float e = expf_(-2.0f * a);
+        t = (1.0f - e) / (1.0f + e);
+    }
+    return x < 0 ? -t : t;  // (NaN: expf_ passes it through)
+}
+
+// GELU, tanh approximation (the reference's gelu_tanh: PyTorch's gelu(approximate='tanh'), Gemma's MLP)
+INLINE float gelu_tanh(float x) {
+    return 0.5f * x * (1.0f + tanhf_(0.7978845608028654f * (x + 0.044715f * (x * x * x))));
+}
+
+// cap * tanh(x / cap): Gemma 2's soft-capping of attention scores and final logits
+INLINE float softcap(float x, float cap) { return cap * tanhf_(x / cap); }
+
 INLINE float dot_f32(const float *a, const float *b, u32 n) {
     v128_t acc = wasm_f32x4_splat(0.0f);
     u32 n4 = n & ~3u;
@@ -1233,7 +1257,7 @@ INLINE float dot_f32(const float *a, const float *b, u32 n) {
 // dot_f32(q, k_c, hd) / scale for 4 key rows at once (hd a multiple of 4): the same lane sums and the same
 // horizontal sum order ((l0 + l1) + (l2 + l3)) per row, through a transpose
 INLINE void attend_scores4(const float *q, const float *k0, const float *k1, const float *k2, const float *k3, u32 hd,
-                           float scale, float *out) {
+                           float scale, float mul, float *out) {
     v128_t a = wasm_f32x4_splat(0.0f), b = a, c = a, d = a;
     for (u32 i = 0; i < hd; i += 4) {
         v128_t qv = wasm_v128_load(q + i);
@@ -1245,7 +1269,7 @@ INLINE void attend_scores4(const float *q, const float *k0, const float *k1, con
     v128_t ab = wasm_f32x4_add(wasm_i32x4_shuffle(a, b, 0, 4, 2, 6), wasm_i32x4_shuffle(a, b, 1, 5, 3, 7));
     v128_t cd = wasm_f32x4_add(wasm_i32x4_shuffle(c, d, 0, 4, 2, 6), wasm_i32x4_shuffle(c, d, 1, 5, 3, 7));
     v128_t s = wasm_f32x4_add(wasm_i32x4_shuffle(ab, cd, 0, 1, 4, 5), wasm_i32x4_shuffle(ab, cd, 2, 3, 6, 7));
-    wasm_v128_store(out, wasm_f32x4_div(s, wasm_f32x4_splat(scale)));
+    wasm_v128_store(out, mul != 0.0f ? wasm_f32x4_mul(s, wasm_f32x4_splat(mul)) : wasm_f32x4_div(s, wasm_f32x4_splat(scale)));
 }
 
 // p[0..3] = expf_(p[i] - mx), 4 at a time with expf_'s arithmetic where every lane takes its normal-result path
@@ -1274,13 +1298,14 @@ INLINE void expf4(float *p, float mx) {
     wasm_v128_store(p, wasm_f32x4_mul(e, two_n));
 }
 
-// o[0 .. 4 NV) = sum over positions j <= pos of p[j] v_j (v_j: position j's row from v, kvd floats a slot), the
+// o[0 .. 4 NV) = sum over positions j0 <= j <= pos of p[j] v_j (v_j: position j's row from v, kvd floats a slot), the
 // NV vectors held in registers over the positions (the additions and their order are those of accumulating in
 // memory, without a store and a load per position)
-INLINE void attend_pv(float *o, const float *v, const float *p, const u32 *table, u32 pos, u32 kvd, u32 bs, int NV) {
+INLINE void attend_pv(float *o, const float *v, const float *p, const u32 *table, u32 j0, u32 pos, u32 kvd, u32 bs,
+                      int NV) {
     v128_t acc[8];
     for (int c = 0; c < NV; c++) acc[c] = wasm_f32x4_splat(0.0f);
-    for (u32 j = 0; j <= pos; j++) {
+    for (u32 j = j0; j <= pos; j++) {
         const float *vj = v + (table[j / bs] * bs + j % bs) * kvd;
         v128_t pv = wasm_f32x4_splat(p[j]);
         for (int c = 0; c < NV; c++) acc[c] = wasm_f32x4_add(acc[c], wasm_f32x4_mul(pv, wasm_v128_load(vj + 4 * c)));
@@ -1290,32 +1315,36 @@ INLINE void attend_pv(float *o, const float *v, const float *p, const u32 *table
 
 // Causal attention of one query row q [n_heads * hd] at position `pos` over cached positions [0, pos] of one
 // sequence (K/V [num_blocks, block_size, n_kv_heads, hd] per layer; table maps position / block_size to a block).
+// Scores: q.k * mul, or q.k / sqrt(hd) where mul = 0 (the llama block's scale: exact for hd a power of 4);
+// soft-capped by cap (0: none); window (0: none): only keys with pos - j < window (a sliding layer).
 static void attend_row(const float *q, float *out, const float *kc, const float *vc, const u32 *table, u32 pos,
-                       u32 n_heads, u32 n_kv, u32 hd, u32 bs, float *scores, u32 h0, u32 h1) {
-    u32 kvd = n_kv * hd, group = n_heads / n_kv;
+                       u32 n_heads, u32 n_kv, u32 hd, u32 bs, float *scores, u32 h0, u32 h1, float mul, float cap,
+                       u32 window) {
+    u32 kvd = n_kv * hd, group = n_heads / n_kv, j0 = window && pos >= window ? pos - window + 1 : 0;
     float scale = __builtin_sqrtf((float)hd);
     for (u32 h = h0; h < h1; h++) {  // (query heads [h0, h1): a thread's share)
         const float *qh = q + h * hd;
         u32 kvh = h / group;
-        float mx = bits_f32(0xff800000u);
-        u32 j = 0;
+        u32 j = j0;
         if (hd % 4 == 0)
             for (; j + 3 <= pos; j += 4) {
                 const float *kj = kc + kvh * hd;
                 attend_scores4(qh, kj + (table[j / bs] * bs + j % bs) * kvd,
                                kj + (table[(j + 1) / bs] * bs + (j + 1) % bs) * kvd,
                                kj + (table[(j + 2) / bs] * bs + (j + 2) % bs) * kvd,
-                               kj + (table[(j + 3) / bs] * bs + (j + 3) % bs) * kvd, hd, scale, scores + j);
-                for (u32 c = 0; c < 4; c++) mx = scores[j + c] > mx ? scores[j + c] : mx;
+                               kj + (table[(j + 3) / bs] * bs + (j + 3) % bs) * kvd, hd, scale, mul, scores + j);
             }
         for (; j <= pos; j++) {
             u32 slot = table[j / bs] * bs + j % bs;
-            float s = dot_f32(qh, kc + slot * kvd + kvh * hd, hd) / scale;
-            scores[j] = s;
-            mx = s > mx ? s : mx;
+            float dt = dot_f32(qh, kc + slot * kvd + kvh * hd, hd);
+            scores[j] = mul != 0.0f ? dt * mul : dt / scale;
         }
+        if (cap != 0.0f)
+            for (j = j0; j <= pos; j++) scores[j] = softcap(scores[j], cap);
+        float mx = bits_f32(0xff800000u);
+        for (j = j0; j <= pos; j++) mx = scores[j] > mx ? scores[j] : mx;
         float sum = 0.0f;
-        for (j = 0; j + 3 <= pos; j += 4) {
+        for (j = j0; j + 3 <= pos; j += 4) {
             expf4(scores + j, mx);
             sum = (((sum + scores[j]) + scores[j + 1]) + scores[j + 2]) + scores[j + 3];
         }
@@ -1324,20 +1353,18 @@ static void attend_row(const float *q, float *out, const float *kc, const float 
             scores[j] = e;
             sum += e;
         }
-        for (u32 j = 0; j <= pos; j++) scores[j] = scores[j] / sum;
+        for (u32 j = j0; j <= pos; j++) scores[j] = scores[j] / sum;
         float *o = out + h * hd;
         const float *vh = vc + kvh * hd;
         u32 i = 0;
-        for (; i + 32 <= hd; i += 32) attend_pv(o + i, vh + i, scores, table, pos, kvd, bs, 8);
-        for (; i + 4 <= hd; i += 4) attend_pv(o + i, vh + i, scores, table, pos, kvd, bs, 1);
+        for (; i + 32 <= hd; i += 32) attend_pv(o + i, vh + i, scores, table, j0, pos, kvd, bs, 8);
+        for (; i + 4 <= hd; i += 4) attend_pv(o + i, vh + i, scores, table, j0, pos, kvd, bs, 1);
         for (; i < hd; i++) {
             o[i] = 0.0f;
-            for (u32 j = 0; j <= pos; j++) o[i] += scores[j] * vh[(table[j / bs] * bs + j % bs) * kvd + i];
+            for (u32 j = j0; j <= pos; j++) o[i] += scores[j] * vh[(table[j / bs] * bs + j % bs) * kvd + i];
         }
     }
 }
-
-INLINE float silu(float x) { return x / (1.0f + expf_(-x)); }
 
 // ------------------------------------------------------------------------------------------------ sampling
 
@@ -1532,6 +1559,9 @@ typedef struct {
     const float *attn_norm, *ffn_norm;
     float *k_cache, *v_cache;
     const Weight *q, *k, *v, *o, *gate, *up, *down;
+    const float *q_norm, *k_norm;                // [hd] each: per-head RMSNorm of q and k before RoPE; 0: none
+    const float *post_attn_norm, *post_ffn_norm;  // [d] each: RMSNorm of o's / down's output before the add; 0: none
+    u32 sliding;  // 1: a sliding-window layer (the Model's window, and its local RoPE tables)
 } Layer;
 
 typedef struct {
@@ -1546,6 +1576,14 @@ typedef struct {
     float *r, *xn, *q, *k, *v, *attn, *g, *u, *logits, *xs, *scores;
     u8 *work;
     struct Team *team;  // 0: one thread; else the threads build's team (wi_worker runs thread 1)
+    // the family features of webinfer/package.py ModelConfig (the llama block: 0, 1.0, 0, 0, 0, 0, the tables)
+    u32 gelu;                    // 1: GeGLU, gelu_tanh(gate) * up (Gemma); 0: SwiGLU
+    float emb_mult;              // the embedding row times this (Gemma: sqrt(d) rounded to f32)
+    float attn_mul;              // scores = q.k * this (query_pre_attn_scalar^-1/2); 0: q.k / sqrt(hd)
+    float attn_cap, final_cap;   // soft-capping of attention scores / final logits (Gemma 2); 0: none
+    u32 window;                  // a sliding layer's query at p sees keys j with p - j < window
+    const float *cos_l, *sin_l;  // sliding layers' RoPE tables (Gemma 3's local base; else the global ones)
+    float *po;                   // [T, d] o's / down's output before its post-norm (post-norm models; else 0)
 } Model;
 
 typedef struct {
@@ -1646,6 +1684,26 @@ static void linear_share(const Ctx *c, const Weight *w, const float *x, u32 x_st
     linear(w, x, x_stride, y, y_stride, rows, accumulate, fast, c->work, prepare, n0, n1);
 }
 
+// r[t, this thread's columns] += rmsnorm(po[t]) * w for the T rows (every thread norms whole rows: the same bits;
+// the reference's order: x / den * w, then the add)
+static void post_norm_add(const Ctx *c, const Model *m, const float *w, u32 T) {
+    u32 d = m->d, n0, n1;
+    share(c, d, &n0, &n1);
+    for (u32 t = 0; t < T; t++) {
+        const float *p = m->po + t * d;
+        v128_t acc = wasm_f32x4_splat(0.0f);
+        u32 d4 = d & ~3u;
+        for (u32 i = 0; i < d4; i += 4) {
+            v128_t v = wasm_v128_load(p + i);
+            acc = wasm_f32x4_add(acc, wasm_f32x4_mul(v, v));
+        }
+        float ss = hsum(acc);
+        for (u32 i = d4; i < d; i++) ss += p[i] * p[i];
+        float den = __builtin_sqrtf(ss / (float)d + m->eps);
+        for (u32 i = n0; i < n1; i++) m->r[t * d + i] += (p[i] / den) * w[i];
+    }
+}
+
 #define SYNC()                          \
     do {                                \
         if (team_sync(c)) return;       \
@@ -1659,7 +1717,12 @@ static void step_body(const Ctx *c, const Model *m, const Step *s) {
     u32 T = s->n_tokens, d = m->d, hd = m->hd, qd = m->n_heads * hd, kvd = m->n_kv * hd, bs = m->block_size;
     int t0 = c->tid == 0;
     // the residual r is written by thread 0; the others take the embedding straight into their xn (normed there)
-    for (u32 t = 0; t < T; t++) dequant_row(m->embed, s->ids[t], (t0 ? m->r : c->xn) + t * d);
+    for (u32 t = 0; t < T; t++) {
+        float *e = (t0 ? m->r : c->xn) + t * d;
+        dequant_row(m->embed, s->ids[t], e);
+        if (m->emb_mult != 1.0f)
+            for (u32 i = 0; i < d; i++) e[i] = e[i] * m->emb_mult;
+    }
     // this thread's KV heads [kv0, kv1) and their query heads: with by_heads (the KV heads split evenly, a head's
     // columns whole groups of 4) it computes their q/k/v columns itself, then RoPE, the cache writes and attention,
     // which read only what the same thread wrote; else (SmolLM2's 3 KV heads on 2 threads: a 1:2 split of the
@@ -1681,9 +1744,15 @@ static void step_body(const Ctx *c, const Model *m, const Step *s) {
             linear_share(c, L->v, c->xn, d, m->v, kvd, T, 0, fq, !same_layout(L->k, L->v));
             SYNC();
         }
+        const float *ct = L->sliding ? m->cos_l : m->cos_t, *st = L->sliding ? m->sin_l : m->sin_t;
         for (u32 t = 0; t < T; t++) {
-            rope_row(m->q + t * qd + kv0 * grp * hd, (kv1 - kv0) * grp, hd, m->cos_t, m->sin_t, s->pos[t]);
-            rope_row(m->k + t * kvd + kv0 * hd, kv1 - kv0, hd, m->cos_t, m->sin_t, s->pos[t]);
+            float *qh = m->q + t * qd + kv0 * grp * hd, *kh = m->k + t * kvd + kv0 * hd;
+            if (L->q_norm) {  // (in place: each head's norm is read before it is written)
+                rmsnorm(qh, hd, L->q_norm, qh, hd, (kv1 - kv0) * grp, hd, m->eps);
+                rmsnorm(kh, hd, L->k_norm, kh, hd, kv1 - kv0, hd, m->eps);
+            }
+            rope_row(qh, (kv1 - kv0) * grp, hd, ct, st, s->pos[t]);
+            rope_row(kh, kv1 - kv0, hd, ct, st, s->pos[t]);
             float *kd = L->k_cache + s->slot[t] * kvd, *vd = L->v_cache + s->slot[t] * kvd;
             for (u32 i = kv0 * hd; i < kv1 * hd; i++) { kd[i] = m->k[t * kvd + i]; vd[i] = m->v[t * kvd + i]; }
         }
@@ -1692,11 +1761,18 @@ static void step_body(const Ctx *c, const Model *m, const Step *s) {
             for (u32 j = 0; j < q->n_q; j++) {
                 u32 row = q->q_row + j;
                 attend_row(m->q + row * qd, m->attn + row * qd, L->k_cache, L->v_cache, q->table, q->start_pos + j,
-                           m->n_heads, m->n_kv, hd, bs, c->scores, kv0 * grp, kv1 * grp);
+                           m->n_heads, m->n_kv, hd, bs, c->scores, kv0 * grp, kv1 * grp, m->attn_mul, m->attn_cap,
+                           L->sliding ? m->window : 0);
             }
         }
         SYNC();
-        linear_share(c, L->o, m->attn, qd, m->r, d, T, 1, (m->fast & FAST_O) != 0, 1);
+        if (L->post_attn_norm) {  // r += rmsnorm(o's output): o into po, then each thread adds its columns
+            linear_share(c, L->o, m->attn, qd, m->po, d, T, 0, (m->fast & FAST_O) != 0, 1);
+            SYNC();
+            post_norm_add(c, m, L->post_attn_norm, T);
+        } else {
+            linear_share(c, L->o, m->attn, qd, m->r, d, T, 1, (m->fast & FAST_O) != 0, 1);
+        }
         SYNC();
         rmsnorm(m->r, d, L->ffn_norm, c->xn, d, T, d, m->eps);
         linear_share(c, L->gate, c->xn, d, m->g, m->f, T, 0, (m->fast & FAST_GATE_UP) != 0, 1);
@@ -1705,16 +1781,30 @@ static void step_body(const Ctx *c, const Model *m, const Step *s) {
         u32 f0, f1;  // SwiGLU on the columns this thread computed
         share(c, m->f, &f0, &f1);
         for (u32 t = 0; t < T; t++)
-            for (u32 i = t * m->f + f0; i < t * m->f + f1; i++) m->g[i] = silu(m->g[i]) * m->u[i];
+            for (u32 i = t * m->f + f0; i < t * m->f + f1; i++)
+                m->g[i] = (m->gelu ? gelu_tanh(m->g[i]) : silu(m->g[i])) * m->u[i];
         SYNC();
-        linear_share(c, L->down, m->g, m->f, m->r, d, T, 1, (m->fast & FAST_DOWN16) ? 2 : (m->fast & FAST_DOWN) != 0,
-                     1);
+        int fd = (m->fast & FAST_DOWN16) ? 2 : (m->fast & FAST_DOWN) != 0;
+        if (L->post_ffn_norm) {
+            linear_share(c, L->down, m->g, m->f, m->po, d, T, 0, fd, 1);
+            SYNC();
+            post_norm_add(c, m, L->post_ffn_norm, T);
+        } else {
+            linear_share(c, L->down, m->g, m->f, m->r, d, T, 1, fd, 1);
+        }
         SYNC();
     }
     for (u32 j = 0; j < s->n_sampled; j++)
         rmsnorm(m->r + s->sample_rows[j] * d, d, m->norm, c->xs + j * d, d, 1, d, m->eps);
-    if (s->n_sampled)
+    if (s->n_sampled) {
         linear_share(c, m->lm_head, c->xs, d, m->logits, m->vocab, s->n_sampled, 0, (m->fast & FAST_HEAD) != 0, 1);
+        if (m->final_cap != 0.0f) {  // this thread's columns
+            u32 n0, n1;
+            share(c, m->vocab, &n0, &n1);
+            for (u32 j = 0; j < s->n_sampled; j++)
+                for (u32 i = n0; i < n1; i++) m->logits[j * m->vocab + i] = softcap(m->logits[j * m->vocab + i], m->final_cap);
+        }
+    }
     SYNC();
     if (t0)
         for (u32 j = 0; j < s->n_sampled; j++)
@@ -1831,16 +1921,25 @@ EXPORT(wi_rope) void wi_rope(float *x, u32 rows, u32 stride, u32 n_heads, u32 hd
     for (u32 r = 0; r < rows; r++) rope_row(x + r * stride, n_heads, hd, cos_t, sin_t, pos[r]);
 }
 
+// mul, cap, window: attend_row's (0: the llama block's 1/sqrt(hd), no soft-cap, no window)
 EXPORT(wi_attention) void wi_attention(const float *q, float *out, u32 rows, const float *kc, const float *vc,
                                        const u32 *table, u32 start_pos, u32 n_heads, u32 n_kv, u32 hd, u32 bs,
-                                       float *scores) {
+                                       float *scores, float mul, float cap, u32 window) {
     for (u32 j = 0; j < rows; j++)
         attend_row(q + j * n_heads * hd, out + j * n_heads * hd, kc, vc, table, start_pos + j, n_heads, n_kv, hd, bs,
-                   scores, 0, n_heads);
+                   scores, 0, n_heads, mul, cap, window);
 }
 
 EXPORT(wi_swiglu) void wi_swiglu(float *g, const float *u, u32 n) {
     for (u32 i = 0; i < n; i++) g[i] = silu(g[i]) * u[i];
+}
+
+EXPORT(wi_geglu) void wi_geglu(float *g, const float *u, u32 n) {
+    for (u32 i = 0; i < n; i++) g[i] = gelu_tanh(g[i]) * u[i];
+}
+
+EXPORT(wi_softcap) void wi_softcap(float *x, u32 n, float cap) {
+    for (u32 i = 0; i < n; i++) x[i] = softcap(x[i], cap);
 }
 
 EXPORT(wi_exp) void wi_exp(const float *x, float *y, u32 n) {

@@ -204,9 +204,13 @@ def test_rope(mem, scaling):
 
 
 # hd 16: scores 4 positions at a time; 70: per position, and P.V in two 8-vector passes, one 1-vector pass and 2
-# scalar elements. q x 40: most exp arguments below -87 (expf_'s own path: tiny and zero results)
-@pytest.mark.parametrize("hd,qscale", [(16, 1.0), (70, 1.0), (16, 40.0)])
-def test_paged_attention(mem, hd, qscale):
+# scalar elements. q x 40: most exp arguments below -87 (expf_'s own path: tiny and zero results). The family
+# options: a query pre-attention scale (mul), soft-capped scores (Gemma 2), a sliding window of 3 (Mistral, Gemma),
+# which leaves every query row's first keys out, across the table's blocks.
+@pytest.mark.parametrize("hd,qscale,mul,cap,window", [(16, 1.0, 0.0, 0.0, 0), (70, 1.0, 0.0, 0.0, 0),
+                                                      (16, 40.0, 0.0, 0.0, 0), (16, 3.0, 0.3, 2.0, 0),
+                                                      (16, 1.0, 0.0, 0.0, 3), (70, 2.0, 0.2, 1.5, 5)])
+def test_paged_attention(mem, hd, qscale, mul, cap, window):
     H, Hkv, bs, nb = 6, 2, 4, 12
     rng = np.random.default_rng(8)
     S, start = 10, 7  # positions 0..9; query rows for positions 7, 8, 9
@@ -219,9 +223,28 @@ def test_paged_attention(mem, hd, qscale):
     out = mem.empty((S - start, H * hd))
     scores = mem.empty((64,))
     mem.call("wi_attention", mem.put(q).off, out.off, S - start, mem.put(kc).off, mem.put(vc).off,
-             mem.put(np.array(table, np.uint32)).off, start, H, Hkv, hd, bs, scores.off)
-    want = ref.attention(q, k, v, np.arange(start, S)).reshape(S - start, H * hd)
+             mem.put(np.array(table, np.uint32)).off, start, H, Hkv, hd, bs, scores.off, mul, cap, window)
+    want = ref.attention(q, k, v, np.arange(start, S), scale=mul or None, window=window or None,
+                         cap=cap or None).reshape(S - start, H * hd)
     check(out, want, atol=1e-5, rtol=1e-4, name="attention")
+
+
+def test_geglu_and_softcap(mem):
+    """Gemma's MLP activation and soft-capping, over the range where tanh saturates and near 0 (its series)."""
+    rng = np.random.default_rng(10)
+    g, u = (rng.standard_normal((2, 1000)) * 6).astype(np.float32)
+    g[:50] = np.linspace(-0.3, 0.3, 50, dtype=np.float32)
+    ga = mem.put(g)
+    mem.call("wi_geglu", ga.off, mem.put(u).off, 1000)
+    # 1 + tanh cancels where tanh nears -1 (in the reference too): the error bound scales with 0.5 |g u|, the
+    # factor the tanh's rounding (a few ulp of 1: measured 3.2e-7 of it at most, both sides' f32 tanh) multiplies
+    err = np.abs(ga.read() - ref.geglu(g, u))
+    assert np.all(err <= 1e-6 + 5e-7 * np.abs(0.5 * g * u)), float((err / (1e-6 + np.abs(0.5 * g * u))).max())
+    x = np.concatenate([np.linspace(-200, 200, 4001), np.linspace(-1, 1, 2001)]).astype(np.float32)
+    for cap in (5.0, 30.0):
+        xa = mem.put(x)
+        mem.call("wi_softcap", xa.off, x.size, cap)
+        check(xa, ref.softcap(x, cap), atol=3e-6 * cap, rtol=1e-6, name=f"softcap {cap}")
 
 
 def test_swiglu_and_exp(mem):

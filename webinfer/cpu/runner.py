@@ -37,13 +37,13 @@ from array import array
 
 from ..engine.batch import Sampled, StepBatch
 from ..engine.gpu_model import GPUModel
-from ..kernels.rope import inv_freq
+from ..kernels.rope import attention_factor, inv_freq
 from ..kernels.sampling import (LOGPROB_BYTES, MAX_LOGIT_BIAS, CountsSlots, SampleRow, pack, pack_chunks,
                                 unpack_logprobs)
 from .wasm import WasmMemoryError, team_words
 
 DTYPE_CODES = {"f32": 0, "q4": 1, "q4a": 2, "q8": 3, "q5_0": 4, "q5_1": 5, "q4k": 6, "q5k": 7, "q6k": 8}
-WEIGHT_WORDS, LAYER_WORDS, MODEL_WORDS, STEP_WORDS = 12, 11, 31, 13
+WEIGHT_WORDS, LAYER_WORDS, MODEL_WORDS, STEP_WORDS = 12, 16, 40, 13
 WORKER_STACK = 65536  # thread 1's wasm stack (it runs the GEMVs only: a few hundred bytes deep)
 PARAM_BYTES = 64  # sampling.py's RowParams, as kernels.c's SampleParams reads it
 # the Model's FAST_* bits (kernels.c): fast = int8 activations everywhere but the down projection, which takes int16
@@ -95,13 +95,17 @@ def repack(host, arena, desc: int, what: str) -> int:
 
 
 def rope_tables(head_dim: int, theta: float, scaling: dict | None, positions: int) -> tuple[bytes, bytes]:
-    """cos and sin of angle = f32(pos) * f32(inv_freq[i]) rounded to f32, as the reference computes them."""
+    """cos and sin of angle = f32(pos) * f32(inv_freq[i]) rounded to f32, as the reference computes them; times
+    LongRoPE's attention factor (rounded to f32 again, as the reference's f32 product) where the scaling has one."""
     freqs = array("f", inv_freq(head_dim, theta, scaling))
     cos_t, sin_t = array("f"), array("f")
     for p in range(positions):  # (map over C callables: this loop is part of the page's load)
         angles = array("f", map(float(p).__mul__, freqs))  # the f32 product: exact in double, then rounded once
         cos_t.extend(map(math.cos, angles))
         sin_t.extend(map(math.sin, angles))
+    m = array("f", [attention_factor(scaling)])[0]
+    if m != 1.0:
+        cos_t, sin_t = array("f", map(m.__mul__, cos_t)), array("f", map(m.__mul__, sin_t))
     return cos_t.tobytes(), sin_t.tobytes()
 
 
@@ -192,7 +196,11 @@ class CpuRunner:
             gate, up, down = await matrix(p + "gate"), await matrix(p + "up"), await matrix(p + "down")
             kc = arena.alloc(cache_bytes, f"{p}k_cache")
             vc = arena.alloc(cache_bytes, f"{p}v_cache")
-            layers += struct.pack(f"<{LAYER_WORDS}I", attn_norm, ffn_norm, kc, vc, q, k, v, o, gate, up, down)
+            qn, kn = ((await tensor(p + "q_norm"))["data"], (await tensor(p + "k_norm"))["data"]) if cfg.qk_norm else (0, 0)
+            pa, pf = ((await tensor(p + "post_attn_norm"))["data"], (await tensor(p + "post_ffn_norm"))["data"]) \
+                if cfg.post_norms else (0, 0)
+            layers += struct.pack(f"<{LAYER_WORDS}I", attn_norm, ffn_norm, kc, vc, q, k, v, o, gate, up, down, qn, kn,
+                                  pa, pf, int(cfg.is_sliding(i)))
         norm = (await tensor("norm"))["data"]
         # what one decode step reads of the weights: every matrix once, but only a row of an embedding that is
         # not also the LM head (the bench's bandwidth bound on decode speed)
@@ -200,6 +208,11 @@ class CpuRunner:
         layers_off = arena.put(bytes(layers), "layers")
         cos_b, sin_b = rope_tables(hd, cfg.rope_theta, cfg.rope_scaling, self.max_model_len)
         cos_t, sin_t = arena.put(cos_b, "rope.cos"), arena.put(sin_b, "rope.sin")
+        sliding = [i for i in range(L) if cfg.is_sliding(i)]
+        cos_l, sin_l = cos_t, sin_t
+        if sliding and cfg.layer_rope(sliding[0]) != (cfg.rope_theta, cfg.rope_scaling):  # Gemma 3's local base
+            cos_b, sin_b = rope_tables(hd, *cfg.layer_rope(sliding[0]), self.max_model_len)
+            cos_l, sin_l = arena.put(cos_b, "rope.cos_local"), arena.put(sin_b, "rope.sin_local")
 
         T, S = max_batch_tokens, max_seqs
         kmax = max((t.k_padded or t.k) for t in package.tensors.values() if len(t.shape) == 2)
@@ -218,8 +231,14 @@ class CpuRunner:
             team = arena.put(team_words(self.threads, work1, xn1), "team")
         head = struct.pack("<8If3I", d, f, L, cfg.num_attention_heads, cfg.num_key_value_heads, hd, V, block_size,
                            cfg.rms_norm_eps, MODES[mode], self.max_model_len, self.max_model_len)
+        po = a(T * d, "po") if cfg.post_norms else 0
+        # the family features (kernels.c Model): f32 fields rounded as the reference rounds them
+        family = struct.pack("<I4fI3I", int(cfg.activation == "gelu_tanh"), cfg.embedding_multiplier,
+                             cfg.attn_scale if cfg.query_pre_attn_scalar is not None else 0.0,
+                             cfg.attn_logit_softcapping or 0.0, cfg.final_logit_softcapping or 0.0,
+                             cfg.sliding_window if sliding else 0, cos_l, sin_l, po)
         self.model_off = arena.put(head + struct.pack("<19I", embed, lm_head, norm, cos_t, sin_t, layers_off, *scratch,
-                                                      team), "model")
+                                                      team) + family, "model")
         if team:
             started = host.start_worker(team, stack + WORKER_STACK)  # (the page's host: a Worker to wait for)
             if inspect.isawaitable(started):
