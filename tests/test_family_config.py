@@ -88,3 +88,22 @@ def test_pack_chat_template_file_replaces_the_sources(tmp_path):
     with pytest.raises(ChatTemplateError):
         pack(src, tmp_path / "bad", progress=False, chat_template="{% for %}")
     assert not (tmp_path / "bad").exists()
+
+
+def test_pack_without_output_names_the_folder_after_the_model(tmp_path, monkeypatch, capsys):
+    """`webinfer pack SOURCE` (no -o) packs into $WEBINFER_HOME/packages/ under the source's name (or --name, made
+    one safe path component), never into the default model's folder: packing Gemma there used to fail with
+    "packages/SmolLM2-135M-Instruct already exists", and with --force would have replaced SmolLM2."""
+    from webinfer_packager.cli.main import main
+    from tests.synthetic import write_hf
+
+    monkeypatch.setenv("WEBINFER_HOME", str(tmp_path / "home"))
+    default = tmp_path / "home" / "packages" / "SmolLM2-135M-Instruct"
+    default.mkdir(parents=True)
+    src = write_hf(tmp_path / "tiny-model")
+    assert main(["pack", str(src), "--quiet"]) == 0
+    assert (tmp_path / "home" / "packages" / "tiny-model" / "manifest.json").is_file()
+    assert main(["pack", str(src), "--quiet", "--name", "../a/b c"]) == 0
+    assert (tmp_path / "home" / "packages" / "a_b_c" / "manifest.json").is_file()
+    assert not any(default.iterdir())
+    assert capsys.readouterr().out.split() == [str(tmp_path / "home" / "packages" / n) for n in ("tiny-model", "a_b_c")]

