@@ -122,3 +122,22 @@ def test_chat_needs_a_template(gemma_gguf, tmp_path):
     with pytest.raises(InvalidRequestError, match="chat template") as e:
         Prompter.for_package(pkg, Tokenizer.from_json(pkg.tokenizer_json())).chat_ids([{"role": "user", "content": "hi"}])
     assert e.value.param == "messages"
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_cpu_greedy_equals_transformers(gemma_package, transformers_gemma, threads):
+    """The CPU engine (the page's engine without a fast GPU) in exact mode: Gemma 3's GeGLU, sandwich norms, q/k
+    norms, embedding scale, sliding layers with their own RoPE base, over Q4_K / Q6_K / Q5_0 / Q8_0 weights, on one
+    thread and on two. (Before the engine had the family features it decoded this model as llama: garbage.)"""
+    import asyncio
+
+    from tests.gpu_fixtures import generate_ids
+    from webinfer.cpu import load_cpu_runner
+
+    runner = asyncio.run(load_cpu_runner(gemma_package, mode="exact", threads=threads, num_blocks=24, block_size=16,
+                                         max_batch_tokens=32, max_seqs=4, max_model_len=256))
+    try:
+        for text, (ids, want) in zip(PROMPTS, transformers_gemma[2]):
+            assert generate_ids(gemma_package, ids, N, runner=runner) == want, text
+    finally:
+        runner.close()

@@ -27,10 +27,10 @@ pytestmark = [pytest.mark.browser, pytest.mark.model, pytest.mark.slow, pytest.m
 PROMPTS = ["The capital of France is", "Once upon a time, in a small village,"]
 N = 24
 
-RUN = """async ([url, requests, n]) => {
+RUN = """async ([url, requests, n, backend]) => {
     const w = await import("./webinfer.js");
     const t0 = performance.now();
-    const engine = await w.load(url, {backend: "webgpu"});
+    const engine = await w.load(url, {backend: backend || "webgpu"});
     const loadMs = performance.now() - t0;
     const runs = [];
     for (const req of requests) {
@@ -57,18 +57,27 @@ def gemma_site(tmp_path_factory, gemma_package):
     srv.stop()
 
 
-def test_gemma_greedy_ids_equal_transformers(gemma_site, gemma_hf, browser):
-    want = hf_greedy(*gemma_hf, PROMPTS, N)
+@pytest.fixture(scope="module")
+def gemma_want(gemma_hf):
+    return hf_greedy(*gemma_hf, PROMPTS, N)
+
+
+# webgpu: SwiftShader's WebGPU; cpu: the WebAssembly engine (exact mode, one Worker), which the chat page's Auto
+# picks on a software adapter: Gemma's GeGLU, sandwich and q/k norms, sliding layers in wasm/kernels.c
+@pytest.mark.parametrize("backend", ["webgpu", "cpu"])
+def test_gemma_greedy_ids_equal_transformers(gemma_site, gemma_want, browser, backend):
+    want = gemma_want
     logs: list[str] = []
     page = browser.new_page()
     attach_console(page, logs)
     page.goto(gemma_site.url + "index.html")
     m = json.loads((gemma_site.root / "site.json").read_text())["models"][0]
-    r = page.evaluate(RUN, [m["manifest"], [{"prompt_ids": ids} for ids, _ in want], N])
-    print("\ngemma browser load_ms", round(r["loadMs"]), "timings", json.dumps(r["info"]["timings"]))
+    r = page.evaluate(RUN, [m["manifest"], [{"prompt_ids": ids} for ids, _ in want], N, backend])
+    assert r["info"]["backend"] == backend, r["info"]
+    print(f"\ngemma browser {backend} load_ms", round(r["loadMs"]), "timings", json.dumps(r["info"]["timings"]))
     for text, (ids, gen), run in zip(PROMPTS, want, r["runs"]):
-        print(f"gemma browser {text!r}: decode {run['decode_tok_s']:.2f} tok/s, ttft {run['ttft_ms']:.0f} ms, "
-              f"{run['text']!r}")
+        print(f"gemma browser {backend} {text!r}: decode {run['decode_tok_s']:.2f} tok/s, "
+              f"ttft {run['ttft_ms']:.0f} ms, {run['text']!r}")
         assert run["prompt_tokens"] == len(ids) and ids[0] == 2, (run, ids)
         assert run["ids"] == gen, (text, run["ids"], gen, logs[-20:])
 
