@@ -71,16 +71,20 @@ static float expf_(float x) {
 // ------------------------------------------------------------------------------------------------ weights
 
 enum { F_F32 = 0, F_Q4 = 1, F_Q4A = 2, F_Q8 = 3, F_Q5_0 = 4, F_Q5_1 = 5, F_Q4K = 6, F_Q5K = 7, F_Q6K = 8 };
+// q6k after wi_repack (packed = 2): each code a byte, a unit's 32 in unit_codes' order (even elements, then odd),
+// the package's scales and super-block scales copied beside them. Not a package format: the kernels' name for it.
+#define F_Q6KB 9u
 
 // One weight matrix [n, k] in a package encoding; component addresses are 0 when the format has none.
 typedef struct {
     u32 dtype, n, k, kp, gs;
     const u8 *qweight, *qhigh, *scales, *mins, *super;
     const float *bias;  // [n] or 0
-    u32 packed;         // 1: repacked by wi_repack into the PACKED layout at qweight (scales, mins, qhigh unused)
+    u32 packed;         // 1: repacked by wi_repack into the PACKED layout at qweight (scales, mins, qhigh unused);
+                        // 2: q6k's byte codes (F_Q6KB) at qweight, scales and super beside them
 } Weight;
 
-INLINE u32 row_bytes_q(const Weight *w) { return w->dtype == F_Q8 ? w->kp : w->kp / 2; }
+INLINE u32 row_bytes_q(const Weight *w) { return w->dtype == F_Q8 || w->packed == 2 ? w->kp : w->kp / 2; }
 
 // Codes of unit u (elements [32u, 32u + 32)) of a row as two u8x16 vectors (q8: i8x16) v0, v1, each to be
 // multiplied with 16 activations of the unit's (ordered) activation block xb: v0 . xb[0..16) + v1 . xb[16..32).
@@ -88,9 +92,9 @@ INLINE u32 row_bytes_q(const Weight *w) { return w->dtype == F_Q8 ? w->kp : w->k
 //   nibble formats: v0 = the low nibbles (even elements 0, 2, .., 30), v1 = the high nibbles (odd elements), so
 //   no shuffles: the activations are permuted instead (ODD_EVEN, once per call), xb = x[0], x[2], .., x[30], x[1],
 //   x[3], .., x[31]. Lanes 0-7 of either vector belong to half 0 (elements < 16), lanes 8-15 to half 1.
-#define ODD_EVEN(dt) ((dt) != F_Q8 && (dt) != F_F32)
+#define ODD_EVEN(dt) ((dt) != F_Q8 && (dt) != F_F32)  // (F_Q6KB too: its bytes are stored in that order)
 INLINE void unit_codes(u32 dt, const u8 *qrow, const u8 *hrow, u32 u, v128_t *c0, v128_t *c1) {
-    if (dt == F_Q8) {
+    if (dt == F_Q8 || dt == F_Q6KB) {  // (F_Q6KB: already in the odd/even order)
         *c0 = wasm_v128_load(qrow + 32 * u);
         *c1 = wasm_v128_load(qrow + 32 * u + 16);
         return;
@@ -138,7 +142,7 @@ INLINE RowCoefs row_coefs(u32 d, const Weight *w, u32 row) {
         c.sc = w->scales + row * (w->kp / 32);
         c.mn = w->mins + row * (w->kp / 32);
         c.sup = w->super + row * (w->kp / 256) * 4;
-    } else if (d == F_Q6K) {
+    } else if (d == F_Q6K || d == F_Q6KB) {
         c.sc = w->scales + row * (w->kp / 16);
         c.sup = w->super + row * ((w->kp / 256 + 1) / 2) * 4;
     } else if (d != F_F32) {
@@ -160,7 +164,7 @@ INLINE void unit_coefs(u32 d, const RowCoefs *c, u32 u, float *a0, float *b0, fl
         *b0 = *b1 = b;
         return;
     }
-    if (d == F_Q6K) {
+    if (d == F_Q6K || d == F_Q6KB) {
         float dd = f16_to_f32(((const u16 *)c->sup)[u / 8]);
         const i8 *sc = (const i8 *)c->sc + 2 * u;
         *a0 = dd * (float)sc[0];
@@ -180,6 +184,7 @@ INLINE void unit_coefs(u32 d, const RowCoefs *c, u32 u, float *a0, float *b0, fl
 }
 
 INLINE const u8 *qhigh_row(const Weight *w, u32 row) {
+    if (w->packed) return 0;
     if (w->dtype == F_Q6K) return w->qhigh + row * (w->kp / 4);
     return w->qhigh ? w->qhigh + row * (w->kp / 8) : 0;
 }
@@ -217,13 +222,46 @@ static void unit_elements(const Weight *w, u32 row, u32 u, u8 *codes, float *a, 
 }
 
 // bytes of w's packed layout (0: w is not packable or already packed)
+// q6k's byte layout (F_Q6KB): codes, then scales, then super-block scales (each 4-byte aligned)
+INLINE u32 q6kb_scales_at(const Weight *w) { return w->n * w->kp; }
+INLINE u32 q6kb_super_at(const Weight *w) { return q6kb_scales_at(w) + (w->n * (w->kp / 16) + 3) / 4 * 4; }
+
 EXPORT(wi_repack_bytes) u32 wi_repack_bytes(const Weight *w) {
-    if (w->packed || !PACKABLE(w->dtype, w)) return 0;
+    if (w->packed) return 0;
+    // q6k: a byte per code (8 bits where the package has 6.5 with the scales: +22 % resident and read per step)
+    // because decoding its split low/high bits took ~20 SIMD operations per 32 codes: that GEMV ran at 0.5-1 GB/s
+    if (w->dtype == F_Q6K) return q6kb_super_at(w) + w->n * ((w->kp / 256 + 1) / 2) * 4;
+    if (!PACKABLE(w->dtype, w)) return 0;
     return (w->n + 3) / 4 * (w->kp / 32) * PBLK(w->dtype);
+}
+
+static void repack_q6k(Weight *w, u8 *dst) {
+    u32 nu = w->kp / 32, sb = w->n * (w->kp / 16), pb = w->n * ((w->kp / 256 + 1) / 2) * 4;
+    for (u32 row = 0; row < w->n; row++) {
+        const u8 *qrow = w->qweight + row * (w->kp / 2), *hrow = qhigh_row(w, row);
+        for (u32 u = 0; u < nu; u++) {
+            v128_t c0, c1;
+            unit_codes(F_Q6K, qrow, hrow, u, &c0, &c1);
+            wasm_v128_store(dst + row * w->kp + 32 * u, c0);
+            wasm_v128_store(dst + row * w->kp + 32 * u + 16, c1);
+        }
+    }
+    u8 *sc = dst + q6kb_scales_at(w), *sup = dst + q6kb_super_at(w);
+    for (u32 i = 0; i < sb; i++) sc[i] = w->scales[i];
+    for (u32 i = 0; i < pb; i++) sup[i] = w->super[i];
+    w->qweight = dst;
+    w->scales = sc;
+    w->super = sup;
+    w->qhigh = w->mins = 0;
+    w->packed = 2;
 }
 
 // Writes w's packed layout to dst (wi_repack_bytes bytes, not overlapping w's components) and points w at it.
 EXPORT(wi_repack) void wi_repack(Weight *w, u8 *dst) {
+    if (w->dtype == F_Q6K) {
+        repack_q6k(w, dst);
+        return;
+    }
     u32 dt = w->dtype, nu = w->kp / 32, nc = PCODES(dt);
     u8 codes[32];
     for (u32 g = 0; g < (w->n + 3) / 4; g++)
@@ -271,7 +309,7 @@ static void dequant_packed_row(const Weight *w, u32 row, float *out) {
 // Dequantize one row to f32 (the embedding gather, and the tests' decoder check): value = a * q + b, in the order
 // formats.py gives (q4k: (d * sc) * q - dmin * m), so repacked GGUF rows decode as gguf.quants does.
 static void dequant_row(const Weight *w, u32 row, float *out) {
-    if (w->packed) {
+    if (w->packed == 1) {
         dequant_packed_row(w, row, out);
         return;
     }
@@ -282,14 +320,15 @@ static void dequant_row(const Weight *w, u32 row, float *out) {
     }
     const u8 *qrow = w->qweight + row * row_bytes_q(w), *hrow = qhigh_row(w, row);
     u8 codes[32] __attribute__((aligned(16)));
-    RowCoefs rc = row_coefs(w->dtype, w, row);
+    u32 dt = w->packed == 2 ? F_Q6KB : w->dtype;
+    RowCoefs rc = row_coefs(dt, w, row);
     for (u32 u = 0; u < w->kp / 32; u++) {
         v128_t c0, c1;
-        unit_codes(w->dtype, qrow, hrow, u, &c0, &c1);
+        unit_codes(dt, qrow, hrow, u, &c0, &c1);
         wasm_v128_store(codes, c0);
         wasm_v128_store(codes + 16, c1);
         float a0, b0, a1, b1;
-        unit_coefs(w->dtype, &rc, u, &a0, &b0, &a1, &b1);
+        unit_coefs(dt, &rc, u, &a0, &b0, &a1, &b1);
         for (u32 i = 0; i < 32 && 32 * u + i < w->k; i++) {
             u32 ci = ODD_EVEN(w->dtype) ? (i % 2) * 16 + i / 2 : i;  // where element i sits in codes[]
             float q = w->dtype == F_Q8 ? (float)(i8)codes[ci] : (float)codes[ci];
@@ -590,6 +629,10 @@ INLINE void rows_dot_fast(u32 dt, const Weight *w, u32 n0, int NW, const Acts *A
 // One weight row against R activation rows (R constant after inlining), unit by unit: the formats other than
 // rows_dot_fast's (K-quants, groups over 32). Per row the operations are the same
 // whatever R is: a token's result does not depend on its neighbours.
+// fast: ACT_I8 / ACT_I16 (int8 / int16 activations), EXACT_INT (exact mode: x = (hi * 32768 + lo) * xd; a lane's
+// integer dots stay below 2^24 for codes up to 6 bits (8 x 63 x 32767), so they convert to f32 exactly and the
+// lane's sum rounds once (q8's signed codes may reach 2^25: one more f32 rounding): f32 precision at the integer
+// path's speed (Gemma 3's q6k down projection 640x2048: 1.98 -> 1.57 ms), ACT_F32 (f32 products).
 INLINE void row_dot(u32 dt, const Weight *w, u32 row, const Acts *A, u32 r0, int R, int fast, float *out) {
     const u8 *qrow = w->qweight + row * row_bytes_q(w), *hrow = qhigh_row(w, row);
     u32 kp = w->kp, nu = kp / 32;
@@ -606,7 +649,15 @@ INLINE void row_dot(u32 dt, const Weight *w, u32 row, const Acts *A, u32 r0, int
             u32 ri = r0 + r;
             const float *xs = A->xsum + ri * (kp / 16) + 2 * u;
             bacc[r] += b0 * xs[0] + b1 * xs[1];
-            if (fast) {
+            if (fast == EXACT_INT) {
+                float d = A->xd[ri * nu + u], ad0 = a0 * d, ad1 = a1 * d;
+                const i16 *xw = A->xw + ri * kp + 32 * u, *xl = A->xl + ri * kp + 32 * u;
+                v128_t sh = wasm_i32x4_add(half_dot_i8(c0, 0, xw, dt == F_Q8, 1), half_dot_i8(c1, 0, xw + 16, dt == F_Q8, 1));
+                v128_t sl = wasm_i32x4_add(half_dot_i8(c0, 0, xl, dt == F_Q8, 1), half_dot_i8(c1, 0, xl + 16, dt == F_Q8, 1));
+                v128_t t = wasm_f32x4_add(wasm_f32x4_mul(wasm_f32x4_convert_i32x4(sh), wasm_f32x4_splat(32768.0f)),
+                                          wasm_f32x4_convert_i32x4(sl));
+                acc[r] = wasm_f32x4_add(acc[r], wasm_f32x4_mul(t, wasm_f32x4_make(ad0, ad0, ad1, ad1)));
+            } else if (fast) {
                 float d = A->xd[ri * nu + u], ad0 = a0 * d, ad1 = a1 * d;
                 v128_t s = unit_dot_i8(dt, c0, c1, A, ri, kp, u, fast == 2);
                 acc[r] = wasm_f32x4_add(acc[r], wasm_f32x4_mul(wasm_f32x4_convert_i32x4(s),
@@ -675,6 +726,9 @@ INLINE void linear_rows(u32 dt, const Weight *w, const Acts *A, float *y, u32 y_
                 }
                 n += nw - 1;
                 continue;
+            } else if (fast == EXACT_INT) {
+                if (R == TILE) row_dot(dt, w, n, A, r0, TILE, EXACT_INT, out);
+                else row_dot(dt, w, n, A, r0, 1, EXACT_INT, out);
             } else if (fast == 2) {
                 if (R == TILE) row_dot(dt, w, n, A, r0, TILE, 2, out);
                 else row_dot(dt, w, n, A, r0, 1, 2, out);
@@ -1140,8 +1194,8 @@ static void linear(const Weight *w, const float *x, u32 x_stride, float *y, u32 
     u32 kp = w->dtype == F_F32 ? w->k : w->kp;
     Acts A = {x, x_stride, (float *)scratch, 0, 0, 0, 0, 0, n0, n1};
     if (w->dtype == F_F32) fast = ACT_F32;  // in: 0 exact, 1 int8 activations, 2 int16 activations
-    else if (fast == ACT_F32 && VEC4(w->dtype, w)) fast = EXACT_INT;
-    if (w->packed) {  // (always a VEC4 format: exact mode is EXACT_INT)
+    else if (fast == ACT_F32) fast = EXACT_INT;  // every quantized format: integer dots at f32 precision
+    if (w->packed == 1) {  // (always a VEC4 format: exact mode is EXACT_INT)
         u8 *p = scratch;
         A.xd = (float *)p;
         p += rows * (kp / 32) * 4;
@@ -1183,7 +1237,10 @@ static void linear(const Weight *w, const float *x, u32 x_stride, float *y, u32 
         case F_Q5_1: linear_rows(F_Q5_1, w, &A, y, y_stride, rows, accumulate, fast); break;
         case F_Q4K: linear_rows(F_Q4K, w, &A, y, y_stride, rows, accumulate, fast); break;
         case F_Q5K: linear_rows(F_Q5K, w, &A, y, y_stride, rows, accumulate, fast); break;
-        case F_Q6K: linear_rows(F_Q6K, w, &A, y, y_stride, rows, accumulate, fast); break;
+        case F_Q6K:
+            if (w->packed == 2) linear_rows(F_Q6KB, w, &A, y, y_stride, rows, accumulate, fast);
+            else linear_rows(F_Q6K, w, &A, y, y_stride, rows, accumulate, fast);
+            break;
     }
 }
 

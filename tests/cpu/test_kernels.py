@@ -23,7 +23,8 @@ FORMATS = [("q4", 32), ("q4", 128), ("q4a", 32), ("q4a", 64), ("q8", 32), ("q5_0
            ("q5k", 256), ("q6k", 256), ("f32", None)]
 # the formats the runner repacks into the packed GEMV layout (wi_repack): tested in both layouts
 PACKED = [("q4", 32), ("q4a", 32), ("q8", 32)]
-LAYOUTS = [(d, g, False) for d, g in FORMATS] + [(d, g, True) for d, g in PACKED]
+# and q6k, which wi_repack rewrites as a byte per code (F_Q6KB): tested in both layouts too
+LAYOUTS = [(d, g, False) for d, g in FORMATS] + [(d, g, True) for d, g in PACKED + [("q6k", 256)]]
 
 
 @pytest.fixture(scope="module", params=["base", "relaxed"])
@@ -96,7 +97,7 @@ def test_linear(mem, dtype, gs, packed, fast):
 
 
 @pytest.mark.parametrize("dtype,gs,packed", [("q4a", 32, False), ("q6k", 256, False), ("f32", None, False),
-                                             ("q4a", 32, True), ("q8", 32, True)])
+                                             ("q4a", 32, True), ("q8", 32, True), ("q6k", 256, True)])
 @pytest.mark.parametrize("fast", [0, 1, 2])
 def test_split_linear_equals_the_whole(mem, dtype, gs, packed, fast):
     """Two threads' shares of a matrix (wi_linear_part: output columns [0, n0) and [n0, n), n0 a multiple of 4, as
@@ -162,8 +163,26 @@ def test_bench_switch_skips_linear_and_resets(mem):
     assert not np.array_equal(y.read(), y0)
 
 
+@pytest.mark.parametrize("fast", [0, 1, 2])
+def test_q6k_byte_layout_equals_the_package_layout(mem, fast):
+    """wi_repack's q6k (a byte per code, F_Q6KB) is a faster decode of the same codes: every output bit for bit
+    the package layout's, for 1 and 6 activation rows."""
+    n, k = 37, 512
+    x = mem.put(np.random.default_rng(11).standard_normal((6, k)).astype(np.float32))
+    scratch = mem.scratch(mem.call("wi_linear_scratch_bytes", 6, k))
+    outs = []
+    for packed in (False, True):
+        w, _ = _weight(mem, "q6k", 256, n, k, 12, packed=packed)
+        for rows in (1, 6):
+            y = mem.empty((rows, n))
+            mem.call("wi_linear", w, x.off, k, y.off, n, rows, 0, fast, scratch.off)
+            outs.append(y.read())
+    assert np.array_equal(outs[0], outs[2]) and np.array_equal(outs[1], outs[3])
+
+
 @pytest.mark.parametrize("dtype,gs,packed", [("q4a", 32, False), ("q6k", 256, False), ("q5k", 256, False),
-                                             ("q8", 32, False), ("q4a", 32, True), ("q4", 32, True), ("q8", 32, True)])
+                                             ("q8", 32, False), ("q4a", 32, True), ("q4", 32, True), ("q8", 32, True),
+                                             ("q6k", 256, True)])
 @pytest.mark.parametrize("fast", [0, 1, 2])
 def test_base_and_relaxed_builds_agree_bitwise(both, dtype, gs, packed, fast):
     n, k, rows = 20, 512, 5
