@@ -1609,8 +1609,10 @@ static u32 sample_row(const float *l, u32 vocab, const SampleParams *p, const u3
 
 // ------------------------------------------------------------------------------------------------ the model
 
-// FAST_DOWN16: the down projection's activations (after SwiGLU: the largest outliers) as int16 instead of int8
-enum { FAST_QKV = 1, FAST_O = 2, FAST_GATE_UP = 4, FAST_DOWN = 8, FAST_HEAD = 16, FAST_DOWN16 = 32 };
+// FAST_DOWN16: the down projection's activations (after SwiGLU: the largest outliers) as int16 instead of int8;
+// FAST_GATE_UP16: gate's and up's as int16 (the runner's choice for GeGLU models: docs/cpu-backend.md "Modes")
+enum { FAST_QKV = 1, FAST_O = 2, FAST_GATE_UP = 4, FAST_DOWN = 8, FAST_HEAD = 16, FAST_DOWN16 = 32,
+       FAST_GATE_UP16 = 64 };
 
 typedef struct {
     const float *attn_norm, *ffn_norm;
@@ -1832,9 +1834,9 @@ static void step_body(const Ctx *c, const Model *m, const Step *s) {
         }
         SYNC();
         rmsnorm(m->r, d, L->ffn_norm, c->xn, d, T, d, m->eps);
-        linear_share(c, L->gate, c->xn, d, m->g, m->f, T, 0, (m->fast & FAST_GATE_UP) != 0, 1);
-        linear_share(c, L->up, c->xn, d, m->u, m->f, T, 0, (m->fast & FAST_GATE_UP) != 0,
-                     !same_layout(L->gate, L->up));
+        int fg = (m->fast & FAST_GATE_UP16) ? 2 : (m->fast & FAST_GATE_UP) != 0;
+        linear_share(c, L->gate, c->xn, d, m->g, m->f, T, 0, fg, 1);
+        linear_share(c, L->up, c->xn, d, m->u, m->f, T, 0, fg, !same_layout(L->gate, L->up));
         u32 f0, f1;  // SwiGLU on the columns this thread computed
         share(c, m->f, &f0, &f1);
         for (u32 t = 0; t < T; t++)
