@@ -1246,20 +1246,24 @@ static void linear(const Weight *w, const float *x, u32 x_stride, float *y, u32 
 
 // ------------------------------------------------------------------------------------------------ other ops
 
+// sqrt(mean(x^2) + eps) of one row of d
+INLINE float rms_den(const float *x, u32 d, float eps) {
+    v128_t acc = wasm_f32x4_splat(0.0f);
+    u32 d4 = d & ~3u;
+    for (u32 i = 0; i < d4; i += 4) {
+        v128_t v = wasm_v128_load(x + i);
+        acc = wasm_f32x4_add(acc, wasm_f32x4_mul(v, v));
+    }
+    float ss = hsum(acc);
+    for (u32 i = d4; i < d; i++) ss += x[i] * x[i];
+    return __builtin_sqrtf(ss / (float)d + eps);
+}
+
 // y = x / sqrt(mean(x^2) + eps) * w, per row (the reference's order: divide, then scale)
 static void rmsnorm(const float *x, u32 x_stride, const float *w, float *y, u32 y_stride, u32 rows, u32 d, float eps) {
     for (u32 r = 0; r < rows; r++) {
         const float *xr = x + r * x_stride;
-        float *yr = y + r * y_stride;
-        v128_t acc = wasm_f32x4_splat(0.0f);
-        u32 d4 = d & ~3u;
-        for (u32 i = 0; i < d4; i += 4) {
-            v128_t v = wasm_v128_load(xr + i);
-            acc = wasm_f32x4_add(acc, wasm_f32x4_mul(v, v));
-        }
-        float ss = hsum(acc);
-        for (u32 i = d4; i < d; i++) ss += xr[i] * xr[i];
-        float den = __builtin_sqrtf(ss / (float)d + eps);
+        float *yr = y + r * y_stride, den = rms_den(xr, d, eps);
         for (u32 i = 0; i < d; i++) yr[i] = (xr[i] / den) * w[i];
     }
 }
@@ -1750,15 +1754,7 @@ static void post_norm_add(const Ctx *c, const Model *m, const float *w, u32 T) {
     share(c, d, &n0, &n1);
     for (u32 t = 0; t < T; t++) {
         const float *p = m->po + t * d;
-        v128_t acc = wasm_f32x4_splat(0.0f);
-        u32 d4 = d & ~3u;
-        for (u32 i = 0; i < d4; i += 4) {
-            v128_t v = wasm_v128_load(p + i);
-            acc = wasm_f32x4_add(acc, wasm_f32x4_mul(v, v));
-        }
-        float ss = hsum(acc);
-        for (u32 i = d4; i < d; i++) ss += p[i] * p[i];
-        float den = __builtin_sqrtf(ss / (float)d + m->eps);
+        float den = rms_den(p, d, m->eps);
         for (u32 i = n0; i < n1; i++) m->r[t * d + i] += (p[i] / den) * w[i];
     }
 }
