@@ -140,3 +140,20 @@ def test_geglu_models_take_int16_gate_up_in_fast_mode(family_package):
         runner.host.write(runner.model_off + 4 * _FAST_WORD, struct.pack("<I", mask))
         err[name] = np.abs(_logits(runner, prompt, [3, 1, 5, 2, 7, 9], [])[0] - want).max()
     assert err["int16"] < 0.05 * err["int8"], err
+
+
+def test_a_window_past_the_context_loads_and_changes_nothing(family_package, tmp_path):
+    """A manifest's sliding_window beyond the u32 range (untrusted input) loads: a window past max_model_len never
+    bites, so it is clamped, and the ids are those of a full-attention reading (the reference's with that window)."""
+    import json
+    import shutil
+
+    from tests.gpu_fixtures import generate_ids
+
+    pkg = tmp_path / "pkg"
+    shutil.copytree(family_package("gemma3"), pkg)
+    manifest = json.loads((pkg / "manifest.json").read_text())
+    manifest["config"]["sliding_window"] = 2 ** 40
+    (pkg / "manifest.json").write_text(json.dumps(manifest))
+    runner = _runner(pkg)
+    assert generate_ids(pkg, PROMPTS[2], 12, runner=runner) == _reference(pkg, PROMPTS[2], 12)

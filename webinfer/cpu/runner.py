@@ -242,11 +242,12 @@ class CpuRunner:
         head = struct.pack("<8If3I", d, f, L, cfg.num_attention_heads, cfg.num_key_value_heads, hd, V, block_size,
                            cfg.rms_norm_eps, mode_bits(mode, cfg), self.max_model_len, self.max_model_len)
         po = a(T * d, "po") if cfg.post_norms else 0
-        # the family features (kernels.c Model): f32 fields rounded as the reference rounds them
+        # the family features (kernels.c Model): f32 fields rounded as the reference rounds them; a window past
+        # max_model_len never bites (clamped: a manifest's huge window must not overflow the u32)
         family = struct.pack("<I4fI3I", int(cfg.activation == "gelu_tanh"), cfg.embedding_multiplier,
                              cfg.attn_scale if cfg.query_pre_attn_scalar is not None else 0.0,
                              cfg.attn_logit_softcapping or 0.0, cfg.final_logit_softcapping or 0.0,
-                             cfg.sliding_window if sliding else 0, cos_l, sin_l, po)
+                             min(cfg.sliding_window, self.max_model_len) if sliding else 0, cos_l, sin_l, po)
         self.model_off = arena.put(head + struct.pack("<19I", embed, lm_head, norm, cos_t, sin_t, layers_off, *scratch,
                                                       team) + family, "model")
         if team:
