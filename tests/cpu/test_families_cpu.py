@@ -157,3 +157,22 @@ def test_a_window_past_the_context_loads_and_changes_nothing(family_package, tmp
     (pkg / "manifest.json").write_text(json.dumps(manifest))
     runner = _runner(pkg)
     assert generate_ids(pkg, PROMPTS[2], 12, runner=runner) == _reference(pkg, PROMPTS[2], 12)
+
+
+@pytest.mark.parametrize("field,value", [("embedding_multiplier", 1e300), ("final_logit_softcapping", 1e39),
+                                         ("query_pre_attn_scalar", 1e-300)])
+def test_a_float_outside_f32_is_a_typed_error(family_package, tmp_path, field, value):
+    """Config floats the module reads as f32 (untrusted manifest values) outside its range: a FormatError naming
+    the field at load, not struct.error or an inf inside the model."""
+    import json
+    import shutil
+
+    from webinfer.errors import FormatError
+
+    pkg = tmp_path / "pkg"
+    shutil.copytree(family_package("gemma2"), pkg)
+    manifest = json.loads((pkg / "manifest.json").read_text())
+    manifest["config"][field] = value
+    (pkg / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(FormatError, match=f"config.{field}"):
+        _runner(pkg)

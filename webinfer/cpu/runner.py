@@ -119,6 +119,21 @@ def rope_tables(head_dim: int, theta: float, scaling: dict | None, positions: in
     return cos_t.tobytes(), sin_t.tobytes()
 
 
+def _check_f32_fields(cfg) -> None:
+    """The config's floats the module reads as f32 must be finite there (a manifest is untrusted input: 1e300
+    would fail struct.pack at load, or run as inf)."""
+    from ..errors import FormatError  # noqa: PLC0415
+
+    fields = {"rms_norm_eps": cfg.rms_norm_eps, "embedding_multiplier": cfg.embedding_multiplier,
+              "attn_logit_softcapping": cfg.attn_logit_softcapping,
+              "final_logit_softcapping": cfg.final_logit_softcapping,
+              "query_pre_attn_scalar": cfg.attn_scale if cfg.query_pre_attn_scalar is not None else None}
+    for name, v in fields.items():
+        if v is not None and not (math.isfinite(v) and abs(v) < 3.4e38):
+            raise FormatError("manifest.json", f"config.{name}", f"gives {v!r} to the CPU engine",
+                              "a finite value within float32's range")
+
+
 class CpuRunner:
     """ModelRunner over a wasm host (webinfer/cpu/wasm.py). Build with `await CpuRunner.load(host, package, ...)`."""
 
@@ -143,6 +158,7 @@ class CpuRunner:
             raise ValueError(f"num_blocks={num_blocks}: need the null block plus at least one")
         self = cls()
         cfg = package.config
+        _check_f32_fields(cfg)
         self.cfg, self.host, self.package, self.mode = cfg, host, package, mode
         self.block_size, self.num_blocks = block_size, num_blocks
         self.max_model_len = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
