@@ -5,7 +5,7 @@ Everything lives in the module's linear memory, placed once at load by a bump al
                   binding at a time (no transient copy of the whole model); q4, q4a and q8 at group 32 are then
                   rewritten by the module into its packed GEMV layout (kernels.c wi_repack: 4 rows interleaved, f32
                   scales), their package bytes held only until then, one matrix at a time
-    descriptors   a 12-word Weight per matrix, an 11-word Layer per layer, one Model (see kernels.c)
+    descriptors   a 12-word Weight per matrix, a 16-word Layer per layer, one Model (see kernels.c)
     KV cache      per layer K and V [num_blocks, block_size, n_kv_heads, head_dim] f32 (block 0 = the null block)
     RoPE tables   cos / sin [max_model_len, head_dim / 2] f32, computed here in double precision
     scratch       activations for max_batch_tokens rows, logits for max_seqs rows, the kernels' work area
