@@ -225,18 +225,19 @@ static void unit_elements(const Weight *w, u32 row, u32 u, u8 *codes, float *a, 
 // q6k's byte layout (F_Q6KB): codes, then scales, then super-block scales (each 4-byte aligned)
 INLINE u32 q6kb_scales_at(const Weight *w) { return w->n * w->kp; }
 INLINE u32 q6kb_super_at(const Weight *w) { return q6kb_scales_at(w) + (w->n * (w->kp / 16) + 3) / 4 * 4; }
+INLINE u32 q6k_super_bytes(const Weight *w) { return w->n * ((w->kp / 256 + 1) / 2) * 4; }  // (f16 per 256, by words)
 
 EXPORT(wi_repack_bytes) u32 wi_repack_bytes(const Weight *w) {
     if (w->packed) return 0;
     // q6k: a byte per code (8 bits where the package has 6.5 with the scales: +22 % resident and read per step)
     // because decoding its split low/high bits took ~20 SIMD operations per 32 codes: that GEMV ran at 0.5-1 GB/s
-    if (w->dtype == F_Q6K) return q6kb_super_at(w) + w->n * ((w->kp / 256 + 1) / 2) * 4;
+    if (w->dtype == F_Q6K) return q6kb_super_at(w) + q6k_super_bytes(w);
     if (!PACKABLE(w->dtype, w)) return 0;
     return (w->n + 3) / 4 * (w->kp / 32) * PBLK(w->dtype);
 }
 
 static void repack_q6k(Weight *w, u8 *dst) {
-    u32 nu = w->kp / 32, sb = w->n * (w->kp / 16), pb = w->n * ((w->kp / 256 + 1) / 2) * 4;
+    u32 nu = w->kp / 32, sb = w->n * (w->kp / 16), pb = q6k_super_bytes(w);
     for (u32 row = 0; row < w->n; row++) {
         const u8 *qrow = w->qweight + row * (w->kp / 2), *hrow = qhigh_row(w, row);
         for (u32 u = 0; u < nu; u++) {
@@ -651,8 +652,8 @@ INLINE void row_dot(u32 dt, const Weight *w, u32 row, const Acts *A, u32 r0, int
             bacc[r] += b0 * xs[0] + b1 * xs[1];
             if (fast == EXACT_INT) {
                 float d = A->xd[ri * nu + u], ad0 = a0 * d, ad1 = a1 * d;
-                const i16 *xw = A->xw + ri * kp + 32 * u, *xl = A->xl + ri * kp + 32 * u;
-                v128_t sh = wasm_i32x4_add(half_dot_i8(c0, 0, xw, dt == F_Q8, 1), half_dot_i8(c1, 0, xw + 16, dt == F_Q8, 1));
+                const i16 *xl = A->xl + ri * kp + 32 * u;
+                v128_t sh = unit_dot_i8(dt, c0, c1, A, ri, kp, u, 1);
                 v128_t sl = wasm_i32x4_add(half_dot_i8(c0, 0, xl, dt == F_Q8, 1), half_dot_i8(c1, 0, xl + 16, dt == F_Q8, 1));
                 v128_t t = wasm_f32x4_add(wasm_f32x4_mul(wasm_f32x4_convert_i32x4(sh), wasm_f32x4_splat(32768.0f)),
                                           wasm_f32x4_convert_i32x4(sl));
