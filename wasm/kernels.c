@@ -71,20 +71,21 @@ static float expf_(float x) {
 // ------------------------------------------------------------------------------------------------ weights
 
 enum { F_F32 = 0, F_Q4 = 1, F_Q4A = 2, F_Q8 = 3, F_Q5_0 = 4, F_Q5_1 = 5, F_Q4K = 6, F_Q5K = 7, F_Q6K = 8 };
-// q6k after wi_repack (packed = 2): each code a byte, a unit's 32 in unit_codes' order (even elements, then odd),
-// the package's scales and super-block scales copied beside them. Not a package format: the kernels' name for it.
-#define F_Q6KB 9u
+// q6k after wi_repack: q8's packed layout with a scale per 16-element half (codes q - 32). Not a package format:
+// the kernels' name for it.
+#define F_Q8H 9u
+// q5_1 and q5k after wi_repack: q8's packed layout holding the codes (0 .. 31) and a (a, b) pair per unit
+#define F_Q8B 10u
 
 // One weight matrix [n, k] in a package encoding; component addresses are 0 when the format has none.
 typedef struct {
     u32 dtype, n, k, kp, gs;
     const u8 *qweight, *qhigh, *scales, *mins, *super;
     const float *bias;  // [n] or 0
-    u32 packed;         // 1: repacked by wi_repack into the PACKED layout at qweight (scales, mins, qhigh unused);
-                        // 2: q6k's byte codes (F_Q6KB) at qweight, scales and super beside them
+    u32 packed;         // 1: repacked by wi_repack into the PACKED layout at qweight (scales, mins, qhigh unused)
 } Weight;
 
-INLINE u32 row_bytes_q(const Weight *w) { return w->dtype == F_Q8 || w->packed == 2 ? w->kp : w->kp / 2; }
+INLINE u32 row_bytes_q(const Weight *w) { return w->dtype == F_Q8 ? w->kp : w->kp / 2; }
 
 // Codes of unit u (elements [32u, 32u + 32)) of a row as two u8x16 vectors (q8: i8x16) v0, v1, each to be
 // multiplied with 16 activations of the unit's (ordered) activation block xb: v0 . xb[0..16) + v1 . xb[16..32).
@@ -92,9 +93,9 @@ INLINE u32 row_bytes_q(const Weight *w) { return w->dtype == F_Q8 || w->packed =
 //   nibble formats: v0 = the low nibbles (even elements 0, 2, .., 30), v1 = the high nibbles (odd elements), so
 //   no shuffles: the activations are permuted instead (ODD_EVEN, once per call), xb = x[0], x[2], .., x[30], x[1],
 //   x[3], .., x[31]. Lanes 0-7 of either vector belong to half 0 (elements < 16), lanes 8-15 to half 1.
-#define ODD_EVEN(dt) ((dt) != F_Q8 && (dt) != F_F32)  // (F_Q6KB too: its bytes are stored in that order)
+#define ODD_EVEN(dt) ((dt) != F_Q8 && (dt) != F_F32)
 INLINE void unit_codes(u32 dt, const u8 *qrow, const u8 *hrow, u32 u, v128_t *c0, v128_t *c1) {
-    if (dt == F_Q8 || dt == F_Q6KB) {  // (F_Q6KB: already in the odd/even order)
+    if (dt == F_Q8) {
         *c0 = wasm_v128_load(qrow + 32 * u);
         *c1 = wasm_v128_load(qrow + 32 * u + 16);
         return;
@@ -142,7 +143,7 @@ INLINE RowCoefs row_coefs(u32 d, const Weight *w, u32 row) {
         c.sc = w->scales + row * (w->kp / 32);
         c.mn = w->mins + row * (w->kp / 32);
         c.sup = w->super + row * (w->kp / 256) * 4;
-    } else if (d == F_Q6K || d == F_Q6KB) {
+    } else if (d == F_Q6K) {
         c.sc = w->scales + row * (w->kp / 16);
         c.sup = w->super + row * ((w->kp / 256 + 1) / 2) * 4;
     } else if (d != F_F32) {
@@ -164,7 +165,7 @@ INLINE void unit_coefs(u32 d, const RowCoefs *c, u32 u, float *a0, float *b0, fl
         *b0 = *b1 = b;
         return;
     }
-    if (d == F_Q6K || d == F_Q6KB) {
+    if (d == F_Q6K) {
         float dd = f16_to_f32(((const u16 *)c->sup)[u / 8]);
         const i8 *sc = (const i8 *)c->sc + 2 * u;
         *a0 = dd * (float)sc[0];
@@ -191,11 +192,13 @@ INLINE const u8 *qhigh_row(const Weight *w, u32 row) {
 
 // ------------------------------------------------------------------------------------------------ packed weights
 //
-// The decode GEMV's layout (wi_repack, at load): q4, q4a and q8 with one scale per 32-element unit are rewritten
-// so that one SIMD lane holds one weight row. Rows go in groups of 4 (a last partial group padded with zero rows);
-// a group's units follow one another, each one block of
+// The decode GEMV's layout (wi_repack, at load): q4, q4a and q8 with one scale per 32-element unit, and the other
+// formats as one of them (below), are rewritten so that one SIMD lane holds one weight row. Rows go in groups of 4
+// (a last partial group padded with zero rows); a group's units follow one another, each one block of
 //     nibble formats (q4, q4a): 64 code bytes, then f32 a[4] and f32 b[4] (value = a * q + b; q4: b = -8 a)
 //     q8:                       128 code bytes, then f32 a[4]
+//     q6k (F_Q8H):              q8's 128 code bytes (q - 32), then f32 a0[4] (elements 0-15), a1[4] (16-31)
+//     q5_1, q5k (F_Q8B):        q8's 128 code bytes (q), then f32 a[4] and f32 b[4]
 // Code bytes come in 16-byte vectors whose byte 4r + j belongs to row r of the group: nibble vector t (0..3) holds
 // element 8t + j in its low nibble and element 8t + 4 + j in its high nibble; q8 vector t (0..7) holds element
 // 4t + j. Against activations broadcast per 4 elements, one byte or i16 dot product then sums 4 elements of 4 rows
@@ -203,12 +206,26 @@ INLINE const u8 *qhigh_row(const Weight *w, u32 row) {
 // f16 decode in the loop) and 4 rows share every activation load. Per row the arithmetic is a sequence over units,
 // so a row's result does not depend on its neighbours (batch invariance) nor on the build (exact integer sums).
 // Resident size per 32 weights: q4a 24 bytes (package 20), q4 24 (18), q8 36 (34).
-#define PACKABLE(dt, w) (((dt) == F_Q4 || (dt) == F_Q4A || (dt) == F_Q8) && (w)->gs == 32)
-#define PCODES(dt) ((dt) == F_Q8 ? 128u : 64u)
-#define PBLK(dt) ((dt) == F_Q8 ? 144u : 96u)
+// The other formats take these layouts without changing a weight's value: q4k as q4a (a = d * sc and
+// b = -(dmin * m) are exact f32 products of an f16 and a 6-bit integer: 24 bytes against the package's 18.5),
+// q5_0 as q8 (codes q - 16, a = s: 36 bytes against 22), q6k as F_Q8H (codes q - 32, a = d * sc per half, exact:
+// 40 bytes against 26), q5_1 and q5k as F_Q8B (codes q, (a, b) per unit: 40 bytes against 24 and 22.5). They are
+// what llama.cpp's Q4_K_M and Q5_K_M files hold (q5_0 where a K-quant needs K % 256 == 0 and the row is shorter,
+// as Gemma 3's 640). Their per-row kernels decoded scales per unit in scalar code: Gemma 3 270M's q5_0 and q4k
+// GEMVs read 4-7 GB/s, its q6k one 2 GB/s (a byte per code already), where the packed q8 and q4a ones read 13-20
+// (docs/cpu-backend.md, "Weight formats").
+#define PACKED_AS(dt) \
+    ((dt) == F_Q4K ? F_Q4A : (dt) == F_Q5_0 ? F_Q8 : (dt) == F_Q6K ? F_Q8H : (dt) == F_Q5_1 || (dt) == F_Q5K ? F_Q8B : (dt))
+#define PACKABLE(dt, w) \
+    ((((dt) == F_Q4 || (dt) == F_Q4A || (dt) == F_Q8 || (dt) == F_Q5_0 || (dt) == F_Q5_1) && (w)->gs == 32) || \
+     (dt) == F_Q4K || (dt) == F_Q5K || (dt) == F_Q6K)
+#define BYTE_PACKED(dt) ((dt) == F_Q8 || (dt) == F_Q8H || (dt) == F_Q8B)  // a byte per code, read as signed
+#define HAS_B(dt) ((dt) != F_Q8 && (dt) != F_Q8H)  // a b term (mins: the second f32[4] of a block)
+#define PCODES(dt) (BYTE_PACKED(dt) ? 128u : 64u)
+#define PBLK(dt) ((dt) == F_Q8 ? 144u : (dt) == F_Q8H || (dt) == F_Q8B ? 160u : 96u)
 
-// one unit of one row in element order: codes (q8: as i8) and the row's (a, b)
-static void unit_elements(const Weight *w, u32 row, u32 u, u8 *codes, float *a, float *b) {
+// one unit of one row in element order: codes (q8: as i8) and the row's (a, b) of each half: ab = a0, b0, a1, b1
+static void unit_elements(const Weight *w, u32 row, u32 u, u8 *codes, float *ab) {
     u32 dt = w->dtype;
     v128_t c0, c1;
     u8 raw[32] __attribute__((aligned(16)));
@@ -217,53 +234,20 @@ static void unit_elements(const Weight *w, u32 row, u32 u, u8 *codes, float *a, 
     wasm_v128_store(raw + 16, c1);
     for (u32 i = 0; i < 32; i++) codes[i] = raw[ODD_EVEN(dt) ? (i % 2) * 16 + i / 2 : i];
     RowCoefs rc = row_coefs(dt, w, row);
-    float a1, b1;
-    unit_coefs(dt, &rc, u, a, b, &a1, &b1);
+    unit_coefs(dt, &rc, u, ab, ab + 1, ab + 2, ab + 3);
 }
 
 // bytes of w's packed layout (0: w is not packable or already packed)
-// q6k's byte layout (F_Q6KB): codes, then scales, then super-block scales (each 4-byte aligned)
-INLINE u32 q6kb_scales_at(const Weight *w) { return w->n * w->kp; }
-INLINE u32 q6kb_super_at(const Weight *w) { return q6kb_scales_at(w) + (w->n * (w->kp / 16) + 3) / 4 * 4; }
-INLINE u32 q6k_super_bytes(const Weight *w) { return w->n * ((w->kp / 256 + 1) / 2) * 4; }  // (f16 per 256, by words)
-
 EXPORT(wi_repack_bytes) u32 wi_repack_bytes(const Weight *w) {
-    if (w->packed) return 0;
-    // q6k: a byte per code (8 bits where the package has 6.5 with the scales: +22 % resident and read per step)
-    // because decoding its split low/high bits took ~20 SIMD operations per 32 codes: that GEMV ran at 0.5-1 GB/s
-    if (w->dtype == F_Q6K) return q6kb_super_at(w) + q6k_super_bytes(w);
-    if (!PACKABLE(w->dtype, w)) return 0;
-    return (w->n + 3) / 4 * (w->kp / 32) * PBLK(w->dtype);
-}
-
-static void repack_q6k(Weight *w, u8 *dst) {
-    u32 nu = w->kp / 32, sb = w->n * (w->kp / 16), pb = q6k_super_bytes(w);
-    for (u32 row = 0; row < w->n; row++) {
-        const u8 *qrow = w->qweight + row * (w->kp / 2), *hrow = qhigh_row(w, row);
-        for (u32 u = 0; u < nu; u++) {
-            v128_t c0, c1;
-            unit_codes(F_Q6K, qrow, hrow, u, &c0, &c1);
-            wasm_v128_store(dst + row * w->kp + 32 * u, c0);
-            wasm_v128_store(dst + row * w->kp + 32 * u + 16, c1);
-        }
-    }
-    u8 *sc = dst + q6kb_scales_at(w), *sup = dst + q6kb_super_at(w);
-    for (u32 i = 0; i < sb; i++) sc[i] = w->scales[i];
-    for (u32 i = 0; i < pb; i++) sup[i] = w->super[i];
-    w->qweight = dst;
-    w->scales = sc;
-    w->super = sup;
-    w->qhigh = w->mins = 0;
-    w->packed = 2;
+    if (w->packed || !PACKABLE(w->dtype, w)) return 0;
+    return (w->n + 3) / 4 * (w->kp / 32) * PBLK(PACKED_AS(w->dtype));
 }
 
 // Writes w's packed layout to dst (wi_repack_bytes bytes, not overlapping w's components) and points w at it.
 EXPORT(wi_repack) void wi_repack(Weight *w, u8 *dst) {
-    if (w->dtype == F_Q6K) {
-        repack_q6k(w, dst);
-        return;
-    }
-    u32 dt = w->dtype, nu = w->kp / 32, nc = PCODES(dt);
+    u32 dt = PACKED_AS(w->dtype), nu = w->kp / 32, nc = PCODES(dt);
+    // q5_0's and q6k's codes as signed bytes: q - 16, q - 32 (their b = -16 a, -32 a then vanishes)
+    u8 zero = w->dtype == F_Q5_0 ? 16 : w->dtype == F_Q6K ? 32 : 0;
     u8 codes[32];
     for (u32 g = 0; g < (w->n + 3) / 4; g++)
         for (u32 u = 0; u < nu; u++) {
@@ -271,16 +255,19 @@ EXPORT(wi_repack) void wi_repack(Weight *w, u8 *dst) {
             float *coef = (float *)(blk + nc);
             for (u32 i = 0; i < PBLK(dt); i++) blk[i] = 0;
             for (u32 r = 0; r < 4 && 4 * g + r < w->n; r++) {
-                float a, b;
-                unit_elements(w, 4 * g + r, u, codes, &a, &b);
+                float ab[4];
+                unit_elements(w, 4 * g + r, u, codes, ab);
                 for (u32 t = 0; t < nc / 16; t++)
                     for (u32 j = 0; j < 4; j++)
-                        blk[16 * t + 4 * r + j] = dt == F_Q8 ? codes[4 * t + j]
-                                                             : (u8)(codes[8 * t + j] | codes[8 * t + 4 + j] << 4);
-                coef[r] = a;
-                if (dt != F_Q8) coef[4 + r] = b;
+                        blk[16 * t + 4 * r + j] = BYTE_PACKED(dt) ? (u8)(codes[4 * t + j] - zero)
+                                                                    : (u8)(codes[8 * t + j] | codes[8 * t + 4 + j] << 4);
+                coef[r] = ab[0];
+                if (dt == F_Q8H) coef[4 + r] = ab[2];
+                else if (HAS_B(dt)) coef[4 + r] = ab[1];
             }
         }
+    w->dtype = dt;
+    w->gs = 32;
     w->qweight = dst;
     w->qhigh = w->scales = w->mins = w->super = 0;
     w->packed = 1;
@@ -292,10 +279,11 @@ static void dequant_packed_row(const Weight *w, u32 row, float *out) {
     for (u32 u = 0; u < nu; u++) {
         const u8 *blk = w->qweight + ((row / 4) * nu + u) * PBLK(dt);
         const float *coef = (const float *)(blk + PCODES(dt));
-        float a = coef[r];
         for (u32 i = 0; i < 32 && 32 * u + i < w->k; i++) {
-            float v;
-            if (dt == F_Q8) {
+            float v, a = coef[dt == F_Q8H && i >= 16 ? 4 + r : r];
+            if (dt == F_Q8B) {
+                v = a * (float)blk[16 * (i / 4) + 4 * r + i % 4] + coef[4 + r];
+            } else if (BYTE_PACKED(dt)) {
                 v = (float)(i8)blk[16 * (i / 4) + 4 * r + i % 4] * a;
             } else {
                 u8 byte = blk[16 * (i / 8) + 4 * r + i % 4];
@@ -321,7 +309,7 @@ static void dequant_row(const Weight *w, u32 row, float *out) {
     }
     const u8 *qrow = w->qweight + row * row_bytes_q(w), *hrow = qhigh_row(w, row);
     u8 codes[32] __attribute__((aligned(16)));
-    u32 dt = w->packed == 2 ? F_Q6KB : w->dtype;
+    u32 dt = w->dtype;
     RowCoefs rc = row_coefs(dt, w, row);
     for (u32 u = 0; u < w->kp / 32; u++) {
         v128_t c0, c1;
@@ -758,7 +746,7 @@ INLINE void linear_rows(u32 dt, const Weight *w, const Acts *A, float *y, u32 y_
 // int16 and exact activations)
 INLINE int packed_i8(u32 dt, int mode) {
 #ifdef RELAXED
-    return dt != F_Q8 && mode == ACT_I8;
+    return !BYTE_PACKED(dt) && mode == ACT_I8;
 #else
     (void)dt;
     (void)mode;
@@ -884,7 +872,7 @@ INLINE v128_t rows4(v128_t a01, v128_t a23) {
 // One packed code vector as i16 lanes for the i16 dot products: q8's 16 signed codes in 2 vectors, a nibble format's
 // 32 codes in 4 (low nibbles' halves, then high nibbles'); returns how many
 INLINE u32 i16_codes(u32 dt, v128_t v, v128_t *w) {
-    if (dt == F_Q8) {
+    if (BYTE_PACKED(dt)) {
         w[0] = wasm_i16x8_extend_low_i8x16(v);
         w[1] = wasm_i16x8_extend_high_i8x16(v);
         return 2;
@@ -910,7 +898,8 @@ INLINE void exact3_sums(const v128_t *s, v128_t *is, v128_t *il) {
 
 // One unit of a packed group against R (1 or 4) activation rows: is[r] (and exact mode's low halves il[r]) = the
 // exact integer sum of codes x activation codes, lane i = weight row i of the group: the GEMV's (R = 1) and the
-// int16 tile's (R = 4). Integer sums are exact: gemm_unit's other grouping gives the same sums.
+// int16 tile's (R = 4); F_Q8H's two halves apart, the second at is[R + r]. Integer sums are exact: gemm_unit's
+// other grouping gives the same sums.
 INLINE void packed_unit(u32 dt, const u8 *blk, const Acts *A, u32 r0, int R, int mode, u32 kp, u32 u, v128_t *is,
                         v128_t *il) {
     v128_t z = wasm_i32x4_splat(0);
@@ -953,41 +942,55 @@ INLINE void packed_unit(u32 dt, const u8 *blk, const Acts *A, u32 r0, int R, int
 #endif
         return;
     }
-    v128_t a01[4] = {z, z, z, z}, a23[4] = {z, z, z, z}, l01[4] = {z, z, z, z}, l23[4] = {z, z, z, z};
-    for (u32 t = 0; t < PCODES(dt) / 16; t++) {
-        v128_t w[4];  // i16 codes: rows 0-1 and 2-3 of the first 4 elements, then (nibbles) of the next 4
-        u32 nw = i16_codes(dt, wasm_v128_load(blk + 16 * t), w);
-        u32 e = dt == F_Q8 ? 32 * u + 4 * t : 32 * u + 8 * t;  // the vector's first element
-        for (int r = 0; r < R; r++) {
-            const i16 *xw = A->xw + (r0 + r) * kp * 2 + 2 * e, *xl = A->xl + (r0 + r) * kp * 2 + 2 * e;
-            for (u32 h = 0; h < nw; h += 2) {
-                v128_t xa = wasm_v128_load(xw + 4 * h);
-                a01[r] = wasm_i32x4_add(a01[r], wasm_i32x4_dot_i16x8(w[h], xa));
-                a23[r] = wasm_i32x4_add(a23[r], wasm_i32x4_dot_i16x8(w[h + 1], xa));
-                if (mode == EXACT_INT) {
-                    v128_t la = wasm_v128_load(xl + 4 * h);
-                    l01[r] = wasm_i32x4_add(l01[r], wasm_i32x4_dot_i16x8(w[h], la));
-                    l23[r] = wasm_i32x4_add(l23[r], wasm_i32x4_dot_i16x8(w[h + 1], la));
+    // F_Q8H: vectors 0-3 hold elements 0-15 (the first scale), 4-7 elements 16-31
+    const u32 nh = dt == F_Q8H ? 2 : 1, nt = PCODES(dt) / 16 / nh;
+    for (u32 half = 0; half < nh; half++) {
+        v128_t a01[4] = {z, z, z, z}, a23[4] = {z, z, z, z}, l01[4] = {z, z, z, z}, l23[4] = {z, z, z, z};
+        for (u32 t = half * nt; t < half * nt + nt; t++) {
+            v128_t w[4];  // i16 codes: rows 0-1 and 2-3 of the first 4 elements, then (nibbles) of the next 4
+            u32 nw = i16_codes(dt, wasm_v128_load(blk + 16 * t), w);
+            u32 e = BYTE_PACKED(dt) ? 32 * u + 4 * t : 32 * u + 8 * t;  // the vector's first element
+            for (int r = 0; r < R; r++) {
+                const i16 *xw = A->xw + (r0 + r) * kp * 2 + 2 * e, *xl = A->xl + (r0 + r) * kp * 2 + 2 * e;
+                for (u32 h = 0; h < nw; h += 2) {
+                    v128_t xa = wasm_v128_load(xw + 4 * h);
+                    a01[r] = wasm_i32x4_add(a01[r], wasm_i32x4_dot_i16x8(w[h], xa));
+                    a23[r] = wasm_i32x4_add(a23[r], wasm_i32x4_dot_i16x8(w[h + 1], xa));
+                    if (mode == EXACT_INT) {
+                        v128_t la = wasm_v128_load(xl + 4 * h);
+                        l01[r] = wasm_i32x4_add(l01[r], wasm_i32x4_dot_i16x8(w[h], la));
+                        l23[r] = wasm_i32x4_add(l23[r], wasm_i32x4_dot_i16x8(w[h + 1], la));
+                    }
                 }
             }
         }
-    }
-    for (int r = 0; r < R; r++) {
-        is[r] = rows4(a01[r], a23[r]);
-        if (mode == EXACT_INT) il[r] = rows4(l01[r], l23[r]);
+        for (int r = 0; r < R; r++) {
+            is[half * R + r] = rows4(a01[r], a23[r]);
+            if (mode == EXACT_INT) il[half * R + r] = rows4(l01[r], l23[r]);
+        }
     }
 }
 
 // A unit's float step for one activation row (o: the row's unit index into xd and xs32), the one arithmetic of the
-// GEMV and the GEMM (batch invariance): acc += sums * (unit scales * xd), bacc += unit mins * xs32
-INLINE void unit_step(u32 dt, const u8 *blk, v128_t is, v128_t il, const Acts *A, u32 o, int mode, v128_t *acc,
-                      v128_t *bacc) {
+// GEMV and the GEMM (batch invariance): acc += sums * (unit scales * xd), bacc += unit mins * xs32. F_Q8H: each
+// half's sums (the second at is[hs], il[hs]) times its scale, the first half's step first.
+INLINE v128_t unit_sums(v128_t is, v128_t il, int mode) {
     v128_t t = wasm_f32x4_convert_i32x4(is);
     if (mode == EXACT_INT || mode == EXACT_I8)
         t = wasm_f32x4_add(wasm_f32x4_mul(t, wasm_f32x4_splat(256.0f)), wasm_f32x4_convert_i32x4(il));
+    return t;
+}
+
+INLINE void unit_step(u32 dt, const u8 *blk, const v128_t *is, const v128_t *il, u32 hs, const Acts *A, u32 o,
+                      int mode, v128_t *acc, v128_t *bacc) {
+    v128_t xd = wasm_v128_load32_splat(A->xd + o);
     v128_t av = wasm_v128_load(blk + PCODES(dt));
-    *acc = wasm_f32x4_add(*acc, wasm_f32x4_mul(t, wasm_f32x4_mul(av, wasm_v128_load32_splat(A->xd + o))));
-    if (dt != F_Q8)
+    *acc = wasm_f32x4_add(*acc, wasm_f32x4_mul(unit_sums(is[0], il[0], mode), wasm_f32x4_mul(av, xd)));
+    if (dt == F_Q8H) {
+        v128_t av1 = wasm_v128_load(blk + PCODES(dt) + 16);
+        *acc = wasm_f32x4_add(*acc, wasm_f32x4_mul(unit_sums(is[hs], il[hs], mode), wasm_f32x4_mul(av1, xd)));
+    }
+    if (HAS_B(dt))
         *bacc = wasm_f32x4_add(*bacc, wasm_f32x4_mul(wasm_v128_load(blk + PCODES(dt) + 16),
                                                      wasm_v128_load32_splat(A->xs32 + o)));
 }
@@ -1019,10 +1022,10 @@ INLINE void packed_groups(u32 dt, const Weight *w, const u32 *gs, int ns, const 
         acc[j] = bacc[j] = wasm_f32x4_splat(0.0f);
     }
     for (u32 u = 0; u < nu; u++) {
-        v128_t is[GEMV_STREAMS], il[GEMV_STREAMS];
-        for (int j = 0; j < ns; j++) packed_unit(dt, p[j], A, r, 1, mode, kp, u, &is[j], &il[j]);
+        v128_t is[2 * GEMV_STREAMS], il[2 * GEMV_STREAMS];  // (F_Q8H: two halves a stream)
+        for (int j = 0; j < ns; j++) packed_unit(dt, p[j], A, r, 1, mode, kp, u, &is[2 * j], &il[2 * j]);
         for (int j = 0; j < ns; j++) {
-            unit_step(dt, p[j], is[j], il[j], A, r * nu + u, mode, &acc[j], &bacc[j]);
+            unit_step(dt, p[j], &is[2 * j], &il[2 * j], 1, A, r * nu + u, mode, &acc[j], &bacc[j]);
             p[j] += PBLK(dt);
         }
     }
@@ -1075,7 +1078,7 @@ INLINE void gemm_unit(u32 dt, const u8 *blk, const Acts *A, u32 r0, u32 R, int m
     }
     v128_t wb[16];  // the unit's i16 codes, packed_unit's w[] of vector t at wb[4t ..] (q8: wb[2t ..])
     for (u32 t = 0; t < PCODES(dt) / 16; t++)
-        i16_codes(dt, wasm_v128_load(blk + 16 * t), wb + (dt == F_Q8 ? 2 : 4) * t);
+        i16_codes(dt, wasm_v128_load(blk + 16 * t), wb + (BYTE_PACKED(dt) ? 2 : 4) * t);
     // one row at a time: exact mode's 4 accumulators a row (hi and lo halves) fill the registers
 #pragma clang loop unroll(disable)
     for (u32 r = 0; r < R; r++) exact_row(wb, A, r0 + r, kp, u, is + r, il + r);
@@ -1090,9 +1093,10 @@ INLINE void packed_group4(u32 dt, const Weight *w, u32 g, const Acts *A, u32 r0,
     v128_t acc[4], bacc[4];
     for (int r = 0; r < 4; r++) acc[r] = bacc[r] = wasm_f32x4_splat(0.0f);
     for (u32 u = 0; u < nu; u++, blk += PBLK(dt)) {
-        v128_t is[4], il[4];
+        v128_t is[8], il[8];  // (F_Q8H: the second half's at 4 + r)
         packed_unit(dt, blk, A, r0, 4, mode, kp, u, is, il);
-        for (u32 r = 0; r < 4; r++) unit_step(dt, blk, is[r], il[r], A, (r0 + r) * nu + u, mode, &acc[r], &bacc[r]);
+        for (u32 r = 0; r < 4; r++)
+            unit_step(dt, blk, is + r, il + r, 4, A, (r0 + r) * nu + u, mode, &acc[r], &bacc[r]);
     }
     for (int r = 0; r < 4; r++) out[r] = wasm_f32x4_add(acc[r], bacc[r]);
 }
@@ -1113,8 +1117,8 @@ INLINE void packed_gemm_group(u32 dt, const Weight *w, u32 g, const Acts *A, u32
             gemm_unit(dt, blk + (u0 + c) * PBLK(dt), A, r0, R, mode, kp, u0 + c, is[c], il[c]);
         for (u32 r = 0; r < R; r++)
             for (u32 c = 0; c < nc; c++)
-                unit_step(dt, blk + (u0 + c) * PBLK(dt), is[c][r], il[c][r], A, (r0 + r) * nu + u0 + c, mode, &out[r],
-                          &bacc[r]);
+                unit_step(dt, blk + (u0 + c) * PBLK(dt), &is[c][r], &il[c][r], 0, A, (r0 + r) * nu + u0 + c, mode,
+                          &out[r], &bacc[r]);
     }
     for (u32 r = 0; r < R; r++) out[r] = wasm_f32x4_add(out[r], bacc[r]);
 }
@@ -1135,7 +1139,8 @@ INLINE void store_group(const Weight *w, const Acts *A, v128_t v, u32 g, float *
 INLINE void linear_packed(u32 dt, const Weight *w, const Acts *A, float *y, u32 y_stride, u32 rows, int accumulate,
                           int mode) {
     v128_t out[GEMM_ROWS];
-    int gemm = packed_i8(dt, mode) || mode == EXACT_INT;
+    // (F_Q8H: never the GEMM, whose unit sums are one per row: exact mode's prompt rows take the 4-row tiles)
+    int gemm = dt != F_Q8H && (packed_i8(dt, mode) || mode == EXACT_INT);
     u32 g0 = A->n0 / 4, g1 = (A->n1 + 3) / 4;
     for (u32 r0 = 0; r0 < rows;) {
         u32 R = !gemm ? (rows - r0 >= 4 ? 4 : 1) : rows - r0 < GEMM_ROWS ? rows - r0 : GEMM_ROWS;
@@ -1169,12 +1174,14 @@ static void linear_packed_any(const Weight *w, const Acts *A, float *y, u32 y_st
 #define LP(dt)                                                                          \
     do {                                                                                \
         if (mode == EXACT_INT) linear_packed(dt, w, A, y, y_stride, rows, acc, EXACT_INT); \
-        else if (mode == EXACT_I8 && dt != F_Q8) linear_packed(dt, w, A, y, y_stride, rows, acc, EXACT_I8); \
+        else if (mode == EXACT_I8 && !BYTE_PACKED(dt)) linear_packed(dt, w, A, y, y_stride, rows, acc, EXACT_I8); \
         else if (mode == ACT_I16) linear_packed(dt, w, A, y, y_stride, rows, acc, ACT_I16); \
         else linear_packed(dt, w, A, y, y_stride, rows, acc, ACT_I8);                    \
     } while (0)
     if (w->dtype == F_Q4) LP(F_Q4);
     else if (w->dtype == F_Q4A) LP(F_Q4A);
+    else if (w->dtype == F_Q8H) LP(F_Q8H);
+    else if (w->dtype == F_Q8B) LP(F_Q8B);
     else LP(F_Q8);
 #undef LP
 }
@@ -1206,7 +1213,7 @@ static void linear(const Weight *w, const float *x, u32 x_stride, float *y, u32 
         A.xq = (i8 *)(p + rows * kp * 4);
         A.xl = (i16 *)(p + rows * kp * 4);  // xq (int8 codes) and xl (exact mode) are never both used
 #ifdef RELAXED
-        if (fast == EXACT_INT && w->dtype != F_Q8 && rows == 1) {
+        if (fast == EXACT_INT && !BYTE_PACKED(w->dtype) && rows == 1) {
             fast = EXACT_I8;
             A.xq = (i8 *)p;  // the three digits (kp * 12 bytes) in place of xw and xl
         }
@@ -1239,8 +1246,7 @@ static void linear(const Weight *w, const float *x, u32 x_stride, float *y, u32 
         case F_Q4K: linear_rows(F_Q4K, w, &A, y, y_stride, rows, accumulate, fast); break;
         case F_Q5K: linear_rows(F_Q5K, w, &A, y, y_stride, rows, accumulate, fast); break;
         case F_Q6K:
-            if (w->packed == 2) linear_rows(F_Q6KB, w, &A, y, y_stride, rows, accumulate, fast);
-            else linear_rows(F_Q6K, w, &A, y, y_stride, rows, accumulate, fast);
+            linear_rows(F_Q6K, w, &A, y, y_stride, rows, accumulate, fast);
             break;
     }
 }

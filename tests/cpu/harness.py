@@ -59,7 +59,7 @@ class WasmMem:
     def weight(self, dtype: str, n: int, k: int, group_size: int | None, comps: dict, bias=None,
                packed: bool = False) -> int:
         """A Weight descriptor over components (bytes) placed in memory; returns its offset. packed: rewritten
-        into the packed GEMV layout by wi_repack, as the runner loads q4/q4a/q8 at group 32 (the packed bytes
+        into the packed GEMV layout by wi_repack, as the runner loads q4/q4a/q8/q5_0 at group 32, q4k and q6k (the packed bytes
         between guards)."""
         offs = {c: self.put(np.frombuffer(b, np.uint8)).off for c, b in comps.items()}
         b = self.put(np.asarray(bias, np.float32)).off if bias is not None else 0

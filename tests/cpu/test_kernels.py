@@ -21,10 +21,12 @@ from webinfer_packager.reference import model as ref
 
 FORMATS = [("q4", 32), ("q4", 128), ("q4a", 32), ("q4a", 64), ("q8", 32), ("q5_0", 32), ("q5_1", 32), ("q4k", 256),
            ("q5k", 256), ("q6k", 256), ("f32", None)]
-# the formats the runner repacks into the packed GEMV layout (wi_repack): tested in both layouts
-PACKED = [("q4", 32), ("q4a", 32), ("q8", 32)]
-# and q6k, which wi_repack rewrites as a byte per code (F_Q6KB): tested in both layouts too
-LAYOUTS = [(d, g, False) for d, g in FORMATS] + [(d, g, True) for d, g in PACKED + [("q6k", 256)]]
+# the formats the runner repacks into the packed GEMV layout (wi_repack; q4k as q4a, q5_0 as q8, q6k as q8 with a
+# scale per half, q5_1 and q5k as bytes with a b term): tested in both layouts (q4 and q4a at groups over 32 keep
+# the package layout)
+PACKED = [("q4", 32), ("q4a", 32), ("q8", 32), ("q5_0", 32), ("q5_1", 32), ("q4k", 256), ("q5k", 256), ("q6k", 256)]
+LAYOUTS = [(d, g, False) for d, g in FORMATS] + [(d, g, True) for d, g in PACKED]
+SIGNED_CODES = ("q5_0", "q6k")  # packed as q8's signed bytes, q - 16 and q - 32
 
 
 @pytest.fixture(scope="module", params=["base", "relaxed"])
@@ -82,7 +84,10 @@ def test_linear(mem, dtype, gs, packed, fast):
     mem.call("wi_linear", w, xa.off, k, y.off, n, rows, 1, fast, scratch.off)
     x64, aq = x.astype(np.float64), (a.astype(np.float64) * q)
     if fast and dtype != "f32":  # a * q against the int8 activations, b against the exact ones
-        want = _quantize_x(x, kp, 32767 if fast == 2 else 127).astype(np.float64) @ aq.T + x64 @ b.astype(np.float64).T
+        xq = _quantize_x(x, kp, 32767 if fast == 2 else 127).astype(np.float64)
+        want = xq @ aq.T + x64 @ b.astype(np.float64).T
+        if packed and dtype in SIGNED_CODES:  # a * (q - z) as one signed code: b meets the int8 activations too
+            want = xq @ (aq + b).T
     else:
         want = x64 @ (aq + b).T
     want = want + bias + y0
@@ -97,7 +102,8 @@ def test_linear(mem, dtype, gs, packed, fast):
 
 
 @pytest.mark.parametrize("dtype,gs,packed", [("q4a", 32, False), ("q6k", 256, False), ("f32", None, False),
-                                             ("q4a", 32, True), ("q8", 32, True), ("q6k", 256, True)])
+                                             ("q4a", 32, True), ("q8", 32, True), ("q6k", 256, True),
+                                             ("q4k", 256, True), ("q5_0", 32, True)])
 @pytest.mark.parametrize("fast", [0, 1, 2])
 def test_split_linear_equals_the_whole(mem, dtype, gs, packed, fast):
     """Two threads' shares of a matrix (wi_linear_part: output columns [0, n0) and [n0, n), n0 a multiple of 4, as
@@ -163,26 +169,10 @@ def test_bench_switch_skips_linear_and_resets(mem):
     assert not np.array_equal(y.read(), y0)
 
 
-@pytest.mark.parametrize("fast", [0, 1, 2])
-def test_q6k_byte_layout_equals_the_package_layout(mem, fast):
-    """wi_repack's q6k (a byte per code, F_Q6KB) is a faster decode of the same codes: every output bit for bit
-    the package layout's, for 1 and 6 activation rows."""
-    n, k = 37, 512
-    x = mem.put(np.random.default_rng(11).standard_normal((6, k)).astype(np.float32))
-    scratch = mem.scratch(mem.call("wi_linear_scratch_bytes", 6, k))
-    outs = []
-    for packed in (False, True):
-        w, _ = _weight(mem, "q6k", 256, n, k, 12, packed=packed)
-        for rows in (1, 6):
-            y = mem.empty((rows, n))
-            mem.call("wi_linear", w, x.off, k, y.off, n, rows, 0, fast, scratch.off)
-            outs.append(y.read())
-    assert np.array_equal(outs[0], outs[2]) and np.array_equal(outs[1], outs[3])
-
-
 @pytest.mark.parametrize("dtype,gs,packed", [("q4a", 32, False), ("q6k", 256, False), ("q5k", 256, False),
                                              ("q8", 32, False), ("q4a", 32, True), ("q4", 32, True), ("q8", 32, True),
-                                             ("q6k", 256, True)])
+                                             ("q6k", 256, True), ("q4k", 256, True), ("q5_0", 32, True),
+                                             ("q5_1", 32, True), ("q5k", 256, True)])
 @pytest.mark.parametrize("fast", [0, 1, 2])
 def test_base_and_relaxed_builds_agree_bitwise(both, dtype, gs, packed, fast):
     n, k, rows = 20, 512, 5

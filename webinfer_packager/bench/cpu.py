@@ -6,7 +6,7 @@
 In one process run, so the ratios hold on a busy machine:
     variant      which module runs (relaxed SIMD or base SIMD128) and why
     read_bw      a wasm read-bandwidth kernel (wi_read_bw: v128 loads summed) over 64 MiB
-    gemv         per format of the package's linears and the LM head, and a large q4a matrix that does not fit
+    gemv         every matrix of layer 0 and the LM head, and a large q4a matrix that does not fit
                  in cache: ms per GEMV and GB/s of the package's weight bytes (the packed layout the module reads
                  holds a little more: see wasm_memory_mb), exact and fast, beside read_bw (timed inside the
                  module, wi_linear_reps: the host's ~40-80 us per call from wasmtime-py is not in them)
@@ -277,11 +277,14 @@ def run(package_path, quick: bool = False, ppl_text: str | None = None, variant:
            "note": "kernel, bandwidth, profile and per-CPU-second figures: this process's CPU time; wall-clock "
                    "ones (decode_tok_s, first_token_s, load_s) include whatever else the machine runs"}
     res["read_bw_gb_s"] = round(read_bandwidth(host, arena, (16 if quick else 64) << 20), 2)
-    m = struct.unpack("<31I", host.read(runner.model_off, 124))
-    layer0 = struct.unpack("<11I", host.read(m[17], 44))
+    from webinfer.cpu.runner import LAYER_WORDS, MODEL_WORDS
+
+    m = struct.unpack(f"<{MODEL_WORDS}I", host.read(runner.model_off, 4 * MODEL_WORDS))
+    layer0 = struct.unpack(f"<{LAYER_WORDS}I", host.read(m[17], 4 * LAYER_WORDS))
     g = {}
-    for name, desc in (("layers.0.gate", layer0[8]), ("layers.0.down", layer0[10]),
-                       ("lm_head" if "lm_head" in pkg.tensors else "embed", m[13])):
+    # every matrix of layer 0 (a Layer's words 4-10) and the LM head
+    mats = [(f"layers.0.{n}", layer0[4 + i]) for i, n in enumerate(("q", "k", "v", "o", "gate", "up", "down"))]
+    for name, desc in mats + [("lm_head" if "lm_head" in pkg.tensors else "embed", m[13])]:
         t = pkg.tensors[name]
         g[f"{name} {t.dtype} {t.rows}x{t.k}"] = gemv(host, arena, desc, t.k_padded or t.k, _weight_bytes(t), reps)
     # a q4a matrix far larger than the caches: streaming bandwidth
