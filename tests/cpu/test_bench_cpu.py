@@ -55,3 +55,19 @@ def test_module_ab_on_smollm2(smollm2_package, tmp_path, capsys):
     ref = p["reference_f32_vs_f64"]["rms"]
     assert 0 < p["B_vs_f64"]["rms"] <= 2 * ref, p
     assert p["B_vs_f64"]["argmax_agree"] == 1.0, p
+
+
+def test_module_ab_formats():
+    """The A/B tool's per-format GEMVs (--formats) with the shipped relaxed build on both sides: every quantized
+    format of a package is rewritten at load into the packed layout (kernels.c wi_repack) and timed in both modes."""
+    from importlib.resources import files
+
+    from webinfer_packager.bench.cpu_ab import FORMAT_CASES, formats
+
+    wasm = files("webinfer.cpu").joinpath("kernels-relaxed.wasm").read_bytes()
+    rows = formats(wasm, wasm, "relaxed", rounds=1, reps=1)
+    assert {r["dtype"] for r in rows} == {dt for dt, _ in FORMAT_CASES}
+    for r in rows:
+        for side in ("A", "B"):
+            assert r[side]["layout"] == "packed", r
+            assert r[side]["exact"]["ms"] > 0 and r[side]["fast"]["gb_s"] > 0, r

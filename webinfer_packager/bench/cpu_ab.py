@@ -5,6 +5,7 @@ one process do not.
 
     python -m webinfer_packager.bench.cpu_ab A.wasm B.wasm [--package PKG] [--mode fast|exact] [--rounds 8]
                                              [--tokens 48] [--variant relaxed|base] [--precision] [--json]
+    python -m webinfer_packager.bench.cpu_ab A.wasm B.wasm --formats [--variant relaxed|base] [--json]
 
 A.wasm, B.wasm: builds of wasm/kernels.c of the same variant, one thread (e.g. `git show
 REV:webinfer/cpu/kernels-relaxed.wasm > a.wasm`, and `scripts/build-wasm.sh DIR` for a working tree's).
@@ -13,6 +14,9 @@ REV:webinfer/cpu/kernels-relaxed.wasm > a.wasm`, and `scripts/build-wasm.sh DIR`
     same_ids     whether A and B decode the same greedy ids (a kernel change meant to keep the bits must)
     precision    (--precision, exact mode) teacher-forced logits of a fixed chat against the numpy reference model
                  in float32 and float64 (webinfer_packager.reference): RMS and max distance, argmax agreement
+    formats      (--formats, no package) one GEMV per weight format and shape on random components
+                 (tests/cpu/formats_np.py), loaded as the runner loads them (wi_repack where the build packs the
+                 format): ms and GB/s of the package's bytes, exact and fast, A and B in alternating rounds
 CPU time of this process: what another job on the machine takes is not counted, what it does to memory bandwidth
 and caches is.
 """
@@ -131,6 +135,55 @@ def run(a: bytes, b: bytes, package, mode: str = "fast", rounds: int = 8, tokens
     return res
 
 
+FORMAT_CASES = [("q4a", 32), ("q8", 32), ("q5_0", 32), ("q5_1", 32), ("q4k", 256), ("q5k", 256), ("q6k", 256)]
+FORMAT_SHAPES = [(2048, 2048), (1536, 576), (576, 1536)]
+
+
+def formats(a: bytes, b: bytes, variant: str = "relaxed", rounds: int = 2, reps: int = 30) -> list[dict]:
+    """Per format and shape: ms of one GEMV (one activation row) in each module, the median of `rounds` rounds in
+    which A and B alternate, with the layout each build gives the matrix."""
+    from tests.cpu.formats_np import random_components
+    from webinfer.cpu.runner import Arena, repack, weight_desc
+    from webinfer.cpu.wasm import WasmtimeHost
+
+    from .cpu import gemv_seconds
+
+    mats = {}
+    for name, module in (("A", a), ("B", b)):
+        host = WasmtimeHost(variant, module=module)
+        arena = Arena(host)
+        for dt, gs in FORMAT_CASES:
+            for n, k in FORMAT_SHAPES:
+                if k % gs:
+                    continue
+                comps = random_components(dt, n, k, gs, np.random.default_rng(n + k))
+                offs = {c: arena.put(v, f"{dt} {c}") for c, v in comps.items()}
+                desc = arena.put(weight_desc(dt, n, k, gs, offs), f"{dt} desc")
+                packed = repack(host, arena, desc, dt)
+                mats[name, dt, n, k] = (host, arena, desc, packed, sum(map(len, comps.values())))
+    times = {key: {"exact": [], "fast": []} for key in mats}
+    for _ in range(rounds):
+        for key in sorted(mats, key=lambda x: (x[1:], x[0])):  # A then B for each matrix
+            host, arena, desc, _, _ = mats[key]
+            for mode, fast in (("exact", 0), ("fast", 1)):
+                times[key][mode].append(gemv_seconds(host, arena, desc, key[3], fast, reps))
+    out = []
+    for dt, gs in FORMAT_CASES:
+        for n, k in FORMAT_SHAPES:
+            if ("A", dt, n, k) not in mats:
+                continue
+            row = {"dtype": dt, "shape": [n, k], "package_bytes": mats["A", dt, n, k][4]}
+            for side in ("A", "B"):
+                nb = mats[side, dt, n, k][4]
+                row[side] = {"layout": "packed" if mats[side, dt, n, k][3] else "package",
+                             **{m: {"ms": round(statistics.median(v) * 1e3, 4),
+                                    "gb_s": round(nb / statistics.median(v) / 1e9, 2)}
+                                for m, v in times[side, dt, n, k].items()}}
+            row["b_over_a_time"] = {m: round(row["B"][m]["ms"] / row["A"][m]["ms"], 3) for m in ("exact", "fast")}
+            out.append(row)
+    return out
+
+
 def main(argv=None) -> int:
     from webinfer_packager.paths import default_package_dir
 
@@ -143,10 +196,21 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--variant", choices=("relaxed", "base"), default="relaxed")
     ap.add_argument("--precision", action="store_true", help="exact mode's logits against the f32 and f64 reference")
+    ap.add_argument("--formats", action="store_true", help="GEMV per weight format on random matrices (no package)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     with open(args.a, "rb") as fa, open(args.b, "rb") as fb:
         a, b = fa.read(), fb.read()
+    if args.formats:
+        rows = formats(a, b, args.variant)
+        if args.json:
+            print(json.dumps(rows, indent=1))
+            return 0
+        for r in rows:
+            print(f"{r['dtype']:5s} {r['shape'][0]}x{r['shape'][1]}: " + "  ".join(
+                f"{m} A {r['A'][m]['ms']:.3f} ms ({r['A']['layout']}) B {r['B'][m]['ms']:.3f} ms "
+                f"({r['B']['layout']}, {r['B'][m]['gb_s']} GB/s) B/A {r['b_over_a_time'][m]}" for m in ("exact", "fast")))
+        return 0
     res = run(a, b, args.package or default_package_dir(), args.mode, args.rounds, args.tokens, args.variant,
               args.precision)
     if args.json:
