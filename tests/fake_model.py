@@ -29,13 +29,15 @@ class KVCorruption(AssertionError):
 
 class FakeRunner:
     def __init__(self, num_blocks: int = 64, block_size: int = 4, max_model_len: int = 256, vocab: int = 50,
-                 delay_s: float = 0.0, step_cost: tuple[float, float] = (1.0, 0.0)):
+                 delay_s: float = 0.0, step_cost: tuple[float, float] = (1.0, 0.0), cold_cost: float = 0.0):
         self.num_blocks, self.block_size, self.max_model_len, self.vocab = num_blocks, block_size, max_model_len, vocab
         self.vocab_size = vocab
         self.delay_s = delay_s
         # a virtual clock (pass runner.clock to the engine): each step costs base + per_row * its one-token rows,
         # so what the engine measures does not depend on this Python fake's own speed
         self.step_cost, self.now = step_cost, 0.0
+        # and the first step of each row count costs cold_cost more (a GPU compiling that shape's pipelines)
+        self.cold_cost, self._warm_rows = cold_cost, set()
         self.slots: dict[tuple[int, int], tuple[int, int]] = {}  # (block, slot) -> (token, position)
         self.steps = 0
         self.max_steps = 16  # decode blocks: run as plain steps, each checked like any other
@@ -56,6 +58,9 @@ class FakeRunner:
         out = []
         self.steps += 1
         self.now += self.step_cost[0] + self.step_cost[1] * len(batch.chunks)
+        if len(batch.chunks) not in self._warm_rows:
+            self._warm_rows.add(len(batch.chunks))
+            self.now += self.cold_cost
         self.batch_sizes.append(len(batch.chunks))
         self.tokens_per_step.append(batch.num_tokens)
         for c in batch.chunks:

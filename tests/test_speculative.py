@@ -119,7 +119,9 @@ def test_proposals_are_verified_only_where_they_pay(noise, adaptive):
         engine = AsyncEngine(runner, eos_ids=EOS, max_num_seqs=8, proposer=proposer, clock=runner.clock, **kw)
         res = []
         for p in prompts:  # batch 1, one after the other
-            res.append(await _run(engine, p, SamplingParams(max_tokens=40, ignore_eos=True, speculative_tokens=4)))
+            # 96 tokens, the bench's open chat: the budget's one-time costs (pricing each row count from its second
+            # step) weigh on a short run what they would not on a served one
+            res.append(await _run(engine, p, SamplingParams(max_tokens=96, ignore_eos=True, speculative_tokens=4)))
         assert engine.budget is None or not engine.budget._acc  # nothing kept for finished requests
         await engine.close()
         return [r[0] for r in res], runner.now, sum(r[2].num_proposed for r in res)
@@ -137,6 +139,26 @@ def test_proposals_are_verified_only_where_they_pay(noise, adaptive):
         assert t < plain_t
 
 
+def test_a_cold_first_step_does_not_turn_speculation_off():
+    """The first step of each row count costs 10 steps more (as a GPU compiling that shape's pipelines on first
+    use: lavapipe's first 5-row SmolLM2 step took 449 ms, then 102): priced as it came, it made every proposal look
+    too dear and prompt lookup never proposed again. Proposals that are always accepted must still pay off."""
+    prompts = [[5, 7, 11], [2, 4, 6, 8]]
+
+    async def main(proposer, **kw):
+        runner = FakeRunner(64, 4, 256, vocab=VOCAB, step_cost=(1.0, 0.5), cold_cost=10.0)
+        engine = AsyncEngine(runner, eos_ids=EOS, max_num_seqs=8, proposer=proposer, clock=runner.clock, **kw)
+        res = [await _run(engine, p, SamplingParams(max_tokens=64, ignore_eos=True, speculative_tokens=4))
+               for p in prompts]
+        await engine.close()
+        return [r[0] for r in res], runner.now
+
+    plain_ids, plain_t = asyncio.run(main(None))
+    ids, t = asyncio.run(main(OracleProposer(0.0), adaptive_proposals=True))
+    assert ids == plain_ids
+    assert t < 0.7 * plain_t, (t, plain_t)
+
+
 def test_proposal_budget_prices_rows():
     from webinfer.engine.speculative import ProposalBudget
 
@@ -144,10 +166,18 @@ def test_proposal_budget_prices_rows():
         request_id, num_proposed, num_accepted = 1, 0, 0
     b = ProposalBudget()
     assert b.lengths([(R, 4)], rows=1) == [0]  # a plain step first: the price of one row
+    b.observe_step(1, 3.0)  # a row count's first step pays one-off work (pipelines): not its price
+    assert b.lengths([(R, 4)], rows=1) == [0]
     b.observe_step(1, 1.0)
     assert b.lengths([(R, 4)], rows=1) == [4]  # larger steps not priced yet: as cheap as the largest priced
+    b.observe_step(5, 21.0)  # the first 5-row step, 10x a warm one (as lavapipe's first did): not priced
+    assert b.lengths([(R, 4)], rows=1) == [4]
     b.observe_step(5, 2.1)
     assert b.cost(3) == pytest.approx(1.55) and b.cost(9) == 2.1 and b.cost(1) == 1.0
+    b.observe_step(5, 50.0)  # one slow step among warm ones does not set the price
+    assert b.cost(5) == pytest.approx((2.1 + 50.0) / 2)  # (two steps: their median is their mean)
+    b.observe_step(5, 2.1)
+    assert b.cost(5) == 2.1
     for _ in range(10):  # accepted whole, again and again: a -> 1
         R.num_proposed += 4
         R.num_accepted += 4
@@ -157,8 +187,9 @@ def test_proposal_budget_prices_rows():
         R.num_proposed += 4
         looks += 1
     assert 3 <= looks <= 6
-    b.observe_step(5, 1.0)  # rows are free now (a real GPU): any chance of acceptance pays
-    b.row_s[5] = 1.0
+    for _ in range(ProposalBudget.WINDOW):  # rows are free now (a real GPU): any chance of acceptance pays
+        b.observe_step(5, 1.0)
+    assert b.cost(5) == 1.0
     R.num_accepted += 1
     R.num_proposed += 4
     assert b.lengths([(R, 4)], rows=1) == [4]

@@ -12,6 +12,8 @@ Pure Python (runs in Pyodide).
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from dataclasses import dataclass, field
 
 
@@ -67,28 +69,42 @@ class ProposalBudget:
     its rows, so rows are nearly free and every plausible proposal pays; on a compute-bound device they are not: a
     5-row step of SmolLM2 took 2.1-2.8x a 1-row step on lavapipe, so a proposal pays
     only when it is likely to be accepted, and in open chat the proposals that prompt lookup still makes cost more
-    than they save. So the engine records a decode step's wall time by its number of rows (`observe_step`) and, per
-    request, an acceptance rate a (accepted proposals over tried positions, the evidence halved at each look, prior
+    than they save. So the engine records a decode step's wall time by its number of rows (`observe_step`: a row
+    count's price is the median of its last WINDOW steps, its first WARMUP steps not counted) and, per request, an
+    acceptance rate a (accepted proposals over tried positions, the evidence halved at each look, prior
     1/2); `lengths` picks each k that maximises the step's expected tokens per second,
         (tokens the step yields so far + a + a^2 + ... + a^k) / t(rows so far + k),
     requests in turn. A step of an unmeasured number of decoding requests runs without proposals (its base price);
     an unmeasured larger row count costs what the nearest measured count below it costs (optimistic: a length is
     tried, then priced). A request cut to 0 drifts back to the prior while it waits (about 30 steps before it tries
-    again at a 1.4x row cost: ~1 % of the time), so a passage it starts quoting later is still found. Pure Python."""
+    again at a 1.4x row cost: ~1 % of the time), so a passage it starts quoting later is still found.
+    Why the first step of a row count is not a price: it pays one-off work, on the GPU the pipelines of that row
+    count's kernels compiled on first use (SmolLM2 on lavapipe: a first 5-row step 449 ms, then 102 ms, against
+    53 ms for one row); priced as it came, it made rows look 10x dearer than one, no request proposed again and
+    prompt lookup was off for the rest of the run. Why a median: one slow step (a pause, another process) moves a
+    moving average for good once it keeps a row count from being tried. Pure Python."""
 
     PRIOR = (1.0, 2.0)  # (accepted, tried): a = 1/2 before any evidence
+    WARMUP = 1          # steps of each row count not priced
+    WINDOW = 5          # steps of each row count whose median is its price
 
     def __init__(self, decay: float = 0.5, drift: float = 0.95):
         self.decay, self.drift = decay, drift
-        self.row_s: dict[int, float] = {}  # rows -> moving average of a decode step's wall time
+        self.row_s: dict[int, float] = {}  # rows -> a decode step's wall time (the median of the last WINDOW)
+        self._seen: dict[int, int] = {}    # rows -> steps observed (the first WARMUP not priced)
+        self._steps: dict[int, deque] = {}  # rows -> the last WINDOW priced steps' seconds
         self._acc: dict[int, list] = {}    # request id -> [accepted, tried, proposed seen, accepted seen]
 
     def forget(self, request_id: int) -> None:
         self._acc.pop(request_id, None)
 
     def observe_step(self, rows: int, seconds: float) -> None:
-        old = self.row_s.get(rows)
-        self.row_s[rows] = seconds if old is None else 0.8 * old + 0.2 * seconds
+        self._seen[rows] = seen = self._seen.get(rows, 0) + 1
+        if seen <= self.WARMUP:
+            return
+        last = self._steps.setdefault(rows, deque(maxlen=self.WINDOW))
+        last.append(seconds)
+        self.row_s[rows] = statistics.median(last)
 
     def cost(self, rows: int) -> float | None:
         """Estimated wall time of a decode step of `rows` rows; None before any step was measured."""
