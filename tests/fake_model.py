@@ -49,6 +49,7 @@ class FakeRunner:
         if batch.steps > 1:
             batch.check_block()
             self.blocks += 1
+            self.max_block = max(getattr(self, "max_block", 0), batch.steps)
             ids, out = [c.token_ids[0] for c in batch.chunks], []
             for j in range(batch.steps):
                 ids = self.execute_sync(batch.unrolled(j, ids))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -81,6 +82,47 @@ def test_speculative_equals_plain_decoding(noise):
         assert a_last.finish_reason == b_last.finish_reason == reason
         assert a_last.num_output_tokens == b_last.num_output_tokens == len(want)
     assert stats["blocks_used"] == 0 and oracle.proposed > 0
+
+
+class SometimesProposer(OracleProposer):
+    """The oracle's proposals every other time it is asked, nothing in between (prompt lookup with no match)."""
+
+    def __init__(self):
+        super().__init__(0.0)
+        self.asked = 0
+
+    def propose(self, req, k):
+        self.asked += 1
+        return super().propose(req, k) if self.asked % 2 else []
+
+
+def test_speculating_requests_without_proposals_decode_in_short_blocks():
+    """With decode blocks on, a speculating request that has nothing to verify this step joins a block of at most
+    Scheduler.SPEC_BLOCK steps (one host round trip, not one a token), then is offered proposals again: the ids
+    stay those of plain decoding, blocks and verification steps both happen, no block is longer."""
+    from webinfer.engine.scheduler import Scheduler
+
+    rng = random.Random(5)
+    prompts = [[rng.randrange(1, VOCAB) for _ in range(rng.randrange(1, 10))] for _ in range(3)]
+    params = [SamplingParams(max_tokens=40, temperature=rng.choice([0.0, 0.8]), seed=i, speculative_tokens=3)
+              for i in range(3)]
+
+    async def main(proposer):
+        runner = FakeRunner(64, 4, 128, vocab=VOCAB)
+        # (8 rows: room for the 3 requests' proposals beside their own rows)
+        engine = AsyncEngine(runner, eos_ids=EOS, max_num_seqs=8, proposer=proposer, clock=runner.clock,
+                             decode_block=16)
+        spec = 3 if proposer else 0  # (the API refuses speculative_tokens without a proposer)
+        res = await asyncio.gather(*(_run(engine, p, replace(sp, speculative_tokens=spec))
+                                     for p, sp in zip(prompts, params)))
+        await engine.close()
+        return [r[0] for r in res], runner, sum(r[2].num_accepted for r in res)
+
+    plain, plain_runner, _ = asyncio.run(main(None))
+    spec, runner, accepted = asyncio.run(main(SometimesProposer()))
+    assert spec == plain
+    assert plain_runner.max_block > Scheduler.SPEC_BLOCK  # (without speculation the blocks are longer)
+    assert runner.blocks > 0 and runner.max_block <= Scheduler.SPEC_BLOCK and accepted > 0
 
 
 def test_accepted_proposals_save_steps_and_stop_strings_cut_exactly():

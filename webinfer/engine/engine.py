@@ -69,9 +69,10 @@ class AsyncEngine:
         params.speculative_tokens > 0; their proposals use the runner's rows the running requests leave free.
         adaptive_proposals: verify only as many proposals as pay for their rows on this device, from measured step
         times and each request's acceptance rate (speculative.ProposalBudget); off: verify all proposed.
-        decode_block: when every running request is decoding (none waiting, speculating or constrained), run up to
-        this many decode steps as one block on the runner (sampled ids stay on the GPU between them; one read-back
-        per block). Capped by the runner's max_steps; the tokens are the same as one step at a time.
+        decode_block: when every running request is decoding (none waiting, verifying proposals or constrained),
+        run up to this many decode steps as one block on the runner (sampled ids stay on the GPU between them; one
+        read-back per block; Scheduler.SPEC_BLOCK at most while a request speculates). Capped by the runner's
+        max_steps; the tokens are the same as one step at a time.
         decode_block_ms > 0: also cap a block at about this much time, from the measured time of a decode step. A
         block saves the fixed cost of each step's read-back, which matters when steps are short (a real GPU); when a
         step is long (a software GPU), a block only delays streaming and Stop, so it shrinks to one step."""

@@ -81,6 +81,8 @@ class StepOutput:
 
 
 class Scheduler:
+    SPEC_BLOCK = 8  # decode steps a block may take while a running request speculates (see _block_steps)
+
     def __init__(self, num_blocks: int, block_size: int, max_model_len: int, eos_ids=(),
                  max_num_batched_tokens: int = 256, max_num_seqs: int = 16, enable_prefix_caching: bool = True,
                  max_num_chunks: int | None = None):
@@ -180,14 +182,18 @@ class Scheduler:
                           self.max_len - req.num_tokens - 1))
 
     def _block_steps(self, max_steps: int) -> int:
-        """How many decode steps the running requests can take as one block (< 2: none)."""
+        """How many decode steps the running requests can take as one block (< 2: none). A speculating request
+        with nothing to verify this step (its proposer found nothing, or the engine's budget said proposals do not
+        pay) joins a block of at most SPEC_BLOCK steps, so that it is offered proposals again soon: where it never
+        has any (open chat) it still decodes in blocks, not one host round trip a token."""
         if max_steps < 2 or self.waiting or not self.running:
             return 0
         k = max_steps
         for r in self.running:
-            if (r.num_tokens - r.num_computed_tokens != 1 or r.proposal or r.matcher is not None
-                    or r.params.speculative_tokens):  # a speculating request wants new proposals every step
+            if r.num_tokens - r.num_computed_tokens != 1 or r.proposal or r.matcher is not None:
                 return 0
+            if r.params.speculative_tokens:
+                k = min(k, self.SPEC_BLOCK)
             # no request samples past max_tokens or feeds a position past the context
             k = min(k, r.params.max_tokens - len(r.output_ids), self.max_len - r.num_tokens)
         if k < 2 or len(self.running) > self.max_num_batched_tokens:
