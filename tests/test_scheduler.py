@@ -5,6 +5,8 @@ The reference for every output is `generate_alone` (the request run with nothing
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -94,8 +96,9 @@ class SchedulerMachine(RuleBasedStateMachine):
                 max_seqs=st.integers(1, 5), max_len=st.integers(6, 40))
     def setup(self, num_blocks, block_size, budget, max_seqs, max_len):
         self.runner = FakeRunner(num_blocks, block_size, max_len, vocab=VOCAB)
+        # (chunk room beyond max_seqs: proposals' verification rows)
         self.sched = Scheduler(num_blocks, block_size, max_len, eos_ids=EOS, max_num_batched_tokens=budget,
-                               max_num_seqs=max_seqs)
+                               max_num_seqs=max_seqs, max_num_chunks=max_seqs + 3)
         self.next_id = 0
         self.live: dict[int, Request] = {}
         self.done: list[Request] = []
@@ -104,10 +107,11 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @rule(prefix=st.sampled_from([[], [1, 2, 3, 4, 5], [1, 2, 3, 9]]),
           tail=st.lists(st.integers(1, VOCAB - 1), max_size=12), max_tokens=st.integers(1, 10),
-          temperature=st.sampled_from([0.0, 0.9]), seed=st.integers(0, 3))
-    def add(self, prefix, tail, max_tokens, temperature, seed):
+          temperature=st.sampled_from([0.0, 0.9]), seed=st.integers(0, 3), spec=st.sampled_from([0, 0, 2, 4]))
+    def add(self, prefix, tail, max_tokens, temperature, seed, spec):
         prompt = prefix + tail or [7]
-        r = Request(self.next_id, prompt, SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed))
+        r = Request(self.next_id, prompt, SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed,
+                                                         speculative_tokens=spec))
         self.next_id += 1
         try:
             self.sched.add_request(r)
@@ -118,12 +122,25 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.live[r.request_id] = r
 
     @precondition(lambda self: self.sched.has_work())
-    @rule(block=st.sampled_from([1, 1, 2, 5]))
-    def step(self, block):
+    @rule(block=st.sampled_from([1, 1, 2, 5, 12]), noise=st.sampled_from([0.0, 0.5, 1.0]), seed=st.integers(0, 9))
+    def step(self, block, noise, seed):
+        # speculating requests get proposals as the engine gives them (before schedule): the true continuation with
+        # each token wrong at `noise`, or (every third request, as prompt lookup without a match) none
+        rng = random.Random(seed)
+        for r in self.sched.running:
+            r.proposal = []
+            if r.params.speculative_tokens and r.num_tokens - r.num_computed_tokens == 1 and r.request_id % 3:
+                p = r.params
+                full, _ = generate_alone(r.prompt_ids, p.max_tokens, VOCAB, EOS, self.sched.max_len, p.temperature,
+                                         p.seed)
+                nxt = full[len(r.output_ids):len(r.output_ids) + p.speculative_tokens]
+                r.proposal = [t if rng.random() >= noise else (t + 1) % VOCAB for t in nxt]
         batch = self.sched.schedule(block)
         assert batch.steps <= block
         assert batch.num_tokens <= self.sched.max_num_batched_tokens
-        assert len(batch.chunks) <= self.sched.max_num_seqs
+        assert len(batch.chunks) <= self.sched.max_num_chunks
+        if any(r.params.speculative_tokens for r in self.sched.running):
+            assert batch.steps <= Scheduler.SPEC_BLOCK
         for out in self.sched.update(batch, self.runner.execute_sync(batch)):
             if out.finish_reason:
                 self.done.append(self.live.pop(out.request.request_id))
