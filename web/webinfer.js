@@ -180,7 +180,8 @@ class Engine {
  *          cpuMode: the CPU engine's "exact" (default; f32 precision) or "fast" (int8 activations) mode,
  *          threads: the CPU engine's Workers, 1 or 2 (default: 2 when the page is cross-origin isolated and
  *          navigator.hardwareConcurrency >= 2; the same output); engine.info.timings.wasm_threads / wasm_reason
- *          say how many run and why,
+ *          say how many run and why; with two, each decode block runs on one or both, whichever its own timings
+ *          show faster (a chat's stats.cpu_threads, stats.cpu_thread_choice),
  *          speculative: "prompt-lookup" to verify proposed tokens each step (the same output, fewer steps when the
  *          answer repeats its context), speculativeTokens (proposals per step, default 4),
  *          decodeBlock: decode steps the GPU runs per read-back while every request decodes (default 8, 1: off;

@@ -290,6 +290,7 @@ class PageWorker:
             host = self.cpu_host = await js_host(threads=self.cpu_threads)
             warm_ms = warm_kernels(host)  # (the rest of the step's code: CpuRunner.warm_up after ready)
             runner = await load_cpu_runner(self.package, self.options, host=host)
+            runner.choose_threads()  # two Workers: each decode block on the count its timings show faster
             self.llm = llm_for(self.package, runner, self.options)
             self.build_timings = {"engine_build_ms": (time.perf_counter() - t0) * 1e3, "wasm_variant": host.variant,
                                   "wasm_threads": host.threads, "wasm_reason": host.reason, "wasm_warm_ms": warm_ms,
@@ -436,6 +437,9 @@ class PageWorker:
                 "host_ms_per_step": (getattr(runner, "host_ms", 0.0) - host_ms0) / steps if steps else 0.0,
                 "cpu_ms_per_step": ((runner.step_ms - step_ms0) / steps if steps else 0.0)
                 if hasattr(runner, "step_ms") else None,
+                # the CPU engine with two Workers: decode blocks on 1 or 2 by their timings (cpu/threads.py)
+                "cpu_threads": getattr(runner, "threads_used", None),
+                "cpu_thread_choice": runner.chooser.stats() if getattr(runner, "chooser", None) else None,
                 "engine_steps": steps, "engine": llm.engine.stats(), "rebuild_timings": rebuilt,
                 "per_token": split}
 

@@ -52,6 +52,7 @@ PARAM_BYTES = 64  # sampling.py's RowParams, as kernels.c's SampleParams reads i
 MODES = {"exact": 0, "fast": 1 | 2 | 4 | 16 | 32}
 FAST_GATE_UP16 = 64  # GeGLU models (Gemma) in fast mode: gate and up take int16 activations too
 _FAST_WORD = 9  # index of `fast` in the Model struct
+_TEAM_WORD = 30  # index of `team` in the Model struct (0: a step runs on thread 0 alone, thread 1 stays parked)
 
 
 def mode_bits(mode: str, cfg) -> int:
@@ -267,6 +268,7 @@ class CpuRunner:
                              min(cfg.sliding_window, self.max_model_len) if sliding else 0, cos_l, sin_l, po)
         self.model_off = arena.put(head + struct.pack("<19I", embed, lm_head, norm, cos_t, sin_t, layers_off, *scratch,
                                                       team) + family, "model")
+        self.team_off, self.chooser, self.threads_used = team, None, self.threads
         if team:
             started = host.start_worker(team, stack + WORKER_STACK)  # (the page's host: a Worker to wait for)
             if inspect.isawaitable(started):
@@ -332,8 +334,24 @@ class CpuRunner:
         self.host.write(base, head + body + sampling.params + bytes(4 * S) + sampling.aux)
         return o_out
 
+    def choose_threads(self) -> None:
+        """From now on run each decode block on the thread count that its own timings show faster (threads.py
+        ThreadChooser; the page turns this on for two Workers), and a single decode step on what its blocks
+        chose; prompt chunks keep both threads. The ids are the same either way."""
+        if self.team_off:
+            from .threads import ThreadChooser  # noqa: PLC0415
+
+            self.chooser = ThreadChooser()
+
+    def _use_threads(self, n: int) -> None:
+        if self.team_off and n != self.threads_used:
+            self.host.write(self.model_off + 4 * _TEAM_WORD, struct.pack("<I", self.team_off if n > 1 else 0))
+            self.threads_used = n
+
     def _run(self, ids, pos, slots, seqs, rows, sampling) -> list[int]:
         o_out = self._write_step(ids, pos, slots, seqs, rows, sampling)
+        decode = self.chooser is not None and len(ids) == len(seqs)  # one token a sequence: as its blocks run best
+        self._use_threads(self.chooser.best((self.mode, len(seqs))) if decode else self.threads)
         self.host.call("wi_step", self.model_off, self.step_off)
         n = len(rows)
         return list(struct.unpack(f"<{n}I", self.host.read(o_out, 4 * n))) if n else []
@@ -377,8 +395,13 @@ class CpuRunner:
         self._write_step(ids, pos, slots, seqs, rows,
                          pack_chunks(sampled, self.vocab_size, self.counts_slots.assign(sampled, steps=K)))
         want_lp = any(c.logprobs is not None for c in sampled)
+        key = (self.mode, n)
+        self._use_threads(self.chooser.pick(key) if self.chooser else self.threads)
+        t0 = time.perf_counter()
         self.host.call("wi_steps", self.model_off, self.step_off, K, self.block_ids_off,
                        self.block_logprobs_off if want_lp else 0)
+        if self.chooser:
+            self.chooser.observe(key, self.threads_used, (time.perf_counter() - t0) / K)
         out = list(struct.unpack(f"<{n * K}I", self.host.read(self.block_ids_off, 4 * n * K)))
         if not want_lp:
             return out
