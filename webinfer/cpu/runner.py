@@ -12,7 +12,8 @@ Everything lives in the module's linear memory, placed once at load by a bump al
     scratch       activations for max_batch_tokens rows, logits for max_seqs rows, the kernels' work area
     step area     the per-step inputs (token ids, positions, cache slots, sequences, block tables, sampling)
     team          with two threads (host.threads == 2): kernels.c's Team (barrier words), thread 1's own scratch
-                  and stack; the host starts thread 1 on it (host.start_worker) and every step runs on both
+                  and stack; the host starts thread 1 on it (host.start_worker) and every step runs on both, or
+                  (choose_threads, the page's two Workers) a decode block on thread 0 alone where that is faster
 A step is one write of the step area, one call (`wi_step`) and one read of the sampled ids: no Python buffer per
 kernel, no per-layer round trips.
 
