@@ -294,7 +294,7 @@ class PageWorker:
             self.llm = llm_for(self.package, runner, self.options)
             self.build_timings = {"engine_build_ms": (time.perf_counter() - t0) * 1e3, "wasm_variant": host.variant,
                                   "wasm_threads": host.threads, "wasm_reason": host.reason, "wasm_warm_ms": warm_ms,
-                                  "wasm_memory_bytes": runner.memory_bytes}
+                                  "wasm_memory_bytes": runner.memory_bytes, "wasm_weights": runner.pack_reason}
             return
         dev = await self.get_device()
         ahead_wait = 0.0

@@ -272,3 +272,28 @@ def test_smollm2_greedy_equals_reference(smollm2_package, threads):
     assert tok.decode(generate_ids(pkg, tok.encode("Once upon a time").ids, 12, runner=runner)).startswith(
         ", the city of Nova Haven")
     runner.close()
+
+
+def test_a_model_too_big_packed_loads_in_its_package_layouts(tiny_qwen, monkeypatch):
+    """The packed GEMV layouts hold more bytes than the package's; when the module's memory (here a lowered limit,
+    in the page the tab's or the 4 GiB wasm32 ceiling) fits the model only in its package layouts, load lays it out
+    again in them: it runs, slower, with the reference's ids; below even that, the memory error names what did not
+    fit."""
+    from webinfer.cpu import load_cpu_runner
+    from webinfer.cpu.runner import Arena
+    from webinfer.cpu.wasm import WasmMemoryError
+
+    kw = {"num_blocks": 24, "max_model_len": 64, "max_seqs": 4}
+    packed = asyncio.run(load_cpu_runner(tiny_qwen, **kw))
+    assert packed.packed_weights and packed.pack_reason == "packed GEMV layouts"
+    top_packed = packed.arena.top
+    monkeypatch.setattr(Arena, "LIMIT", top_packed - 1)
+    small = asyncio.run(load_cpu_runner(tiny_qwen, **kw))
+    assert not small.packed_weights and "did not fit" in small.pack_reason, small.pack_reason
+    assert small.arena.top < top_packed
+    from tests.gpu_fixtures import generate_ids
+
+    assert generate_ids(tiny_qwen, PROMPTS[0], 8, runner=small) == _reference(tiny_qwen, PROMPTS[0], 8)
+    monkeypatch.setattr(Arena, "LIMIT", small.arena.top - 1)
+    with pytest.raises(WasmMemoryError, match="does not fit"):
+        asyncio.run(load_cpu_runner(tiny_qwen, **kw))

@@ -188,10 +188,13 @@ class WasmtimeHost:
 
     def ensure(self, nbytes: int) -> None:
         pages = grow_pages(self.size, nbytes)
-        if pages and self.threads > 1:
-            self.memory.grow(pages)
-        elif pages:
-            self.memory.grow(self.store, pages)
+        try:
+            if pages and self.threads > 1:
+                self.memory.grow(pages)
+            elif pages:
+                self.memory.grow(self.store, pages)
+        except Exception as e:  # the engine refused (a memory limit): the caller may lay the model out smaller
+            raise WasmMemoryError(f"wasm memory: could not grow to {nbytes} bytes ({e})") from e
 
 
 def _shared_memory(wasmtime):
@@ -322,5 +325,8 @@ class JsHost:
             self._have = self.size
             pages = grow_pages(self._have, nbytes)
             if pages:
-                self.memory.grow(pages)
+                try:
+                    self.memory.grow(pages)
+                except Exception as e:  # the browser refused (RangeError: out of memory for this tab)
+                    raise WasmMemoryError(f"wasm memory: could not grow to {nbytes} bytes ({e})") from e
                 self._have += pages * PAGE
