@@ -102,7 +102,9 @@ def _hf_tokenizer(package):
 
 
 def test_interrupt_keeps_program_and_history(gpu, tiny_chat_package):
-    prog = Program(tiny_chat_package, "--max-tokens", "300")
+    # the GPU path (lavapipe here): on a software adapter `--backend auto` takes the CPU engine, which decodes this
+    # tiny model at ~19k tok/s, so 300 tokens could end before the interrupt arrived (it did once)
+    prog = Program(tiny_chat_package, "--backend", "native", "--max-tokens", "300")
     prog.wait_for(lambda o: o.endswith("> "), what="the first prompt")
     start = len(prog.out)
     prog.send("hello world")
