@@ -2,10 +2,10 @@
 
 Everything lives in the module's linear memory, placed once at load by a bump allocator here:
     weights       every component of every tensor, in its package encoding (webinfer/formats.py), copied one
-                  binding at a time (no transient copy of the whole model); q4, q4a, q8 and q5_0 at group 32, q4k
-                  and q6k are then rewritten by the module into its packed GEMV layout (kernels.c wi_repack: 4 rows
-                  interleaved, f32 scales, the same weight values), their package bytes held only until then, one
-                  matrix at a time; q5_1 and q5k keep their package layout
+                  binding at a time (no transient copy of the whole model); every quantized matrix but q4/q4a at
+                  groups over 32 is then rewritten by the module into its packed GEMV layout (kernels.c wi_repack:
+                  4 rows interleaved, f32 scales, the same weight values), its package bytes held only until then,
+                  one matrix at a time (a model too big so: the package layouts, CpuRunner.load)
     descriptors   a 12-word Weight per matrix, a 16-word Layer per layer, one Model (see kernels.c)
     KV cache      per layer K and V [num_blocks, block_size, n_kv_heads, head_dim] f32 (block 0 = the null block)
     RoPE tables   cos / sin [max_model_len, head_dim / 2] f32, computed here in double precision
@@ -100,9 +100,9 @@ def weight_desc(dtype: str, n: int, k: int, group_size: int | None, comps: dict[
 
 
 def repack(host, arena, desc: int, what: str) -> int:
-    """Rewrite the matrix at `desc` into the module's packed GEMV layout (kernels.c wi_repack: q4, q4a, q8 and q5_0
-    at group 32, q4k, q6k), placed by `arena`, as the runner loads it; returns the packed bytes (0: the format keeps its package
-    layout). The package components stay where they are (the runner's own loading reuses their space)."""
+    """Rewrite the matrix at `desc` into the module's packed GEMV layout (kernels.c wi_repack: every quantized
+    format but q4/q4a at groups over 32), placed by `arena`, as the runner loads it; returns the packed bytes (0:
+    the format keeps its package layout). The package components stay where they are (the runner's own loading reuses their space)."""
     nbytes = host.call("wi_repack_bytes", desc)
     if nbytes:
         host.call("wi_repack", desc, arena.alloc(nbytes, f"{what} (packed)"))
@@ -320,8 +320,6 @@ class CpuRunner:
 
     def set_mode(self, mode: str) -> None:
         """Switch between "exact" and "fast" activations (the weights stay as they are)."""
-        if mode not in MODES:
-            raise ValueError(f"cpu mode {mode!r}: expected 'exact' or 'fast'")
         self.host.write(self.model_off + 4 * _FAST_WORD, struct.pack("<I", mode_bits(mode, self.cfg)))
         self.mode = mode
 

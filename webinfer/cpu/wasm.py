@@ -188,13 +188,19 @@ class WasmtimeHost:
 
     def ensure(self, nbytes: int) -> None:
         pages = grow_pages(self.size, nbytes)
-        try:
-            if pages and self.threads > 1:
-                self.memory.grow(pages)
-            elif pages:
-                self.memory.grow(self.store, pages)
-        except Exception as e:  # the engine refused (a memory limit): the caller may lay the model out smaller
-            raise WasmMemoryError(f"wasm memory: could not grow to {nbytes} bytes ({e})") from e
+        if pages and self.threads > 1:
+            _grow(lambda: self.memory.grow(pages), nbytes)
+        elif pages:
+            _grow(lambda: self.memory.grow(self.store, pages), nbytes)
+
+
+def _grow(grow, nbytes: int) -> None:
+    """Grow the memory; a refusal (wasmtime's limit, the browser's RangeError for a tab out of memory) is a
+    WasmMemoryError, which CpuRunner.load answers by laying the model out smaller."""
+    try:
+        grow()
+    except Exception as e:
+        raise WasmMemoryError(f"wasm memory: could not grow to {nbytes} bytes ({e})") from e
 
 
 def _shared_memory(wasmtime):
@@ -325,8 +331,5 @@ class JsHost:
             self._have = self.size
             pages = grow_pages(self._have, nbytes)
             if pages:
-                try:
-                    self.memory.grow(pages)
-                except Exception as e:  # the browser refused (RangeError: out of memory for this tab)
-                    raise WasmMemoryError(f"wasm memory: could not grow to {nbytes} bytes ({e})") from e
+                _grow(lambda: self.memory.grow(pages), nbytes)
                 self._have += pages * PAGE

@@ -84,7 +84,7 @@ def step_profile(runner, layer0: tuple, head_desc: int, reps: int, rounds: int =
     share of the step (step - remainder), and each matrix timed alone (layer 0's seven x the layer count, and the
     LM head: warm caches, so they say how the share divides, not its size). Each figure is the median over
     `rounds` rounds, all figures of a round timed together."""
-    from webinfer.cpu.runner import mode_bits
+    from webinfer.cpu.runner import FAST_GATE_UP16, mode_bits
 
     cfg, host, arena = runner.cfg, runner.host, runner.arena
     d, f = cfg.hidden_size, cfg.intermediate_size
@@ -94,7 +94,7 @@ def step_profile(runner, layer0: tuple, head_desc: int, reps: int, rounds: int =
     for mode in ("exact", "fast"):
         runner.set_mode(mode)
         bits = mode_bits(mode, cfg)
-        gate = 2 if bits & 64 else (bits >> 2) & 1
+        gate = 2 if bits & FAST_GATE_UP16 else (bits >> 2) & 1
         fast = {"q": bits & 1, "k": bits & 1, "v": bits & 1, "o": (bits >> 1) & 1, "gate": gate, "up": gate,
                 "down": 2 if bits & 32 else (bits >> 3) & 1}
         steps, rests, mats = [], [], {name: [] for name in [*shapes, "lm_head"]}
