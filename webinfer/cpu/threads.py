@@ -7,8 +7,12 @@ A fixed default is wrong somewhere, and timing a few steps after ready flipped w
 the runner times the decode blocks it runs anyway: per (mode, sequences), the first blocks alternate 2, 1, 1, 2,
 2, 1 (a trend, such as V8 optimizing the module meanwhile, falls on both sides alike), then the count with the
 lower median time per step over its last WINDOW blocks runs, and every RECHECK-th block the other one runs once,
-so a machine that gets busier or quieter is followed. The ids do not depend on the thread count (a column's and a
-head's arithmetic is the same on either split), only the speed does. Pure Python (runs in Pyodide).
+so a machine that gets busier or quieter is followed. A recheck's time replaces the rechecked count's older ones:
+those are at least RECHECK blocks old, and the first were taken while the page started (in Chromium, V8's
+background compiles of the module then share the 2 cores: two Workers measured 12-15 ms a SmolLM2 exact step
+against one's 9, and 5-6 ms once it had finished), so a count that became faster wins at its next recheck instead
+of WINDOW rechecks later. The ids do not depend on the thread count (a column's and a head's arithmetic is the same
+on either split), only the speed does. Pure Python (runs in Pyodide).
 """
 
 from __future__ import annotations
@@ -18,12 +22,16 @@ from collections import deque
 
 EXPLORE = (2, 1, 1, 2, 2, 1)  # the first blocks' thread counts, per key
 WINDOW = 5                    # blocks of each count whose median is its time
-RECHECK = 25                  # after exploring, one block in this many runs on the other count
+RECHECK = 12                  # after exploring, one block in this many runs on the other count
+RECENT = 16                   # blocks listed in stats()
+STALE = 4                     # a count's times from before a gap of more blocks than this are dropped
 
 
 class ThreadChooser:
     def __init__(self):
         self._blocks: dict[tuple, int] = {}                # key -> blocks observed
+        self._at: dict[tuple, int] = {}                    # (key, threads) -> the block (count) it last ran
+        self._recent: dict[tuple, deque] = {}              # key -> (threads, ms per step) of its last blocks
         self._times: dict[tuple, deque] = {}               # (key, threads) -> seconds per step of its last blocks
 
     def pick(self, key: tuple) -> int:
@@ -41,14 +49,20 @@ class ThreadChooser:
         return 1 if statistics.median(one) < statistics.median(two) else 2
 
     def observe(self, key: tuple, threads: int, seconds_per_step: float) -> None:
-        self._blocks[key] = self._blocks.get(key, 0) + 1
-        self._times.setdefault((key, threads), deque(maxlen=WINDOW)).append(seconds_per_step)
+        n = self._blocks[key] = self._blocks.get(key, 0) + 1
+        times = self._times.setdefault((key, threads), deque(maxlen=WINDOW))
+        if n - self._at.get((key, threads), n) > STALE:
+            times.clear()  # a recheck: this count's older times are stale
+        self._at[(key, threads)] = n
+        times.append(seconds_per_step)
+        self._recent.setdefault(key, deque(maxlen=RECENT)).append((threads, round(seconds_per_step * 1e3, 2)))
 
     def stats(self) -> dict:
-        """{"mode/sequences": {"1": ms per step, "2": ms per step, "using": threads}} (medians of the windows)."""
+        """{"mode/sequences": {"1": ms per step, "2": ms per step, "using": threads, "recent": [[threads, ms per
+        step] of the last RECENT blocks]}} (medians of the windows)."""
         out = {}
         for key in self._blocks:
             row = {str(t): round(statistics.median(d) * 1e3, 3)
                    for t in (1, 2) if (d := self._times.get((key, t)))}
-            out["/".join(map(str, key))] = {**row, "using": self.best(key)}
+            out["/".join(map(str, key))] = {**row, "using": self.best(key), "recent": [list(r) for r in self._recent[key]]}
         return out
