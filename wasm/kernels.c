@@ -1697,6 +1697,7 @@ typedef struct Team {
     const void *m, *s;  // the step thread 1 runs (Model, Step)
     u8 *work1;          // thread 1's linear scratch and attention scores (thread 0 uses the Model's work, scores)
     float *xn1;         // thread 1's normed activations [max(T, S), d] (thread 0 uses the Model's xn and xs)
+    float *k1, *v1;     // thread 1's k and v rows [T, kv_dim] (thread 0 uses the Model's k and v)
 } Team;
 
 typedef struct {
@@ -1706,6 +1707,7 @@ typedef struct {
     float *scores;  // attention's scores (thread 1: its work area, which the GEMVs use only outside attention)
     float *xn, *xs;  // this thread's normed activations: the layers' (every thread norms the whole residual itself,
                      // cheaper than a barrier) and the sampled rows' (thread 1: both in the Team's xn1)
+    float *k, *v;    // this thread's k and v rows (the head split computes a KV head two threads read on both)
 } Ctx;
 
 #ifdef THREADS
@@ -1774,7 +1776,7 @@ static void post_norm_add(const Ctx *c, const Model *m, const float *w, u32 T) {
 // One engine step on thread c->tid (see "threads" above): every fed token through the model, K/V into the paged
 // cache, the sampled rows' next ids. Barriers: after attention (o reads every head), after o and after down (the
 // norms read the whole residual), after SwiGLU (down reads every column) and after the LM head; no norm has one,
-// and with the q/k/v columns split by KV heads (by_heads) none sits between the projections and attention.
+// and with the q/k/v columns split by heads (by_heads) none sits between the projections and attention.
 static void step_body(const Ctx *c, const Model *m, const Step *s) {
     u32 T = s->n_tokens, d = m->d, hd = m->hd, qd = m->n_heads * hd, kvd = m->n_kv * hd, bs = m->block_size;
     int t0 = c->tid == 0;
@@ -1785,21 +1787,34 @@ static void step_body(const Ctx *c, const Model *m, const Step *s) {
         if (m->emb_mult != 1.0f)
             for (u32 i = 0; i < d; i++) e[i] = e[i] * m->emb_mult;
     }
-    // this thread's KV heads [kv0, kv1) and their query heads: with by_heads (the KV heads split evenly, a head's
-    // columns whole groups of 4) it computes their q/k/v columns itself, then RoPE, the cache writes and attention,
-    // which read only what the same thread wrote; else (SmolLM2's 3 KV heads on 2 threads: a 1:2 split of the
-    // projections cost more than the barrier, measured) the columns are split evenly and a barrier follows them
-    u32 kv0 = m->n_kv * c->tid / c->nth, kv1 = m->n_kv * (c->tid + 1) / c->nth, grp = m->n_heads / m->n_kv;
-    int by_heads = (hd & 3) == 0 && m->n_kv % c->nth == 0;
+    // this thread's query heads [h0, h1) and the KV heads they read [kv0, kv1): with by_heads (a head's columns
+    // whole groups of 4) the query heads split evenly and each thread computes its query heads' q columns and its
+    // KV heads' k/v columns into its own k/v rows, then RoPE, the cache writes and attention, which read only what
+    // the same thread wrote. A KV head whose query heads both threads hold (SmolLM2's 3 KV heads of 9 query heads,
+    // Gemma 3's one) is computed by both: the same bits, the same cache writes, and no barrier. Else the columns
+    // are split evenly, a barrier follows them, and the KV heads split evenly (the query heads follow theirs).
+    u32 grp = m->n_heads / m->n_kv, h0, h1, kv0, kv1;
+    int by_heads = (hd & 3) == 0;
+    if (by_heads) {
+        h0 = m->n_heads * c->tid / c->nth;
+        h1 = m->n_heads * (c->tid + 1) / c->nth;
+        kv0 = h0 / grp;
+        kv1 = h1 > h0 ? (h1 + grp - 1) / grp : kv0;
+    } else {
+        kv0 = m->n_kv * c->tid / c->nth;
+        kv1 = m->n_kv * (c->tid + 1) / c->nth;
+        h0 = kv0 * grp;
+        h1 = kv1 * grp;
+    }
+    float *kb = by_heads ? c->k : m->k, *vb = by_heads ? c->v : m->v;  // the k/v rows RoPE and the cache read
     for (u32 li = 0; li < m->n_layers; li++) {
         const Layer *L = m->layers + li;
         rmsnorm(li || t0 ? m->r : c->xn, d, L->attn_norm, c->xn, d, T, d, m->eps);
         int fq = (m->fast & FAST_QKV) != 0;
         if (by_heads) {
-            u32 q0 = kv0 * grp * hd, q1 = kv1 * grp * hd;
-            linear(L->q, c->xn, d, m->q, qd, T, 0, fq, c->work, 1, q0, q1);
-            linear(L->k, c->xn, d, m->k, kvd, T, 0, fq, c->work, !same_layout(L->q, L->k), kv0 * hd, kv1 * hd);
-            linear(L->v, c->xn, d, m->v, kvd, T, 0, fq, c->work, !same_layout(L->k, L->v), kv0 * hd, kv1 * hd);
+            linear(L->q, c->xn, d, m->q, qd, T, 0, fq, c->work, 1, h0 * hd, h1 * hd);
+            linear(L->k, c->xn, d, kb, kvd, T, 0, fq, c->work, !same_layout(L->q, L->k), kv0 * hd, kv1 * hd);
+            linear(L->v, c->xn, d, vb, kvd, T, 0, fq, c->work, !same_layout(L->k, L->v), kv0 * hd, kv1 * hd);
         } else {
             linear_share(c, L->q, c->xn, d, m->q, qd, T, 0, fq, 1);
             linear_share(c, L->k, c->xn, d, m->k, kvd, T, 0, fq, !same_layout(L->q, L->k));
@@ -1808,22 +1823,22 @@ static void step_body(const Ctx *c, const Model *m, const Step *s) {
         }
         const float *ct = L->sliding ? m->cos_l : m->cos_t, *st = L->sliding ? m->sin_l : m->sin_t;
         for (u32 t = 0; t < T; t++) {
-            float *qh = m->q + t * qd + kv0 * grp * hd, *kh = m->k + t * kvd + kv0 * hd;
+            float *qh = m->q + t * qd + h0 * hd, *kh = kb + t * kvd + kv0 * hd;
             if (L->q_norm) {  // (in place: each head's norm is read before it is written)
-                rmsnorm(qh, hd, L->q_norm, qh, hd, (kv1 - kv0) * grp, hd, m->eps);
+                rmsnorm(qh, hd, L->q_norm, qh, hd, h1 - h0, hd, m->eps);
                 rmsnorm(kh, hd, L->k_norm, kh, hd, kv1 - kv0, hd, m->eps);
             }
-            rope_row(qh, (kv1 - kv0) * grp, hd, ct, st, s->pos[t]);
+            rope_row(qh, h1 - h0, hd, ct, st, s->pos[t]);
             rope_row(kh, kv1 - kv0, hd, ct, st, s->pos[t]);
             float *kd = L->k_cache + s->slot[t] * kvd, *vd = L->v_cache + s->slot[t] * kvd;
-            for (u32 i = kv0 * hd; i < kv1 * hd; i++) { kd[i] = m->k[t * kvd + i]; vd[i] = m->v[t * kvd + i]; }
+            for (u32 i = kv0 * hd; i < kv1 * hd; i++) { kd[i] = kb[t * kvd + i]; vd[i] = vb[t * kvd + i]; }
         }
         for (u32 si = 0; si < s->n_seqs; si++) {
             const Seq *q = s->seqs + si;
             for (u32 j = 0; j < q->n_q; j++) {
                 u32 row = q->q_row + j;
                 attend_row(m->q + row * qd, m->attn + row * qd, L->k_cache, L->v_cache, q->table, q->start_pos + j,
-                           m->n_heads, m->n_kv, hd, bs, c->scores, kv0 * grp, kv1 * grp, m->attn_mul, m->attn_cap,
+                           m->n_heads, m->n_kv, hd, bs, c->scores, h0, h1, m->attn_mul, m->attn_cap,
                            L->sliding ? m->window : 0);
             }
         }
@@ -1878,7 +1893,7 @@ static void step_body(const Ctx *c, const Model *m, const Step *s) {
 // One engine step (thread 0). With a team, thread 1 (parked in wi_worker) is started on the same step first.
 EXPORT(wi_step) void wi_step(const Model *m, const Step *s) {
     Team *t = m->team;
-    Ctx c = {0, t ? t->nth : 1, m->work, t, m->scores, m->xn, m->xs};
+    Ctx c = {0, t ? t->nth : 1, m->work, t, m->scores, m->xn, m->xs, m->k, m->v};
 #ifdef THREADS
     if (t) {
         t->m = m;
@@ -1926,7 +1941,7 @@ EXPORT(wi_worker) void wi_worker(Team *t) {
         team_wait(t, &t->go, seen);
         if (__atomic_load_n(&t->quit, __ATOMIC_ACQUIRE)) return;
         seen = __atomic_load_n(&t->go, __ATOMIC_ACQUIRE);
-        Ctx c = {1, t->nth, t->work1, t, (float *)t->work1, t->xn1, t->xn1};
+        Ctx c = {1, t->nth, t->work1, t, (float *)t->work1, t->xn1, t->xn1, t->k1, t->v1};
         step_body(&c, (const Model *)t->m, (const Step *)t->s);
     }
 }

@@ -111,11 +111,14 @@ def _assert_same_logits(one, two, prompts):
         assert np.array_equal(x, y), "two threads' logits differ from one thread's"
 
 
-@pytest.mark.parametrize("heads", [{"num_key_value_heads": 1}, {"head_dim": 6}], ids=["one_kv_head", "head_dim_6"])
-def test_two_threads_without_the_head_split(tmp_path, heads):
-    """KV heads that do not split evenly (one on two threads, as SmolLM2's three), or a head's q/k/v columns not
-    whole groups of 4 (the packed layout's): the step splits the q/k/v columns evenly with a barrier before
-    attention (kernels.c by_heads = 0); the ids and logits are still one thread's and the reference's."""
+@pytest.mark.parametrize("heads", [{"num_key_value_heads": 1}, {"num_attention_heads": 6, "num_key_value_heads": 3},
+                                   {"head_dim": 6}], ids=["one_kv_head", "three_kv_heads", "head_dim_6"])
+def test_two_threads_with_shared_or_unsplit_heads(tmp_path, heads):
+    """KV heads the threads do not divide (one on two threads, as Gemma 3's; three of six query heads, as SmolLM2's
+    three of nine): both threads compute the shared KV head into their own k/v rows and write the same cache rows;
+    a head's q/k/v columns not whole groups of 4 (the packed layout's): the step splits the q/k/v columns evenly
+    with a barrier before attention (kernels.c by_heads = 0). The ids and logits are one thread's and the
+    reference's either way."""
     from tests.gpu_fixtures import generate_ids
     from tests.synthetic import write_hf
     from webinfer_packager.pack.build import pack

@@ -271,8 +271,9 @@ class CpuRunner:
         if self.threads > 1:  # thread 1's scratch and stack, and the team that joins the two
             work1 = arena.alloc(max(work, 4 * self.max_model_len), "thread 1 work")  # (and its attention scores)
             xn1 = a(max(T, S) * d, "thread 1 xn")  # (its normed rows: the layers' and the sampled ones')
+            k1, v1 = a(T * kvd, "thread 1 k"), a(T * kvd, "thread 1 v")
             stack = arena.alloc(WORKER_STACK, "thread 1 stack")
-            team = arena.put(team_words(self.threads, work1, xn1), "team")
+            team = arena.put(team_words(self.threads, work1, xn1, k1, v1), "team")
         head = struct.pack("<8If3I", d, f, L, cfg.num_attention_heads, cfg.num_key_value_heads, hd, V, block_size,
                            cfg.rms_norm_eps, mode_bits(mode, cfg), self.max_model_len, self.max_model_len)
         po = a(T * d, "po") if cfg.post_norms else 0

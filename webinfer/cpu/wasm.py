@@ -31,7 +31,7 @@ PAGE = 65536
 MAX_BYTES = 1 << 32  # the wasm32 address space
 MODULES = {"base": "kernels.wasm", "relaxed": "kernels-relaxed.wasm"}
 THREAD_MODULES = {"base": "kernels-threads.wasm", "relaxed": "kernels-relaxed-threads.wasm"}
-TEAM_WORDS = 10  # kernels.c Team: nth, spins, go, quit, arrived, gen, m, s, work1, xn1
+TEAM_WORDS = 12  # kernels.c Team: nth, spins, go, quit, arrived, gen, m, s, work1, xn1, k1, v1
 _QUIT_WORD = 3
 # polls of a barrier word before blocking on it (memory.atomic.wait32): a wake from the wait costs more than the
 # ~30-40 us between a decode step's barriers in the page (Chromium, 2 vCPUs), so a waiting thread should only sleep
@@ -65,10 +65,11 @@ def module_bytes(variant: str, threads: bool = False) -> bytes:
     return resources.files("webinfer.cpu").joinpath((THREAD_MODULES if threads else MODULES)[variant]).read_bytes()
 
 
-def team_words(nth: int, work1: int, xn1: int, spins: int | None = None) -> bytes:
-    """A fresh kernels.c Team for `nth` threads, thread 1's scratch at `work1` and its normed activations at `xn1`
-    (spins: default SPINS)."""
-    return struct.pack(f"<{TEAM_WORDS}I", nth, SPINS if spins is None else spins, 0, 0, 0, 0, 0, 0, work1, xn1)
+def team_words(nth: int, work1: int, xn1: int, k1: int, v1: int, spins: int | None = None) -> bytes:
+    """A fresh kernels.c Team for `nth` threads, thread 1's scratch at `work1`, its normed activations at `xn1` and
+    its k and v rows at `k1`, `v1` (spins: default SPINS)."""
+    return struct.pack(f"<{TEAM_WORDS}I", nth, SPINS if spins is None else spins, 0, 0, 0, 0, 0, 0, work1, xn1,
+                       k1, v1)
 
 
 class WasmtimeHost:
