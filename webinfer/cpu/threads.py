@@ -8,10 +8,9 @@ the runner times the decode blocks it runs anyway: per (mode, sequences), the fi
 2, 1 (a trend, such as V8 optimizing the module meanwhile, falls on both sides alike), then the count with the
 lower median time per step over its last WINDOW blocks runs, and every RECHECK-th block the other one runs once,
 so a machine that gets busier or quieter is followed. A recheck's time replaces the rechecked count's older ones:
-those are at least RECHECK blocks old, and the first were taken while the page started (in Chromium, V8's
-background compiles of the module then share the 2 cores: two Workers measured 12-15 ms a SmolLM2 exact step
-against one's 9, and 5-6 ms once it had finished), so a count that became faster wins at its next recheck instead
-of WINDOW rechecks later. The ids do not depend on the thread count (a column's and a head's arithmetic is the same
+those are at least RECHECK blocks old, and the first were taken while the page started (two Workers measured
+12-37 ms a SmolLM2 step in a page's first blocks against one's 9, and 5-6 ms later: likely V8 still optimizing
+the module, not traced), so a count that became faster wins at its next recheck instead of WINDOW rechecks later. The ids do not depend on the thread count (a column's and a head's arithmetic is the same
 on either split), only the speed does. Pure Python (runs in Pyodide).
 """
 
@@ -64,5 +63,6 @@ class ThreadChooser:
         for key in self._blocks:
             row = {str(t): round(statistics.median(d) * 1e3, 3)
                    for t in (1, 2) if (d := self._times.get((key, t)))}
-            out["/".join(map(str, key))] = {**row, "using": self.best(key), "recent": [list(r) for r in self._recent[key]]}
+            recent = [list(r) for r in self._recent[key]]
+            out["/".join(map(str, key))] = {**row, "using": self.best(key), "recent": recent}
         return out

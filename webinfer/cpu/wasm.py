@@ -33,11 +33,11 @@ MODULES = {"base": "kernels.wasm", "relaxed": "kernels-relaxed.wasm"}
 THREAD_MODULES = {"base": "kernels-threads.wasm", "relaxed": "kernels-relaxed-threads.wasm"}
 TEAM_WORDS = 12  # kernels.c Team: nth, spins, go, quit, arrived, gen, m, s, work1, xn1, k1, v1
 _QUIT_WORD = 3
-# polls of a barrier word before blocking on it (memory.atomic.wait32): a wake from the wait costs more than the
-# ~30-40 us between a decode step's barriers in the page (Chromium, 2 vCPUs), so a waiting thread should only sleep
-# through the host's time between blocks: 400000 polls (~0.3-1 ms). Measured against 20000, SmolLM2, two
-# Workers' ms per step, exact / fast: 4.8-5.9 / 3.8-3.9 against 6.2-8.9 / 5.8-6.1 (docs/cpu-backend.md "Barrier
-# polls"); natively the same or better
+# polls of a barrier word before blocking on it (memory.atomic.wait32): enough (~0.3-1 ms) that a thread sleeps
+# only through the host's time between blocks, not between a step's barriers (~30-40 us apart in the page, where
+# blocking there cost two Workers most of their gain). Measured against 20000 in the page (Chromium, 2 vCPUs,
+# SmolLM2, two Workers' ms per step, exact / fast): 4.8-5.9 / 3.8-3.9 against 6.2-8.9 / 5.8-6.1
+# (docs/cpu-backend.md "Barrier polls"); natively the same or better
 SPINS = 400000
 
 
