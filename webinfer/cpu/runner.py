@@ -102,7 +102,8 @@ def weight_desc(dtype: str, n: int, k: int, group_size: int | None, comps: dict[
 def repack(host, arena, desc: int, what: str) -> int:
     """Rewrite the matrix at `desc` into the module's packed GEMV layout (kernels.c wi_repack: every quantized
     format but q4/q4a at groups over 32), placed by `arena`, as the runner loads it; returns the packed bytes (0:
-    the format keeps its package layout). The package components stay where they are (the runner's own loading reuses their space)."""
+    the format keeps its package layout). The package components stay where they are (the runner's own loading
+    reuses their space)."""
     nbytes = host.call("wi_repack_bytes", desc)
     if nbytes:
         host.call("wi_repack", desc, arena.alloc(nbytes, f"{what} (packed)"))

@@ -10,8 +10,9 @@ lower median time per step over its last WINDOW blocks runs, and every RECHECK-t
 so a machine that gets busier or quieter is followed. A recheck's time replaces the rechecked count's older ones:
 those are at least RECHECK blocks old, and the first were taken while the page started (two Workers measured
 12-37 ms a SmolLM2 step in a page's first blocks against one's 9, and 5-6 ms later: likely V8 still optimizing
-the module, not traced), so a count that became faster wins at its next recheck instead of WINDOW rechecks later. The ids do not depend on the thread count (a column's and a head's arithmetic is the same
-on either split), only the speed does. Pure Python (runs in Pyodide).
+the module, not traced), so a count that became faster wins at its next recheck instead of WINDOW rechecks later.
+The ids do not depend on the thread count (a column's and a head's arithmetic is the same on either split), only
+the speed does. Pure Python (runs in Pyodide).
 """
 
 from __future__ import annotations
@@ -22,14 +23,13 @@ from collections import deque
 EXPLORE = (2, 1, 1, 2, 2, 1)  # the first blocks' thread counts, per key
 WINDOW = 5                    # blocks of each count whose median is its time
 RECHECK = 12                  # after exploring, one block in this many runs on the other count
-RECENT = 16                   # blocks listed in stats()
-STALE = 4                     # a count's times from before a gap of more blocks than this are dropped
+RECENT = 16                   # blocks listed in stats() (and searched for a count's last run: > STALE)
+STALE = 4                     # a count's times are dropped once this many other blocks ran since its last
 
 
 class ThreadChooser:
     def __init__(self):
         self._blocks: dict[tuple, int] = {}                # key -> blocks observed
-        self._at: dict[tuple, int] = {}                    # (key, threads) -> the block (count) it last ran
         self._recent: dict[tuple, deque] = {}              # key -> (threads, ms per step) of its last blocks
         self._times: dict[tuple, deque] = {}               # (key, threads) -> seconds per step of its last blocks
 
@@ -48,13 +48,14 @@ class ThreadChooser:
         return 1 if statistics.median(one) < statistics.median(two) else 2
 
     def observe(self, key: tuple, threads: int, seconds_per_step: float) -> None:
-        n = self._blocks[key] = self._blocks.get(key, 0) + 1
+        self._blocks[key] = self._blocks.get(key, 0) + 1
         times = self._times.setdefault((key, threads), deque(maxlen=WINDOW))
-        if n - self._at.get((key, threads), n) > STALE:
+        recent = self._recent.setdefault(key, deque(maxlen=RECENT))
+        gap = next((i for i, (t, _) in enumerate(reversed(recent)) if t == threads), RECENT)  # blocks since it ran
+        if gap >= STALE:
             times.clear()  # a recheck: this count's older times are stale
-        self._at[(key, threads)] = n
         times.append(seconds_per_step)
-        self._recent.setdefault(key, deque(maxlen=RECENT)).append((threads, round(seconds_per_step * 1e3, 2)))
+        recent.append((threads, round(seconds_per_step * 1e3, 2)))
 
     def stats(self) -> dict:
         """{"mode/sequences": {"1": ms per step, "2": ms per step, "using": threads, "recent": [[threads, ms per
