@@ -243,9 +243,10 @@ EXPORT(wi_repack_bytes) u32 wi_repack_bytes(const Weight *w) {
     return (w->n + 3) / 4 * (w->kp / 32) * PBLK(PACKED_AS(w->dtype));
 }
 
-// Writes w's packed layout to dst (wi_repack_bytes bytes, not overlapping w's components) and points w at it.
-EXPORT(wi_repack) void wi_repack(Weight *w, u8 *dst) {
-    u32 dt = PACKED_AS(w->dtype), nu = w->kp / 32, nc = PCODES(dt);
+// Writes the packed layout of units [u0, u1) of every row of w (packable, not packed) to dst, (u1 - u0) * 32 columns
+// from column 32 u0, and describes it in *out: a packed matrix of its own (no bias).
+static void repack_units(const Weight *w, u8 *dst, u32 u0, u32 u1, Weight *out) {
+    u32 dt = PACKED_AS(w->dtype), nu = u1 - u0, nc = PCODES(dt);
     // q5_0's and q6k's codes as signed bytes: q - 16, q - 32 (their b = -16 a, -32 a then vanishes)
     u8 zero = w->dtype == F_Q5_0 ? 16 : w->dtype == F_Q6K ? 32 : 0;
     u8 codes[32];
@@ -256,7 +257,7 @@ EXPORT(wi_repack) void wi_repack(Weight *w, u8 *dst) {
             for (u32 i = 0; i < PBLK(dt); i++) blk[i] = 0;
             for (u32 r = 0; r < 4 && 4 * g + r < w->n; r++) {
                 float ab[4];
-                unit_elements(w, 4 * g + r, u, codes, ab);
+                unit_elements(w, 4 * g + r, u0 + u, codes, ab);
                 for (u32 t = 0; t < nc / 16; t++)
                     for (u32 j = 0; j < 4; j++)
                         blk[16 * t + 4 * r + j] = BYTE_PACKED(dt) ? (u8)(codes[4 * t + j] - zero)
@@ -266,11 +267,22 @@ EXPORT(wi_repack) void wi_repack(Weight *w, u8 *dst) {
                 else if (HAS_B(dt)) coef[4 + r] = ab[1];
             }
         }
-    w->dtype = dt;
-    w->gs = 32;
-    w->qweight = dst;
-    w->qhigh = w->scales = w->mins = w->super = 0;
-    w->packed = 1;
+    Weight v = {dt, w->n, (w->k < 32 * u1 ? w->k : 32 * u1) - 32 * u0, 32 * nu, 32, dst, 0, 0, 0, 0, 0, 1};
+    *out = v;
+}
+
+// Writes w's packed layout to dst (wi_repack_bytes bytes, not overlapping w's components) and points w at it.
+EXPORT(wi_repack) void wi_repack(Weight *w, u8 *dst) {
+    Weight v;
+    repack_units(w, dst, 0, w->kp / 32, &v);
+    v.bias = w->bias;
+    *w = v;
+}
+
+// w's units [u0, u1) packed as a matrix of their own at dst, described at *out (both from the runner): a K part of
+// w, for step_body's split_k (wi_repack_bytes of w times (u1 - u0) / (kp / 32) bytes). w keeps its layout.
+EXPORT(wi_repack_part) void wi_repack_part(const Weight *w, u8 *dst, u32 u0, u32 u1, Weight *out) {
+    repack_units(w, dst, u0, u1, out);
 }
 
 // a packed row to f32, in dequant_row's order
@@ -1654,6 +1666,7 @@ typedef struct {
     u32 window;                  // a sliding layer's query at p sees keys j with p - j < window
     const float *cos_l, *sin_l;  // sliding layers' RoPE tables (Gemma 3's local base; else the global ones)
     float *po;                   // [T, d] o's / down's output before its post-norm (post-norm models; else 0)
+    float *parts;                // [4, T, d]: o's two K parts, then down's (step_body's split_k; else 0)
 } Model;
 
 typedef struct {
@@ -1698,6 +1711,7 @@ typedef struct Team {
     u8 *work1;          // thread 1's linear scratch and attention scores (thread 0 uses the Model's work, scores)
     float *xn1;         // thread 1's normed activations [max(T, S), d] (thread 0 uses the Model's xn and xs)
     float *k1, *v1;     // thread 1's k and v rows [T, kv_dim] (thread 0 uses the Model's k and v)
+    float *r1;          // thread 1's residual [T, d] with split_k (thread 0's is the Model's r)
 } Team;
 
 typedef struct {
@@ -1708,6 +1722,7 @@ typedef struct {
     float *xn, *xs;  // this thread's normed activations: the layers' (every thread norms the whole residual itself,
                      // cheaper than a barrier) and the sampled rows' (thread 1: both in the Team's xn1)
     float *k, *v;    // this thread's k and v rows (the head split computes a KV head two threads read on both)
+    float *r;        // the residual this thread updates: with split_k its own copy (thread 1: the Team's r1)
 } Ctx;
 
 #ifdef THREADS
@@ -1764,7 +1779,7 @@ static void post_norm_add(const Ctx *c, const Model *m, const float *w, u32 T) {
     for (u32 t = 0; t < T; t++) {
         const float *p = m->po + t * d;
         float den = rms_den(p, d, m->eps);
-        for (u32 i = n0; i < n1; i++) m->r[t * d + i] += (p[i] / den) * w[i];
+        for (u32 i = n0; i < n1; i++) c->r[t * d + i] += (p[i] / den) * w[i];
     }
 }
 
@@ -1773,16 +1788,44 @@ static void post_norm_add(const Ctx *c, const Model *m, const float *w, u32 T) {
         if (team_sync(c)) return;       \
     } while (0)
 
+// split_k: r[t] += P0[t] + P1[t] for the T rows (P1 = P + T d), or with a post-norm w, r[t] += rmsnorm(P0[t] + P1[t])
+// * w (the sum held in this thread's xn, which is normed afresh from r next). Every thread adds to its own r.
+static void add_parts(const Ctx *c, const Model *m, const float *P, const float *w, u32 T) {
+    u32 d = m->d;
+    for (u32 t = 0; t < T; t++) {
+        const float *a = P + t * d, *b = P + (T + t) * d;
+        float *rt = c->r + t * d, *sum = c->xn + t * d;
+        if (!w) {
+            for (u32 i = 0; i < d; i++) rt[i] += a[i] + b[i];
+            continue;
+        }
+        for (u32 i = 0; i < d; i++) sum[i] = a[i] + b[i];
+        float den = rms_den(sum, d, m->eps);
+        for (u32 i = 0; i < d; i++) rt[i] += (sum[i] / den) * w[i];
+    }
+}
+
 // One engine step on thread c->tid (see "threads" above): every fed token through the model, K/V into the paged
-// cache, the sampled rows' next ids. Barriers: after attention (o reads every head), after o and after down (the
-// norms read the whole residual), after SwiGLU (down reads every column) and after the LM head; no norm has one,
-// and with the q/k/v columns split by heads (by_heads) none sits between the projections and attention.
+// cache, the sampled rows' next ids.
+// split_k (the runner gives the Model its `parts`, and each layer's o and down as two part matrices by input
+// columns, each packed on its own: wi_repack_part): o's parts split the query heads (part 0: heads [0, n_heads / 2),
+// thread 0's attention heads with two threads), down's the units of f (gate and up computed for the same columns);
+// each part goes into its buffer of `parts`, then every thread adds both parts to its own copy of the residual, so
+// that a layer has two barriers: after o's parts and after down's. A part's arithmetic does not depend on which
+// thread computes it, and one thread computes both parts the same way: the same bits on one or two threads.
+// (Half of each row group's units read from one packed layout streamed slower from memory, 70 -> 90 us a cold
+// 576 x 1536 q4a GEMV: hence a layout per part.)
+// Else the output columns of every matrix are split, and barriers follow attention (o reads every head), o and
+// down (the norms read the whole residual) and SwiGLU (down reads every column): four a layer. Either way one more
+// follows the LM head; no norm has one, and with the q/k/v columns split by heads (by_heads) none sits between
+// the projections and attention.
 static void step_body(const Ctx *c, const Model *m, const Step *s) {
     u32 T = s->n_tokens, d = m->d, hd = m->hd, qd = m->n_heads * hd, kvd = m->n_kv * hd, bs = m->block_size;
-    int t0 = c->tid == 0;
-    // the residual r is written by thread 0; the others take the embedding straight into their xn (normed there)
+    int t0 = c->tid == 0, sk = m->parts != 0;
+    float *r = c->r;
+    // the embedding into r; without split_k only thread 0 writes r, the others take it into their xn (normed there)
     for (u32 t = 0; t < T; t++) {
-        float *e = (t0 ? m->r : c->xn) + t * d;
+        float *e = (t0 || sk ? r : c->xn) + t * d;
         dequant_row(m->embed, s->ids[t], e);
         if (m->emb_mult != 1.0f)
             for (u32 i = 0; i < d; i++) e[i] = e[i] * m->emb_mult;
@@ -1806,10 +1849,12 @@ static void step_body(const Ctx *c, const Model *m, const Step *s) {
         h0 = kv0 * grp;
         h1 = kv1 * grp;
     }
+    // split_k's parts this thread computes: [p0, p1) of 0 and 1
+    u32 p0 = c->nth == 1 ? 0 : c->tid, p1 = c->nth == 1 ? 2 : c->tid + 1;
     float *kb = by_heads ? c->k : m->k, *vb = by_heads ? c->v : m->v;  // the k/v rows RoPE and the cache read
     for (u32 li = 0; li < m->n_layers; li++) {
         const Layer *L = m->layers + li;
-        rmsnorm(li || t0 ? m->r : c->xn, d, L->attn_norm, c->xn, d, T, d, m->eps);
+        rmsnorm(li || t0 || sk ? r : c->xn, d, L->attn_norm, c->xn, d, T, d, m->eps);
         int fq = (m->fast & FAST_QKV) != 0;
         if (by_heads) {
             linear(L->q, c->xn, d, m->q, qd, T, 0, fq, c->work, 1, h0 * hd, h1 * hd);
@@ -1842,17 +1887,39 @@ static void step_body(const Ctx *c, const Model *m, const Step *s) {
                            L->sliding ? m->window : 0);
             }
         }
+        int fo = (m->fast & FAST_O) != 0;
+        int fg = (m->fast & FAST_GATE_UP16) ? 2 : (m->fast & FAST_GATE_UP) != 0;
+        int fd = (m->fast & FAST_DOWN16) ? 2 : (m->fast & FAST_DOWN) != 0;
+        if (sk) {  // L->o, L->down: two part matrices each (part 1's columns start where part 0's end)
+            u32 f0 = p0 ? L->down[0].k : 0, f1 = p1 == 2 ? m->f : L->down[0].k;
+            for (u32 p = p0; p < p1; p++)
+                linear(L->o + p, m->attn + (p ? L->o[0].k : 0), qd, m->parts + p * T * d, d, T, 0, fo, c->work, 1, 0,
+                       d);
+            SYNC();
+            add_parts(c, m, m->parts, L->post_attn_norm, T);
+            rmsnorm(r, d, L->ffn_norm, c->xn, d, T, d, m->eps);
+            linear(L->gate, c->xn, d, m->g, m->f, T, 0, fg, c->work, 1, f0, f1);
+            linear(L->up, c->xn, d, m->u, m->f, T, 0, fg, c->work, !same_layout(L->gate, L->up), f0, f1);
+            for (u32 t = 0; t < T; t++)
+                for (u32 i = t * m->f + f0; i < t * m->f + f1; i++)
+                    m->g[i] = (m->gelu ? gelu_tanh(m->g[i]) : silu(m->g[i])) * m->u[i];
+            for (u32 p = p0; p < p1; p++)
+                linear(L->down + p, m->g + (p ? L->down[0].k : 0), m->f, m->parts + (2 + p) * T * d, d, T, 0, fd,
+                       c->work, 1, 0, d);
+            SYNC();
+            add_parts(c, m, m->parts + 2 * T * d, L->post_ffn_norm, T);
+            continue;
+        }
         SYNC();
         if (L->post_attn_norm) {  // r += rmsnorm(o's output): o into po, then each thread adds its columns
-            linear_share(c, L->o, m->attn, qd, m->po, d, T, 0, (m->fast & FAST_O) != 0, 1);
+            linear_share(c, L->o, m->attn, qd, m->po, d, T, 0, fo, 1);
             SYNC();
             post_norm_add(c, m, L->post_attn_norm, T);
         } else {
-            linear_share(c, L->o, m->attn, qd, m->r, d, T, 1, (m->fast & FAST_O) != 0, 1);
+            linear_share(c, L->o, m->attn, qd, r, d, T, 1, fo, 1);
         }
         SYNC();
-        rmsnorm(m->r, d, L->ffn_norm, c->xn, d, T, d, m->eps);
-        int fg = (m->fast & FAST_GATE_UP16) ? 2 : (m->fast & FAST_GATE_UP) != 0;
+        rmsnorm(r, d, L->ffn_norm, c->xn, d, T, d, m->eps);
         linear_share(c, L->gate, c->xn, d, m->g, m->f, T, 0, fg, 1);
         linear_share(c, L->up, c->xn, d, m->u, m->f, T, 0, fg, !same_layout(L->gate, L->up));
         u32 f0, f1;  // SwiGLU on the columns this thread computed
@@ -1861,18 +1928,17 @@ static void step_body(const Ctx *c, const Model *m, const Step *s) {
             for (u32 i = t * m->f + f0; i < t * m->f + f1; i++)
                 m->g[i] = (m->gelu ? gelu_tanh(m->g[i]) : silu(m->g[i])) * m->u[i];
         SYNC();
-        int fd = (m->fast & FAST_DOWN16) ? 2 : (m->fast & FAST_DOWN) != 0;
         if (L->post_ffn_norm) {
             linear_share(c, L->down, m->g, m->f, m->po, d, T, 0, fd, 1);
             SYNC();
             post_norm_add(c, m, L->post_ffn_norm, T);
         } else {
-            linear_share(c, L->down, m->g, m->f, m->r, d, T, 1, fd, 1);
+            linear_share(c, L->down, m->g, m->f, r, d, T, 1, fd, 1);
         }
         SYNC();
     }
     for (u32 j = 0; j < s->n_sampled; j++)
-        rmsnorm(m->r + s->sample_rows[j] * d, d, m->norm, c->xs + j * d, d, 1, d, m->eps);
+        rmsnorm(r + s->sample_rows[j] * d, d, m->norm, c->xs + j * d, d, 1, d, m->eps);
     if (s->n_sampled) {
         linear_share(c, m->lm_head, c->xs, d, m->logits, m->vocab, s->n_sampled, 0, (m->fast & FAST_HEAD) != 0, 1);
         if (m->final_cap != 0.0f) {  // this thread's columns
@@ -1893,7 +1959,7 @@ static void step_body(const Ctx *c, const Model *m, const Step *s) {
 // One engine step (thread 0). With a team, thread 1 (parked in wi_worker) is started on the same step first.
 EXPORT(wi_step) void wi_step(const Model *m, const Step *s) {
     Team *t = m->team;
-    Ctx c = {0, t ? t->nth : 1, m->work, t, m->scores, m->xn, m->xs, m->k, m->v};
+    Ctx c = {0, t ? t->nth : 1, m->work, t, m->scores, m->xn, m->xs, m->k, m->v, m->r};
 #ifdef THREADS
     if (t) {
         t->m = m;
@@ -1941,8 +2007,9 @@ EXPORT(wi_worker) void wi_worker(Team *t) {
         team_wait(t, &t->go, seen);
         if (__atomic_load_n(&t->quit, __ATOMIC_ACQUIRE)) return;
         seen = __atomic_load_n(&t->go, __ATOMIC_ACQUIRE);
-        Ctx c = {1, t->nth, t->work1, t, (float *)t->work1, t->xn1, t->xn1, t->k1, t->v1};
-        step_body(&c, (const Model *)t->m, (const Step *)t->s);
+        const Model *m = (const Model *)t->m;
+        Ctx c = {1, t->nth, t->work1, t, (float *)t->work1, t->xn1, t->xn1, t->k1, t->v1, m->parts ? t->r1 : m->r};
+        step_body(&c, m, (const Step *)t->s);
     }
 }
 

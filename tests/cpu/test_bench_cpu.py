@@ -48,7 +48,8 @@ def test_module_ab_on_smollm2(smollm2_package, tmp_path, capsys):
                     "--tokens", "6", "--precision", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert res["same_ids"] is True, res
-    d = res["decode_tok_per_cpu_s"]
+    d = res["decode"]
+    assert res["metric"] == "decode_tok_per_cpu_s" and res["threads"] == 1, res
     assert d["A"]["median"] > 0 and d["B"]["median"] > 0 and res["b_over_a"] > 0, d
     p = res["precision"]
     assert p["A_vs_f64"] == p["B_vs_f64"], p  # the builds' integer sums are equal: the same logits, bit for bit

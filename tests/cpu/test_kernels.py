@@ -126,6 +126,41 @@ def test_split_linear_equals_the_whole(mem, dtype, gs, packed, fast):
 
 
 @pytest.mark.parametrize("dtype,gs", PACKED)
+def test_packed_parts_are_the_column_ranges(mem, dtype, gs):
+    """wi_repack_part (the runner's split_k o and down: two matrices by input columns, each packed on its own): a
+    part of units [u0, u1) decodes bit for bit to those columns of the whole, its GEMV (every mode) agrees with
+    numpy on those columns alone, and nothing is written outside its bytes and descriptor."""
+    from webinfer.cpu.runner import WEIGHT_WORDS
+
+    n, k, rows = 37, 300, 3  # a partial packed group; K not a multiple of a unit: part 1 ends in the padding
+    rng = np.random.default_rng(11)
+    comps = random_components(dtype, n, k, gs, rng)
+    want = decode(dtype, comps, n, k, gs)[0]
+    src = mem.weight(dtype, n, k, gs, comps)
+    total, nu = mem.call("wi_repack_bytes", src), k_padded(k, gs) // 32
+    x = rng.standard_normal((rows, k)).astype(np.float32)
+    for u0, u1 in ((0, 3), (3, nu)):
+        dst = mem.scratch(total // nu * (u1 - u0))
+        desc = mem.empty((WEIGHT_WORDS,), np.uint32)
+        mem.call("wi_repack_part", src, dst.off, u0, u1, desc.off)
+        dst.read(), desc.read()  # (their guards)
+        c0, c1 = 32 * u0, min(k, 32 * u1)
+        out = mem.empty((n, c1 - c0))
+        mem.call("wi_dequant_rows", desc.off, 0, n, out.off)
+        assert np.array_equal(out.read().view(np.uint32), want[:, c0:c1].view(np.uint32)), f"part {u0}..{u1}"
+        xa = mem.put(np.ascontiguousarray(x[:, c0:c1]))
+        scratch = mem.scratch(mem.call("wi_linear_scratch_bytes", rows, 32 * (u1 - u0)))
+        for fast in (0, 1, 2):
+            y = mem.empty((rows, n))
+            mem.call("wi_linear", desc.off, xa.off, c1 - c0, y.off, n, rows, 0, fast, scratch.off)
+            got, x64 = y.read(), x[:, c0:c1].astype(np.float64)
+            ref64 = x64 @ want[:, c0:c1].astype(np.float64).T
+            scale = np.abs(x64) @ np.abs(want[:, c0:c1].astype(np.float64)).T
+            tol = 1e-5 if fast == 0 else 2e-2 if fast == 1 else 1e-4  # int8 / int16 activations
+            assert np.all(np.abs(got - ref64) <= tol * scale + 1e-5), f"part {u0}..{u1} fast {fast}"
+
+
+@pytest.mark.parametrize("dtype,gs", PACKED)
 @pytest.mark.parametrize("fast", [0, 1, 2])
 def test_packed_gemm_equals_gemv_bitwise(mem, dtype, gs, fast):
     """The packed GEMM (tiles of up to 16 activation rows, integer sums of 16 units held before their float steps)

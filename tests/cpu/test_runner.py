@@ -3,8 +3,9 @@
 Tiny random packages (fast): greedy ids equal the reference token for token in exact mode, also with the prompt
 prefilled in chunks; logits agree to 1e-3; a sequence's logits are bit-identical alone and batched with others
 (batch invariance); the fast mode (int8 activations) stays close; bad steps raise the GPU runner's errors.
-Two threads (the threads build, every matrix's columns and the KV heads split): the ids and logits of one thread,
-and a trap on thread 1 fails the step instead of hanging it.
+Two threads (the threads build: q/k/v and attention split by heads, the other matrices by output columns or, with
+split_k, o and down by input columns): the ids and logits of one thread, and a trap on thread 1 fails the step
+instead of hanging it.
 The real SmolLM2 (marked model/slow): exact-mode greedy ids equal the reference's teacher-forced argmax, on one
 thread and on two.
 """
@@ -84,19 +85,24 @@ def test_batch_invariance_and_logits(tiny_llama, mode):
 
 @pytest.mark.parametrize("mode", ["exact", "fast"])
 @pytest.mark.parametrize("variant", ["base", "relaxed"])
-def test_two_threads_give_the_ids_of_one(tiny_qwen, mode, variant):
-    """The threads build on two threads (every matrix's columns split, q/k/v by KV heads): the ids of one thread,
-    alone and batched (3 sequences decoding together), and in exact mode the reference's; logits bit-identical."""
+@pytest.mark.parametrize("which", ["tiny_qwen", "tiny_llama"])
+def test_two_threads_give_the_ids_of_one(request, which, mode, variant):
+    """The threads build on two threads: the ids of one thread, alone and batched (3 sequences decoding together),
+    and in exact mode the reference's; logits bit-identical. tiny_qwen (head_dim 12: o's half of the heads is not
+    whole 32-units) splits every matrix's output columns; tiny_llama takes split_k (o and down in two parts by
+    input columns, each thread its own residual), which one thread computes the same way."""
     from tests.gpu_fixtures import generate_ids
 
-    one, two = _runner(tiny_qwen, mode, variant), _runner(tiny_qwen, mode, variant, threads=2)
+    pkg = request.getfixturevalue(which)
+    one, two = _runner(pkg, mode, variant), _runner(pkg, mode, variant, threads=2)
+    assert one.split_in_parts == two.split_in_parts == (which == "tiny_llama")
     assert two.host.threads == 2 and two.host._worker.thread.is_alive()
     try:
         for prompt in PROMPTS[:2]:
-            got = generate_ids(tiny_qwen, prompt, 12, runner=two)
-            assert got == generate_ids(tiny_qwen, prompt, 12, runner=one), f"prompt {prompt[:5]}"
+            got = generate_ids(pkg, prompt, 12, runner=two)
+            assert got == generate_ids(pkg, prompt, 12, runner=one), f"prompt {prompt[:5]}"
             if mode == "exact":
-                assert got == _reference(tiny_qwen, prompt, 12)
+                assert got == _reference(pkg, prompt, 12)
         _assert_same_logits(one, two, [[5, 17, 200, 33, 1], [42], [7, 8, 9, 10, 11, 12, 13, 14, 15]])
     finally:
         two.close()

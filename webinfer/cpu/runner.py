@@ -6,13 +6,15 @@ Everything lives in the module's linear memory, placed once at load by a bump al
                   groups over 32 is then rewritten by the module into its packed GEMV layout (kernels.c wi_repack:
                   4 rows interleaved, f32 scales, the same weight values), its package bytes held only until then,
                   one matrix at a time (a model too big so: the package layouts, CpuRunner.load)
-    descriptors   a 12-word Weight per matrix, a 16-word Layer per layer, one Model (see kernels.c)
+    descriptors   a 12-word Weight per matrix (o and down under split_k: two, one per part matrix of input
+                  columns, wi_repack_part), a 16-word Layer per layer, one Model (see kernels.c)
     KV cache      per layer K and V [num_blocks, block_size, n_kv_heads, head_dim] f32 (block 0 = the null block)
     RoPE tables   cos / sin [max_model_len, head_dim / 2] f32, computed here in double precision
-    scratch       activations for max_batch_tokens rows, logits for max_seqs rows, the kernels' work area
+    scratch       activations for max_batch_tokens rows (under split_k also the o/down parts' outputs),
+                  logits for max_seqs rows, the kernels' work area
     step area     the per-step inputs (token ids, positions, cache slots, sequences, block tables, sampling)
     team          with two threads (host.threads == 2): kernels.c's Team (barrier words), thread 1's own scratch
-                  and stack; the host starts thread 1 on it (host.start_worker) and every step runs on both, or
+                  (and residual, under split_k) and stack; the host starts thread 1 on it (host.start_worker) and every step runs on both, or
                   (choose_threads, the page's two Workers) a decode block on thread 0 alone where that is faster
 A step is one write of the step area, one call (`wi_step`) and one read of the sampled ids: no Python buffer per
 kernel, no per-layer round trips.
@@ -45,7 +47,7 @@ from ..kernels.sampling import (LOGPROB_BYTES, MAX_LOGIT_BIAS, CountsSlots, Samp
 from .wasm import WasmMemoryError, team_words
 
 DTYPE_CODES = {"f32": 0, "q4": 1, "q4a": 2, "q8": 3, "q5_0": 4, "q5_1": 5, "q4k": 6, "q5k": 7, "q6k": 8}
-WEIGHT_WORDS, LAYER_WORDS, MODEL_WORDS, STEP_WORDS = 12, 16, 40, 13
+WEIGHT_WORDS, LAYER_WORDS, MODEL_WORDS, STEP_WORDS = 12, 16, 41, 13
 WORKER_STACK = 65536  # thread 1's wasm stack (it runs the GEMVs only: a few hundred bytes deep)
 PARAM_BYTES = 64  # sampling.py's RowParams, as kernels.c's SampleParams reads it
 # the Model's FAST_* bits (kernels.c): fast = int8 activations everywhere but the down projection, which takes int16
@@ -204,10 +206,13 @@ class CpuRunner:
 
         resident: dict[str, int] = {}  # the bytes of each matrix as the module reads them (packed or not)
 
-        async def matrix(name: str, bias: str | None = None) -> int:
+        async def matrix(name: str, bias: str | None = None, split: int = 0) -> int:
+            """The matrix's Weight descriptor, packed where the format allows (and pack); split > 0 (split_k's o
+            and down, always packable): two part matrices, units [0, split) and [split, kp / 32), each packed on
+            its own, their descriptors side by side at the returned offset."""
             t = package.tensors[name]
             b = (await tensor(bias))["data"] if bias else 0
-            desc = arena.alloc(4 * WEIGHT_WORDS, f"{name}.desc")
+            desc = arena.alloc(4 * WEIGHT_WORDS * (2 if split else 1), f"{name}.desc")
             host.write(desc, weight_desc(t.dtype, t.rows, t.k, t.group_size, {"qweight": 0}, b))
             packed = host.call("wi_repack_bytes", desc) if pack else 0
             resident[name] = packed or sum(t.rows * t.row_bytes(c) for c in t.components)
@@ -216,13 +221,35 @@ class CpuRunner:
                 return desc
             # the package's components go to a transient area above the packed matrix, which the next
             # allocations reuse: one matrix's package bytes at a time on top of the model
-            dst = arena.alloc(packed, f"{name} (packed)")
+            nu = -(-t.k // t.group_size) * t.group_size // 32  # 32-element units a row (kp / 32)
+            if split:
+                dst = [arena.alloc(packed // nu * split, f"{name} (packed part 0)"),
+                       arena.alloc(packed // nu * (nu - split), f"{name} (packed part 1)")]
+            else:
+                dst = arena.alloc(packed, f"{name} (packed)")
             mark = arena.top
-            host.write(desc, weight_desc(t.dtype, t.rows, t.k, t.group_size, await tensor(name), b))
-            host.call("wi_repack", desc, dst)
+            src = arena.alloc(4 * WEIGHT_WORDS, f"{name}.desc (package)") if split else desc
+            host.write(src, weight_desc(t.dtype, t.rows, t.k, t.group_size, await tensor(name), b))
+            if split:
+                host.call("wi_repack_part", src, dst[0], 0, split, desc)
+                host.call("wi_repack_part", src, dst[1], split, nu, desc + 4 * WEIGHT_WORDS)
+            else:
+                host.call("wi_repack", desc, dst)
             arena.top = mark
             return desc
 
+        def packable(name: str) -> bool:
+            t, probe = package.tensors[name], arena.top
+            desc = arena.alloc(4 * WEIGHT_WORDS, "probe")
+            host.write(desc, weight_desc(t.dtype, t.rows, t.k, t.group_size, {"qweight": 0}))
+            ok = host.call("wi_repack_bytes", desc) > 0
+            arena.top = probe
+            return ok
+
+        # kernels.c step_body's split_k: o and down as two part matrices by input columns (o's by halves of the
+        # query heads, down's by halves of f's units), where every o and down packs and o's halves are whole units
+        o_split, down_split = self._split_k(pack, packable)
+        self.split_in_parts = o_split > 0
         d, f, L, hd = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.head_dim
         qd, kvd, V = cfg.q_dim, cfg.kv_dim, cfg.vocab_size
         embed = await matrix("embed")
@@ -236,9 +263,10 @@ class CpuRunner:
             q = await matrix(p + "q", p + "q_bias" if bias else None)
             k = await matrix(p + "k", p + "k_bias" if bias else None)
             v = await matrix(p + "v", p + "v_bias" if bias else None)
-            o = await matrix(p + "o")
+            o = await matrix(p + "o", split=o_split)
             ffn_norm = (await tensor(p + "ffn_norm"))["data"]
-            gate, up, down = await matrix(p + "gate"), await matrix(p + "up"), await matrix(p + "down")
+            gate, up = await matrix(p + "gate"), await matrix(p + "up")
+            down = await matrix(p + "down", split=down_split)
             kc = arena.alloc(cache_bytes, f"{p}k_cache")
             vc = arena.alloc(cache_bytes, f"{p}v_cache")
             qn, kn = ((await tensor(p + "q_norm"))["data"], (await tensor(p + "k_norm"))["data"]) if cfg.qk_norm else (0, 0)
@@ -273,17 +301,20 @@ class CpuRunner:
             work1 = arena.alloc(max(work, 4 * self.max_model_len), "thread 1 work")  # (and its attention scores)
             xn1 = a(max(T, S) * d, "thread 1 xn")  # (its normed rows: the layers' and the sampled ones')
             k1, v1 = a(T * kvd, "thread 1 k"), a(T * kvd, "thread 1 v")
+            r1 = a(T * d, "thread 1 r") if self.split_in_parts else 0  # (split_k: its own residual)
             stack = arena.alloc(WORKER_STACK, "thread 1 stack")
-            team = arena.put(team_words(self.threads, work1, xn1, k1, v1), "team")
+            team = arena.put(team_words(self.threads, work1, xn1, k1, v1, r1), "team")
         head = struct.pack("<8If3I", d, f, L, cfg.num_attention_heads, cfg.num_key_value_heads, hd, V, block_size,
                            cfg.rms_norm_eps, mode_bits(mode, cfg), self.max_model_len, self.max_model_len)
         po = a(T * d, "po") if cfg.post_norms else 0
+        parts = a(4 * T * d, "parts") if self.split_in_parts else 0  # (split_k: the parts' outputs)
         # the family features (kernels.c Model): f32 fields rounded as the reference rounds them; a window past
         # max_model_len never bites (clamped: a manifest's huge window must not overflow the u32)
-        family = struct.pack("<I4fI3I", int(cfg.activation == "gelu_tanh"), cfg.embedding_multiplier,
+        family = struct.pack("<I4fI4I", int(cfg.activation == "gelu_tanh"), cfg.embedding_multiplier,
                              cfg.attn_scale if cfg.query_pre_attn_scalar is not None else 0.0,
                              cfg.attn_logit_softcapping or 0.0, cfg.final_logit_softcapping or 0.0,
-                             min(cfg.sliding_window, self.max_model_len) if sliding else 0, cos_l, sin_l, po)
+                             min(cfg.sliding_window, self.max_model_len) if sliding else 0, cos_l, sin_l, po,
+                             parts)
         self.model_off = arena.put(head + struct.pack("<19I", embed, lm_head, norm, cos_t, sin_t, layers_off, *scratch,
                                                       team) + family, "model")
         self.team_off, self.chooser, self.threads_used = team, None, self.threads
@@ -308,6 +339,18 @@ class CpuRunner:
             if inspect.isawaitable(started):
                 await started
         return self
+
+    def _split_k(self, pack: bool, packable) -> tuple[int, int]:
+        """Where kernels.c step_body's split_k cuts o and down (the unit part 1 starts at), or (0, 0): no split_k.
+        o's part 0 holds the first half of the query heads (thread 0's attention heads on two threads), which must
+        be whole 32-element units; down's holds the first half of f's units; every o and down must pack (the
+        packed layout is the only one a part is made in)."""
+        cfg, hd, h = self.cfg, self.cfg.head_dim, self.cfg.num_attention_heads
+        o_cols, nd = h // 2 * hd, -(-cfg.intermediate_size // 32)
+        mats = [f"layers.{i}.{m}" for i in range(cfg.num_hidden_layers) for m in ("o", "down")]
+        if not (pack and hd % 4 == 0 and h >= 2 and o_cols % 32 == 0 and nd >= 2 and all(map(packable, mats))):
+            return 0, 0
+        return o_cols // 32, nd // 2
 
     def close(self) -> None:
         """Stop the host's second thread, if any (also done at garbage collection and at exit)."""

@@ -31,7 +31,7 @@ PAGE = 65536
 MAX_BYTES = 1 << 32  # the wasm32 address space
 MODULES = {"base": "kernels.wasm", "relaxed": "kernels-relaxed.wasm"}
 THREAD_MODULES = {"base": "kernels-threads.wasm", "relaxed": "kernels-relaxed-threads.wasm"}
-TEAM_WORDS = 12  # kernels.c Team: nth, spins, go, quit, arrived, gen, m, s, work1, xn1, k1, v1
+TEAM_WORDS = 13  # kernels.c Team: nth, spins, go, quit, arrived, gen, m, s, work1, xn1, k1, v1, r1
 _QUIT_WORD = 3
 # polls of a barrier word before blocking on it (memory.atomic.wait32): enough (~0.3-1 ms) that a thread sleeps
 # only through the host's time between blocks, not between a step's barriers (~30-40 us apart in the page, where
@@ -65,11 +65,11 @@ def module_bytes(variant: str, threads: bool = False) -> bytes:
     return resources.files("webinfer.cpu").joinpath((THREAD_MODULES if threads else MODULES)[variant]).read_bytes()
 
 
-def team_words(nth: int, work1: int, xn1: int, k1: int, v1: int, spins: int | None = None) -> bytes:
-    """A fresh kernels.c Team for `nth` threads, thread 1's scratch at `work1`, its normed activations at `xn1` and
-    its k and v rows at `k1`, `v1` (spins: default SPINS)."""
+def team_words(nth: int, work1: int, xn1: int, k1: int, v1: int, r1: int, spins: int | None = None) -> bytes:
+    """A fresh kernels.c Team for `nth` threads, thread 1's scratch at `work1`, its normed activations at `xn1`, its
+    k and v rows at `k1`, `v1` and its residual at `r1` (spins: default SPINS)."""
     return struct.pack(f"<{TEAM_WORDS}I", nth, SPINS if spins is None else spins, 0, 0, 0, 0, 0, 0, work1, xn1,
-                       k1, v1)
+                       k1, v1, r1)
 
 
 class WasmtimeHost:
