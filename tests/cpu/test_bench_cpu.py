@@ -26,6 +26,7 @@ def test_cpu_bench_quick_json(tmp_path, capsys):
         assert res["decode"][mode]["decode_tok_s"] > 0, res["decode"]
         assert res["decode"][mode]["of_read_bound"] > 0, (res["decode"], res["decode_read_bound"])
         assert res["threads"][mode]["2"]["decode_tok_s"] > 0, res["threads"]
+        assert res["threads"][mode]["2"]["of_read_bw"] > 0 and res["threads"]["read_bw_gb_s"]["2"] > 0, res["threads"]
         prof = res["profile"][mode]  # the remainder is timed (matrices skipped), not a difference
         assert 0 < prof["rest_ms"] and prof["step_ms"] > 0 and prof["matrices_alone_total_ms"] > 0, prof
         sp = res["speculative"][mode]

@@ -19,7 +19,8 @@ In one process run, so the ratios hold on a busy machine:
                  mode's per-CPU-second figure as a fraction of it
     prefill      CPU seconds to the first token of a 40- and a 511-token prompt, and prompt tok per CPU-second
     threads      the same decode on one thread and on two (the threads build), one after the other in each mode,
-                 wall clock (what two threads change) with the load average around it, and the two-thread step
+                 wall clock (what two threads change) with the load average around it, each beside the read
+                 bandwidth of that many threads reading at once (two cores share one memory bus), the two-thread step
                  with blocking barriers only (spins 0) against the default polling; each thread's CPU ms per
                  fast step with blocking barriers (its share of the work, what survives a loaded machine)
     ppl          (--ppl-text) perplexity of exact and fast mode on the same windows, and the relative change
@@ -56,6 +57,35 @@ def read_bandwidth(host, arena, nbytes: int = 64 << 20, reps: int = 5) -> float:
     off = arena.alloc(nbytes, "bench read buffer")
     host.write(off, bytes(range(256)) * (nbytes // 256))
     return nbytes / _time(lambda: host.call("wi_read_bw", off, nbytes, 1), reps) / 1e9
+
+
+def read_bandwidth_together(variant: str, n: int = 2, nbytes: int = 64 << 20, reps: int = 3) -> float:
+    """GB/s that `n` threads reading at once get together: wi_read_bw over nbytes each, in n module instances on n
+    OS threads (wasm calls release the GIL), timed from the first start to the last end, median of `reps` (the
+    bound on decode with n threads, which share the memory bus)."""
+    import threading  # noqa: PLC0415
+
+    from webinfer.cpu.runner import Arena  # noqa: PLC0415
+    from webinfer.cpu.wasm import WasmtimeHost  # noqa: PLC0415
+
+    bufs = []
+    for _ in range(n):
+        host = WasmtimeHost(variant)
+        off = Arena(host).alloc(nbytes, "bench read buffer")
+        host.write(off, bytes(range(256)) * (nbytes // 256))
+        host.call("wi_read_bw", off, nbytes, 1)  # (warm: pages touched, code compiled)
+        bufs.append((host, off))
+
+    def once() -> float:
+        ts = [threading.Thread(target=h.call, args=("wi_read_bw", off, nbytes, 2)) for h, off in bufs]
+        t0 = time.perf_counter()
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        return n * 2 * nbytes / (time.perf_counter() - t0) / 1e9
+
+    return statistics.median(once() for _ in range(reps))
 
 
 def gemv_seconds(host, arena, desc: int, k: int, fast: int, reps: int) -> float:
@@ -191,7 +221,10 @@ def threads_compare(runner, n_tokens: int, variant: str) -> dict:
                                       max_model_len=runner.max_model_len, max_seqs=runner.max_seqs,
                                       variant=variant))
     out = {"loadavg_before": [round(x, 2) for x in os.getloadavg()], "cores": os.cpu_count(),
-           "note": "wall clock; per_cpu_s counts both threads' CPU time"}
+           "note": "wall clock; per_cpu_s counts both threads' CPU time; weights_gb_s: decode tok/s x the weight "
+                   "bytes a step reads, of_read_bw: its fraction of read_bw_gb_s for that many threads reading "
+                   "at once",
+           "read_bw_gb_s": {str(n): round(read_bandwidth_together(variant, n), 2) for n in (1, 2)}}
     try:
         for mode in ("exact", "fast"):
             runner.set_mode(mode)
@@ -200,6 +233,10 @@ def threads_compare(runner, n_tokens: int, variant: str) -> dict:
             ratio = (two_d["decode_tok_s"] / one_d["decode_tok_s"]
                      if one_d["decode_tok_s"] and two_d["decode_tok_s"] else None)
             out[mode] = {"1": one_d, "2": two_d, "wall_ratio_2_vs_1": round(ratio, 3) if ratio else None}
+            for n, dd in (("1", one_d), ("2", two_d)):  # the weights' read rate, against what n threads can read
+                if dd["decode_tok_s"] and out["read_bw_gb_s"][n]:
+                    gb = dd["decode_tok_s"] * runner.step_weight_bytes / 1e9
+                    dd["weights_gb_s"], dd["of_read_bw"] = round(gb, 2), round(gb / out["read_bw_gb_s"][n], 3)
         spins = {}
         for n in (0, SPINS):  # two.set_mode("fast") still holds
             two.host.write(two.host.team + 4, struct.pack("<I", n))
@@ -376,9 +413,12 @@ def cli_main(args) -> int:
               f"({', '.join(f'{k} {v}' for k, v in p['matrices_alone_ms'].items())})")
     t = res["threads"]
     for mode in ("exact", "fast"):
-        print(f"threads {mode:5s}: 1 thread {t[mode]['1']['decode_tok_s']} tok/s, 2 threads {t[mode]['2']['decode_tok_s']}"
-              f" tok/s wall (x{t[mode]['wall_ratio_2_vs_1']}); load average {t['loadavg_before'][0]} -> "
-              f"{t['loadavg_after'][0]} on {t['cores']} cores")
+        one, two = t[mode]["1"], t[mode]["2"]
+        print(f"threads {mode:5s}: 1 thread {one['decode_tok_s']} tok/s ({one.get('of_read_bw')} of 1 thread's read "
+              f"bandwidth), 2 threads {two['decode_tok_s']} tok/s ({two.get('of_read_bw')} of 2 threads') wall "
+              f"(x{t[mode]['wall_ratio_2_vs_1']}); load average {t['loadavg_before'][0]} -> {t['loadavg_after'][0]} "
+              f"on {t['cores']} cores")
+    print(f"read bandwidth, threads reading at once: {t['read_bw_gb_s']} GB/s")
     print(f"two threads, fast, by barrier polls before blocking: {t['fast_2_threads_tok_s_by_barrier_spins']} tok/s")
     print(f"thread 0's CPU ms per fast decode step: {t['fast_thread0_cpu_ms_per_step']}")
     print(f"thread 1's CPU ms per fast decode step: {t['fast_thread1_cpu_ms_per_step']}")
