@@ -1976,12 +1976,14 @@ EXPORT(wi_step) void wi_step(const Model *m, const Step *s) {
 // id the step before sampled for it, one position on (cache slot from its table), with the next sample index. So
 // each step is a plain step of the same shape (the same ids as K host steps), and the host is not called between
 // them: ids_out[j * n + i] = step j's id of sequence i; lp_out (0: none) gets each step's n logprob rows.
-EXPORT(wi_steps) void wi_steps(const Model *m, Step *s, u32 K, u32 *ids_out, u32 *lp_out) {
+// Runs the block's steps from..K-1: a block may be run in segments (from = the steps run so far; the step struct
+// then holds the last step run, whose sampled ids feed the next), e.g. its first step on the other thread count.
+EXPORT(wi_steps) void wi_steps(const Model *m, Step *s, u32 K, u32 *ids_out, u32 *lp_out, u32 from) {
     u32 n = s->n_seqs, bs = m->block_size;
     u32 *ids = (u32 *)s->ids, *pos = (u32 *)s->pos, *slot = (u32 *)s->slot;
     Seq *q = (Seq *)s->seqs;
     SampleParams *p = (SampleParams *)s->params;
-    for (u32 j = 0; j < K; j++) {
+    for (u32 j = from; j < K; j++) {
         if (j)
             for (u32 i = 0; i < n; i++) {
                 u32 ps = ++pos[i];

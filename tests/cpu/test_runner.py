@@ -188,9 +188,11 @@ def test_warm_up_between_steps_changes_nothing(tiny_llama, threads):
         p, ids = [5, 17, 200, 33, 1, 9, 250, 3, 4], {}
         for r in (plain, warmed):
             out, logits, chunk, start = [], [], p, 0
-            for _ in range(3):  # prefill, then two decode steps
+            for i in range(3):  # prefill, then two decode steps
                 if r is warmed:
-                    r.warm_up()
+                    m0 = r.module_ms
+                    r.warm_up(steps=1 + 2 * i)  # (the page runs slices of 8 steps)
+                    assert r.module_ms == m0  # a warm-up is not a request's step time (the page's chat stats)
                 out += asyncio.run(r.execute(StepBatch([SeqChunk(0, chunk, start, [1, 2], True)])))
                 logits.append(r.logits(1)[0].tobytes())
                 start, chunk = start + len(chunk), out[-1:]

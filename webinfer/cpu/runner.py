@@ -151,6 +151,7 @@ class CpuRunner:
     def __init__(self):  # use load()
         self.block_size = self.num_blocks = self.max_model_len = 0
         self.step_ms = 0.0  # wall time inside execute(), summed (the page's per-step CPU figure)
+        self.module_ms = 0.0  # of which inside the module's step calls (the rest: this runner's host work)
 
     @classmethod
     async def load(cls, host, package, **kw) -> "CpuRunner":
@@ -411,7 +412,9 @@ class CpuRunner:
         o_out = self._write_step(ids, pos, slots, seqs, rows, sampling)
         decode = self.chooser is not None and len(ids) == len(seqs)  # one token a sequence: as its blocks run best
         self._use_threads(self.chooser.best((self.mode, len(seqs))) if decode else self.threads)
+        t0 = time.perf_counter()
         self.host.call("wi_step", self.model_off, self.step_off)
+        self.module_ms += (time.perf_counter() - t0) * 1e3
         n = len(rows)
         return list(struct.unpack(f"<{n}I", self.host.read(o_out, 4 * n))) if n else []
 
@@ -439,7 +442,8 @@ class CpuRunner:
         """A decode block (batch.py) in one call: the host writes step 0 and the module runs the K steps, feeding
         each the ids the one before sampled (kernels.c wi_steps), so the ids are K single steps'. What it saves
         is the host between steps: the engine's scheduling and this runner's step writes and reads (in the page,
-        Python in Pyodide while a second Worker waits)."""
+        Python in Pyodide while a second Worker waits). With the thread choice on, the block runs in the segments
+        the chooser plans (each a wi_steps call from the steps run so far), each on its own thread count."""
         from dataclasses import replace  # noqa: PLC0415
 
         batch.check_block()
@@ -455,33 +459,42 @@ class CpuRunner:
                          pack_chunks(sampled, self.vocab_size, self.counts_slots.assign(sampled, steps=K)))
         want_lp = any(c.logprobs is not None for c in sampled)
         key = (self.mode, n)
-        self._use_threads(self.chooser.pick(key) if self.chooser else self.threads)
-        t0 = time.perf_counter()
-        self.host.call("wi_steps", self.model_off, self.step_off, K, self.block_ids_off,
-                       self.block_logprobs_off if want_lp else 0)
-        if self.chooser:
-            self.chooser.observe(key, self.threads_used, (time.perf_counter() - t0) / K)
+        done = 0
+        for threads, k in self.chooser.plan(key, K) if self.chooser else [(self.threads, K)]:
+            self._use_threads(threads)
+            t0 = time.perf_counter()
+            self.host.call("wi_steps", self.model_off, self.step_off, done + k, self.block_ids_off,
+                           self.block_logprobs_off if want_lp else 0, done)
+            dt = time.perf_counter() - t0
+            self.module_ms += dt * 1e3
+            if self.chooser:
+                self.chooser.observe(key, threads, dt / k)
+            done += k
         out = list(struct.unpack(f"<{n * K}I", self.host.read(self.block_ids_off, 4 * n * K)))
         if not want_lp:
             return out
         lps = unpack_logprobs(self.host.read(self.block_logprobs_off, LOGPROB_BYTES * n * K), n * K)
         return Sampled(out, [lp if sampled[i % n].logprobs is not None else None for i, lp in enumerate(lps)])
 
-    def warm_up(self) -> None:
-        """Run the module's hot code once, on the null block: a short prefill (the GEMM path), a decode step (the
-        GEMV path), attention and sampling. A browser compiles a module with its baseline compiler first and
+    def warm_up(self, steps: int = 1) -> None:
+        """Run the module's hot code on the null block: a short prefill (the GEMM path), then `steps` decode steps
+        (the GEMV path, attention, sampling). A browser compiles a module with its baseline compiler first and
         optimizes each function only once it has run hot, in a background thread (V8's dynamic tiering): the page
-        calls this after ready, while the user reads, so that the first chat finds optimized code. Natively the
+        runs this after ready, while the user reads, so that the first chat finds optimized code and no compile
+        shares the cores with it (webinfer/browser_worker.py: slices of steps for up to WARM_UP_S). Natively the
         module is compiled once, fully, at load. Writes only the null block 0 (never in a request's block table),
-        the scratch and the step area; the engine must be idle."""
+        the scratch and the step area, and leaves the step counters alone; the engine must be idle."""
         from ..kernels.attention import SeqStep
+
+        module_ms = self.module_ms
 
         n = max(1, min(4, self.max_seqs, self.max_tokens, self.block_size - 1))
         ids = [(7 + 31 * i) % self.vocab_size for i in range(n + 1)]
-        for start, chunk in ((0, ids[:n]), (n, ids[n:])):  # slot = position: block 0's
+        for start, chunk in ((0, ids[:n]),) + ((n, ids[n:]),) * steps:  # slot = position: block 0's
             pos = list(range(start, start + len(chunk)))
             seq = SeqStep(ctx_len=start + len(chunk), block_table=[0], q_row=0, n_q=len(chunk))
             self._run(chunk, pos, pos, [seq], list(range(len(chunk))), pack([SampleRow(j) for j in range(len(chunk))]))
+        self.module_ms = module_ms
 
     def logits(self, n_rows: int) -> list[array]:
         """The logits rows of the last step's sampled chunks (f32 arrays; tests, evaluation)."""

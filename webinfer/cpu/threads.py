@@ -1,18 +1,22 @@
-"""Which thread count a decode block of the threads build runs on: both threads, or thread 0 alone.
+"""Which thread count each part of a decode block of the threads build runs on: both threads, or thread 0 alone.
 
 Why a choice at all: in the page on a 2-core machine whose one-thread decode step is short (~6 ms), the step's
 barriers and the browser's own threads took what the second Worker adds: two Workers decoded SmolLM2 at 0.8x one
 in fast mode and 1.15x in exact mode (docs/cpu-backend.md), where natively and on slower days two gave 1.3-1.7x.
 A fixed default is wrong somewhere, and timing a few steps after ready flipped with the noise of that moment. So
-the runner times the decode blocks it runs anyway: per (mode, sequences), the first blocks alternate 2, 1, 1, 2,
-2, 1 (a trend, such as V8 optimizing the module meanwhile, falls on both sides alike), then the count with the
-lower median time per step over its last WINDOW blocks runs, and every RECHECK-th block the other one runs once,
-so a machine that gets busier or quieter is followed. A recheck's time replaces the rechecked count's older ones:
-those are at least RECHECK blocks old, and the first were taken while the page started (two Workers measured
-12-37 ms a SmolLM2 step in a page's first blocks against one's 9, and 5-6 ms later: likely V8 still optimizing
-the module, not traced), so a count that became faster wins at its next recheck instead of WINDOW rechecks later.
-The ids do not depend on the thread count (a column's and a head's arithmetic is the same on either split), only
-the speed does. Pure Python (runs in Pyodide).
+the runner times the decode blocks it runs anyway, per (mode, sequences).
+
+A block runs in segments (kernels.c wi_steps from..K-1; the ids do not depend on the thread count: a column's and
+a head's arithmetic is the same on either split, only the speed is), so measuring the other count costs a step,
+not a block: the first EXPLORE blocks run half their steps on each count (which half first alternates, so a
+trend such as V8 optimizing the module falls on both sides alike), then the count with the lower median time per
+step over its last WINDOW segments runs each block, and every PROBE-th block runs its first step on the other
+count. A probe's time replaces that count's older ones (taken at least PROBE blocks before), so a count that
+became faster wins at its next probe: the page's first
+blocks share the two cores with V8's background compiles, which slow two threads far more than one (two Workers
+measured 12-37 ms a SmolLM2 step in a page's first blocks against one's 8-9, and 4.6-6 ms later). Whole blocks
+on the other count (session 18's rule: three exploring blocks of six, then one in twelve) kept a third of a
+64-token chat's blocks on the slower count. Pure Python (runs in Pyodide).
 """
 
 from __future__ import annotations
@@ -20,26 +24,35 @@ from __future__ import annotations
 import statistics
 from collections import deque
 
-EXPLORE = (2, 1, 1, 2, 2, 1)  # the first blocks' thread counts, per key
-WINDOW = 5                    # blocks of each count whose median is its time
-RECHECK = 12                  # after exploring, one block in this many runs on the other count
-RECENT = 16                   # blocks listed in stats() (and searched for a count's last run: > STALE)
-STALE = 4                     # a count's times are dropped once this many other blocks ran since its last
+EXPLORE = 3      # blocks split half and half between the counts, per key
+WINDOW = 5       # segments of each count whose median is its time per step
+PROBE = 4        # after exploring, every PROBE-th block runs its first step on the other count
+RECENT = 16      # segments listed in stats()
 
 
 class ThreadChooser:
     def __init__(self):
-        self._blocks: dict[tuple, int] = {}                # key -> blocks observed
-        self._recent: dict[tuple, deque] = {}              # key -> (threads, ms per step) of its last blocks
-        self._times: dict[tuple, deque] = {}               # (key, threads) -> seconds per step of its last blocks
+        self._blocks: dict[tuple, int] = {}                # key -> blocks planned
+        self._recent: dict[tuple, deque] = {}              # key -> (threads, ms per step) of its last segments
+        self._times: dict[tuple, deque] = {}               # (key, threads) -> seconds per step of its last segments
+        self._probe: dict[tuple, int] = {}                 # key -> the count its last plan probes
 
-    def pick(self, key: tuple) -> int:
-        """The thread count (1 or 2) for the next decode block of this key, e.g. (mode, sequences)."""
+    def plan(self, key: tuple, steps: int) -> list[tuple[int, int]]:
+        """The next decode block of this key (e.g. (mode, sequences)) of `steps` steps as segments (threads,
+        steps), in order; the steps add up to `steps`. Time each segment into observe()."""
         n = self._blocks.get(key, 0)
-        if n < len(EXPLORE):
-            return EXPLORE[n]
+        self._blocks[key] = n + 1
+        if n < EXPLORE:
+            order = (2, 1) if n % 2 == 0 else (1, 2)
+            if steps < 2:
+                return [(order[0], steps)]
+            half = steps // 2
+            return [(order[0], half), (order[1], steps - half)]
         best = self.best(key)
-        return 3 - best if n % RECHECK == 0 else best
+        if n % PROBE or steps < 2:
+            return [(best, steps)]
+        self._probe[key] = 3 - best
+        return [(3 - best, 1), (best, steps - 1)]  # (ending on the chosen count: the count the page shows)
 
     def best(self, key: tuple) -> int:
         one, two = self._times.get((key, 1)), self._times.get((key, 2))
@@ -48,22 +61,20 @@ class ThreadChooser:
         return 1 if statistics.median(one) < statistics.median(two) else 2
 
     def observe(self, key: tuple, threads: int, seconds_per_step: float) -> None:
-        self._blocks[key] = self._blocks.get(key, 0) + 1
         times = self._times.setdefault((key, threads), deque(maxlen=WINDOW))
-        recent = self._recent.setdefault(key, deque(maxlen=RECENT))
-        gap = next((i for i, (t, _) in enumerate(reversed(recent)) if t == threads), RECENT)  # blocks since it ran
-        if gap >= STALE:
-            times.clear()  # a recheck: this count's older times are stale
+        if self._probe.get(key) == threads:
+            del self._probe[key]
+            times.clear()  # a probe: this count's older times are stale
         times.append(seconds_per_step)
-        recent.append((threads, round(seconds_per_step * 1e3, 2)))
+        self._recent.setdefault(key, deque(maxlen=RECENT)).append((threads, round(seconds_per_step * 1e3, 2)))
 
     def stats(self) -> dict:
         """{"mode/sequences": {"1": ms per step, "2": ms per step, "using": threads, "recent": [[threads, ms per
-        step] of the last RECENT blocks]}} (medians of the windows)."""
+        step] of the last RECENT segments]}} (medians of the windows)."""
         out = {}
         for key in self._blocks:
             row = {str(t): round(statistics.median(d) * 1e3, 3)
                    for t in (1, 2) if (d := self._times.get((key, t)))}
-            recent = [list(r) for r in self._recent[key]]
+            recent = [list(r) for r in self._recent.get(key, ())]
             out["/".join(map(str, key))] = {**row, "using": self.best(key), "recent": recent}
         return out
