@@ -26,6 +26,13 @@ from .package import Package
 # The page may run several chats at once (two create() calls, two UI panes): they share one paged KV pool and are
 # stepped together by the engine's scheduler (continuous batching).
 PAGE_ENGINE = EngineOptions(context_tokens=2048, max_seqs=4, max_batch_tokens=64)
+# The CPU engine's warm-up after ready (CpuRunner.warm_up): V8 optimizes a function only once it has run hot, and
+# until it has, a two-Worker step ran 12-25 ms against 4.6-5 (SmolLM2; likely its background compiles taking a core
+# from two threads that wait for each other). 2 s of steps raised two Workers' chat decode 1.1-1.9x over one step of
+# warm-up (docs/cpu-backend.md, "One-step probes and a 2 s warm-up"); slices, so that a chat sent meanwhile waits
+# for one slice at most.
+WARM_UP_S = 2.0
+WARM_UP_SLICE = 8
 
 
 def make_reader(files: dict[str, Any]) -> Callable[[str, int, int], bytes]:
@@ -233,10 +240,23 @@ class PageWorker:
             await idle()
             warm_up = getattr(engine.runner, "warm_up", None)
             if warm_up is not None:  # the CPU engine: the first chat then finds the kernels optimized
-                w0 = time.perf_counter()
+                w0, steps, slices = time.perf_counter(), 0, []
                 try:
-                    warm_up()
+                    # slices of steps until WARM_UP_S have passed or a request comes (it waits one slice at most)
+                    while True:
+                        s0 = time.perf_counter()
+                        warm_up(steps=WARM_UP_SLICE)
+                        slices.append(round((time.perf_counter() - s0) * 1e3 / WARM_UP_SLICE, 2))
+                        steps += WARM_UP_SLICE
+                        if time.perf_counter() - w0 >= WARM_UP_S:
+                            break
+                        await asyncio.sleep(0)
+                        if engine.scheduler.has_work():
+                            break
                     self.deferred_stats["kernel_warm_up_ms"] = (time.perf_counter() - w0) * 1e3
+                    self.deferred_stats["kernel_warm_up_steps"] = steps
+                    # ms per step of each slice (its prefill included): the module's optimization as it went
+                    self.deferred_stats["kernel_warm_up_ms_per_step"] = slices
                 except Exception as e:  # noqa: BLE001 (the first chat then runs unoptimized code: slower, not wrong)
                     self.deferred_stats["kernel_warm_up"] = f"error: {type(e).__name__}: {e}"
                 await idle()
@@ -358,6 +378,7 @@ class PageWorker:
         llm, rebuilt = await self.ensure_llm()
         runner = llm.engine.runner
         host_ms0, steps0, step_ms0 = getattr(runner, "host_ms", 0.0), llm.engine.steps, getattr(runner, "step_ms", 0.0)
+        module_ms0 = getattr(runner, "module_ms", 0.0)
         dev = self.device if self.backend == "webgpu" else None
         dev0 = dict(dev.time_ms) if dev is not None else {}
         t_req, lazy0 = time.perf_counter(), runner.lib.created_on_use if dev is not None else 0
@@ -380,7 +401,7 @@ class PageWorker:
             out_ids = [t for c in r["choices"] for t in c["token_ids"]]
             return {"response": r,
                     "stats": self._stats(llm, r["id"], out_ids, r["usage"], False, steps0, host_ms0, rebuilt,
-                                         dev, dev0, step_ms0)}
+                                         dev, dev0, step_ms0, module_ms0)}
         stream = await llm.create(kind, req)
         ids: list[int] = []
         last, first, stopped = None, True, False
@@ -413,15 +434,16 @@ class PageWorker:
             emit(json.dumps({**last, "choices": [{**last["choices"][0], "delta": {}, "token_ids": [],
                                                   "finish_reason": "abort"}]}))
         stats = self._stats(llm, (last or {}).get("id"), ids, (last or {}).get("usage") or {}, stopped, steps0,
-                            host_ms0, rebuilt, dev, dev0, step_ms0)
+                            host_ms0, rebuilt, dev, dev0, step_ms0, module_ms0)
         stats["first_token"] = first_token
         stats["deferred_pipelines"] = dict(self.deferred_stats)
         return stats
 
     def _stats(self, llm: LLM, rid, ids: list[int], usage: dict, stopped: bool, steps0: int, host_ms0: float,
-               rebuilt, dev=None, dev0=None, step_ms0: float = 0.0) -> dict:
+               rebuilt, dev=None, dev0=None, step_ms0: float = 0.0, module_ms0: float = 0.0) -> dict:
         """A request's stats; dev, dev0: the browser device and its time counters when the request began; step_ms0:
-        the CPU runner's summed step time then (cpu_ms_per_step: the wasm step, the CPU backend's per-step cost)."""
+        the CPU runner's summed step time then (cpu_ms_per_step: the wasm step, the CPU backend's per-step cost);
+        module_ms0: the part of it inside the module's calls."""
         runner = llm.engine.runner
         tpot = usage.get("time_per_output_token_s")
         steps = llm.engine.steps - steps0
@@ -437,6 +459,9 @@ class PageWorker:
                 "host_ms_per_step": (getattr(runner, "host_ms", 0.0) - host_ms0) / steps if steps else 0.0,
                 "cpu_ms_per_step": ((runner.step_ms - step_ms0) / steps if steps else 0.0)
                 if hasattr(runner, "step_ms") else None,
+                # of which inside the module's step calls (the rest is the runner's Python between them)
+                "cpu_module_ms_per_step": ((runner.module_ms - module_ms0) / steps if steps else 0.0)
+                if hasattr(runner, "module_ms") else None,
                 # the CPU engine with two Workers: decode blocks on 1 or 2 by their timings (cpu/threads.py)
                 "cpu_threads": getattr(runner, "threads_used", None),
                 "cpu_thread_choice": runner.chooser.stats() if getattr(runner, "chooser", None) else None,

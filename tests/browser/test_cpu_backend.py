@@ -100,6 +100,8 @@ def test_two_workers_when_cross_origin_isolated(served, browser, tiny_package):
             # with two Workers each block runs on the thread count its timings choose (cpu/threads.py)
             choice = r["stats"]["cpu_thread_choice"]
             assert (workers == 1) == (choice is None) and r["stats"]["cpu_threads"] in (1, 2), r["stats"]
+            # the step time splits into the module's calls and the runner's host work around them
+            assert 0 < r["stats"]["cpu_module_ms_per_step"] <= r["stats"]["cpu_ms_per_step"], r["stats"]
             print(threads, t["wasm_reason"], json.dumps(r["stats"]))
     finally:
         srv.stop()
@@ -172,6 +174,8 @@ def test_bytecode_cache_across_visits(served, browser, tiny_package):
         states.append((r["timings"]["pycache"], r["background"]["pycache"]["state"]))
         # the kernels' warm-up runs first (CpuRunner.warm_up; tests/cpu/test_runner.py checks it changes nothing)
         assert r["background"].get("kernel_warm_up_ms", 0) > 0, (r["background"], logs[-5:])
+        slices = r["background"]["kernel_warm_up_ms_per_step"]  # slices of 8 steps for ~2 s (browser_worker.py)
+        assert r["background"]["kernel_warm_up_steps"] == 8 * len(slices) and all(t > 0 for t in slices), r
     assert states == [("empty", "written"), ("hit", "hit")], (states, logs[-5:])
 
 
