@@ -8,15 +8,14 @@ the runner times the decode blocks it runs anyway, per (mode, sequences).
 
 A block runs in segments (kernels.c wi_steps from..K-1; the ids do not depend on the thread count: a column's and
 a head's arithmetic is the same on either split, only the speed is), so measuring the other count costs a step,
-not a block: the first EXPLORE blocks run half their steps on each count (which half first alternates, so a
-trend such as V8 optimizing the module falls on both sides alike), then the count with the lower median time per
-step over its last WINDOW segments runs each block, and every PROBE-th block runs its first step on the other
-count. A probe's time replaces that count's older ones (taken at least PROBE blocks before), so a count that
-became faster wins at its next probe: the page's first
-blocks share the two cores with V8's background compiles, which slow two threads far more than one (two Workers
-measured 12-37 ms a SmolLM2 step in a page's first blocks against one's 8-9, and 4.6-6 ms later). Whole blocks
-on the other count (session 18's rule: three exploring blocks of six, then one in twelve) kept a third of a
-64-token chat's blocks on the slower count. Pure Python (runs in Pyodide).
+not a block (whole blocks on it kept a third of a 64-token chat's blocks on the slower count): the first EXPLORE
+blocks run half their steps on each count (which half first alternates, so a trend falls on both sides alike),
+then the count with the lower median time per step over its last WINDOW segments runs each block, and every
+PROBE-th block runs its first step on the other count. A probe's time replaces that count's older ones (taken at
+least PROBE blocks before), so a count that became faster wins at its next probe: a page's first seconds share
+the two cores with V8's background compiles (Pyodide's interpreter loop is recompiled again and again), which slow
+two threads waiting for each other far more than one (12-37 ms a SmolLM2 step then against one thread's 8-9, and
+4.6-6 ms later). Pure Python (runs in Pyodide).
 """
 
 from __future__ import annotations
