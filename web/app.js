@@ -484,8 +484,15 @@ function openSettings() {
   $("settings").showModal();
 }
 
+// The dialog gives focus back to Settings as it closes; its "close" event comes later, as a task. Put focus there
+// only where the browser left it nowhere: a key pressed in between (Shift+Tab) must not have it taken back.
+function refocusSettings() {
+  const at = document.activeElement;
+  if (!at || at === document.body || $("settings").contains(at)) $("settings-open").focus();
+}
+
 $("settings").addEventListener("close", async () => {
-  if ($("settings").returnValue !== "save") { $("settings-open").focus(); return; }
+  if ($("settings").returnValue !== "save") { refocusSettings(); return; }
   const clamp = (v, lo, hi, dflt) => (Number.isFinite(v) ? Math.min(hi, Math.max(lo, v)) : dflt);
   const d = store.DEFAULT_SETTINGS;
   ui.conv.settings = {
@@ -496,7 +503,7 @@ $("settings").addEventListener("close", async () => {
   };
   if (ui.conv.messages.length) await store.saveConversation(ui.conv);
   status("Settings saved for this conversation.");
-  $("settings-open").focus();
+  refocusSettings();
 });
 
 // ------------------------------------------------------------------------------------------ layout and keys

@@ -235,6 +235,25 @@ def test_engine_choice_gpu_then_cpu_fast_and_kept(site, browser):
     assert not [l for l in logs if l.startswith("pageerror")], logs
 
 
+def test_closing_settings_leaves_focus_where_the_keys_moved_it(site, browser):
+    """The settings dialog gives focus back to Settings as it closes, and its "close" event comes later (a task): a
+    key pressed in between (Shift+Tab to the message box) keeps its focus (on a busy page the keyboard test's
+    Shift+Tab landed on Send when the handler took focus back)."""
+    logs: list[str] = []
+    page = _open(browser, site, logs)
+    for how in ("save", "cancel"):
+        page.click("#settings-open")
+        got = page.evaluate("""how => new Promise(done => {
+            document.getElementById("settings").close(how);
+            document.getElementById("input").focus();  // the user's next key, before the close event
+            setTimeout(() => done(document.activeElement.id), 50);
+        })""", how)
+        assert got == "input", (how, got, logs[-5:])
+    page.click("#settings-open")
+    page.press("#set-temperature", "Escape")  # closed with nothing moved: focus is on Settings again
+    assert page.evaluate("document.activeElement.id") == "settings-open"
+
+
 def test_keyboard_only_on_a_phone(site, browser):
     logs: list[str] = []
     page = _open(browser, site, logs, PHONE)
