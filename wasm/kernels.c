@@ -1657,7 +1657,7 @@ typedef struct {
     // g, up [T, f]; logits [S, vocab]; xs [S, d]; scores [max_ctx]; work: linear's and the sampler's scratch
     float *r, *xn, *q, *k, *v, *attn, *g, *u, *logits, *xs, *scores;
     u8 *work;
-    struct Team *team;  // 0: one thread; else the threads build's team (wi_worker runs thread 1)
+    struct Team *team;  // 0: one thread; else the threads build's team (wi_worker runs threads 1..)
     // the family features of webinfer/package.py ModelConfig (the llama block: 0, 1.0, 0, 0, 0, 0, the tables)
     u32 gelu;                    // 1: GeGLU, gelu_tanh(gate) * up (Gemma); 0: SwiGLU
     float emb_mult;              // the embedding row times this (Gemma: sqrt(d) rounded to f32)
@@ -1693,43 +1693,52 @@ INLINE int same_layout(const Weight *a, const Weight *b) {
 
 // ------------------------------------------------------------------------------------------------ threads
 //
-// The threads build (-DTHREADS: shared memory, atomics) runs a step on two threads, each its own instance of the
-// module on the same memory: thread 0 is the host's wi_step call, thread 1 a host thread parked in wi_worker. Both
-// walk the same step (step_body), each computing its share of every matrix's output columns (whole groups of 4
-// rows, the packed layout's) with its own activation scratch, and of the KV heads (RoPE, cache writes and the
-// attention of their query heads); every thread norms the whole residual into its own buffer, thread 0 samples,
-// and a barrier (team_sync) follows every op whose output the other thread reads. A column's or a head's
-// arithmetic does not depend on the split, so the ids are those of one thread. Without THREADS (or with team = 0)
-// it is the one-thread step.
+// The threads build (-DTHREADS: shared memory, atomics) runs a step on nth threads (2..MAX_THREADS), each its own
+// instance of the module on the same memory: thread 0 is the host's wi_step call, threads 1..max-1 host threads
+// parked in wi_worker. Each step's threads walk the same step (step_body), each computing its share of every
+// matrix's output columns (whole groups of 4 rows, the packed layout's) with its own activation scratch, and of
+// the KV heads (RoPE, cache writes and the attention of their query heads); every thread norms the whole residual
+// into its own buffer, thread 0 samples, and a barrier (team_sync) follows every op whose output another thread
+// reads. A column's or a head's arithmetic does not depend on the split, so the ids are those of one thread.
+// Without THREADS (or with team = 0) it is the one-thread step. The host picks nth per step (a decode block may
+// run faster on fewer threads than were started: webinfer/cpu/threads.py); the threads past nth sit that step out.
+#define MAX_THREADS 16
+#define GO_STEP 32  // go = steps started x GO_STEP + that step's nth (one word: a thread reads both at once)
+
+typedef struct Bufs {  // a worker thread's own buffers
+    u8 *work;          // linear scratch and attention scores (thread 0 uses the Model's work, scores)
+    float *xn;         // normed activations [max(T, S), d] (thread 0 uses the Model's xn and xs)
+    float *k, *v;      // k and v rows [T, kv_dim] (thread 0 uses the Model's k and v)
+    float *r;          // the residual [T, d] with split_k (thread 0's is the Model's r)
+} Bufs;
+
 typedef struct Team {
-    u32 nth;            // threads (2)
+    u32 nth;            // threads of the next steps (2..max; the host sets it between steps)
     u32 spins;          // polls of a word before blocking on it (memory.atomic.wait32)
-    u32 go;             // bumped by thread 0 to start a step on thread 1
+    u32 go;             // written by thread 0 to start a step: GO_STEP more, and the step's nth in the low bits
     u32 quit;           // 1: leave (the host closes, or a thread failed): every wait returns
     u32 arrived, gen;   // the barrier: threads arrived, generation
-    const void *m, *s;  // the step thread 1 runs (Model, Step)
-    u8 *work1;          // thread 1's linear scratch and attention scores (thread 0 uses the Model's work, scores)
-    float *xn1;         // thread 1's normed activations [max(T, S), d] (thread 0 uses the Model's xn and xs)
-    float *k1, *v1;     // thread 1's k and v rows [T, kv_dim] (thread 0 uses the Model's k and v)
-    float *r1;          // thread 1's residual [T, d] with split_k (thread 0's is the Model's r)
+    const void *m, *s;  // the step the workers run (Model, Step)
+    u32 max;            // threads started: thread 0 and max - 1 workers
+    Bufs *bufs;         // bufs[tid - 1]: worker tid's buffers
 } Team;
 
 typedef struct {
     u32 tid, nth;
     u8 *work;
     Team *team;
-    float *scores;  // attention's scores (thread 1: its work area, which the GEMVs use only outside attention)
+    float *scores;  // attention's scores (a worker: its work area, which the GEMVs use only outside attention)
     float *xn, *xs;  // this thread's normed activations: the layers' (every thread norms the whole residual itself,
-                     // cheaper than a barrier) and the sampled rows' (thread 1: both in the Team's xn1)
+                     // cheaper than a barrier) and the sampled rows' (a worker: both in its Bufs' xn)
     float *k, *v;    // this thread's k and v rows (the head split computes a KV head two threads read on both)
-    float *r;        // the residual this thread updates: with split_k its own copy (thread 1: the Team's r1)
+    float *r;        // the residual this thread updates: with split_k its own copy (a worker: its Bufs' r)
 } Ctx;
 
 #ifdef THREADS
 // waits until *p != old (or the team quits): polls `spins` times, then blocks (a Worker may block; the engine
 // never runs wasm on the browser's main thread)
-static void team_wait(Team *t, u32 *p, u32 old) {
-    for (u32 i = 0; i < t->spins; i++)
+static void team_wait(Team *t, u32 *p, u32 old, u32 spins) {
+    for (u32 i = 0; i < spins; i++)
         if (__atomic_load_n(p, __ATOMIC_ACQUIRE) != old) return;
     while (__atomic_load_n(p, __ATOMIC_ACQUIRE) == old && !__atomic_load_n(&t->quit, __ATOMIC_ACQUIRE))
         __builtin_wasm_memory_atomic_wait32((int *)p, (int)old, -1);
@@ -1747,7 +1756,7 @@ static int team_sync(const Ctx *c) {
         __atomic_store_n(&t->gen, gen + 1, __ATOMIC_RELEASE);
         __builtin_wasm_memory_atomic_notify((int *)&t->gen, ~0u);
     } else {
-        team_wait(t, &t->gen, gen);
+        team_wait(t, &t->gen, gen, t->spins);
     }
     return __atomic_load_n(&t->quit, __ATOMIC_ACQUIRE) != 0;
 #else
@@ -1849,8 +1858,15 @@ static void step_body(const Ctx *c, const Model *m, const Step *s) {
         h0 = kv0 * grp;
         h1 = kv1 * grp;
     }
-    // split_k's parts this thread computes: [p0, p1) of 0 and 1
-    u32 p0 = c->nth == 1 ? 0 : c->tid, p1 = c->nth == 1 ? 2 : c->tid + 1;
+    // split_k's parts this thread computes: [p0, p1) of 0 and 1. One thread computes both, two one each (whole:
+    // thread 0's attention heads are part 0's, so no barrier sits between attention and o, nor between SwiGLU and
+    // down); with more, part p's threads (those with 2 tid / nth = p: gn of them from g0) split its output columns
+    // and its units of f, with a barrier after attention and one after SwiGLU (each part reads all of its half)
+    u32 p0 = c->nth == 1 ? 0 : 2 * c->tid / c->nth, p1 = c->nth == 1 ? 2 : p0 + 1;
+    u32 g0 = (p0 * c->nth + 1) / 2, gn = c->nth <= 2 ? 1 : (p1 * c->nth + 1) / 2 - g0;
+    Ctx gc = *c;  // this thread's place in its part's group (share() over the group)
+    gc.tid = c->nth <= 2 ? 0 : c->tid - g0;
+    gc.nth = gn;
     float *kb = by_heads ? c->k : m->k, *vb = by_heads ? c->v : m->v;  // the k/v rows RoPE and the cache read
     for (u32 li = 0; li < m->n_layers; li++) {
         const Layer *L = m->layers + li;
@@ -1891,10 +1907,15 @@ static void step_body(const Ctx *c, const Model *m, const Step *s) {
         int fg = (m->fast & FAST_GATE_UP16) ? 2 : (m->fast & FAST_GATE_UP) != 0;
         int fd = (m->fast & FAST_DOWN16) ? 2 : (m->fast & FAST_DOWN) != 0;
         if (sk) {  // L->o, L->down: two part matrices each (part 1's columns start where part 0's end)
-            u32 f0 = p0 ? L->down[0].k : 0, f1 = p1 == 2 ? m->f : L->down[0].k;
+            u32 pf0 = p0 ? L->down[0].k : 0, pf1 = p1 == 2 ? m->f : L->down[0].k, f0, f1, n0, n1;
+            share(&gc, pf1 - pf0, &f0, &f1);  // (gn = 1: the part's whole range, and all of d below)
+            f0 += pf0;
+            f1 += pf0;
+            share(&gc, d, &n0, &n1);
+            if (c->nth > 2) SYNC();
             for (u32 p = p0; p < p1; p++)
-                linear(L->o + p, m->attn + (p ? L->o[0].k : 0), qd, m->parts + p * T * d, d, T, 0, fo, c->work, 1, 0,
-                       d);
+                linear(L->o + p, m->attn + (p ? L->o[0].k : 0), qd, m->parts + p * T * d, d, T, 0, fo, c->work, 1, n0,
+                       n1);
             SYNC();
             add_parts(c, m, m->parts, L->post_attn_norm, T);
             rmsnorm(r, d, L->ffn_norm, c->xn, d, T, d, m->eps);
@@ -1903,9 +1924,10 @@ static void step_body(const Ctx *c, const Model *m, const Step *s) {
             for (u32 t = 0; t < T; t++)
                 for (u32 i = t * m->f + f0; i < t * m->f + f1; i++)
                     m->g[i] = (m->gelu ? gelu_tanh(m->g[i]) : silu(m->g[i])) * m->u[i];
+            if (c->nth > 2) SYNC();
             for (u32 p = p0; p < p1; p++)
                 linear(L->down + p, m->g + (p ? L->down[0].k : 0), m->f, m->parts + (2 + p) * T * d, d, T, 0, fd,
-                       c->work, 1, 0, d);
+                       c->work, 1, n0, n1);
             SYNC();
             add_parts(c, m, m->parts + 2 * T * d, L->post_ffn_norm, T);
             continue;
@@ -1956,7 +1978,8 @@ static void step_body(const Ctx *c, const Model *m, const Step *s) {
 }
 #undef SYNC
 
-// One engine step (thread 0). With a team, thread 1 (parked in wi_worker) is started on the same step first.
+// One engine step (thread 0). With a team, its workers (parked in wi_worker) are started on the same step first:
+// threads 1..nth-1 run it with thread 0, the others sit it out.
 EXPORT(wi_step) void wi_step(const Model *m, const Step *s) {
     Team *t = m->team;
     Ctx c = {0, t ? t->nth : 1, m->work, t, m->scores, m->xn, m->xs, m->k, m->v, m->r};
@@ -1964,8 +1987,9 @@ EXPORT(wi_step) void wi_step(const Model *m, const Step *s) {
     if (t) {
         t->m = m;
         t->s = s;
-        __atomic_add_fetch(&t->go, 1, __ATOMIC_RELEASE);
-        __builtin_wasm_memory_atomic_notify((int *)&t->go, 1);
+        u32 go = __atomic_load_n(&t->go, __ATOMIC_RELAXED);
+        __atomic_store_n(&t->go, (go / GO_STEP + 1) * GO_STEP + t->nth, __ATOMIC_RELEASE);
+        __builtin_wasm_memory_atomic_notify((int *)&t->go, ~0u);
     }
 #endif
     step_body(&c, m, s);
@@ -2002,15 +2026,20 @@ EXPORT(wi_steps) void wi_steps(const Model *m, Step *s, u32 K, u32 *ids_out, u32
 }
 
 #ifdef THREADS
-// Thread 1's life (its own instance, its own stack: the host sets __stack_pointer first): waits for each step
-// wi_step starts and runs its share; returns when the team quits.
-EXPORT(wi_worker) void wi_worker(Team *t) {
-    for (u32 seen = 0;;) {
-        team_wait(t, &t->go, seen);
+// Worker tid's life (its own instance, its own stack: the host sets __stack_pointer first): waits for each step
+// wi_step starts and runs its share, or sits it out when the step runs on fewer threads (then it blocks for the
+// next one at once, not polling: a thread the host does not use takes no core); returns when the team quits.
+EXPORT(wi_worker) void wi_worker(Team *t, u32 tid) {
+    for (u32 seen = 0, used = 1;;) {
+        team_wait(t, &t->go, seen, used ? t->spins : 0);
         if (__atomic_load_n(&t->quit, __ATOMIC_ACQUIRE)) return;
         seen = __atomic_load_n(&t->go, __ATOMIC_ACQUIRE);
+        u32 nth = seen % GO_STEP;  // this step's (thread 0 wrote it with the step: never a later step's)
+        used = tid < nth;
+        if (!used) continue;
         const Model *m = (const Model *)t->m;
-        Ctx c = {1, t->nth, t->work1, t, (float *)t->work1, t->xn1, t->xn1, t->k1, t->v1, m->parts ? t->r1 : m->r};
+        Bufs *b = t->bufs + (tid - 1);
+        Ctx c = {tid, nth, b->work, t, (float *)b->work, b->xn, b->xn, b->k, b->v, m->parts ? b->r : m->r};
         step_body(&c, m, (const Step *)t->s);
     }
 }
@@ -2018,7 +2047,7 @@ EXPORT(wi_worker) void wi_worker(Team *t) {
 // Makes every thread leave: wi_worker returns, a step in flight is abandoned at its next barrier.
 EXPORT(wi_team_quit) void wi_team_quit(Team *t) {
     __atomic_store_n(&t->quit, 1, __ATOMIC_RELEASE);
-    __atomic_add_fetch(&t->go, 1, __ATOMIC_RELEASE);
+    __atomic_add_fetch(&t->go, GO_STEP, __ATOMIC_RELEASE);
     __atomic_add_fetch(&t->gen, 1, __ATOMIC_RELEASE);
     __builtin_wasm_memory_atomic_notify((int *)&t->go, ~0u);
     __builtin_wasm_memory_atomic_notify((int *)&t->gen, ~0u);

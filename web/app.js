@@ -451,8 +451,8 @@ async function generate() {
     // where a token's time goes (the worker's split): GPU backend, waiting for the GPU vs Python + JS calls; CPU
     // backend, the engine's step (the wasm call) per step
     const pt = it.stats?.per_token, cpuStep = it.stats?.cpu_ms_per_step, nth = it.stats?.cpu_threads;
-    // (cpu_threads: what the last decode block ran on; with two Workers the engine runs each block on one or two
-    // by their measured speed, which the load-time "2 threads" above cannot say)
+    // (cpu_threads: what the last decode block ran on; with several Workers the engine runs each block on the count
+    // its measured speed says, which the load-time "N threads" above cannot say)
     const split = pt ? ` · per token: GPU ${pt.read_wait_ms.toFixed(0)} ms, host ${(pt.python_ms + pt.js_upload_ms
       + pt.js_submit_ms).toFixed(0)} ms` : ui.engine.info.backend === "cpu" && cpuStep
       ? ` · per step: CPU ${cpuStep.toFixed(1)} ms${nth ? ` on ${nth} thread${nth > 1 ? "s" : ""}` : ""}` : "";

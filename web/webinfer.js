@@ -178,10 +178,10 @@ class Engine {
  *          engine.info.backend and engine.info.backend_reason say which was chosen and why (engine.info.cpu_mode:
  *          the CPU engine's mode),
  *          cpuMode: the CPU engine's "exact" (default; f32 precision) or "fast" (int8 activations) mode,
- *          threads: the CPU engine's Workers, 1 or 2 (default: 2 when the page is cross-origin isolated and
- *          navigator.hardwareConcurrency >= 2; the same output); engine.info.timings.wasm_threads / wasm_reason
- *          say how many run and why; with two, each decode block runs on one or both, whichever its own timings
- *          show faster (a chat's stats.cpu_threads, stats.cpu_thread_choice),
+ *          threads: the CPU engine's Workers, 1 to 8 (default: navigator.hardwareConcurrency, at most 4, when the
+ *          page is cross-origin isolated; the same output); engine.info.timings.wasm_threads / wasm_reason say
+ *          how many run and why; with more than one, each decode block runs on the count of them (1, 2, 4, ...,
+ *          all) its own timings show fastest (a chat's stats.cpu_threads, stats.cpu_thread_choice),
  *          speculative: "prompt-lookup" to verify proposed tokens each step (the same output, fewer steps when the
  *          answer repeats its context), speculativeTokens (proposals per step, default 4),
  *          decodeBlock: decode steps the GPU runs per read-back while every request decodes (default 8, 1: off;

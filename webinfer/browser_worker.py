@@ -146,7 +146,7 @@ class PageWorker:
     build_timings: dict = field(default_factory=dict)
     build_lock: asyncio.Lock | None = None
     ahead: Any = None                  # JS {adapter, device, pipelines: Map} made by worker.js before Python ran
-    cpu_threads: int | None = None     # load()'s threads for the CPU engine (None: 2 when the page allows)
+    cpu_threads: int | None = None     # load()'s threads for the CPU engine (None: the page decides, cpu/browser.py)
     cpu_host: Any = None               # the CPU engine's JsHost (closed on rebuild: its second Worker ends)
     deferred: asyncio.Task | None = None   # compiling the lazy pipelines in the background (start_deferred)
     deferred_stats: dict = field(default_factory=dict)
@@ -166,8 +166,8 @@ class PageWorker:
 
     async def load(self, manifest_text: str, js_files, where: str, engine_json: str = "{}", ahead=None) -> dict:
         """Take the files over from JS (a Map name -> Uint8Array), open the package and build the LLM.
-        engine_json: {"backend", "cpu_mode", "threads": null | 1 | 2 (the CPU engine's Workers; null: 2 when the
-        page is cross-origin isolated), "speculative": null | "prompt-lookup", "speculative_tokens": int,
+        engine_json: {"backend", "cpu_mode", "threads": null | 1..8 (the CPU engine's Workers; null: up to 4 when
+        the page is cross-origin isolated, cpu/browser.py page_threads), "speculative": null | "prompt-lookup", "speculative_tokens": int,
         "decode_block": int, "decode_block_ms": number} from webinfer.js load().
         ahead: the device and pipelines worker.js made from the last visit's record (see gpu/browser.py), or None.
         The value's "pipeline_record" is this build's record when it differs from what was made ahead."""
@@ -310,7 +310,7 @@ class PageWorker:
             host = self.cpu_host = await js_host(threads=self.cpu_threads)
             warm_ms = warm_kernels(host)  # (the rest of the step's code: CpuRunner.warm_up after ready)
             runner = await load_cpu_runner(self.package, self.options, host=host)
-            runner.choose_threads()  # two Workers: each decode block on the count its timings show faster
+            runner.choose_threads()  # several Workers: each decode block on the count its timings show fastest
             self.llm = llm_for(self.package, runner, self.options)
             self.build_timings = {"engine_build_ms": (time.perf_counter() - t0) * 1e3, "wasm_variant": host.variant,
                                   "wasm_threads": host.threads, "wasm_reason": host.reason, "wasm_warm_ms": warm_ms,
@@ -462,7 +462,7 @@ class PageWorker:
                 # of which inside the module's step calls (the rest is the runner's Python between them)
                 "cpu_module_ms_per_step": ((runner.module_ms - module_ms0) / steps if steps else 0.0)
                 if hasattr(runner, "module_ms") else None,
-                # the CPU engine with two Workers: decode blocks on 1 or 2 by their timings (cpu/threads.py)
+                # the CPU engine with several Workers: decode blocks on 1, 2, ... by their timings (cpu/threads.py)
                 "cpu_threads": getattr(runner, "threads_used", None),
                 "cpu_thread_choice": runner.chooser.stats() if getattr(runner, "chooser", None) else None,
                 "engine_steps": steps, "engine": llm.engine.stats(), "rebuild_timings": rebuilt,

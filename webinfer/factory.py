@@ -40,7 +40,8 @@ class EngineOptions:
     speculative_tokens: int = 4       # the default per request when speculative is on (a request may override)
     adaptive_proposals: bool = True   # verify only the proposals that pay for their rows on this device (measured)
     cpu_mode: str = "exact"           # backend "cpu": f32 activations (exact) or int8 ones (fast)
-    cpu_threads: int = 1              # backend "cpu" natively: 1, or 2 (every matrix split; the same ids)
+    cpu_threads: int = 1              # backend "cpu" natively: 1 to 16 (every matrix split; the same ids; past 2
+                                      # each decode block on the count its timings show fastest, cpu/threads.py)
     decode_block: int = 8             # decode steps run on the GPU per read-back when all requests decode (1: off)
     decode_block_ms: float = 50.0     # ... and at most about this long (a slow GPU gets single steps; 0: no cap)
 
@@ -73,10 +74,16 @@ async def load_cpu_runner(package: Package, opts: EngineOptions, host=None):
     """The WebAssembly SIMD engine (webinfer/cpu): wasmtime natively, JS WebAssembly in the page (host)."""
     from webinfer.cpu import load_cpu_runner as load_wasm
 
-    return await load_wasm(package, mode=opts.cpu_mode, num_blocks=kv_blocks(opts.context_tokens, opts.block_size),
-                           block_size=opts.block_size, max_model_len=opts.model_len(package.config),
-                           max_batch_tokens=opts.max_batch_tokens, max_seqs=opts.runner_rows, host=host,
-                           threads=opts.cpu_threads)
+    runner = await load_wasm(package, mode=opts.cpu_mode,
+                             num_blocks=kv_blocks(opts.context_tokens, opts.block_size), block_size=opts.block_size,
+                             max_model_len=opts.model_len(package.config), max_batch_tokens=opts.max_batch_tokens,
+                             max_seqs=opts.runner_rows, host=host, threads=opts.cpu_threads)
+    if host is None and runner.threads > 2:
+        # natively two threads on two idle cores gain 1.6-1.8x (docs/cpu-backend.md): fixed; past two the fastest
+        # count depends on the machine's bandwidth and cores, so each decode block measures it (the page's host
+        # turns the choice on for any count: its cores are shared with the browser)
+        runner.choose_threads()
+    return runner
 
 
 async def load(package, *, backend: str = "native", runner=None, device=None, options: EngineOptions | None = None,

@@ -73,3 +73,18 @@ def test_module_ab_formats():
         for side in ("A", "B"):
             assert r[side]["layout"] == "packed", r
             assert r[side]["exact"]["ms"] > 0 and r[side]["fast"]["gb_s"] > 0, r
+
+
+def test_more_threads_section(tiny_llama):
+    """The bench's more_threads rows run (here as on a 4-core machine: the 2-core CI box only proves the code
+    path, its 4-thread figure measures the scheduler), and a machine under 4 cores says why it has none."""
+    import asyncio
+
+    from webinfer.cpu import load_cpu_runner
+    from webinfer_packager.bench.cpu import more_threads
+
+    runner = asyncio.run(load_cpu_runner(tiny_llama, num_blocks=24, block_size=8, max_model_len=128))
+    assert "skipped" in more_threads(runner, 4, runner.host.variant, cores=2)
+    rows = more_threads(runner, 4, runner.host.variant, cores=4)
+    assert list(rows) == ["4"] and rows["4"]["read_bw_gb_s"] > 0, rows
+    assert rows["4"]["exact"]["decode_tok_s"] > 0 and rows["4"]["fast"]["decode_tok_s"] > 0, rows

@@ -3,9 +3,10 @@
 Tiny random packages (fast): greedy ids equal the reference token for token in exact mode, also with the prompt
 prefilled in chunks; logits agree to 1e-3; a sequence's logits are bit-identical alone and batched with others
 (batch invariance); the fast mode (int8 activations) stays close; bad steps raise the GPU runner's errors.
-Two threads (the threads build: q/k/v and attention split by heads, the other matrices by output columns or, with
-split_k, o and down by input columns): the ids and logits of one thread, and a trap on thread 1 fails the step
-instead of hanging it.
+Two, three and four threads (the threads build: q/k/v and attention split by heads, the other matrices by output
+columns or, with split_k, o and down by input columns, each part's columns split again past two threads): the ids
+and logits of one thread, also when the thread count changes between a block's segments, and a trap on a worker
+thread fails the step instead of hanging it.
 The real SmolLM2 (marked model/slow): exact-mode greedy ids equal the reference's teacher-forced argmax, on one
 thread and on two.
 """
@@ -83,20 +84,25 @@ def test_batch_invariance_and_logits(tiny_llama, mode):
             assert rel < 0.08, f"fast mode: relative RMS logit error {rel:.4f}"
 
 
+@pytest.mark.parametrize("threads", [2, 3, 4])
 @pytest.mark.parametrize("mode", ["exact", "fast"])
 @pytest.mark.parametrize("variant", ["base", "relaxed"])
 @pytest.mark.parametrize("which", ["tiny_qwen", "tiny_llama"])
-def test_two_threads_give_the_ids_of_one(request, which, mode, variant):
-    """The threads build on two threads: the ids of one thread, alone and batched (3 sequences decoding together),
+def test_threads_give_the_ids_of_one(request, which, mode, variant, threads):
+    """The threads build on 2-4 threads: the ids of one thread, alone and batched (3 sequences decoding together),
     and in exact mode the reference's; logits bit-identical. tiny_qwen (head_dim 12: o's half of the heads is not
     whole 32-units) splits every matrix's output columns; tiny_llama takes split_k (o and down in two parts by
-    input columns, each thread its own residual), which one thread computes the same way."""
+    input columns, each thread its own residual; past two threads each part's output columns and units of f split
+    among its threads), which one thread computes the same way. (On this 2-core CI machine 3 and 4 threads
+    outnumber the cores: their barriers block at once, kernels.c team_wait with spins_for's 0.)"""
     from tests.gpu_fixtures import generate_ids
 
     pkg = request.getfixturevalue(which)
-    one, two = _runner(pkg, mode, variant), _runner(pkg, mode, variant, threads=2)
+    one, two = _runner(pkg, mode, variant), _runner(pkg, mode, variant, threads=threads)
     assert one.split_in_parts == two.split_in_parts == (which == "tiny_llama")
-    assert two.host.threads == 2 and two.host._worker.thread.is_alive()
+    workers = two.host._workers
+    assert two.host.threads == threads and [w.tid for w in workers] == list(range(1, threads))
+    assert all(w.thread.is_alive() for w in workers)
     try:
         for prompt in PROMPTS[:2]:
             got = generate_ids(pkg, prompt, 12, runner=two)
@@ -106,7 +112,7 @@ def test_two_threads_give_the_ids_of_one(request, which, mode, variant):
         _assert_same_logits(one, two, [[5, 17, 200, 33, 1], [42], [7, 8, 9, 10, 11, 12, 13, 14, 15]])
     finally:
         two.close()
-    assert not two.host._worker.thread.is_alive(), "thread 1 did not leave on close"
+    assert not any(w.thread.is_alive() for w in workers), "a worker thread did not leave on close"
 
 
 def _assert_same_logits(one, two, prompts):
@@ -114,23 +120,24 @@ def _assert_same_logits(one, two, prompts):
     a1, b1 = _logits_alone_and_batched(one, prompts)
     a2, b2 = _logits_alone_and_batched(two, prompts)
     for x, y in zip(a1 + b1, a2 + b2):
-        assert np.array_equal(x, y), "two threads' logits differ from one thread's"
+        assert np.array_equal(x, y), "the threads' logits differ from one thread's"
 
 
+@pytest.mark.parametrize("threads", [2, 3])
 @pytest.mark.parametrize("heads", [{"num_key_value_heads": 1}, {"num_attention_heads": 6, "num_key_value_heads": 3},
                                    {"head_dim": 6}], ids=["one_kv_head", "three_kv_heads", "head_dim_6"])
-def test_two_threads_with_shared_or_unsplit_heads(tmp_path, heads):
+def test_threads_with_shared_or_unsplit_heads(tmp_path, heads, threads):
     """KV heads the threads do not divide (one on two threads, as Gemma 3's; three of six query heads, as SmolLM2's
-    three of nine): both threads compute the shared KV head into their own k/v rows and write the same cache rows;
+    three of nine): each thread computes a shared KV head into its own k/v rows and all write the same cache rows;
     a head's q/k/v columns not whole groups of 4 (the packed layout's): the step splits the q/k/v columns evenly
-    with a barrier before attention (kernels.c by_heads = 0). The ids and logits are one thread's and the
-    reference's either way."""
+    with a barrier before attention (kernels.c by_heads = 0). Three threads split 4 or 6 heads unevenly. The ids
+    and logits are one thread's and the reference's either way."""
     from tests.gpu_fixtures import generate_ids
     from tests.synthetic import write_hf
     from webinfer_packager.pack.build import pack
 
     pkg = pack(write_hf(tmp_path / "hf", arch="llama", **heads), tmp_path / "pkg", progress=False)
-    one, two = _runner(pkg), _runner(pkg, threads=2)
+    one, two = _runner(pkg), _runner(pkg, threads=threads)
     try:
         got = generate_ids(pkg, PROMPTS[0], 8, runner=two)
         assert got == generate_ids(pkg, PROMPTS[0], 8, runner=one) == _reference(pkg, PROMPTS[0], 8)
@@ -139,34 +146,43 @@ def test_two_threads_with_shared_or_unsplit_heads(tmp_path, heads):
         two.close()
 
 
-def test_thread_1_failing_fails_the_step(tiny_llama):
-    """A trap on thread 1 makes the team quit: thread 0's step returns and raises (no hang), and close works."""
+@pytest.mark.parametrize("threads,failing", [(2, 1), (3, 2)])
+def test_a_worker_failing_fails_the_step(tiny_llama, threads, failing):
+    """A trap on a worker thread makes the team quit: thread 0's step returns and raises naming the thread (no
+    hang), every worker leaves, and close works."""
+    import struct
+
+    from webinfer.cpu.wasm import BUFS_WORDS
     from webinfer.errors import WebinferError
 
-    runner = _runner(tiny_llama, threads=2)
+    runner = _runner(tiny_llama, threads=threads)
     team = runner.host.team
-    runner.host.write(team + 4 * 8, (0xFFFFFFF0).to_bytes(4, "little"))  # thread 1's scratch out of memory
-    with pytest.raises(WebinferError, match="thread 1 failed"):
+    bufs = struct.unpack("<I", runner.host.read(team + 4 * 9, 4))[0]  # kernels.c Team.bufs
+    # the failing thread's scratch (Bufs.work) out of memory
+    runner.host.write(bufs + 4 * BUFS_WORDS * (failing - 1), (0xFFFFFFF0).to_bytes(4, "little"))
+    with pytest.raises(WebinferError, match=f"thread {failing} failed"):
         asyncio.run(runner.execute(StepBatch([SeqChunk(0, [5, 17, 200], 0, [1], True)])))
-    runner.host._worker.thread.join(timeout=10)
-    assert not runner.host._worker.thread.is_alive()
+    for w in runner.host._workers:
+        w.thread.join(timeout=10)
+        assert not w.thread.is_alive(), f"thread {w.tid} still runs"
     runner.close()
 
 
-def test_llm_close_stops_thread_1(tiny_llama):
-    """LLM.close() ends the CPU engine's second thread (not only at garbage collection or exit)."""
+def test_llm_close_stops_the_workers(tiny_llama):
+    """LLM.close() ends the CPU engine's worker threads (not only at garbage collection or exit)."""
     import webinfer
     from webinfer.factory import EngineOptions
 
     async def main():
-        llm = await webinfer.load(tiny_llama, backend="cpu", options=EngineOptions(cpu_threads=2, context_tokens=64))
+        llm = await webinfer.load(tiny_llama, backend="cpu", options=EngineOptions(cpu_threads=3, context_tokens=64))
         r = await llm.completions.create(prompt=[5, 17, 200], max_tokens=3, temperature=0)
-        worker = llm.engine.runner.host._worker
-        assert worker.thread.is_alive() and len(r["choices"][0]["token_ids"]) == 3
+        workers = llm.engine.runner.host._workers
+        assert len(workers) == 2 and all(w.thread.is_alive() for w in workers)
+        assert len(r["choices"][0]["token_ids"]) == 3
         await llm.close()
-        return worker
+        return workers
 
-    assert not asyncio.run(main()).thread.is_alive(), "thread 1 still runs after LLM.close()"
+    assert not any(w.thread.is_alive() for w in asyncio.run(main())), "a worker still runs after LLM.close()"
 
 
 def test_decode_after_prefill_uses_the_cache(tiny_llama):

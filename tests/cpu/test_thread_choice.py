@@ -1,11 +1,14 @@
-"""The CPU engine's choice between its two threads and thread 0 alone for each decode block (webinfer/cpu/threads.py):
-the rule on a fake clock, and on the threads build that the ids do not depend on it."""
+"""The CPU engine's choice of a thread count for each decode block (webinfer/cpu/threads.py): between its two threads
+and thread 0 alone, and among 1, 2, ... N threads: the rule on a fake clock, and on the threads build that the ids
+do not depend on it (segments of one block on different counts)."""
 
 from __future__ import annotations
 
 import asyncio
 
-from webinfer.cpu.threads import EXPLORE, PROBE, WINDOW, ThreadChooser
+import pytest
+
+from webinfer.cpu.threads import EXPLORE, PROBE, WINDOW, ThreadChooser, candidate_counts
 
 K = 8  # steps a block
 
@@ -66,9 +69,11 @@ def test_follows_a_machine_that_changes():
     assert _main(plans[switch + 2 * PROBE:]) == [1] * (2 * PROBE)
 
 
-def test_choosing_threads_keeps_the_ids(tiny_llama):
-    """The threads build with the choice on (as the page runs two Workers): decode blocks alternate between two
-    threads and one while exploring, and every request's ids are the one-thread engine's."""
+@pytest.mark.parametrize("threads", [2, 3])
+def test_choosing_threads_keeps_the_ids(tiny_llama, threads):
+    """The threads build with the choice on (as the page runs its Workers): decode blocks run segments on every
+    count while exploring (two threads: 2, 1; three: 3, 2, 1, the count changing inside a block), and every
+    request's ids are the one-thread engine's."""
     import webinfer
     from webinfer.factory import EngineOptions
 
@@ -77,7 +82,7 @@ def test_choosing_threads_keeps_the_ids(tiny_llama):
     async def run(threads):
         llm = await webinfer.load(tiny_llama, backend="cpu",
                                   options=EngineOptions(cpu_threads=threads, context_tokens=64, decode_block=4))
-        if threads == 2:
+        if threads > 1:
             llm.engine.runner.choose_threads()
         out = []
         for p in prompts:  # one at a time: blocks of one sequence
@@ -89,9 +94,10 @@ def test_choosing_threads_keeps_the_ids(tiny_llama):
         return out, stats, blocks
 
     want, _, _ = asyncio.run(run(1))
-    got, stats, blocks = asyncio.run(run(2))
+    got, stats, blocks = asyncio.run(run(threads))
     assert got == want
-    assert blocks >= EXPLORE + PROBE and set(stats["exact/1"]) == {"1", "2", "using", "recent"}, (blocks, stats)
+    counts = {str(n) for n in range(1, threads + 1)}
+    assert blocks >= EXPLORE + PROBE and set(stats["exact/1"]) == counts | {"using", "recent"}, (blocks, stats)
 
 
 def test_a_probe_replaces_the_times_taken_while_the_page_started():
@@ -116,3 +122,38 @@ def test_a_count_that_ran_lately_keeps_its_window():
     _run(c, key, lambda n, i: {1: 6e-3, 2: 8e-3}[n] + i * 1e-6, EXPLORE + 1)
     assert len(c._times[(key, 1)]) == EXPLORE + 1 and len(c._times[(key, 2)]) == EXPLORE
     assert WINDOW > EXPLORE
+
+
+def test_candidate_counts():
+    assert candidate_counts(2) == (2, 1) and candidate_counts(3) == (3, 2, 1)
+    assert candidate_counts(4) == (4, 2, 1) and candidate_counts(6) == (6, 4, 2, 1)
+    assert candidate_counts(8) == (8, 4, 2, 1) and candidate_counts(1) == (1,)
+
+
+def test_many_counts_explore_each_then_keep_the_fastest_and_probe_the_others_in_turn():
+    """Four threads on a machine where two are fastest (say, bandwidth taken by two, the barriers of four cost):
+    the exploring blocks give every count an equal share in a rotating order, then two runs the blocks and each
+    other count is probed in turn."""
+    c = ThreadChooser(candidate_counts(4))
+    key = ("fast", 1)
+    cost = {1: 9e-3, 2: 5e-3, 4: 6e-3}
+    plans = _run(c, key, lambda n, i: cost[n], EXPLORE + 6 * PROBE, steps=9)
+    assert plans[:3] == [[(4, 3), (2, 3), (1, 3)], [(2, 3), (1, 3), (4, 3)], [(1, 3), (4, 3), (2, 3)]]
+    after = plans[EXPLORE:]
+    assert _main(after) == [2] * len(after)
+    probed = [p[0][0] for p in after if len(p) == 2]
+    assert len(probed) >= 5 and set(probed) == {1, 4}
+    assert all(a != b for a, b in zip(probed, probed[1:])), probed  # in turn
+    assert c.best(key) == 2 and {k: v for k, v in c.stats()["fast/1"].items() if k != "recent"} == {
+        "1": 9.0, "2": 5.0, "4": 6.0, "using": 2}
+
+
+def test_many_counts_follow_a_machine_that_changes():
+    """Four threads fastest, then other work takes cores and one thread is: a probe of one finds it."""
+    c = ThreadChooser(candidate_counts(4))
+    key = ("exact", 1)
+    switch = EXPLORE + 2 * PROBE
+    plans = _run(c, key, lambda n, i: ({1: 9e-3, 2: 6e-3, 4: 4e-3} if i < switch else {1: 9e-3, 2: 12e-3, 4: 20e-3})[n],
+                 switch + 5 * PROBE)
+    assert _main(plans[switch - 3:switch]) == [4] * 3
+    assert _main(plans[switch + 4 * PROBE:]) == [1] * PROBE, plans[switch:]

@@ -22,8 +22,8 @@ async def load_cpu_runner(package, *, mode: str = "exact", threads: int = 1, num
     """A CpuRunner for `package` (a webinfer.package.Package or a package folder).
 
     Natively the module runs in wasmtime (variant "auto" picks relaxed SIMD when it validates and passes its
-    self-test); in the page pass host=JsHost(...). threads: 1, or 2 (the threads build on a shared memory, each
-    matrix's output columns split between two threads; the same ids); the page's host brings its own."""
+    self-test); in the page pass host=JsHost(...). threads: 1 to 16 (past 1 the threads build on a shared memory,
+    each matrix's output columns split among the threads; the same ids); the page's host brings its own."""
     if isinstance(package, (str, bytes)) or hasattr(package, "__fspath__"):
         from ..package import Package
 

@@ -2,7 +2,8 @@
 choice for `load(manifest, {backend})`, and the step timer the worker reports.
 
     host = await js_host(threads=None)           # relaxed SIMD when valid and its self-test passes, else SIMD128;
-                                                 # two Workers when the page is cross-origin isolated
+                                                 # up to DEFAULT_PAGE_THREADS Workers when the page is cross-origin
+                                                 # isolated
     choice, reason = await choose_backend("auto", get_device)
 
 Auto picks the CPU when there is no WebGPU adapter or when the adapter is a fallback (software) one: there the
@@ -17,10 +18,18 @@ import struct
 import time
 
 from ..errors import GPUError, WebinferError
-from .wasm import PAGE, JsHost, module_bytes
+from .wasm import PAGE, JsHost, module_bytes, spins_for
 
 BACKENDS = ("auto", "webgpu", "cpu")
 
+
+# Workers by default on a cross-origin isolated page: navigator.hardwareConcurrency of them, at most this many. Why
+# a cap: a step's even split waits for its slowest thread (a phone's small cores, a core's SMT sibling, the page's
+# own threads), and decode reads memory that a few threads already take; each decode block then runs on the count
+# of them its timings show fastest (threads.py). Measured on 2 cores only (docs/cpu-backend.md): `threads` asks for
+# more, up to MAX_PAGE_THREADS.
+DEFAULT_PAGE_THREADS = 4
+MAX_PAGE_THREADS = 8
 
 # the threads builds' initial memory (scripts/build-wasm.sh --initial-memory); the shared memory made for them
 # starts there and may grow to the 4 GiB wasm32 ceiling, as the module declares
@@ -28,8 +37,9 @@ THREADS_INITIAL_BYTES = 1 << 20
 
 
 async def js_host(variant: str = "auto", threads: int | None = 1) -> JsHost:
-    """The module in this Worker's WebAssembly. threads: 1, 2, or None = 2 when the page allows it (page_threads);
-    with 2 the threads build on a new shared WebAssembly.Memory (thread 1's Worker starts with the runner)."""
+    """The module in this Worker's WebAssembly. threads: 1..MAX_PAGE_THREADS, or None: what the page allows and its
+    cores (page_threads); past 1 the threads build on a new shared WebAssembly.Memory (the other threads' Workers
+    start with the runner)."""
     from js import Object, WebAssembly  # noqa: PLC0415 (Pyodide only)
     from pyodide.ffi import to_js  # noqa: PLC0415
 
@@ -54,27 +64,39 @@ async def js_host(variant: str = "auto", threads: int | None = 1) -> JsHost:
             continue
         variant = "relaxed SIMD: validated and self-test passed" if v == "relaxed" else "base SIMD128"
         return JsHost(inst, v == "relaxed", f"{why}{variant}; {why_threads}", threads=threads, memory=memory,
-                      module=module)
+                      module=module, spins=spins_for(threads, _cores()))
     raise WebinferError(f"the CPU engine needs WebAssembly SIMD128, which this browser lacks ({why.rstrip('; ')})")
 
 
-def page_threads(requested: int | None) -> tuple[int, str]:
-    """(threads, why) for the engine here: two Workers need a SharedArrayBuffer, i.e. a cross-origin isolated page;
-    requested None (load()'s default) takes 2 there when navigator.hardwareConcurrency >= 2."""
+def _cores() -> int:
     from js import globalThis  # noqa: PLC0415 (Pyodide only)
 
-    if requested not in (None, 1, 2):
-        raise WebinferError(f"threads={requested!r}: expected 1 or 2")
+    return int(getattr(globalThis.navigator, "hardwareConcurrency", 0) or 0)
+
+
+def page_threads(requested: int | None) -> tuple[int, str]:
+    """(threads, why) for the engine here: more than one Worker needs a SharedArrayBuffer, i.e. a cross-origin
+    isolated page; requested None (load()'s default) takes navigator.hardwareConcurrency Workers there, at most
+    DEFAULT_PAGE_THREADS."""
+    from js import globalThis  # noqa: PLC0415 (Pyodide only)
+
+    if requested is not None and (not isinstance(requested, int) or isinstance(requested, bool)
+                                  or not 1 <= requested <= MAX_PAGE_THREADS):
+        raise WebinferError(f"threads={requested!r}: expected 1 to {MAX_PAGE_THREADS}, or null (the page decides)")
     if requested == 1:
         return 1, "one Worker: threads 1 requested"
     if not getattr(globalThis, "crossOriginIsolated", False):
         return 1, ("one Worker: the page is not cross-origin isolated (serve it with Cross-Origin-Opener-Policy: "
                    "same-origin and Cross-Origin-Embedder-Policy: require-corp, as `webinfer serve` does)")
-    cores = int(getattr(globalThis.navigator, "hardwareConcurrency", 0) or 0)
-    if requested is None and cores < 2:
-        return 1, f"one Worker: navigator.hardwareConcurrency is {cores}"
-    return 2, (f"two Workers: the page is cross-origin isolated, navigator.hardwareConcurrency {cores}"
-               + ("" if requested is None else ", threads 2 requested"))
+    cores = _cores()
+    if requested is None:
+        n = min(cores, DEFAULT_PAGE_THREADS)
+        if n < 2:
+            return 1, f"one Worker: navigator.hardwareConcurrency is {cores}"
+        return n, (f"{n} Workers: the page is cross-origin isolated, navigator.hardwareConcurrency {cores}"
+                   + (f" (at most {DEFAULT_PAGE_THREADS} by default)" if cores > n else ""))
+    return requested, (f"{requested} Workers: the page is cross-origin isolated, navigator.hardwareConcurrency "
+                       f"{cores}, threads {requested} requested")
 
 
 def _random_q4a(n: int, k: int) -> dict[str, bytes]:

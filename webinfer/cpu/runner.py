@@ -13,9 +13,10 @@ Everything lives in the module's linear memory, placed once at load by a bump al
     scratch       activations for max_batch_tokens rows (under split_k also the o/down parts' outputs),
                   logits for max_seqs rows, the kernels' work area
     step area     the per-step inputs (token ids, positions, cache slots, sequences, block tables, sampling)
-    team          with two threads (host.threads == 2): kernels.c's Team (barrier words), thread 1's own scratch
-                  (and residual, under split_k) and stack; the host starts thread 1 on it (host.start_worker) and every step runs on both, or
-                  (choose_threads, the page's two Workers) a decode block on thread 0 alone where that is faster
+    team          with N threads (host.threads = N > 1): kernels.c's Team (barrier words), each worker thread's own
+                  scratch (and residual, under split_k) and stack; the host starts workers 1..N-1 on it
+                  (host.start_worker) and every step runs on all N, or (choose_threads: the page, and natively past
+                  two threads) a decode block on the count of them that its timings show fastest
 A step is one write of the step area, one call (`wi_step`) and one read of the sampled ids: no Python buffer per
 kernel, no per-layer round trips.
 
@@ -44,18 +45,18 @@ from ..engine.gpu_model import GPUModel
 from ..kernels.rope import attention_factor, inv_freq
 from ..kernels.sampling import (LOGPROB_BYTES, MAX_LOGIT_BIAS, CountsSlots, SampleRow, pack, pack_chunks,
                                 unpack_logprobs)
-from .wasm import WasmMemoryError, team_words
+from .wasm import _NTH_WORD, WasmMemoryError, bufs_words, team_words
 
 DTYPE_CODES = {"f32": 0, "q4": 1, "q4a": 2, "q8": 3, "q5_0": 4, "q5_1": 5, "q4k": 6, "q5k": 7, "q6k": 8}
 WEIGHT_WORDS, LAYER_WORDS, MODEL_WORDS, STEP_WORDS = 12, 16, 41, 13
-WORKER_STACK = 65536  # thread 1's wasm stack (it runs the GEMVs only: a few hundred bytes deep)
+WORKER_STACK = 65536  # a worker thread's wasm stack (it runs the GEMVs only: a few hundred bytes deep)
 PARAM_BYTES = 64  # sampling.py's RowParams, as kernels.c's SampleParams reads it
 # the Model's FAST_* bits (kernels.c): fast = int8 activations everywhere but the down projection, which takes int16
 # (measured: all-int8 cost +1.7 % perplexity on SmolLM2, the down projection's share the largest)
 MODES = {"exact": 0, "fast": 1 | 2 | 4 | 16 | 32}
 FAST_GATE_UP16 = 64  # GeGLU models (Gemma) in fast mode: gate and up take int16 activations too
 _FAST_WORD = 9  # index of `fast` in the Model struct
-_TEAM_WORD = 30  # index of `team` in the Model struct (0: a step runs on thread 0 alone, thread 1 stays parked)
+_TEAM_WORD = 30  # index of `team` in the Model struct (0: a step runs on thread 0 alone, the workers stay parked)
 
 
 def mode_bits(mode: str, cfg) -> int:
@@ -297,14 +298,17 @@ class CpuRunner:
                    arena.alloc(work, "work")]
         self.logits_off = scratch[8]
         self.threads = getattr(host, "threads", 1)
-        team = 0
-        if self.threads > 1:  # thread 1's scratch and stack, and the team that joins the two
-            work1 = arena.alloc(max(work, 4 * self.max_model_len), "thread 1 work")  # (and its attention scores)
-            xn1 = a(max(T, S) * d, "thread 1 xn")  # (its normed rows: the layers' and the sampled ones')
-            k1, v1 = a(T * kvd, "thread 1 k"), a(T * kvd, "thread 1 v")
-            r1 = a(T * d, "thread 1 r") if self.split_in_parts else 0  # (split_k: its own residual)
-            stack = arena.alloc(WORKER_STACK, "thread 1 stack")
-            team = arena.put(team_words(self.threads, work1, xn1, k1, v1, r1), "team")
+        team, stacks = 0, []
+        if self.threads > 1:  # each worker's scratch and stack, and the team that joins them
+            bufs = b""
+            for tid in range(1, self.threads):
+                bufs += bufs_words(arena.alloc(max(work, 4 * self.max_model_len), f"thread {tid} work"),  # (+ scores)
+                                   a(max(T, S) * d, f"thread {tid} xn"),  # (its normed rows: the layers', the sampled)
+                                   a(T * kvd, f"thread {tid} k"), a(T * kvd, f"thread {tid} v"),
+                                   a(T * d, f"thread {tid} r") if self.split_in_parts else 0)  # (split_k: a residual)
+                stacks.append(arena.alloc(WORKER_STACK, f"thread {tid} stack") + WORKER_STACK)
+            team = arena.put(team_words(self.threads, arena.put(bufs, "thread buffers"), getattr(host, "spins", None)),
+                             "team")
         head = struct.pack("<8If3I", d, f, L, cfg.num_attention_heads, cfg.num_key_value_heads, hd, V, block_size,
                            cfg.rms_norm_eps, mode_bits(mode, cfg), self.max_model_len, self.max_model_len)
         po = a(T * d, "po") if cfg.post_norms else 0
@@ -335,8 +339,8 @@ class CpuRunner:
         def allocate() -> None:
             self.counts_off = arena.alloc(4 * S * V, "penalty counts")
         self.counts_slots = CountsSlots(S, V, allocate, lambda off, data: host.write(self.counts_off + off, data))
-        if team:  # last: every allocation that may fail (load's retry in the package layouts) comes before it
-            started = host.start_worker(team, stack + WORKER_STACK)  # (the page's host: a Worker to wait for)
+        for tid, stack_top in enumerate(stacks, 1):  # last: every allocation that may fail (load's retry in the
+            started = host.start_worker(team, tid, stack_top)  # package layouts) comes before (the page: a Worker)
             if inspect.isawaitable(started):
                 await started
         return self
@@ -395,16 +399,19 @@ class CpuRunner:
         return o_out
 
     def choose_threads(self) -> None:
-        """From now on run each decode block on the thread count that its own timings show faster (threads.py
-        ThreadChooser; the page turns this on for two Workers), and a single decode step on what its blocks
-        chose; prompt chunks keep both threads. The ids are the same either way."""
+        """From now on run each decode block on the thread count that its own timings show fastest (threads.py
+        ThreadChooser over candidate_counts(threads); the page turns this on for its Workers, natively past two
+        threads), and a single decode step on what its blocks chose; prompt chunks keep every thread. The ids are
+        the same either way."""
         if self.team_off:
-            from .threads import ThreadChooser  # noqa: PLC0415
+            from .threads import ThreadChooser, candidate_counts  # noqa: PLC0415
 
-            self.chooser = ThreadChooser()
+            self.chooser = ThreadChooser(candidate_counts(self.threads))
 
     def _use_threads(self, n: int) -> None:
         if self.team_off and n != self.threads_used:
+            if n > 1:  # (between steps: the workers read a step's count from its go word, kernels.c wi_worker)
+                self.host.write(self.team_off + 4 * _NTH_WORD, struct.pack("<I", n))
             self.host.write(self.model_off + 4 * _TEAM_WORD, struct.pack("<I", self.team_off if n > 1 else 0))
             self.threads_used = n
 

@@ -11,15 +11,17 @@ Variant choice ("auto"): the relaxed-SIMD module when the engine validates it an
 the relaxed dot product against plain arithmetic) passes, else the base SIMD128 module. The reason is kept for
 reports (`webinfer bench --backend cpu` prints it).
 
-Threads (threads=2): the threads build of the variant (kernels-threads.wasm / kernels-relaxed-threads.wasm) on a
-shared memory; the runner places the team (kernels.c Team: barrier words, thread 1's scratch and stack) and calls
-`host.start_worker(team, stack_top)`, which parks a second instance of the module, on the same memory, in
-`wi_worker` on a second thread; each `wi_step` then runs on both (docs/cpu-backend.md "Threads").
+Threads (threads=N, 2..MAX_THREADS): the threads build of the variant (kernels-threads.wasm /
+kernels-relaxed-threads.wasm) on a shared memory; the runner places the team (kernels.c Team: barrier words, each
+worker's buffers and stack) and calls `host.start_worker(team, tid, stack_top)` for tid 1..N-1, each parking
+another instance of the module, on the same memory, in `wi_worker` on its own thread; each `wi_step` then runs on
+the team's nth of them (docs/cpu-backend.md "Threads").
 """
 
 from __future__ import annotations
 
 import ctypes
+import os
 import struct
 import threading
 import weakref
@@ -31,8 +33,11 @@ PAGE = 65536
 MAX_BYTES = 1 << 32  # the wasm32 address space
 MODULES = {"base": "kernels.wasm", "relaxed": "kernels-relaxed.wasm"}
 THREAD_MODULES = {"base": "kernels-threads.wasm", "relaxed": "kernels-relaxed-threads.wasm"}
-TEAM_WORDS = 13  # kernels.c Team: nth, spins, go, quit, arrived, gen, m, s, work1, xn1, k1, v1, r1
+TEAM_WORDS = 10  # kernels.c Team: nth, spins, go, quit, arrived, gen, m, s, max, bufs
+BUFS_WORDS = 5   # kernels.c Bufs (a worker's buffers): work, xn, k, v, r
+MAX_THREADS = 16  # kernels.c MAX_THREADS
 _QUIT_WORD = 3
+_NTH_WORD = 0
 # polls of a barrier word before blocking on it (memory.atomic.wait32): enough (~0.3-1 ms) that a thread sleeps
 # only through the host's time between blocks, not between a step's barriers (~30-40 us apart in the page, where
 # blocking there cost two Workers most of their gain). Measured against 20000 in the page (Chromium, 2 vCPUs,
@@ -65,16 +70,33 @@ def module_bytes(variant: str, threads: bool = False) -> bytes:
     return resources.files("webinfer.cpu").joinpath((THREAD_MODULES if threads else MODULES)[variant]).read_bytes()
 
 
-def team_words(nth: int, work1: int, xn1: int, k1: int, v1: int, r1: int, spins: int | None = None) -> bytes:
-    """A fresh kernels.c Team for `nth` threads, thread 1's scratch at `work1`, its normed activations at `xn1`, its
-    k and v rows at `k1`, `v1` and its residual at `r1` (spins: default SPINS)."""
-    return struct.pack(f"<{TEAM_WORDS}I", nth, SPINS if spins is None else spins, 0, 0, 0, 0, 0, 0, work1, xn1,
-                       k1, v1, r1)
+def team_words(nth: int, bufs: int, spins: int | None = None) -> bytes:
+    """A fresh kernels.c Team of `nth` threads (thread 0 and nth - 1 workers, every step on all of them until the
+    host writes a smaller nth), the workers' Bufs at `bufs` (bufs_words) (spins: default SPINS)."""
+    return struct.pack(f"<{TEAM_WORDS}I", nth, SPINS if spins is None else spins, 0, 0, 0, 0, 0, 0, nth, bufs)
+
+
+def bufs_words(work: int, xn: int, k: int, v: int, r: int) -> bytes:
+    """One worker's kernels.c Bufs: its scratch (and attention scores), normed rows, k and v rows, residual."""
+    return struct.pack(f"<{BUFS_WORDS}I", work, xn, k, v, r)
+
+
+def check_threads(threads) -> int:
+    if not isinstance(threads, int) or isinstance(threads, bool) or not 1 <= threads <= MAX_THREADS:
+        raise ValueError(f"threads={threads!r}: expected 1 to {MAX_THREADS}")
+    return threads
+
+
+def spins_for(threads: int, cores: int) -> int:
+    """Barrier polls for `threads` threads on `cores` cores: SPINS, or 0 (block at once) when the threads outnumber
+    the cores: a thread polling for a partner that waits for its core only delays it."""
+    return SPINS if threads <= max(cores, 1) else 0
 
 
 class WasmtimeHost:
-    """The module in wasmtime (native CPython); threads=2: the threads build, thread 1 a second Python thread with
-    its own Store and Instance on the same wasmtime.SharedMemory (wasm calls release the GIL: ctypes)."""
+    """The module in wasmtime (native CPython); threads > 1: the threads build, each worker thread (1..threads-1) a
+    Python thread with its own Store and Instance on the same wasmtime.SharedMemory (wasm calls release the GIL:
+    ctypes)."""
 
     def __init__(self, variant: str = "auto", threads: int = 1, module: bytes | None = None):
         """module: a build's bytes instead of the packaged one (A/B benches: webinfer_packager.bench.cpu_ab); its
@@ -83,11 +105,11 @@ class WasmtimeHost:
 
         if variant not in ("auto", "base", "relaxed"):
             raise ValueError(f"wasm variant {variant!r}: expected 'auto', 'base' or 'relaxed'")
-        if threads not in (1, 2):
-            raise ValueError(f"threads={threads}: expected 1 or 2")
+        check_threads(threads)
         if module is not None and variant == "auto":
             raise ValueError("wasm: a module's bytes need its variant, 'base' or 'relaxed'")
-        self.threads, self.reason, self.team, self._worker = threads, "", 0, None
+        self.threads, self.reason, self.team, self._workers = threads, "", 0, []
+        self.spins = spins_for(threads, os.cpu_count() or 1)
         self._module_bytes = module
         self._closer = None
         if variant in ("auto", "relaxed"):
@@ -145,12 +167,14 @@ class WasmtimeHost:
             f = self._funcs[name] = self._ex[name]
         out = f(self.store, *_i32(args))
         if self.team and name in ("wi_step", "wi_steps") and self.read(self.team + 4 * _QUIT_WORD, 4) != bytes(4):
-            err = self._worker.error if self._worker else None
-            raise WebinferError(f"wasm: the step was abandoned: thread 1 {'failed: ' + err if err else 'has quit'}")
+            failed = [w for w in self._workers if w.error]
+            why = f"thread {failed[0].tid} failed: {failed[0].error}" if failed else "a thread has quit"
+            raise WebinferError(f"wasm: the step was abandoned: {why}")
         return out
 
-    def start_worker(self, team: int, stack_top: int) -> None:
-        """Start thread 1 on the Team at `team` (written by the runner; team_words), its stack below stack_top."""
+    def start_worker(self, team: int, tid: int, stack_top: int) -> None:
+        """Start worker `tid` on the Team at `team` (written by the runner; team_words), its stack below
+        stack_top."""
         import wasmtime
 
         store = wasmtime.Store(self.engine)
@@ -158,13 +182,17 @@ class WasmtimeHost:
         ex = inst.exports(store)
         ex["__stack_pointer"].set_value(store, wasmtime.Val.i32(_i32([stack_top])[0]))
         self.team = team
-        self._worker = _Worker(store, ex["wi_worker"], ex["wi_team_quit"], team)
-        self._worker.thread.start()
-        # on close, at garbage collection or at exit: thread 0's instance tells the team to quit, thread 1 is joined
-        self._closer = weakref.finalize(self, _stop_team, self.store, self._ex["wi_team_quit"], team, self._worker)
+        worker = _Worker(store, ex["wi_worker"], ex["wi_team_quit"], team, tid)
+        self._workers.append(worker)
+        worker.thread.start()
+        # on close, at garbage collection or at exit: thread 0's instance tells the team to quit, the workers are
+        # joined (one finalizer for all: it reads the list as it is then)
+        if self._closer is None:
+            self._closer = weakref.finalize(self, _stop_team, self.store, self._ex["wi_team_quit"], team,
+                                            self._workers)
 
     def close(self) -> None:
-        """Stop thread 1 (no-op with one thread); the host takes no more steps."""
+        """Stop the worker threads (no-op with one thread); the host takes no more steps."""
         if self._closer is not None:
             self._closer()
 
@@ -225,54 +253,59 @@ def _i32(args):
 
 
 class _Worker:
-    """Thread 1: its own Store and Instance, parked in wi_worker until the team quits. If it traps, it makes the
-    team quit (thread 0's step returns at its next barrier and the host raises with this error)."""
+    """Worker thread `tid`: its own Store and Instance, parked in wi_worker until the team quits. If it traps, it
+    makes the team quit (thread 0's step returns at its next barrier and the host raises with this error)."""
 
-    def __init__(self, store, run, quit_, team: int):
-        self.store, self.run, self.quit, self.team, self.error = store, run, quit_, team, None
-        self.thread = threading.Thread(target=self._main, name="webinfer-wasm-thread-1", daemon=True)
+    def __init__(self, store, run, quit_, team: int, tid: int):
+        self.store, self.run, self.quit, self.team, self.tid, self.error = store, run, quit_, team, tid, None
+        self.thread = threading.Thread(target=self._main, name=f"webinfer-wasm-thread-{tid}", daemon=True)
 
     def _main(self) -> None:
         try:
-            self.run(self.store, *_i32([self.team]))
+            self.run(self.store, *_i32([self.team, self.tid]))
         except Exception as e:  # noqa: BLE001 (reported by thread 0's host call)
             self.error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             self.quit(self.store, *_i32([self.team]))
 
 
-def _stop_team(store, quit_, team: int, worker: _Worker) -> None:
+def _stop_team(store, quit_, team: int, workers: list[_Worker]) -> None:
     quit_(store, *_i32([team]))
-    worker.thread.join(timeout=10)
+    for w in workers:
+        w.thread.join(timeout=10)
 
 
 class JsHost:
     """The module in the page: Pyodide calls the exports of a JS WebAssembly.Instance through its FFI.
 
     `instance` is the JS instance the worker created from the same .wasm (webinfer/cpu/browser.py js_host picks
-    the variant with the same self-test); `relaxed` says which one it is. threads=2: the instance is the threads
-    build on the shared `memory`, `module` its compiled WebAssembly.Module, which start_worker hands to a second
-    Worker (web/wasm-thread.js) as thread 1.
+    the variant with the same self-test); `relaxed` says which one it is. threads > 1: the instance is the threads
+    build on the shared `memory`, `module` its compiled WebAssembly.Module, which start_worker hands to another
+    Worker (web/wasm-thread.js) for each worker thread; spins: the team's barrier polls (spins_for).
     """
 
-    def __init__(self, instance, relaxed: bool, reason: str = "", *, threads: int = 1, memory=None, module=None):
+    def __init__(self, instance, relaxed: bool, reason: str = "", *, threads: int = 1, memory=None, module=None,
+                 spins: int | None = None):
         self.instance, self.relaxed, self.reason = instance, relaxed, reason
         self.variant = "relaxed" if relaxed else "base"
         self.exports = instance.exports
-        self.threads, self.module, self.team, self.worker, self.worker_error = threads, module, 0, None, None
+        self.threads, self.module, self.team = check_threads(threads), module, 0
+        self.spins = SPINS if spins is None else spins
+        self.workers: list = []                 # the workers' JS Worker objects, thread 1 first
+        self.worker_error: str | None = None    # "thread N: what failed" (the first failure)
         self.memory = memory if memory is not None else self.exports.memory
         self.heap_base = int(getattr(self.exports, "__heap_base").value)  # (not .__heap_base: name mangling)
-        self._listener = None
+        self._listeners: list = []
         self._have: int | None = None  # the memory's size as last read or grown (only this host grows it)
 
     def call(self, name: str, *args):
         out = getattr(self.exports, name)(*args)
         if self.team and name in ("wi_step", "wi_steps") and self.read(self.team + 4 * _QUIT_WORD, 4) != bytes(4):
-            raise WebinferError(f"wasm: the step was abandoned: thread 1 "
-                                f"{'failed: ' + self.worker_error if self.worker_error else 'has quit'}")
+            raise WebinferError(f"wasm: the step was abandoned: "
+                                f"{self.worker_error if self.worker_error else 'a thread has quit'}")
         return out
 
-    async def start_worker(self, team: int, stack_top: int) -> None:
-        """Start thread 1: a Worker (web/wasm-thread.js, beside worker.js) instantiates the module on the shared
+    async def start_worker(self, team: int, tid: int, stack_top: int) -> None:
+        """Start worker `tid`: a Worker (web/wasm-thread.js, beside worker.js) instantiates the module on the shared
         memory and parks in wi_worker; returns once it runs (raises if it could not start)."""
         import asyncio  # noqa: PLC0415
 
@@ -288,29 +321,33 @@ class JsHost:
             if what == "started" and not started.done():
                 started.set_result(None)
             elif what == "error":
-                self.worker_error = str(getattr(data, "message", None) or getattr(ev, "message", "") or
-                                        "the thread's script failed to load")
+                error = str(getattr(data, "message", None) or getattr(ev, "message", "") or
+                            "the thread's script failed to load")
+                self.worker_error = self.worker_error or f"thread {tid} failed: {error}"
                 if not started.done():
-                    started.set_exception(WebinferError(f"wasm thread 1 did not start: {self.worker_error}"))
+                    started.set_exception(WebinferError(f"wasm thread {tid} did not start: {error}"))
 
-        self._listener = create_proxy(on_event)
+        listener = create_proxy(on_event)
+        self._listeners.append(listener)
         url = URL.new("./wasm-thread.js", globalThis.location.href).href
-        self.worker = Worker.new(url, to_js({"type": "module", "name": "webinfer-wasm-thread-1"},
-                                            dict_converter=Object.fromEntries))
-        self.worker.addEventListener("message", self._listener)
-        self.worker.addEventListener("error", self._listener)
-        self.worker.postMessage(to_js({"module": self.module, "memory": self.memory, "team": team,
-                                       "stackTop": stack_top}, dict_converter=Object.fromEntries))
+        worker = Worker.new(url, to_js({"type": "module", "name": f"webinfer-wasm-thread-{tid}"},
+                                       dict_converter=Object.fromEntries))
+        self.workers.append(worker)
+        worker.addEventListener("message", listener)
+        worker.addEventListener("error", listener)
+        worker.postMessage(to_js({"module": self.module, "memory": self.memory, "team": team, "tid": tid,
+                                  "stackTop": stack_top}, dict_converter=Object.fromEntries))
         await started
         self.team = team
 
     def close(self) -> None:
-        """Stop thread 1 (no-op with one thread): the team quits, its Worker ends."""
-        if self.worker is not None:
+        """Stop the worker threads (no-op with one thread): the team quits, their Workers end."""
+        if self.workers:
             if self.team:
                 self.exports.wi_team_quit(self.team)
-            self.worker.terminate()
-            self.worker = None
+            for w in self.workers:
+                w.terminate()
+            self.workers = []
 
     def _view(self, offset: int, n: int):
         from js import Uint8Array  # noqa: PLC0415 (Pyodide only)

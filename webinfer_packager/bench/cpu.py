@@ -22,7 +22,8 @@ In one process run, so the ratios hold on a busy machine:
                  wall clock (what two threads change) with the load average around it, each beside the read
                  bandwidth of that many threads reading at once (two cores share one memory bus), the two-thread step
                  with blocking barriers only (spins 0) against the default polling; each thread's CPU ms per
-                 fast step with blocking barriers (its share of the work, what survives a loaded machine)
+                 fast step with blocking barriers (its share of the work, what survives a loaded machine);
+                 more_threads: on a machine of 4+ cores the same decode on 4, 8, 16 threads (up to the cores)
     ppl          (--ppl-text) perplexity of exact and fast mode on the same windows, and the relative change
 Native wasmtime figures; the page runs the same module in the browser's engine.
 """
@@ -190,8 +191,8 @@ def thread_step_ms(runner, n_steps: int) -> dict:
     two idle cores; its ratio to one thread's, what the second thread can give."""
     from webinfer.engine.batch import SeqChunk, StepBatch
 
-    worker = getattr(runner.host, "_worker", None)
-    tid1 = worker.thread.native_id if worker else None
+    workers = getattr(runner.host, "_workers", None)
+    tid1 = workers[0].thread.native_id if workers else None
     toks = [(7 * i + 11) % runner.vocab_size for i in range(8)]
     table = list(range(1, -(-(len(toks) + n_steps + 1) // runner.block_size) + 1))
     pos = 0
@@ -253,7 +254,34 @@ def threads_compare(runner, n_tokens: int, variant: str) -> dict:
                                                else None}
     finally:
         two.close()
+    out["more_threads"] = more_threads(runner, n_tokens, variant)
     out["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+    return out
+
+
+def more_threads(runner, n_tokens: int, variant: str, cores: int | None = None) -> dict:
+    """Decode (both modes) and the first token of a 40-token prompt on each power of two from 4 up to the cores (at
+    most 16), every step on all of them (no choice), beside the read bandwidth of that many threads reading at
+    once; {"skipped": why} on a machine with fewer than 4 cores (more threads than cores measure the scheduler)."""
+    from webinfer.cpu import load_cpu_runner
+
+    cores = cores or os.cpu_count() or 1
+    counts = [n for n in (4, 8, 16) if n <= cores]
+    if not counts:
+        return {"skipped": f"{cores} cores: more than two threads are measured on 4 or more"}
+    out = {}
+    for n in counts:
+        many = asyncio.run(load_cpu_runner(runner.package, mode="exact", threads=n, num_blocks=runner.num_blocks,
+                                           max_model_len=runner.max_model_len, max_seqs=runner.max_seqs,
+                                           variant=variant))
+        try:
+            row = {"read_bw_gb_s": round(read_bandwidth_together(variant, n), 2)}
+            for mode in ("exact", "fast"):
+                many.set_mode(mode)
+                row[mode] = decode_speed(many, n_tokens)
+            out[str(n)] = row
+        finally:
+            many.close()
     return out
 
 
@@ -422,6 +450,10 @@ def cli_main(args) -> int:
     print(f"two threads, fast, by barrier polls before blocking: {t['fast_2_threads_tok_s_by_barrier_spins']} tok/s")
     print(f"thread 0's CPU ms per fast decode step: {t['fast_thread0_cpu_ms_per_step']}")
     print(f"thread 1's CPU ms per fast decode step: {t['fast_thread1_cpu_ms_per_step']}")
+    for n, row in t["more_threads"].items():
+        print(f"{n} threads: " + (row if n == "skipped" else
+              f"exact {row['exact']['decode_tok_s']} tok/s, fast {row['fast']['decode_tok_s']} tok/s, first token "
+              f"(exact) {row['exact']['first_token_s']} s; {n} threads read {row['read_bw_gb_s']} GB/s at once"))
     for mode, v in res["prefill"].items():
         print(f"prefill {mode:5s}: " + ", ".join(f"{n} tokens {p['first_token_cpu_s']} CPU-s to the first token "
                                                  f"({p['prefill_tok_per_cpu_s']} tok per CPU-second)"

@@ -97,14 +97,16 @@ def engine_options(args, **kw) -> EngineOptions:
 
 
 def cpu_threads(choice: str) -> int:
-    """--cpu-threads: "1", "2", or "auto" = 2 on a machine with 2 or more cores. Thread 0 is the host's own thread
-    (the engine loop calls wi_step), so two wasm threads need two cores: on an idle 2-core machine they decode
-    1.8x as fast as one (docs/cpu-backend.md, Measured); on cores busy with other jobs a thread waiting at a
-    barrier for a descheduled partner makes them slower than one (measured 0.8x at load 4-6): pass 1 there."""
+    """--cpu-threads: "1".."16", or "auto" = the machine's cores, at most 4. Thread 0 is the host's own thread (the
+    engine loop calls wi_step), so N wasm threads need N cores: on an idle 2-core machine two decode 1.6-1.8x as
+    fast as one (docs/cpu-backend.md, Measured); on cores busy with other jobs a thread waiting at a barrier for a
+    descheduled partner makes them slower than one (measured 0.8x at load 4-6): pass 1 there. Past two threads
+    each decode block runs on the count its timings show fastest (the runner's ThreadChooser); four is auto's cap
+    because decode reads memory that a few threads already take, and more than two is unmeasured here."""
     import os
 
     if choice == "auto":
-        return 2 if (os.cpu_count() or 1) >= 2 else 1
+        return max(1, min(os.cpu_count() or 1, 4))
     return int(choice)
 
 

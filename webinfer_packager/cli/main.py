@@ -38,9 +38,11 @@ def _add_backend(p: argparse.ArgumentParser, default: str) -> None:
                         f"default {default})")
     p.add_argument("--cpu-mode", choices=["exact", "fast"], default="exact",
                    help="--backend cpu: f32 activations (exact) or int8 activations (fast)")
-    p.add_argument("--cpu-threads", choices=["auto", "1", "2"], default="auto",
-                   help="--backend cpu: wasm threads (each matrix split between them; the same output). auto: 2 "
-                        "when the machine has 2 or more cores (pass 1 when other jobs keep the cores busy)")
+    p.add_argument("--cpu-threads", choices=["auto"] + [str(n) for n in range(1, 17)], default="auto",
+                   metavar="auto|1..16",
+                   help="--backend cpu: wasm threads (each matrix split among them; the same output; past 2 each "
+                        "decode block runs on the count its timings show fastest). auto: the machine's cores, at "
+                        "most 4 (pass 1 when other jobs keep the cores busy)")
     p.add_argument("--speculative", default=None, metavar="prompt-lookup|DRAFT_PACKAGE",
                    help="speculative decoding: verify proposed tokens, from prompt lookup (fewer steps when the text "
                         "repeats its context) or from a smaller draft package with the same tokenizer (native "
