@@ -9,9 +9,9 @@ browser profile (so the second and later visits read the model from the cache):
   warm-wait       webinfer.prepare() at page open (runtime + pipelines ahead), Load WAIT seconds later (a user
                   reading the page): Load -> ready
   cpu-warm        the CPU engine (wasm SIMD, `backend: "cpu"`; two Workers: the bench serves the site cross-origin
-                  isolated), second visit, Load at once; cpu-warm-1: the same on one Worker (`threads: 1`)
+                  isolated), second visit, Load at once; cpu-warm-N: the same on N Workers (`threads: N`; cpu-warm-1: one)
   cpu-wait        the CPU engine, prepare() at page open and Load WAIT seconds later
-  cpu-fast, cpu-fast-1  cpu-warm and cpu-warm-1 in the CPU engine's fast mode (`cpuMode: "fast"`)
+  cpu-fast, cpu-fast-N  cpu-warm and cpu-warm-N in the CPU engine's fast mode (`cpuMode: "fast"`)
   auto-cold, auto-warm  the chat page's default engine (`backend: "auto"`: the CPU on SwiftShader, a fallback
                   adapter), first visit (list it first: the profile is fresh) and second visit, Load at once
   pipelines       each recorded pipeline compiled alone (createComputePipelineAsync, awaited one by one) on a
@@ -49,6 +49,7 @@ Run: XDG_RUNTIME_DIR=/tmp/xdg python -m tests.browser.bench_browser SITE_DIR [ma
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -139,13 +140,12 @@ DISPATCH = """async () => {
 }"""
 
 PHASES = {"cold": ("async", 0), "warm": ("off", 0), "warm-load": ("async", 0), "warm-sync": ("sync", 0),
-          "warm-wait": ("async", None), "cpu-warm": ("off", 0), "cpu-warm-1": ("off", 0), "cpu-wait": ("off", None),
-          "cpu-fast": ("off", 0), "cpu-fast-1": ("off", 0), "auto-cold": ("async", 0), "auto-warm": ("async", 0)}
+          "warm-wait": ("async", None), "cpu-warm": ("off", 0), "cpu-wait": ("off", None),
+          "cpu-fast": ("off", 0), "auto-cold": ("async", 0), "auto-warm": ("async", 0)}
 GPU = {"backend": "webgpu"}  # (load()'s default is "auto": the CPU engine on SwiftShader)
 EXTRA = {"cold": GPU, "warm": GPU, "warm-load": GPU, "warm-sync": GPU, "warm-wait": GPU,
-         "cpu-warm": {"backend": "cpu"}, "cpu-warm-1": {"backend": "cpu", "threads": 1},
-         "cpu-wait": {"backend": "cpu"}, "cpu-fast": {"backend": "cpu", "cpuMode": "fast"},
-         "cpu-fast-1": {"backend": "cpu", "cpuMode": "fast", "threads": 1}, "auto-cold": {"backend": "auto"},
+         "cpu-warm": {"backend": "cpu"}, "cpu-wait": {"backend": "cpu"},
+         "cpu-fast": {"backend": "cpu", "cpuMode": "fast"}, "auto-cold": {"backend": "auto"},
          "auto-warm": {"backend": "auto"}}
 
 
@@ -164,6 +164,8 @@ def main(site: Path, n: int, phases: list[str], wait_s: float) -> None:
             else:
                 name, _, pause = phase.partition("+")  # PHASE+S: the first chat S seconds after ready
                 name, k1 = (name[:-3], {"decodeBlock": 1}) if name.endswith("-k1") else (name, {})
+                if workers := re.fullmatch(r"(cpu-warm|cpu-fast)-(\d+)", name):  # cpu-warm-N: N Workers
+                    name, k1 = workers[1], {**k1, "threads": int(workers[2])}
                 mode, wait = PHASES[name]
                 r = page.evaluate(RUN, [m, n, mode, wait_s if wait is None else wait, [PROMPT, PROMPT2],
                                         {**EXTRA.get(name, {}), **k1, "chatPauseMs": float(pause or 0) * 1e3}])

@@ -324,3 +324,25 @@ def test_a_model_too_big_packed_loads_in_its_package_layouts(tiny_qwen, monkeypa
     monkeypatch.setattr(Arena, "LIMIT", small.arena.top - 1)
     with pytest.raises(WasmMemoryError, match="does not fit"):
         asyncio.run(load_cpu_runner(tiny_qwen, **kw))
+
+
+def test_barrier_polls_follow_the_step_thread_count(tiny_llama):
+    """Threads that outnumber the cores block at barriers at once (a poller only delays the partner waiting for its
+    core); a step on fewer of them polls again: the Team's spins follow each count the runner switches to."""
+    import struct
+
+    from webinfer.cpu.wasm import SPINS
+
+    runner = _runner(tiny_llama, threads=4)
+    runner.host.cores = 2  # as on a 2-core machine, whatever this one has
+
+    def team():  # kernels.c Team: nth, spins
+        return struct.unpack("<2I", runner.host.read(runner.host.team, 8))
+
+    try:
+        for n, want in ((2, (2, SPINS)), (4, (4, 0)), (1, (4, 0)), (3, (3, 0)), (2, (2, SPINS))):
+            runner._use_threads(n)
+            assert team() == want and runner.threads_used == n, (n, team())
+            asyncio.run(runner.execute(StepBatch([SeqChunk(0, [5, 17, 200], 0, [1], True)])))  # (a step runs)
+    finally:
+        runner.close()

@@ -18,7 +18,7 @@ import struct
 import time
 
 from ..errors import GPUError, WebinferError
-from .wasm import PAGE, JsHost, module_bytes, spins_for
+from .wasm import PAGE, JsHost, module_bytes
 
 BACKENDS = ("auto", "webgpu", "cpu")
 
@@ -64,7 +64,7 @@ async def js_host(variant: str = "auto", threads: int | None = 1) -> JsHost:
             continue
         variant = "relaxed SIMD: validated and self-test passed" if v == "relaxed" else "base SIMD128"
         return JsHost(inst, v == "relaxed", f"{why}{variant}; {why_threads}", threads=threads, memory=memory,
-                      module=module, spins=spins_for(threads, _cores()))
+                      module=module, cores=_cores() or None)
     raise WebinferError(f"the CPU engine needs WebAssembly SIMD128, which this browser lacks ({why.rstrip('; ')})")
 
 

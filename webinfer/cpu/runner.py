@@ -45,7 +45,7 @@ from ..engine.gpu_model import GPUModel
 from ..kernels.rope import attention_factor, inv_freq
 from ..kernels.sampling import (LOGPROB_BYTES, MAX_LOGIT_BIAS, CountsSlots, SampleRow, pack, pack_chunks,
                                 unpack_logprobs)
-from .wasm import _NTH_WORD, WasmMemoryError, bufs_words, team_words
+from .wasm import _NTH_WORD, WasmMemoryError, bufs_words, spins_for, team_words
 
 DTYPE_CODES = {"f32": 0, "q4": 1, "q4a": 2, "q8": 3, "q5_0": 4, "q5_1": 5, "q4k": 6, "q5k": 7, "q6k": 8}
 WEIGHT_WORDS, LAYER_WORDS, MODEL_WORDS, STEP_WORDS = 12, 16, 41, 13
@@ -307,8 +307,8 @@ class CpuRunner:
                                    a(T * kvd, f"thread {tid} k"), a(T * kvd, f"thread {tid} v"),
                                    a(T * d, f"thread {tid} r") if self.split_in_parts else 0)  # (split_k: a residual)
                 stacks.append(arena.alloc(WORKER_STACK, f"thread {tid} stack") + WORKER_STACK)
-            team = arena.put(team_words(self.threads, arena.put(bufs, "thread buffers"), getattr(host, "spins", None)),
-                             "team")
+            team = arena.put(team_words(self.threads, arena.put(bufs, "thread buffers"),
+                                        spins_for(self.threads, getattr(host, "cores", None))), "team")
         head = struct.pack("<8If3I", d, f, L, cfg.num_attention_heads, cfg.num_key_value_heads, hd, V, block_size,
                            cfg.rms_norm_eps, mode_bits(mode, cfg), self.max_model_len, self.max_model_len)
         po = a(T * d, "po") if cfg.post_norms else 0
@@ -411,7 +411,8 @@ class CpuRunner:
     def _use_threads(self, n: int) -> None:
         if self.team_off and n != self.threads_used:
             if n > 1:  # (between steps: the workers read a step's count from its go word, kernels.c wi_worker)
-                self.host.write(self.team_off + 4 * _NTH_WORD, struct.pack("<I", n))
+                self.host.write(self.team_off + 4 * _NTH_WORD,  # nth and spins, the Team's first two words
+                                struct.pack("<2I", n, spins_for(n, getattr(self.host, "cores", None))))
             self.host.write(self.model_off + 4 * _TEAM_WORD, struct.pack("<I", self.team_off if n > 1 else 0))
             self.threads_used = n
 
