@@ -74,6 +74,9 @@ async def load_cpu_runner(package: Package, opts: EngineOptions, host=None):
     """The WebAssembly SIMD engine (webinfer/cpu): wasmtime natively, JS WebAssembly in the page (host)."""
     from webinfer.cpu import load_cpu_runner as load_wasm
 
+    if opts.kv_f16:  # (it was ignored: a caller asking for half the cache memory got the f32 cache silently)
+        raise WebinferError("kv_f16=True: the CPU engine keeps its KV cache in f32 (an f16 cache is a GPU option, "
+                            "with shader-f16); load without kv_f16, or on a GPU backend")
     runner = await load_wasm(package, mode=opts.cpu_mode,
                              num_blocks=kv_blocks(opts.context_tokens, opts.block_size), block_size=opts.block_size,
                              max_model_len=opts.model_len(package.config), max_batch_tokens=opts.max_batch_tokens,

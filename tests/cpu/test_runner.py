@@ -346,3 +346,14 @@ def test_barrier_polls_follow_the_step_thread_count(tiny_llama):
             asyncio.run(runner.execute(StepBatch([SeqChunk(0, [5, 17, 200], 0, [1], True)])))  # (a step runs)
     finally:
         runner.close()
+
+
+def test_kv_f16_is_refused_not_ignored(tiny_llama):
+    """The CPU engine has no f16 KV cache: asking for one is an error naming the option (it used to load the f32
+    cache silently, twice the memory the caller planned for)."""
+    import webinfer
+    from webinfer.errors import WebinferError
+    from webinfer.factory import EngineOptions
+
+    with pytest.raises(WebinferError, match="kv_f16=True: the CPU engine keeps its KV cache in f32"):
+        asyncio.run(webinfer.load(tiny_llama, backend="cpu", options=EngineOptions(kv_f16=True, context_tokens=64)))

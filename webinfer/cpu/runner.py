@@ -34,6 +34,7 @@ Pure Python (runs in Pyodide): struct and array only.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import math
 import struct
@@ -340,10 +341,11 @@ class CpuRunner:
         def allocate() -> None:
             self.counts_off = arena.alloc(4 * S * V, "penalty counts")
         self.counts_slots = CountsSlots(S, V, allocate, lambda off, data: host.write(self.counts_off + off, data))
-        for tid, stack_top in enumerate(stacks, 1):  # last: every allocation that may fail (load's retry in the
-            started = host.start_worker(team, tid, stack_top)  # package layouts) comes before (the page: a Worker)
-            if inspect.isawaitable(started):
-                await started
+        # last: every allocation that may fail (load's retry in the package layouts) comes before; the page's host
+        # returns awaitables (a Worker each to load and start): they start together
+        started = [host.start_worker(team, tid, stack_top) for tid, stack_top in enumerate(stacks, 1)]
+        if pending := [s for s in started if inspect.isawaitable(s)]:
+            await asyncio.gather(*pending)
         return self
 
     def _split_k(self, pack: bool, packable) -> tuple[int, int]:
