@@ -18,7 +18,8 @@ order): two files, since the device tool brings back at most 8.
     bench    `webinfer bench` on it (kernels, step, host overhead, prefill, decode, blocks, serving, speculative)
              with HF transformers on the same GPU (bf16, model.generate) as the peer
     tests    the GPU tests that need no real model, browser or oracle, on this adapter (CI=true: fail, not skip)
-    cpu      `webinfer bench --backend cpu --quick` (the wasm engine on this machine's CPU, wasmtime)
+    cpu      `webinfer bench --backend cpu --quick` (the wasm engine on this machine's CPU, wasmtime; with 4+ cores also
+             4, 8, 16 threads: threads.more_threads)
 
 Locally (lavapipe) `--allow-software --quick` runs the same stages as a dry run.
 """
@@ -114,7 +115,7 @@ def stage_cpu(work: Path, args) -> dict:
 
 
 STAGES = {"env": (stage_env, 60), "model": (stage_model, 120), "bench": (stage_bench, 300),
-          "tests": (stage_tests, 240), "cpu": (stage_cpu, 120)}
+          "tests": (stage_tests, 240), "cpu": (stage_cpu, 180)}
 
 
 def main() -> int:
