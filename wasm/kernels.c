@@ -1352,17 +1352,27 @@ INLINE void attend_scores4(const float *q, const float *k0, const float *k1, con
     wasm_v128_store(out, mul != 0.0f ? wasm_f32x4_mul(s, wasm_f32x4_splat(mul)) : wasm_f32x4_div(s, wasm_f32x4_splat(scale)));
 }
 
-// p[0..3] = expf_(p[i] - mx), 4 at a time with expf_'s arithmetic where every lane takes its normal-result path
-// (-87 <= x <= 0: 2^n is a normal f32), else expf_ itself per lane
+// Attention's softmax weights: exp(x - mx), and 0 where x - mx < -64 ln 2 (a weight below 2^-64 of the maximum's).
+// Why: x86 runs an arithmetic op with a subnormal operand or result ~100x slower, and wasm gives no flush-to-zero
+// mode; a long context's scores spread far below the maximum, where exp and then p / sum and p x v go subnormal
+// (SmolLM2, 1000-token context: attention 3-5x its time on normal numbers). What is dropped: each term p_j v_j
+// with p_j < 2^-64 (the maximum's p >= 1 / n), far below half an ulp of any output element above ~1e-12.
+#define EXP_FLOOR (-44.3614196f)  // -64 ln 2
+INLINE float softmax_exp(float x) { return x < EXP_FLOOR ? 0.0f : expf_(x); }
+
+// p[0..3] = softmax_exp(p[i] - mx), 4 at a time, bit for bit: expf_'s arithmetic in every lane (x in [EXP_FLOOR,
+// 0]: 2^n is a normal f32), zero below; a lane above 0 or NaN (never in a softmax, where mx is the maximum) takes
+// expf_ itself.
 INLINE void expf4(float *p, float mx) {
     v128_t x = wasm_f32x4_sub(wasm_v128_load(p), wasm_f32x4_splat(mx));
-    v128_t ok = wasm_v128_and(wasm_f32x4_ge(x, wasm_f32x4_splat(-87.0f)), wasm_f32x4_le(x, wasm_f32x4_splat(0.0f)));
-    if (!wasm_i32x4_all_true(ok)) {
+    if (!wasm_i32x4_all_true(wasm_f32x4_le(x, wasm_f32x4_splat(0.0f)))) {
         float xs[4] __attribute__((aligned(16)));
         wasm_v128_store(xs, x);
-        for (u32 i = 0; i < 4; i++) p[i] = expf_(xs[i]);
+        for (u32 i = 0; i < 4; i++) p[i] = softmax_exp(xs[i]);
         return;
     }
+    v128_t low = wasm_f32x4_lt(x, wasm_f32x4_splat(EXP_FLOOR));
+    x = wasm_v128_andnot(x, low);  // (those lanes: exp(0), discarded; no huge n to convert)
     v128_t n = wasm_f32x4_nearest(wasm_f32x4_mul(x, wasm_f32x4_splat(1.44269504088896341f)));
     v128_t r = wasm_f32x4_sub(x, wasm_f32x4_mul(n, wasm_f32x4_splat(0.693145751953125f)));
     r = wasm_f32x4_sub(r, wasm_f32x4_mul(n, wasm_f32x4_splat(1.428606765330187e-06f)));
@@ -1375,18 +1385,17 @@ INLINE void expf4(float *p, float mx) {
     e = wasm_f32x4_add(wasm_f32x4_mul(e, r), wasm_f32x4_splat(1.0f));
     e = wasm_f32x4_add(wasm_f32x4_mul(e, r), wasm_f32x4_splat(1.0f));
     v128_t two_n = wasm_i32x4_shl(wasm_i32x4_add(wasm_i32x4_trunc_sat_f32x4(n), wasm_i32x4_splat(127)), 23);
-    wasm_v128_store(p, wasm_f32x4_mul(e, two_n));
+    wasm_v128_store(p, wasm_v128_andnot(wasm_f32x4_mul(e, two_n), low));
 }
 
-// o[0 .. 4 NV) = sum over positions j0 <= j <= pos of p[j] v_j (v_j: position j's row from v, kvd floats a slot), the
+// o[0 .. 4 NV) = sum over positions j0 <= j <= pos of p[j] v_j (v_j = v + rows[j]: position j's row), the
 // NV vectors held in registers over the positions (the additions and their order are those of accumulating in
 // memory, without a store and a load per position)
-INLINE void attend_pv(float *o, const float *v, const float *p, const u32 *table, u32 j0, u32 pos, u32 kvd, u32 bs,
-                      int NV) {
+INLINE void attend_pv(float *o, const float *v, const float *p, const u32 *rows, u32 j0, u32 pos, int NV) {
     v128_t acc[8];
     for (int c = 0; c < NV; c++) acc[c] = wasm_f32x4_splat(0.0f);
     for (u32 j = j0; j <= pos; j++) {
-        const float *vj = v + (table[j / bs] * bs + j % bs) * kvd;
+        const float *vj = v + rows[j];
         v128_t pv = wasm_f32x4_splat(p[j]);
         for (int c = 0; c < NV; c++) acc[c] = wasm_f32x4_add(acc[c], wasm_f32x4_mul(pv, wasm_v128_load(vj + 4 * c)));
     }
@@ -1397,11 +1406,19 @@ INLINE void attend_pv(float *o, const float *v, const float *p, const u32 *table
 // sequence (K/V [num_blocks, block_size, n_kv_heads, hd] per layer; table maps position / block_size to a block).
 // Scores: q.k * mul, or q.k / sqrt(hd) where mul = 0 (the llama block's scale: exact for hd a power of 4);
 // soft-capped by cap (0: none); window (0: none): only keys with pos - j < window (a sliding layer).
+// scores: 2 (pos + 4) floats (the scores, then each position's cache offset).
 static void attend_row(const float *q, float *out, const float *kc, const float *vc, const u32 *table, u32 pos,
                        u32 n_heads, u32 n_kv, u32 hd, u32 bs, float *scores, u32 h0, u32 h1, float mul, float cap,
                        u32 window) {
     u32 kvd = n_kv * hd, group = n_heads / n_kv, j0 = window && pos >= window ? pos - window + 1 : 0;
     float scale = __builtin_sqrtf((float)hd);
+    // rows[j]: position j's offset in the cache (floats), once per call, not a division and a table load per
+    // position in each head's each pass (measured with the exp floor: decode at a 1000-token context x1.07)
+    u32 *rows = (u32 *)(scores + ((pos + 4) & ~3u));
+    for (u32 j = j0; j <= pos;) {
+        u32 b = j / bs, o = j % bs, base = table[b] * bs;
+        for (; o < bs && j <= pos; o++, j++) rows[j] = (base + o) * kvd;
+    }
     for (u32 h = h0; h < h1; h++) {  // (query heads [h0, h1): a thread's share)
         const float *qh = q + h * hd;
         u32 kvh = h / group;
@@ -1409,14 +1426,11 @@ static void attend_row(const float *q, float *out, const float *kc, const float 
         if (hd % 4 == 0)
             for (; j + 3 <= pos; j += 4) {
                 const float *kj = kc + kvh * hd;
-                attend_scores4(qh, kj + (table[j / bs] * bs + j % bs) * kvd,
-                               kj + (table[(j + 1) / bs] * bs + (j + 1) % bs) * kvd,
-                               kj + (table[(j + 2) / bs] * bs + (j + 2) % bs) * kvd,
-                               kj + (table[(j + 3) / bs] * bs + (j + 3) % bs) * kvd, hd, scale, mul, scores + j);
+                attend_scores4(qh, kj + rows[j], kj + rows[j + 1], kj + rows[j + 2], kj + rows[j + 3], hd, scale, mul,
+                               scores + j);
             }
         for (; j <= pos; j++) {
-            u32 slot = table[j / bs] * bs + j % bs;
-            float dt = dot_f32(qh, kc + slot * kvd + kvh * hd, hd);
+            float dt = dot_f32(qh, kc + rows[j] + kvh * hd, hd);
             scores[j] = mul != 0.0f ? dt * mul : dt / scale;
         }
         if (cap != 0.0f)
@@ -1429,7 +1443,7 @@ static void attend_row(const float *q, float *out, const float *kc, const float 
             sum = (((sum + scores[j]) + scores[j + 1]) + scores[j + 2]) + scores[j + 3];
         }
         for (; j <= pos; j++) {
-            float e = expf_(scores[j] - mx);
+            float e = softmax_exp(scores[j] - mx);
             scores[j] = e;
             sum += e;
         }
@@ -1437,11 +1451,11 @@ static void attend_row(const float *q, float *out, const float *kc, const float 
         float *o = out + h * hd;
         const float *vh = vc + kvh * hd;
         u32 i = 0;
-        for (; i + 32 <= hd; i += 32) attend_pv(o + i, vh + i, scores, table, j0, pos, kvd, bs, 8);
-        for (; i + 4 <= hd; i += 4) attend_pv(o + i, vh + i, scores, table, j0, pos, kvd, bs, 1);
+        for (; i + 32 <= hd; i += 32) attend_pv(o + i, vh + i, scores, rows, j0, pos, 8);
+        for (; i + 4 <= hd; i += 4) attend_pv(o + i, vh + i, scores, rows, j0, pos, 1);
         for (; i < hd; i++) {
             o[i] = 0.0f;
-            for (u32 j = j0; j <= pos; j++) o[i] += scores[j] * vh[(table[j / bs] * bs + j % bs) * kvd + i];
+            for (u32 j = j0; j <= pos; j++) o[i] += scores[j] * vh[rows[j] + i];
         }
     }
 }
@@ -2119,6 +2133,13 @@ EXPORT(wi_softcap) void wi_softcap(float *x, u32 n, float cap) {
 
 EXPORT(wi_exp) void wi_exp(const float *x, float *y, u32 n) {
     for (u32 i = 0; i < n; i++) y[i] = expf_(x[i]);
+}
+
+// attention's softmax exp of x - mx: mode 0 softmax_exp one by one, 1 expf4 4 at a time (n a multiple of 4)
+EXPORT(wi_softmax_exp) void wi_softmax_exp(const float *x, float *y, u32 n, float mx, u32 mode) {
+    for (u32 i = 0; i < n; i++) y[i] = mode ? x[i] : softmax_exp(x[i] - mx);
+    if (mode)
+        for (u32 i = 0; i + 4 <= n; i += 4) expf4(y + i, mx);
 }
 
 // counts, logprobs: as the Step's (0: none)

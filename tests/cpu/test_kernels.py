@@ -265,7 +265,7 @@ def test_paged_attention(mem, hd, qscale, mul, cap, window):
         kc[table[p // bs], p % bs], vc[table[p // bs], p % bs] = k[p], v[p]
     q = (rng.standard_normal((S - start, H, hd)) * qscale).astype(np.float32)
     out = mem.empty((S - start, H * hd))
-    scores = mem.empty((64,))
+    scores = mem.empty((2 * (S + 4),))  # (kernels.c attend_row: the scores, then the positions' cache offsets)
     mem.call("wi_attention", mem.put(q).off, out.off, S - start, mem.put(kc).off, mem.put(vc).off,
              mem.put(np.array(table, np.uint32)).off, start, H, Hkv, hd, bs, scores.off, mul, cap, window)
     want = ref.attention(q, k, v, np.arange(start, S), scale=mul or None, window=window or None,
@@ -306,6 +306,28 @@ def test_swiglu_and_exp(mem):
     assert np.all(np.abs(got[normal] - want[normal]) <= 3e-7 * want[normal])  # ~2 ulp
     assert np.all(np.abs(got[want <= 1.2e-38] - want[want <= 1.2e-38]) <= 1e-44)
     assert np.all(np.isposinf(got[big]))
+
+
+
+def test_softmax_exp_vector_and_scalar_agree_and_drop_weights_below_2_to_the_minus_64(mem):
+    """attend_row's softmax exp (kernels.c softmax_exp, and expf4 4 at a time): expf_ bit for bit where x - mx >=
+    -64 ln 2, exactly 0 below (subnormal weights cost x86 ~100x per operation: a long context's attention time);
+    the vector path's bits equal the scalar path's everywhere."""
+    x = np.concatenate([np.linspace(-120, 0, 40000, dtype=np.float32), [-np.inf, -44.3614, -44.3615, -87.0, 0.0,
+                        -0.0, -1e-30, -1e30]]).astype(np.float32)
+    x = np.concatenate([x, np.zeros((-x.size) % 4, np.float32)])
+    for mx in (0.0, 3.5, -20.0):
+        d = x - np.float32(mx)
+        plain, scalar, vec = mem.empty(x.shape), mem.empty(x.shape), mem.empty(x.shape)
+        mem.call("wi_exp", mem.put(d).off, plain.off, x.size)
+        mem.call("wi_softmax_exp", mem.put(x).off, scalar.off, x.size, mx, 0)
+        mem.call("wi_softmax_exp", mem.put(x).off, vec.off, x.size, mx, 1)
+        p, a, b = plain.read(), scalar.read(), vec.read()
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), np.flatnonzero(a.view(np.uint32) != b.view(np.uint32))[:8]
+        kept = d >= np.float32(-44.3614196)
+        assert np.array_equal(a[kept].view(np.uint32), p[kept].view(np.uint32))
+        assert not a[~kept].any() and (~kept).sum() > 1000 and kept.sum() > 1000
+        assert a[kept].min() >= 2.0 ** -64 * 0.99  # (nothing kept is subnormal)
 
 
 def _rule(logits, temperature, top_k, top_p, seed, index):

@@ -293,10 +293,11 @@ class CpuRunner:
         T, S = max_batch_tokens, max_seqs
         kmax = max((t.k_padded or t.k) for t in package.tensors.values() if len(t.shape) == 2)
         linear_work = host.call("wi_linear_scratch_bytes", max(T, S), kmax)
+        scores = 2 * (self.max_model_len + 4)  # kernels.c attend_row: the scores, then the positions' offsets
         work = max(linear_work, 21 * V + 64)  # sample_row: 21 x vocab (thread 0 alone samples)
         a = lambda n, what: arena.alloc(4 * n, what)  # noqa: E731
         scratch = [a(T * d, "r"), a(T * d, "xn"), a(T * qd, "q"), a(T * kvd, "k"), a(T * kvd, "v"), a(T * qd, "attn"),
-                   a(T * f, "g"), a(T * f, "u"), a(S * V, "logits"), a(S * d, "xs"), a(self.max_model_len, "scores"),
+                   a(T * f, "g"), a(T * f, "u"), a(S * V, "logits"), a(S * d, "xs"), a(scores, "scores"),
                    arena.alloc(work, "work")]
         self.logits_off = scratch[8]
         self.threads = getattr(host, "threads", 1)
@@ -304,7 +305,7 @@ class CpuRunner:
         if self.threads > 1:  # each worker's scratch and stack, and the team that joins them
             bufs = b""
             for tid in range(1, self.threads):
-                bufs += bufs_words(arena.alloc(max(linear_work, 4 * self.max_model_len), f"thread {tid} work"),  # +scores
+                bufs += bufs_words(arena.alloc(max(linear_work, 4 * scores), f"thread {tid} work"),  # (+ scores)
                                    a(max(T, S) * d, f"thread {tid} xn"),  # (its normed rows: the layers', the sampled)
                                    a(T * kvd, f"thread {tid} k"), a(T * kvd, f"thread {tid} v"),
                                    a(T * d, f"thread {tid} r") if self.split_in_parts else 0)  # (split_k: a residual)
