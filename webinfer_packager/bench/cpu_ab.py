@@ -4,15 +4,16 @@ is kept: on a shared 2-core machine two runs minutes apart differ by more than m
 one process do not.
 
     python -m webinfer_packager.bench.cpu_ab A.wasm B.wasm [--package PKG] [--mode fast|exact] [--rounds 8]
-                                             [--tokens 48] [--variant relaxed|base] [--threads 1|2] [--precision]
-                                             [--json]
+                                             [--tokens 48] [--variant relaxed|base] [--threads N] [--precision]
+                                             [--context 40] [--json]
     python -m webinfer_packager.bench.cpu_ab A.wasm B.wasm --formats [--variant relaxed|base] [--json]
 
 A.wasm, B.wasm: builds of wasm/kernels.c of the same variant (e.g. `git show REV:webinfer/cpu/kernels-relaxed.wasm >
-a.wasm`, and `scripts/build-wasm.sh DIR` for a working tree's); --threads 2: the threads builds
-(kernels-relaxed-threads.wasm), on two threads.
-    decode       tok per CPU-second of single-sequence greedy decode (webinfer_packager.bench.cpu.decode_speed), A and B
-                 alternating for --rounds rounds: medians, the B / A ratio of the medians, every run. Two threads:
+a.wasm`, and `scripts/build-wasm.sh DIR` for a working tree's); --threads N > 1: the threads builds
+(kernels-relaxed-threads.wasm), on N threads.
+    decode       tok per CPU-second of single-sequence greedy decode (webinfer_packager.bench.cpu.decode_speed) after a
+                 --context-token prompt (long ones: where attention weighs), A and B
+                 alternating for --rounds rounds: medians, the B / A ratio of the medians, every run. Threads:
                  wall-clock tok/s instead (CPU time counts both threads), meaningful on a quiet machine only
     same_ids     whether A and B decode the same greedy ids (a kernel change meant to keep the bits must)
     precision    (--precision, exact mode) teacher-forced logits of a fixed chat against the numpy reference model
@@ -44,12 +45,13 @@ TEACHER_IDS = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3717, 282,
 PROMPT_LEN = 40
 
 
-def load(package, module: bytes, variant: str, mode: str, threads: int = 1):
+def load(package, module: bytes, variant: str, mode: str, threads: int = 1, max_model_len: int = 512):
     from webinfer.cpu import load_cpu_runner
     from webinfer.cpu.wasm import WasmtimeHost
 
     host = WasmtimeHost(variant, threads=threads, module=module)
-    return asyncio.run(load_cpu_runner(package, mode=mode, num_blocks=40, max_model_len=512, max_seqs=16, host=host))
+    return asyncio.run(load_cpu_runner(package, mode=mode, num_blocks=8 + max_model_len // 16,
+                                       max_model_len=max_model_len, max_seqs=16, host=host))
 
 
 def greedy_ids(runner, n: int) -> list[int]:
@@ -109,20 +111,21 @@ def distance(a: np.ndarray, b: np.ndarray) -> dict:
 
 
 def run(a: bytes, b: bytes, package, mode: str = "fast", rounds: int = 8, tokens: int = 48,
-        variant: str = "relaxed", precision: bool = False, threads: int = 1) -> dict:
+        variant: str = "relaxed", precision: bool = False, threads: int = 1, context: int = 40) -> dict:
     from webinfer.package import Package
 
     pkg = package if isinstance(package, Package) else Package.open(package)
-    runners = {"A": load(pkg, a, variant, mode, threads), "B": load(pkg, b, variant, mode, threads)}
+    mml = max(512, -(-(context + tokens + 16) // 16) * 16)
+    runners = {k: load(pkg, m, variant, mode, threads, mml) for k, m in (("A", a), ("B", b))}
     metric = "decode_tok_per_cpu_s" if threads == 1 else "decode_tok_s"
     try:
         runs = {k: [] for k in runners}
         for _ in range(rounds):
             for k, r in runners.items():
-                runs[k].append(decode_speed(r, tokens)[metric])
+                runs[k].append(decode_speed(r, tokens, context)[metric])
         med = {k: statistics.median(v) for k, v in runs.items()}
         res = {"package": pkg.name, "mode": mode, "variant": variant, "threads": threads, "rounds": rounds,
-               "tokens": tokens, "metric": metric,
+               "tokens": tokens, "context": context, "metric": metric,
                "decode": {k: {"median": round(med[k], 2), "runs": v} for k, v in runs.items()},
                "b_over_a": round(med["B"] / med["A"], 3) if med["A"] else None}
         ids = {k: greedy_ids(r, 16) for k, r in runners.items()}
@@ -199,8 +202,9 @@ def main(argv=None) -> int:
     ap.add_argument("--mode", choices=("fast", "exact"), default="fast")
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=48)
+    ap.add_argument("--context", type=int, default=40, help="prompt tokens before the decoded ones")
     ap.add_argument("--variant", choices=("relaxed", "base"), default="relaxed")
-    ap.add_argument("--threads", type=int, choices=(1, 2), default=1)
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--precision", action="store_true", help="exact mode's logits against the f32 and f64 reference")
     ap.add_argument("--formats", action="store_true", help="GEMV per weight format on random matrices (no package)")
     ap.add_argument("--json", action="store_true")
@@ -218,13 +222,14 @@ def main(argv=None) -> int:
                 f"({r['B']['layout']}, {r['B'][m]['gb_s']} GB/s) B/A {r['b_over_a_time'][m]}" for m in ("exact", "fast")))
         return 0
     res = run(a, b, args.package or default_package_dir(), args.mode, args.rounds, args.tokens, args.variant,
-              args.precision, args.threads)
+              args.precision, args.threads, args.context)
     if args.json:
         print(json.dumps(res, indent=1))
         return 0
     d = res["decode"]
     what = "tok per CPU-second" if res["threads"] == 1 else "wall-clock tok/s on 2 threads"
-    print(f"{res['package']} {res['mode']} ({res['variant']}), {res['rounds']} x {res['tokens']} tokens, {what}: "
+    print(f"{res['package']} {res['mode']} ({res['variant']}), {res['rounds']} x {res['tokens']} tokens after "
+          f"{res['context']}, {what}: "
           f"A {d['A']['median']} B {d['B']['median']}  B/A {res['b_over_a']}  same ids: {res['same_ids']}")
     for k in ("A", "B"):
         print(f"  {k} runs: {d[k]['runs']}")
