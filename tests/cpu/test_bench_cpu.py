@@ -25,6 +25,9 @@ def test_cpu_bench_quick_json(tmp_path, capsys):
     for mode in ("exact", "fast"):
         assert res["decode"][mode]["decode_tok_s"] > 0, res["decode"]
         assert res["decode"][mode]["of_read_bound"] > 0, (res["decode"], res["decode_read_bound"])
+        long = res["decode_long_context"]
+        assert long["context"] == 480 and long[mode]["decode_tok_s"] > 0, long
+        assert 0 < long[mode]["of_short_context"] < 2, long  # (at most ~1: a long context costs more a step)
         assert res["threads"][mode]["2"]["decode_tok_s"] > 0, res["threads"]
         assert res["threads"][mode]["2"]["of_read_bw"] > 0 and res["threads"]["read_bw_gb_s"]["2"] > 0, res["threads"]
         prof = res["profile"][mode]  # the remainder is timed (matrices skipped), not a difference

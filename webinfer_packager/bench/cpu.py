@@ -333,7 +333,9 @@ def run(package_path, quick: bool = False, ppl_text: str | None = None, variant:
     pkg = Package.open(package_path)
     reps = 3 if quick else 10
     t0 = time.perf_counter()
-    runner = asyncio.run(load_cpu_runner(pkg, mode="exact", num_blocks=40, max_model_len=512,
+    long_ctx = 480 if quick else 1000  # decode_long_context's prompt
+    mml = min(pkg.config.max_position_embeddings, -(-(long_ctx + 96) // 16) * 16)
+    runner = asyncio.run(load_cpu_runner(pkg, mode="exact", num_blocks=8 + mml // 16, max_model_len=mml,
                                          max_seqs=64 if ppl_text else 16, variant=variant))
     load_s = time.perf_counter() - t0
     host, arena = runner.host, runner.arena
@@ -380,6 +382,17 @@ def run(package_path, quick: bool = False, ppl_text: str | None = None, variant:
         res["decode"][mode] = decode_speed(runner, n_tok)
         per_cpu_s = res["decode"][mode]["decode_tok_per_cpu_s"]
         res["decode"][mode]["of_read_bound"] = round(per_cpu_s / bound, 3) if per_cpu_s else None
+    # decode after a long prompt (its prefill in the prefix cache: the decode steps alone), beside the short prompt's
+    # decode above: what attention over the context costs a step
+    res["decode_long_context"] = {"context": long_ctx}
+    if long_ctx + n_tok + 16 <= mml:
+        for mode in ("exact", "fast"):
+            runner.set_mode(mode)
+            d = decode_speed(runner, n_tok, long_ctx)
+            short = res["decode"][mode]["decode_tok_per_cpu_s"]
+            d["of_short_context"] = round(d["decode_tok_per_cpu_s"] / short, 3) if d["decode_tok_per_cpu_s"] and short \
+                else None
+            res["decode_long_context"][mode] = d
     res["prefill"] = {}
     for mode in ("exact", "fast"):
         runner.set_mode(mode)
@@ -439,6 +452,11 @@ def cli_main(args) -> int:
         print(f"  step {p['step_ms']} ms: matrices {p['matrices_in_step_ms']} ms, rest {p['rest_ms']} ms (timed with "
               f"the matrices skipped); matrices alone {p['matrices_alone_total_ms']} ms "
               f"({', '.join(f'{k} {v}' for k, v in p['matrices_alone_ms'].items())})")
+    lc = res["decode_long_context"]
+    for mode in ("exact", "fast"):
+        if mode in lc:
+            print(f"decode {mode:5s} after a {lc['context']}-token prompt: {lc[mode]['decode_tok_per_cpu_s']} per "
+                  f"CPU-second ({lc[mode]['of_short_context']} of the 40-token prompt's)")
     t = res["threads"]
     for mode in ("exact", "fast"):
         one, two = t[mode]["1"], t[mode]["2"]
