@@ -48,13 +48,15 @@ def test_module_ab_on_smollm2(smollm2_package, tmp_path, capsys):
     a, b = tmp_path / "base.wasm", tmp_path / "relaxed.wasm"
     a.write_bytes(module_bytes("base"))
     b.write_bytes(module_bytes("relaxed"))
-    assert ab_main([str(a), str(b), "--package", str(smollm2_package), "--mode", "exact", "--rounds", "1",
+    assert ab_main([str(a), str(b), "--package", str(smollm2_package), "--mode", "exact", "--rounds", "2",
                     "--tokens", "6", "--precision", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert res["same_ids"] is True, res
     d = res["decode"]
     assert res["metric"] == "decode_tok_per_cpu_s" and res["threads"] == 1, res
     assert d["A"]["median"] > 0 and d["B"]["median"] > 0 and res["b_over_a"] > 0, d
+    assert len(d["A"]["runs"]) == len(d["B"]["runs"]) == 2 and set(res["by_load_order"]) == {"A_loaded_first",
+                                                                                              "B_loaded_first"}, res
     p = res["precision"]
     assert p["A_vs_f64"] == p["B_vs_f64"], p  # the builds' integer sums are equal: the same logits, bit for bit
     ref = p["reference_f32_vs_f64"]["rms"]

@@ -13,7 +13,9 @@ a.wasm`, and `scripts/build-wasm.sh DIR` for a working tree's); --threads N > 1:
 (kernels-relaxed-threads.wasm), on N threads.
     decode       tok per CPU-second of single-sequence greedy decode (webinfer_packager.bench.cpu.decode_speed) after a
                  --context-token prompt (long ones: where attention weighs), A and B
-                 alternating for --rounds rounds: medians, the B / A ratio of the medians, every run. Threads:
+                 alternating for --rounds rounds (>= 2): half on a pair of runners loaded A first, half on a
+                 pair loaded B first (the second-loaded one ran 2-7 % faster with the same module), medians, B / A
+                 per pair and their geometric mean (b_over_a), every run. Threads:
                  wall-clock tok/s instead (CPU time counts both threads), meaningful on a quiet machine only
     same_ids     whether A and B decode the same greedy ids (a kernel change meant to keep the bits must)
     precision    (--precision, exact mode) teacher-forced logits of a fixed chat against the numpy reference model
@@ -73,6 +75,7 @@ def teacher_logits(runner, ids: list[int]) -> np.ndarray:
     from webinfer.engine.batch import SeqChunk, StepBatch
 
     table = list(range(1, -(-len(ids) // runner.block_size) + 2))
+    runner.full_logits = True
     asyncio.run(runner.execute(StepBatch([SeqChunk(0, ids[:PROMPT_LEN], 0, table, True)])))
     rows = [np.asarray(runner.logits(1)[0], np.float64)]
     for i in range(PROMPT_LEN, len(ids)):
@@ -114,20 +117,37 @@ def run(a: bytes, b: bytes, package, mode: str = "fast", rounds: int = 8, tokens
         variant: str = "relaxed", precision: bool = False, threads: int = 1, context: int = 40) -> dict:
     from webinfer.package import Package
 
+    if rounds < 2:
+        raise ValueError("cpu_ab: --rounds must be >= 2 (half the rounds on each load order)")
     pkg = package if isinstance(package, Package) else Package.open(package)
     mml = max(512, -(-(context + tokens + 16) // 16) * 16)
-    runners = {k: load(pkg, m, variant, mode, threads, mml) for k, m in (("A", a), ("B", b))}
     metric = "decode_tok_per_cpu_s" if threads == 1 else "decode_tok_s"
+    # The runner loaded second measured faster with the same module in both (A/A, SmolLM2, one thread: B / A 1.02-1.07
+    # in four runs, 2026-12-05; where each instance's memory lands, not run order, which alternating did not change):
+    # so half the rounds run on a pair loaded A first, half on a pair loaded B first, and b_over_a is the geometric
+    # mean of the two pairs' ratios (by_load_order: each)
+    runs = {"A": [], "B": []}
+    by_order = {}
+    runners = {}
+    for first in ("A", "B"):
+        for r in runners.values():
+            r.close()
+        order = (first, "B" if first == "A" else "A")
+        runners = {k: load(pkg, {"A": a, "B": b}[k], variant, mode, threads, mml) for k in order}
+        half = {"A": [], "B": []}
+        for i in range((rounds + (first == "A")) // 2):
+            for k in order if i % 2 == 0 else order[::-1]:
+                half[k].append(decode_speed(runners[k], tokens, context)[metric])
+        for k in half:
+            runs[k] += half[k]
+        by_order[f"{first}_loaded_first"] = round(statistics.median(half["B"]) / statistics.median(half["A"]), 3)
     try:
-        runs = {k: [] for k in runners}
-        for _ in range(rounds):
-            for k, r in runners.items():
-                runs[k].append(decode_speed(r, tokens, context)[metric])
         med = {k: statistics.median(v) for k, v in runs.items()}
+        ratios = list(by_order.values())
         res = {"package": pkg.name, "mode": mode, "variant": variant, "threads": threads, "rounds": rounds,
                "tokens": tokens, "context": context, "metric": metric,
                "decode": {k: {"median": round(med[k], 2), "runs": v} for k, v in runs.items()},
-               "b_over_a": round(med["B"] / med["A"], 3) if med["A"] else None}
+               "b_over_a": round((ratios[0] * ratios[1]) ** 0.5, 3), "by_load_order": by_order}
         ids = {k: greedy_ids(r, 16) for k, r in runners.items()}
         res["same_ids"] = ids["A"] == ids["B"]
         if precision:
