@@ -912,8 +912,9 @@ INLINE void exact3_sums(const v128_t *s, v128_t *is, v128_t *il) {
 // exact integer sum of codes x activation codes, lane i = weight row i of the group: the GEMV's (R = 1) and the
 // int16 tile's (R = 4); F_Q8H's two halves apart, the second at is[R + r]. Integer sums are exact: gemm_unit's
 // other grouping gives the same sums.
+// hi_only (a constant after inlining): exact mode's sums against the high digits only, il = 0 (head_bounds)
 INLINE void packed_unit(u32 dt, const u8 *blk, const Acts *A, u32 r0, int R, int mode, u32 kp, u32 u, v128_t *is,
-                        v128_t *il) {
+                        v128_t *il, int hi_only) {
     v128_t z = wasm_i32x4_splat(0);
     if (mode == EXACT_I8) {
 #ifdef RELAXED
@@ -925,7 +926,7 @@ INLINE void packed_unit(u32 dt, const u8 *blk, const Acts *A, u32 r0, int R, int
             v128_t lo = wasm_v128_and(v, m), hi = wasm_v128_and(wasm_u16x8_shr(v, 4), m);
             for (int r = 0; r < R; r++) {
                 const i8 *xb = A->xq + (r0 + r) * kp * 12 + 4 * (32 * u + 8 * t);
-                for (u32 p = 0; p < 3; p++) {
+                for (u32 p = 0; p < (hi_only ? 2u : 3u); p++) {
                     v128_t d0 = wasm_i16x8_relaxed_dot_i8x16_i7x16(wasm_v128_load(xb + p * kp * 4), lo);
                     v128_t d1 = wasm_i16x8_relaxed_dot_i8x16_i7x16(wasm_v128_load(xb + p * kp * 4 + 16), hi);
                     s[r][p] = wasm_i16x8_add(s[r][p], wasm_i16x8_add(d0, d1));
@@ -968,7 +969,7 @@ INLINE void packed_unit(u32 dt, const u8 *blk, const Acts *A, u32 r0, int R, int
                     v128_t xa = wasm_v128_load(xw + 4 * h);
                     a01[r] = wasm_i32x4_add(a01[r], wasm_i32x4_dot_i16x8(w[h], xa));
                     a23[r] = wasm_i32x4_add(a23[r], wasm_i32x4_dot_i16x8(w[h + 1], xa));
-                    if (mode == EXACT_INT) {
+                    if (mode == EXACT_INT && !hi_only) {
                         v128_t la = wasm_v128_load(xl + 4 * h);
                         l01[r] = wasm_i32x4_add(l01[r], wasm_i32x4_dot_i16x8(w[h], la));
                         l23[r] = wasm_i32x4_add(l23[r], wasm_i32x4_dot_i16x8(w[h + 1], la));
@@ -1024,24 +1025,41 @@ INLINE int streamed(int mode) {
 #endif
 }
 
-INLINE void packed_groups(u32 dt, const Weight *w, const u32 *gs, int ns, const Acts *A, u32 r, int mode,
-                          v128_t *out) {
+// packed_groups, or with hi_only (a constant after inlining) the greedy head's first pass: sums against the high
+// digits only, and bnd[j] = sum over units of |a_u xd_u| per row (the bound's factor; head_bounds)
+INLINE void packed_groups_hi(u32 dt, const Weight *w, const u32 *gs, int ns, const Acts *A, u32 r, int mode,
+                             v128_t *out, int hi_only, v128_t *bnd) {
     u32 kp = w->kp, nu = kp / 32;
     const u8 *p[GEMV_STREAMS];
-    v128_t acc[GEMV_STREAMS], bacc[GEMV_STREAMS];
+    v128_t acc[GEMV_STREAMS], bacc[GEMV_STREAMS], sp[GEMV_STREAMS];
     for (int j = 0; j < ns; j++) {
         p[j] = w->qweight + gs[j] * nu * PBLK(dt);
-        acc[j] = bacc[j] = wasm_f32x4_splat(0.0f);
+        acc[j] = bacc[j] = sp[j] = wasm_f32x4_splat(0.0f);
     }
     for (u32 u = 0; u < nu; u++) {
         v128_t is[2 * GEMV_STREAMS], il[2 * GEMV_STREAMS];  // (F_Q8H: two halves a stream)
-        for (int j = 0; j < ns; j++) packed_unit(dt, p[j], A, r, 1, mode, kp, u, &is[2 * j], &il[2 * j]);
+        for (int j = 0; j < ns; j++) packed_unit(dt, p[j], A, r, 1, mode, kp, u, &is[2 * j], &il[2 * j], hi_only);
         for (int j = 0; j < ns; j++) {
             unit_step(dt, p[j], &is[2 * j], &il[2 * j], 1, A, r * nu + u, mode, &acc[j], &bacc[j]);
+            if (hi_only) {  // (the products unit_step rounds: |fl(a xd)|)
+                v128_t xd = wasm_v128_load32_splat(A->xd + r * nu + u);
+                sp[j] = wasm_f32x4_add(sp[j], wasm_f32x4_abs(wasm_f32x4_mul(wasm_v128_load(p[j] + PCODES(dt)), xd)));
+                if (dt == F_Q8H)
+                    sp[j] = wasm_f32x4_add(sp[j], wasm_f32x4_abs(wasm_f32x4_mul(wasm_v128_load(p[j] + PCODES(dt) + 16),
+                                                                                xd)));
+            }
             p[j] += PBLK(dt);
         }
     }
-    for (int j = 0; j < ns; j++) out[j] = wasm_f32x4_add(acc[j], bacc[j]);
+    for (int j = 0; j < ns; j++) {
+        out[j] = wasm_f32x4_add(acc[j], bacc[j]);
+        if (hi_only) bnd[j] = sp[j];
+    }
+}
+
+INLINE void packed_groups(u32 dt, const Weight *w, const u32 *gs, int ns, const Acts *A, u32 r, int mode,
+                          v128_t *out) {
+    packed_groups_hi(dt, w, gs, ns, A, r, mode, out, 0, 0);
 }
 
 // gemm_unit's exact-mode row r: wb[2i], wb[2i + 1] are weight rows 0-1 and 2-3 against the activations' i-th 4
@@ -1106,7 +1124,7 @@ INLINE void packed_group4(u32 dt, const Weight *w, u32 g, const Acts *A, u32 r0,
     for (int r = 0; r < 4; r++) acc[r] = bacc[r] = wasm_f32x4_splat(0.0f);
     for (u32 u = 0; u < nu; u++, blk += PBLK(dt)) {
         v128_t is[8], il[8];  // (F_Q8H: the second half's at 4 + r)
-        packed_unit(dt, blk, A, r0, 4, mode, kp, u, is, il);
+        packed_unit(dt, blk, A, r0, 4, mode, kp, u, is, il, 0);
         for (u32 r = 0; r < 4; r++)
             unit_step(dt, blk, is + r, il + r, 4, A, (r0 + r) * nu + u, mode, &acc[r], &bacc[r]);
     }
@@ -1206,6 +1224,28 @@ static void linear_packed_any(const Weight *w, const Acts *A, float *y, u32 y_st
 // negative. Never set outside the bench: the outputs are then garbage.
 static u32 skip_linear;
 
+// A packed matrix's activation arrays in scratch (A->x set), for `rows` rows in mode `fast` (linear()'s after its
+// f32 -> EXACT_INT mapping); returns the mode the packed kernels run (the relaxed build's GEMV: EXACT_I8 for exact
+// nibble formats)
+INLINE int packed_acts(const Weight *w, Acts *A, u8 *scratch, u32 rows, int fast) {
+    u32 kp = w->kp;
+    u8 *p = scratch;
+    A->xd = (float *)p;
+    p += rows * (kp / 32) * 4;
+    A->xs32 = (float *)p;
+    p = (u8 *)(((uintptr_t)p + rows * (kp / 32) * 4 + 15) & ~(uintptr_t)15);
+    A->xw = (i16 *)p;
+    A->xq = (i8 *)(p + rows * kp * 4);
+    A->xl = (i16 *)(p + rows * kp * 4);  // xq (int8 codes) and xl (exact mode) are never both used
+#ifdef RELAXED
+    if (fast == EXACT_INT && !BYTE_PACKED(w->dtype) && rows == 1) {
+        fast = EXACT_I8;
+        A->xq = (i8 *)p;  // the three digits (kp * 12 bytes) in place of xw and xl
+    }
+#endif
+    return fast;
+}
+
 EXPORT(wi_bench_skip_linear) void wi_bench_skip_linear(u32 on) { skip_linear = on; }
 
 static void linear(const Weight *w, const float *x, u32 x_stride, float *y, u32 y_stride, u32 rows, int accumulate,
@@ -1216,20 +1256,7 @@ static void linear(const Weight *w, const float *x, u32 x_stride, float *y, u32 
     if (w->dtype == F_F32) fast = ACT_F32;  // in: 0 exact, 1 int8 activations, 2 int16 activations
     else if (fast == ACT_F32) fast = EXACT_INT;  // every quantized format: integer dots at f32 precision
     if (w->packed == 1) {  // (always a VEC4 format: exact mode is EXACT_INT)
-        u8 *p = scratch;
-        A.xd = (float *)p;
-        p += rows * (kp / 32) * 4;
-        A.xs32 = (float *)p;
-        p = (u8 *)(((uintptr_t)p + rows * (kp / 32) * 4 + 15) & ~(uintptr_t)15);
-        A.xw = (i16 *)p;
-        A.xq = (i8 *)(p + rows * kp * 4);
-        A.xl = (i16 *)(p + rows * kp * 4);  // xq (int8 codes) and xl (exact mode) are never both used
-#ifdef RELAXED
-        if (fast == EXACT_INT && !BYTE_PACKED(w->dtype) && rows == 1) {
-            fast = EXACT_I8;
-            A.xq = (i8 *)p;  // the three digits (kp * 12 bytes) in place of xw and xl
-        }
-#endif
+        fast = packed_acts(w, &A, scratch, rows, fast);
         if (prepare) prepare_packed(&A, rows, w->k, kp, fast, packed_i8(w->dtype, fast));
         linear_packed_any(w, &A, y, y_stride, rows, accumulate, fast);
         return;
@@ -1261,6 +1288,110 @@ static void linear(const Weight *w, const float *x, u32 x_stride, float *y, u32 
             linear_rows(F_Q6K, w, &A, y, y_stride, rows, accumulate, fast);
             break;
     }
+}
+
+// ------------------------------------------------------------------------------------------------ greedy LM head
+//
+// A greedy row (argmax; no logprobs, penalties, mask or bias) needs only the id of its largest logit. In exact mode
+// a packed LM head then runs in two passes. head_bounds: every row's sums against the high digits of x only (exact
+// mode's X = hi * 256 + lo, the lo dots skipped: the integer work of fast mode's int16 GEMV, about half an exact
+// one), v, with a bound B on |v - e|, e the logit the one-pass head computes (linear()'s bits). With L the largest
+// v - B, head_candidates computes again, in full exact mode, every group of 4 rows holding a row with v + B >= L.
+// A row left out has e <= v + B < L <= e' of the row that gave L, so it is neither the argmax nor tied with it: the
+// id is the one-pass head's, ties included (lowest id). The logits row then holds exact values for the candidates'
+// groups and v + B for the rest; the runner's logits() asks for every row exact (FULL_LOGITS).
+//
+// B, per unit u of a row, p_u = fl(a_u xd_u) (its scale times the activations' block scale, as unit_step rounds it):
+// the skipped sum |il_u| <= 128 * 32 QMAX (|lo| <= 128, |code| <= QMAX); both passes' f32 roundings (t_u = 256 is_u
+// + il_u rounded once; n <= 2 nu + 2 products and sums of terms at most T = 32 QMAX (256 * 32640 + 128)) add at most
+// 2^-24 T + 2 gamma_n T <= 32 QMAX (0.5 + 1.01 n). So |v - e| <= C sum_u |p_u|, C = 32 QMAX (129 + 1.01 n), and the
+// b term's and the bias's additions add < 2^-22 (|v| + |out|): B takes (1 + 2^-10) of the first, 2^-18 of the second
+// and 1e-30 (underflow) — generous, and still ~1e-3 of a logit's scale (measured: 1-3 candidate groups a step).
+INLINE float qmax_of(u32 dt) { return dt == F_Q8 ? 128.0f : dt == F_Q8H ? 32.0f : dt == F_Q8B ? 31.0f : 15.0f; }
+
+// The first pass over rows [A->n0, A->n1) against one activation row prepared for `mode` (exact): y[n] = v + B;
+// returns the largest v - B, or NaN when any v or B is not finite (head_candidates then computes every row)
+INLINE float head_bounds(u32 dt, const Weight *w, const Acts *A, int mode, float *y) {
+    u32 nu = w->kp / 32, g0 = A->n0 / 4, g1 = (A->n1 + 3) / 4, part = (g1 - g0 + 1) / 2;
+    v128_t C = wasm_f32x4_splat(32.0f * qmax_of(dt) * (129.0f + 1.01f * (float)(2 * nu + 2)) * (1.0f + 0x1p-10f));
+    v128_t inf = wasm_f32x4_splat(__builtin_inff()), best = wasm_f32x4_splat(-__builtin_inff()), ok = wasm_i32x4_splat(-1);
+    for (u32 i = 0; i < part; i++) {  // two streams of groups, as the fast GEMV (the weights stream from memory)
+        u32 gs[2] = {g0 + i, g0 + part + i};
+        int ns = gs[1] < g1 ? 2 : 1;
+        v128_t out[2], bnd[2];
+        if (ns == 2) packed_groups_hi(dt, w, gs, 2, A, 0, mode, out, 1, bnd);
+        else packed_groups_hi(dt, w, gs, 1, A, 0, mode, out, 1, bnd);
+        for (int j = 0; j < ns; j++) {
+            u32 n = 4 * gs[j], m = A->n1 - n < 4 ? A->n1 - n : 4;  // rows of this group in [n0, n1)
+            v128_t bias = wasm_f32x4_splat(0.0f);
+            if (w->bias)
+                bias = wasm_f32x4_make(w->bias[n], m > 1 ? w->bias[n + 1] : 0.0f, m > 2 ? w->bias[n + 2] : 0.0f,
+                                       m > 3 ? w->bias[n + 3] : 0.0f);
+            v128_t v = wasm_f32x4_add(out[j], bias);  // (store_group's value)
+            v128_t b = wasm_f32x4_add(wasm_f32x4_add(wasm_f32x4_mul(C, bnd[j]),
+                                                     wasm_f32x4_mul(wasm_f32x4_splat(0x1p-18f),
+                                                                    wasm_f32x4_add(wasm_f32x4_abs(v),
+                                                                                   wasm_f32x4_abs(out[j])))),
+                                      wasm_f32x4_splat(1e-30f));
+            v128_t keep = wasm_i32x4_make(-1, m > 1 ? -1 : 0, m > 2 ? -1 : 0, m > 3 ? -1 : 0);
+            // a lane past n1 counts as finite and as -inf below
+            ok = wasm_v128_and(ok, wasm_v128_or(wasm_v128_andnot(wasm_i32x4_splat(-1), keep),
+                                                wasm_v128_and(wasm_f32x4_lt(wasm_f32x4_abs(v), inf),
+                                                              wasm_f32x4_lt(b, inf))));
+            best = wasm_f32x4_pmax(best, wasm_v128_bitselect(wasm_f32x4_sub(v, b), wasm_f32x4_neg(inf), keep));
+            v128_t up = wasm_f32x4_add(v, b);
+            if (m == 4) wasm_v128_store(y + n, up);
+            else {
+                float t[4] __attribute__((aligned(16)));
+                wasm_v128_store(t, up);
+                for (u32 l = 0; l < m; l++) y[n + l] = t[l];
+            }
+        }
+    }
+    if (!wasm_i32x4_all_true(ok)) return __builtin_nanf("");
+    float b0 = wasm_f32x4_extract_lane(best, 0), b1 = wasm_f32x4_extract_lane(best, 1);
+    float b2 = wasm_f32x4_extract_lane(best, 2), b3 = wasm_f32x4_extract_lane(best, 3);
+    b0 = b1 > b0 ? b1 : b0;
+    b2 = b3 > b2 ? b3 : b2;
+    return b2 > b0 ? b2 : b0;
+}
+
+// The second pass (one thread, every row of w): the groups holding a row with y >= L (every group when L is NaN)
+// in full exact mode, stored over their bounds; A: head_bounds' preparation
+INLINE void head_candidates(u32 dt, const Weight *w, const Acts *A, int mode, float *y, float L) {
+    u32 n = w->n, full = n / 4, all = L != L;
+    v128_t lv = wasm_f32x4_splat(L);
+    for (u32 g = 0; g < (n + 3) / 4; g++) {
+        int need = all;
+        if (!need && g < full) need = wasm_v128_any_true(wasm_f32x4_ge(wasm_v128_load(y + 4 * g), lv));
+        for (u32 i = 0; !need && g == full && 4 * g + i < n; i++) need = y[4 * g + i] >= L;
+        if (!need) continue;
+        v128_t out;
+        packed_groups(dt, w, &g, 1, A, 0, mode, &out);  // (exact modes run one stream: linear_packed's GEMV)
+        store_group(w, A, out, g, y, 0);
+    }
+}
+
+// head_bounds (first = 1: rows [n0, n1), returns the largest lower bound) or head_candidates (first = 0, every row)
+// for packed w and the one activation row x (prepared in scratch by each pass: a few microseconds)
+static float head_pass(const Weight *w, const float *x, float *y, u8 *scratch, u32 n0, u32 n1, int first, float L) {
+    Acts A = {x, w->k, (float *)scratch, 0, 0, 0, 0, 0, n0, n1};
+    int mode = packed_acts(w, &A, scratch, 1, EXACT_INT);
+    prepare_packed(&A, 1, w->k, w->kp, mode, 0);
+#define HP(dt)                                                                                              \
+    do {                                                                                                    \
+        if (!first && mode == EXACT_I8) head_candidates(dt, w, &A, EXACT_I8, y, L);                         \
+        else if (!first) head_candidates(dt, w, &A, EXACT_INT, y, L);                                       \
+        else if (mode == EXACT_I8) return head_bounds(dt, w, &A, EXACT_I8, y);                              \
+        else return head_bounds(dt, w, &A, EXACT_INT, y);                                                   \
+    } while (0)
+    if (w->dtype == F_Q4) HP(F_Q4);
+    else if (w->dtype == F_Q4A) HP(F_Q4A);
+    else if (w->dtype == F_Q8H) HP(F_Q8H);
+    else if (w->dtype == F_Q8B) HP(F_Q8B);
+    else HP(F_Q8);
+#undef HP
+    return 0.0f;
 }
 
 // ------------------------------------------------------------------------------------------------ other ops
@@ -1649,8 +1780,9 @@ static u32 sample_row(const float *l, u32 vocab, const SampleParams *p, const u3
 
 // FAST_DOWN16: the down projection's activations (after SwiGLU: the largest outliers) as int16 instead of int8;
 // FAST_GATE_UP16: gate's and up's as int16 (the runner's choice for GeGLU models: docs/cpu-backend.md "Modes")
+// FULL_LOGITS: every logit exact, never greedy_head's two passes (the runner's logits() reads them)
 enum { FAST_QKV = 1, FAST_O = 2, FAST_GATE_UP = 4, FAST_DOWN = 8, FAST_HEAD = 16, FAST_DOWN16 = 32,
-       FAST_GATE_UP16 = 64 };
+       FAST_GATE_UP16 = 64, FULL_LOGITS = 128 };
 
 typedef struct {
     const float *attn_norm, *ffn_norm;
@@ -1805,6 +1937,25 @@ static void post_norm_add(const Ctx *c, const Model *m, const float *w, u32 T) {
         float den = rms_den(p, d, m->eps);
         for (u32 i = n0; i < n1; i++) c->r[t * d + i] += (p[i] / den) * w[i];
     }
+}
+
+// Whether the step's LM head takes the greedy two passes ("greedy LM head"): an exact packed head, 1 to GREEDY_ROWS
+// sampled rows, every one greedy with nothing that reads or changes other logits (logprobs, penalties, a mask,
+// logit_bias; a final soft-cap, whose rounding could tie rows). Each row takes its own passes: per row the first
+// costs about half of an exact row of the head (the GEMM tile shares a weight decode among rows but is bound by its
+// multiplies, one row's worth per row).
+#define GREEDY_ROWS 16
+INLINE int greedy_head(const Model *m, const Step *s) {
+    if (!s->n_sampled || s->n_sampled > GREEDY_ROWS || skip_linear || (m->fast & (FAST_HEAD | FULL_LOGITS)) ||
+        m->lm_head->packed != 1 || m->final_cap != 0.0f)
+        return 0;
+    for (u32 j = 0; j < s->n_sampled; j++) {
+        const SampleParams *p = s->params + j;
+        if (!((p->temperature <= 0.0f || p->top_k == 1) && p->mask_off == NONE && p->bias_n == 0 &&
+              p->n_logprobs == NONE && p->freq == 0.0f && p->pres == 0.0f && p->rep == 1.0f))
+            return 0;
+    }
+    return 1;
 }
 
 #define SYNC()                          \
@@ -1976,7 +2127,16 @@ static void step_body(const Ctx *c, const Model *m, const Step *s) {
     }
     for (u32 j = 0; j < s->n_sampled; j++)
         rmsnorm(r + s->sample_rows[j] * d, d, m->norm, c->xs + j * d, d, 1, d, m->eps);
-    if (s->n_sampled) {
+    int gh = greedy_head(m, s);
+    float lb[GREEDY_ROWS];  // greedy_head: per sampled row, the largest lower bound of this thread's logits
+    if (gh) {
+        u32 n0, n1;
+        share(c, m->vocab, &n0, &n1);
+        for (u32 j = 0; j < s->n_sampled; j++)
+            lb[j] = head_pass(m->lm_head, c->xs + j * d, m->logits + j * m->vocab, c->work, n0, n1, 1, 0.0f);
+        for (u32 j = 0; c->tid && j < s->n_sampled; j++)
+            ((float *)c->work)[j] = lb[j];  // for thread 0 after the barrier (this thread is done with its scratch)
+    } else if (s->n_sampled) {
         linear_share(c, m->lm_head, c->xs, d, m->logits, m->vocab, s->n_sampled, 0, (m->fast & FAST_HEAD) != 0, 1);
         if (m->final_cap != 0.0f) {  // this thread's columns
             u32 n0, n1;
@@ -1986,6 +2146,15 @@ static void step_body(const Ctx *c, const Model *m, const Step *s) {
         }
     }
     SYNC();
+    for (u32 j = 0; gh && t0 && j < s->n_sampled; j++) {
+#ifdef THREADS
+        for (u32 i = 1; i < c->nth; i++) {  // L: the largest over the threads (NaN if any is NaN)
+            float o = ((float *)c->team->bufs[i - 1].work)[j];
+            lb[j] = o != o || lb[j] != lb[j] ? __builtin_nanf("") : o > lb[j] ? o : lb[j];
+        }
+#endif
+        head_pass(m->lm_head, c->xs + j * d, m->logits + j * m->vocab, c->work, 0, m->vocab, 0, lb[j]);
+    }
     if (t0)
         for (u32 j = 0; j < s->n_sampled; j++)
             s->out_ids[j] = sample_row(m->logits + j * m->vocab, m->vocab, s->params + j, s->aux, s->counts,
@@ -2089,6 +2258,18 @@ EXPORT(wi_linear_part) void wi_linear_part(const Weight *w, const float *x, u32 
 EXPORT(wi_linear_reps) void wi_linear_reps(const Weight *w, const float *x, u32 x_stride, float *y, u32 y_stride,
                                            u32 rows, u32 fast, u8 *scratch, u32 reps) {
     for (u32 i = 0; i < reps; i++) linear(w, x, x_stride, y, y_stride, rows, 0, fast, scratch, i == 0, 0, w->n);
+}
+
+// tests: the greedy LM head's two passes on one thread over every row of packed w against one activation row x; y
+// gets what a step leaves in its logits row (exact for the candidates' groups, upper bounds elsewhere); returns the
+// id draw() picks from y
+EXPORT(wi_greedy_head) u32 wi_greedy_head(const Weight *w, const float *x, float *y, u8 *scratch) {
+    float L = head_pass(w, x, y, scratch, 0, w->n, 1, 0.0f);
+    head_pass(w, x, y, scratch, 0, w->n, 0, L);
+    u32 best = 0;
+    for (u32 i = 1; i < w->n; i++)
+        if (okey(y[i]) > okey(y[best])) best = i;
+    return best;
 }
 
 // bytes of scratch wi_linear needs for `rows` rows of K = kp

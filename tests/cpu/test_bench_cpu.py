@@ -22,6 +22,8 @@ def test_cpu_bench_quick_json(tmp_path, capsys):
     for v in res["gemv"].values():
         assert v["exact"]["gb_s"] > 0 and v["fast"]["gb_s"] > 0, v
     assert res["decode_read_bound"]["step_weight_mb"] > 0, res["decode_read_bound"]
+    gh = res["greedy_head"]  # (the tiny model's q8 head, 4 rows a group: at least the argmax's group recomputed)
+    assert gh["exact_one_pass"] > 0 and gh["exact_greedy"] > 0 and 4 <= gh["recomputed_logits"], gh
     for mode in ("exact", "fast"):
         assert res["decode"][mode]["decode_tok_s"] > 0, res["decode"]
         assert res["decode"][mode]["of_read_bound"] > 0, (res["decode"], res["decode_read_bound"])

@@ -204,6 +204,68 @@ def test_bench_switch_skips_linear_and_resets(mem):
     assert not np.array_equal(y.read(), y0)
 
 
+def _exact_and_greedy(mem, w, n, k, kp, x):
+    """The one-pass exact head's logits (wi_linear, exact mode) and the greedy head's (wi_greedy_head) for each row
+    of x: [(exact row, greedy head's logits row, its id)]"""
+    scratch = mem.scratch(mem.call("wi_linear_scratch_bytes", 1, kp))
+    out = []
+    for row in x:
+        xa = mem.put(row.astype(np.float32))
+        y, g = mem.empty((1, n)), mem.empty((n,))
+        mem.call("wi_linear", w, xa.off, k, y.off, n, 1, 0, 0, scratch.off)
+        i = mem.call("wi_greedy_head", w, xa.off, g.off, scratch.off)
+        out.append((y.read()[0], g.read(), i))
+    return out
+
+
+@pytest.mark.parametrize("dtype,gs", PACKED)
+def test_greedy_head_picks_the_exact_heads_argmax(mem, dtype, gs):
+    """kernels.c's greedy LM head (a bound pass on the high digits, then the candidates' groups again in full exact
+    mode) against the one-pass exact head: the same id (lowest on ties), the candidates' groups bit for bit, every
+    other row an upper bound of its exact logit. Rows in near-ties: 60 of 64 weight rows copy 4 base rows with one
+    code changed, so many logits lie within the bound of the largest; x at scales 1e-3 .. 1e3, one row all zero
+    (every logit equal: all candidates, id 0)."""
+    n, k = 64, 600
+    rng = np.random.default_rng(11)
+    comps = random_components(dtype, n, k, gs, rng)
+    q = np.frombuffer(comps["qweight"], np.uint8).reshape(n, -1).copy()
+    for r in range(4, n):  # near-copies of rows 0-3: one byte of the codes changed
+        q[r] = q[r % 4]
+        q[r, rng.integers(q.shape[1])] ^= 1 << rng.integers(8)
+    comps["qweight"] = q.tobytes()
+    for c in ("scales", "mins", "super", "qhigh"):  # the same scales as the copied row (a code decides the order)
+        if c in comps:
+            a = np.frombuffer(comps[c], np.uint8).reshape(n, -1).copy()
+            a[4:] = a[np.arange(4, n) % 4]
+            comps[c] = a.tobytes()
+    w = mem.weight(dtype, n, k, gs, comps, packed=True)
+    x = rng.standard_normal((12, k)) * np.geomspace(1e-3, 1e3, 12)[:, None]
+    x[5] = 0.0
+    for e, g, i in _exact_and_greedy(mem, w, n, k, k_padded(k, gs), x.astype(np.float32)):
+        assert i == int(np.argmax(e)), (dtype, i, int(np.argmax(e)))
+        same = g.view(np.uint32) == e.view(np.uint32)
+        assert same[i - i % 4: i - i % 4 + 4].all()  # the argmax's group computed exactly
+        assert (g[~same] > e[~same]).all()  # elsewhere bounds above the exact logits
+
+
+def test_greedy_head_keeps_rows_the_high_digits_alone_would_drop(mem):
+    """x in exact mode is X = hi * 256 + lo per element (X = rint(x / D)); the first pass sees hi only. Row 1's
+    logit is a * D * 256 (one code on X = 256: hi 1), row 2's a * D * 381 (three on X = 127: hi 0, lo 127): row 1
+    leads the first pass, row 2 the exact head. A bound that ignored the low digits (or a second pass over the first
+    pass's leader alone) returns 1; the head must return 2, as the one-pass head does."""
+    n, k = 8, 64
+    codes = np.zeros((n, k), np.int8)
+    codes[1, 3], codes[2, 9] = 1, 3
+    comps = {"qweight": codes.tobytes(), "scales": np.full(n * k // 32, 0.01, np.float16).tobytes()}
+    w = mem.weight("q8", n, k, 32, comps, packed=True)
+    x = np.zeros((1, k), np.float32)
+    x[0, 0] = 127 * 65536 * 2.0 ** -20  # the block's amax: D = amax / (127 * 65536) = 2^-20
+    x[0, 3], x[0, 9] = 256 * 2.0 ** -20, 127 * 2.0 ** -20
+    [(e, g, i)] = _exact_and_greedy(mem, w, n, k, k, x)
+    assert int(np.argmax(e)) == 2 and e[2] > e[1] > 0
+    assert i == 2
+
+
 @pytest.mark.parametrize("dtype,gs,packed", [("q4a", 32, False), ("q6k", 256, False), ("q5k", 256, False),
                                              ("q8", 32, False), ("q4a", 32, True), ("q4", 32, True), ("q8", 32, True),
                                              ("q6k", 256, True), ("q4k", 256, True), ("q5_0", 32, True),

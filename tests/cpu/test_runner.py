@@ -55,6 +55,7 @@ def test_greedy_ids_equal_reference(request, which, variant):
 def _logits_alone_and_batched(runner, prompts):
     """Prefill each prompt alone (own blocks), then all together in one step on fresh blocks: logits rows."""
     alone, chunks = [], []
+    runner.full_logits = True
     for i, p in enumerate(prompts):
         table = [1 + 2 * i, 2 + 2 * i]
         asyncio.run(runner.execute(StepBatch([SeqChunk(i, p, 0, table, True)])))
@@ -113,6 +114,38 @@ def test_threads_give_the_ids_of_one(request, which, mode, variant, threads):
     finally:
         two.close()
     assert not any(w.thread.is_alive() for w in workers), "a worker thread did not leave on close"
+
+
+@pytest.mark.parametrize("variant", ["base", "relaxed"])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_greedy_head_leaves_each_argmax_exact(tiny_llama, variant, threads):
+    """kernels.c's greedy LM head (exact mode, greedy rows, runner.full_logits off): each sampled row's argmax and
+    its group of 4 carry the full head's bits, every other entry is an upper bound of its logit (not a logit:
+    logits() refuses to read it), and the ids are those of full logits; one sampled row, then three sequences
+    together (three rows), on 1-3 threads (the threads' lower bounds merged on thread 0)."""
+    r = _runner(tiny_llama, variant=variant, threads=threads)
+    V = r.vocab_size
+    try:
+        steps = [[SeqChunk(0, [5, 17, 200, 33], 0, [1, 2], True)],
+                 [SeqChunk(i, p, 0, [3 + 2 * i, 4 + 2 * i], True) for i, p in enumerate(([42], [7, 8, 9], [250, 3]))]]
+        for chunks in steps:
+            n, out = len(chunks), {}
+            for full in (False, True):  # the same step twice (its K/V rewritten with the same values)
+                r.full_logits = full
+                ids = asyncio.run(r.execute(StepBatch(chunks)))
+                out[full] = ids, np.frombuffer(r.host.read(r.logits_off, 4 * V * n), np.float32).reshape(n, V).copy()
+                if not full:
+                    with pytest.raises(ValueError, match="full_logits"):
+                        r.logits(n)
+            (ids_g, g), (ids_f, f) = out[False], out[True]
+            assert ids_g == ids_f == [int(i) for i in np.argmax(f, axis=1)]
+            for j, i in enumerate(ids_f):
+                same = g[j].view(np.uint32) == f[j].view(np.uint32)
+                assert same[i - i % 4: i - i % 4 + 4].all(), f"row {j}: the argmax's group is not exact"
+                assert (~same).any(), "the greedy head did not run"
+                assert (g[j][~same] > f[j][~same]).all()
+    finally:
+        r.close()
 
 
 def _assert_same_logits(one, two, prompts):
@@ -203,6 +236,7 @@ def test_warm_up_between_steps_changes_nothing(tiny_llama, threads):
     try:
         p, ids = [5, 17, 200, 33, 1, 9, 250, 3, 4], {}
         for r in (plain, warmed):
+            r.full_logits = True
             out, logits, chunk, start = [], [], p, 0
             for i in range(3):  # prefill, then two decode steps
                 if r is warmed:
@@ -330,6 +364,7 @@ def test_smollm2_long_context_equals_reference(smollm2_package):
     want = [int(i) for i in np.argmax(logits[len(p) - 1:], axis=-1)]
     assert got == want, (got, want)
     table = list(range(1, 1 + -(-len(p) // 16)))
+    runner.full_logits = True
     for c in range(0, len(p), 128):  # (the prompt's own prefill, chunk by chunk, fresh blocks)
         chunk = p[c:c + 128]
         asyncio.run(runner.execute(StepBatch([SeqChunk(0, chunk, c, table[: -(-(c + len(chunk)) // 16)],

@@ -56,6 +56,9 @@ PARAM_BYTES = 64  # sampling.py's RowParams, as kernels.c's SampleParams reads i
 # (measured: all-int8 cost +1.7 % perplexity on SmolLM2, the down projection's share the largest)
 MODES = {"exact": 0, "fast": 1 | 2 | 4 | 16 | 32}
 FAST_GATE_UP16 = 64  # GeGLU models (Gemma) in fast mode: gate and up take int16 activations too
+# every logit exact: kernels.c's greedy LM head (exact mode, one greedy row) otherwise computes only the candidates
+# for the argmax exactly and leaves bounds elsewhere in the logits row (docs/cpu-backend.md "The greedy LM head")
+FULL_LOGITS = 128
 _FAST_WORD = 9  # index of `fast` in the Model struct
 _TEAM_WORD = 30  # index of `team` in the Model struct (0: a step runs on thread 0 alone, the workers stay parked)
 
@@ -183,6 +186,7 @@ class CpuRunner:
         cfg = package.config
         _check_f32_fields(cfg)
         self.cfg, self.host, self.package, self.mode = cfg, host, package, mode
+        self._full_logits = False
         self.packed_weights, self.pack_reason = pack, "packed GEMV layouts" if pack else "package layouts (asked)"
         self.block_size, self.num_blocks = block_size, num_blocks
         self.max_model_len = min(max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
@@ -374,8 +378,23 @@ class CpuRunner:
 
     def set_mode(self, mode: str) -> None:
         """Switch between "exact" and "fast" activations (the weights stay as they are)."""
-        self.host.write(self.model_off + 4 * _FAST_WORD, struct.pack("<I", mode_bits(mode, self.cfg)))
         self.mode = mode
+        self._write_fast_bits()
+
+    @property
+    def full_logits(self) -> bool:
+        """Whether every step computes every logit exactly (needed by logits()); off, an exact-mode step with one
+        greedy row computes only the argmax's candidates exactly (the same ids, the LM head ~2x faster)."""
+        return self._full_logits
+
+    @full_logits.setter
+    def full_logits(self, on: bool) -> None:
+        self._full_logits = bool(on)
+        self._write_fast_bits()
+
+    def _write_fast_bits(self) -> None:
+        bits = mode_bits(self.mode, self.cfg) | (FULL_LOGITS if self._full_logits else 0)
+        self.host.write(self.model_off + 4 * _FAST_WORD, struct.pack("<I", bits))
 
     # ------------------------------------------------------------------------------------------------ step
     def _write_step(self, ids, pos, slots, seqs, rows, sampling) -> int:
@@ -509,7 +528,11 @@ class CpuRunner:
         self.module_ms = module_ms
 
     def logits(self, n_rows: int) -> list[array]:
-        """The logits rows of the last step's sampled chunks (f32 arrays; tests, evaluation)."""
+        """The logits rows of the last step's sampled chunks (f32 arrays; tests, evaluation). Needs full_logits on
+        for that step."""
+        if not self._full_logits:
+            raise ValueError("CpuRunner.logits: set runner.full_logits = True before the step (without it a greedy "
+                             "step leaves bounds, not logits, outside the argmax's candidates)")
         v = self.vocab_size
         raw = self.host.read(self.logits_off, 4 * v * n_rows)
         return [array("f", raw[4 * v * i: 4 * v * (i + 1)]) for i in range(n_rows)]
@@ -526,8 +549,13 @@ class CpuRunner:
         ids, pos, slots, _, _, _, _ = GPUModel._prepare(self, batch)
         seqs = [SeqStep(ctx_len=start_pos + n, block_table=list(block_table[: -(-(start_pos + n) // self.block_size)]),
                         q_row=0, n_q=n)]
-        self._run(ids, pos, slots, seqs, list(range(n)), pack([SampleRow(j) for j in range(n)]))
-        return self.logits(n)
+        full = self._full_logits
+        self.full_logits = True
+        try:
+            self._run(ids, pos, slots, seqs, list(range(n)), pack([SampleRow(j) for j in range(n)]))
+            return self.logits(n)
+        finally:
+            self.full_logits = full
 
 
 def _chunk(token_ids, start_pos, block_table):

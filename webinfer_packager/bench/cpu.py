@@ -108,6 +108,29 @@ def gemv(host, arena, desc: int, k: int, weight_bytes: int, reps: int) -> dict:
     return out
 
 
+def greedy_head(host, arena, desc: int, x_off: int, k: int, n: int, reps: int) -> dict:
+    """ms of the greedy LM head (kernels.c's two passes, wi_greedy_head: what an exact-mode step with greedy rows
+    runs) against the one-pass exact head (wi_linear) on the same activation row, alternating, medians of 5, and
+    how many logits the second pass recomputed (the candidates' groups)."""
+    y = arena.alloc(4 * n, "bench head y")
+    kp = struct.unpack("<4I", host.read(desc, 16))[3]
+    scratch = arena.alloc(host.call("wi_linear_scratch_bytes", 1, kp), "bench head scratch")
+    times = {"exact_one_pass": [], "exact_greedy": []}
+    for _ in range(5):
+        times["exact_one_pass"].append(_time(lambda: host.call("wi_linear_reps", desc, x_off, k, y, n, 1, 0, scratch,
+                                                              reps), 1) / reps)
+        times["exact_greedy"].append(_time(lambda: [host.call("wi_greedy_head", desc, x_off, y, scratch)
+                                                    for _ in range(reps)], 1) / reps)
+    host.call("wi_linear_reps", desc, x_off, k, y, n, 1, 0, scratch, 1)
+    full = np.frombuffer(host.read(y, 4 * n), np.float32).copy()
+    host.call("wi_greedy_head", desc, x_off, y, scratch)
+    got = np.frombuffer(host.read(y, 4 * n), np.float32)
+    out = {key: round(statistics.median(v) * 1e3, 3) for key, v in times.items()}
+    out["speedup"] = round(out["exact_one_pass"] / out["exact_greedy"], 3)
+    out["recomputed_logits"] = int((got == full).sum())
+    return out
+
+
 def step_profile(runner, layer0: tuple, head_desc: int, reps: int, rounds: int = 3) -> dict:
     """Per mode, in CPU milliseconds of thread 0 (one thread): a decode step (runner.execute, median of 8 steps:
     thread_step_ms), its remainder (attention, norms, RoPE, SwiGLU, sampling, the activations' preparation, the
@@ -370,6 +393,14 @@ def run(package_path, quick: bool = False, ppl_text: str | None = None, variant:
         for mode in ("exact", "fast"):
             v[mode]["of_read_bw"] = round(v[mode]["gb_s"] / res["read_bw_gb_s"], 3)
     res["gemv"] = g
+    # the greedy LM head on the final norm of a real step's last row (a short greedy chat's)
+    if struct.unpack("<12I", host.read(m[13], 48))[11] == 1:  # (a packed head: the Weight's last word)
+        from webinfer.engine.batch import SeqChunk, StepBatch
+
+        runner.set_mode("exact")
+        asyncio.run(runner.execute(StepBatch([SeqChunk(0, [(7 * i + 11) % runner.vocab_size for i in range(16)], 0,
+                                                       [1, 2], True)])))
+        res["greedy_head"] = greedy_head(host, arena, m[13], m[27], pkg.config.hidden_size, runner.vocab_size, reps)
     n_tok = 16 if quick else 64
     res["decode"] = {}
     # the limit beside decode: a step reads every matrix once (the bytes as the module holds them), so one thread
