@@ -56,7 +56,7 @@ PARAM_BYTES = 64  # sampling.py's RowParams, as kernels.c's SampleParams reads i
 # (measured: all-int8 cost +1.7 % perplexity on SmolLM2, the down projection's share the largest)
 MODES = {"exact": 0, "fast": 1 | 2 | 4 | 16 | 32}
 FAST_GATE_UP16 = 64  # GeGLU models (Gemma) in fast mode: gate and up take int16 activations too
-# every logit exact: kernels.c's greedy LM head (exact mode, one greedy row) otherwise computes only the candidates
+# every logit exact: kernels.c's greedy LM head (exact mode, 1-16 greedy rows) otherwise computes only the candidates
 # for the argmax exactly and leaves bounds elsewhere in the logits row (docs/cpu-backend.md "The greedy LM head")
 FULL_LOGITS = 128
 _FAST_WORD = 9  # index of `fast` in the Model struct
@@ -383,8 +383,8 @@ class CpuRunner:
 
     @property
     def full_logits(self) -> bool:
-        """Whether every step computes every logit exactly (needed by logits()); off, an exact-mode step with one
-        greedy row computes only the argmax's candidates exactly (the same ids, the LM head ~2x faster)."""
+        """Whether every step computes every logit exactly (needed by logits()); off, an exact-mode step whose sampled
+        rows (1-16) are all greedy computes only each argmax's candidates exactly (the same ids, a faster head)."""
         return self._full_logits
 
     @full_logits.setter
