@@ -1025,7 +1025,7 @@ INLINE int streamed(int mode) {
 #endif
 }
 
-// packed_groups, or with hi_only (a constant after inlining) the greedy head's first pass: sums against the high
+// packed_groups, or with hi_only (a constant after inlining) the two-pass head's first pass: sums against the high
 // digits only, and bnd[j] = sum over units of |a_u xd_u| per row (the bound's factor; head_bounds)
 INLINE void packed_groups_hi(u32 dt, const Weight *w, const u32 *gs, int ns, const Acts *A, u32 r, int mode,
                              v128_t *out, int hi_only, v128_t *bnd) {
@@ -1290,16 +1290,18 @@ static void linear(const Weight *w, const float *x, u32 x_stride, float *y, u32 
     }
 }
 
-// ------------------------------------------------------------------------------------------------ greedy LM head
+// ------------------------------------------------------------------------------------------------ LM head in two passes
 //
-// A greedy row (argmax; no logprobs, penalties, mask or bias) needs only the id of its largest logit. In exact mode
-// a packed LM head then runs in two passes. head_bounds: every row's sums against the high digits of x only (exact
-// mode's X = hi * 256 + lo, the lo dots skipped: the integer work of fast mode's int16 GEMV, about half an exact
-// one), v, with a bound B on |v - e|, e the logit the one-pass head computes (linear()'s bits). With L the largest
-// v - B, head_candidates computes again, in full exact mode, every group of 4 rows holding a row with v + B >= L.
-// A row left out has e <= v + B < L <= e' of the row that gave L, so it is neither the argmax nor tied with it: the
-// id is the one-pass head's, ties included (lowest id). The logits row then holds exact values for the candidates'
-// groups and v + B for the rest; the runner's logits() asks for every row exact (FULL_LOGITS).
+// A greedy row (argmax; no logprobs, penalties, mask or bias) needs only the id of its largest logit; a row sampled
+// with min_p or top-p only the logits near it (head_cut, draw()). In exact mode a packed LM head then runs in two
+// passes. head_bounds: every row's sums against the high digits of x only (exact mode's X = hi * 256 + lo, the lo
+// dots skipped: the integer work of fast mode's int16 GEMV, about half an exact one), v, with a bound B on |v - e|, e
+// the logit the one-pass head computes (linear()'s bits). With L the largest v - B over the threads, head_candidates
+// computes again, in full exact mode, every group of 4 rows holding a row with v + B >= the row's cut (greedy: L).
+// A greedy row left out has e <= v + B < L <= e' of the row that gave L, so it is neither the argmax nor tied with
+// it: the id is the one-pass head's, ties included (lowest id); head_cut gives the sampled rows' argument. The
+// logits row then holds exact values for the candidates' groups and v + B for the rest; the runner's logits() asks
+// for every row exact (FULL_LOGITS).
 //
 // B, per unit u of a row, p_u = fl(a_u xd_u) (its scale times the activations' block scale, as unit_step rounds it):
 // the skipped sum |il_u| <= 128 * 32 QMAX (|lo| <= 128, |code| <= QMAX); both passes' f32 roundings (t_u = 256 is_u
@@ -1356,12 +1358,12 @@ INLINE float head_bounds(u32 dt, const Weight *w, const Acts *A, int mode, float
     return b2 > b0 ? b2 : b0;
 }
 
-// The second pass (one thread, every row of w): the groups holding a row with y >= L (every group when L is NaN)
-// in full exact mode, stored over their bounds; A: head_bounds' preparation
+// The second pass over rows [A->n0, A->n1): the groups holding a row with y >= L (every group when L is NaN) in
+// full exact mode, stored over their bounds; A: head_bounds' preparation
 INLINE void head_candidates(u32 dt, const Weight *w, const Acts *A, int mode, float *y, float L) {
-    u32 n = w->n, full = n / 4, all = L != L;
+    u32 n = A->n1, full = n / 4, all = L != L;
     v128_t lv = wasm_f32x4_splat(L);
-    for (u32 g = 0; g < (n + 3) / 4; g++) {
+    for (u32 g = A->n0 / 4; g < (n + 3) / 4; g++) {
         int need = all;
         if (!need && g < full) need = wasm_v128_any_true(wasm_f32x4_ge(wasm_v128_load(y + 4 * g), lv));
         for (u32 i = 0; !need && g == full && 4 * g + i < n; i++) need = y[4 * g + i] >= L;
@@ -1372,8 +1374,8 @@ INLINE void head_candidates(u32 dt, const Weight *w, const Acts *A, int mode, fl
     }
 }
 
-// head_bounds (first = 1: rows [n0, n1), returns the largest lower bound) or head_candidates (first = 0, every row)
-// for packed w and the one activation row x (prepared in scratch by each pass: a few microseconds)
+// head_bounds (first = 1, returns the largest lower bound) or head_candidates (first = 0, cut L) over rows [n0, n1)
+// (n0 a multiple of 4) for packed w and the one activation row x (prepared in scratch by each pass: a few microseconds)
 static float head_pass(const Weight *w, const float *x, float *y, u8 *scratch, u32 n0, u32 n1, int first, float L) {
     Acts A = {x, w->k, (float *)scratch, 0, 0, 0, 0, 0, n0, n1};
     int mode = packed_acts(w, &A, scratch, 1, EXACT_INT);
@@ -1629,11 +1631,39 @@ static float logf_(float x) {
     return 2.0f * t * poly + (float)e * 0.693147180559945f;
 }
 
+// LSD radix sort of n (key, value) pairs by key ascending, stable: 4 byte passes from (ka, va) through (kb, vb)
+// back to (ka, va)
+static void radix_sort(u32 *ka, u32 *va, u32 *kb, u32 *vb, u32 n) {
+    for (u32 sh = 0; sh < 32; sh += 8) {
+        u32 cnt[256];
+        for (u32 b = 0; b < 256; b++) cnt[b] = 0;
+        for (u32 i = 0; i < n; i++) cnt[(ka[i] >> sh) & 255]++;
+        u32 tot = 0;
+        for (u32 b = 0; b < 256; b++) { u32 c = cnt[b]; cnt[b] = tot; tot += c; }
+        for (u32 i = 0; i < n; i++) {
+            u32 o = cnt[(ka[i] >> sh) & 255]++;
+            kb[o] = ka[i];
+            vb[o] = va[i];
+        }
+        u32 *t = ka; ka = kb; kb = t;
+        t = va; va = vb; vb = t;
+    }
+}
+
+// The sampler's head: a logit l with x = (l - max) / T below HEAD_X has expf_(x) < 0.94 * 2^-24. Sorted by logit
+// (descending), every such term comes after the max's, exactly 1, so the running mass is >= 1 and adding one
+// rounds back to the same float (less than half an ulp of it): the mass of any sorted prefix that reaches past the
+// head equals the head's own, bit for bit. So top-p, whose cut lies inside the head when top_p < 1, needs only the
+// head sorted (a few to a few thousand ids of a 262k vocabulary, measured on Gemma 3 at T 0.7), not the vocabulary.
+#define HEAD_X (-16.7f)
+static u32 sort_all;  // tests (wi_test_sort_all): draw() sorts every id, the rule as written, to compare with
+
 // The GPU sampler's rule (webinfer/kernels/sampling.py, sample.wgsl) on processed logits l: greedy = argmax, lowest
 // id on ties; else temperature -> min_p (logits below max + T ln(min_p) -> -inf) -> top-k (logit descending, id
 // ascending) -> top-p (shortest prefix of that order whose mass reaches top_p of the kept mass) -> inverse CDF in id
 // order at u * mass, u = uniform(seed, index). proc: where min_p writes (may be l: the kept logits stay as they
-// are). scratch: 17 bytes x vocab (+ 16).
+// are). scratch: 17 bytes x vocab (+ 16). With top-k or top-p, only the head (HEAD_X) is sorted where that gives
+// the whole sort's kept set and sums: top_p < 1, or top-k within the head; else every id (the same result).
 static u32 draw(const float *l, u32 vocab, const SampleParams *p, u8 *scratch, float *proc) {
     u32 best = 0;
     u32 bk = okey(l[0]);
@@ -1650,58 +1680,53 @@ static u32 draw(const float *l, u32 vocab, const SampleParams *p, u8 *scratch, f
     }
     float u = (float)(pcg(pcg(p->seed) + p->index) >> 8) * (1.0f / 16777216.0f);
     int use_k = p->top_k > 0 && p->top_k < vocab;
-    u8 *kept = scratch;
-    u32 last = vocab - 1;
-    if (!use_k && p->top_p >= 1.0f) {
-        for (u32 i = 0; i < vocab; i++) kept[i] = 1;
-    } else {
-        // sort ids by (logit descending, id ascending): LSD radix sort on ~okey, stable from id order
-        u32 *ka = (u32 *)(scratch + ((vocab + 15) & ~15u)), *ia = ka + vocab, *kb = ia + vocab, *ib = kb + vocab;
+    float mass = 0.0f, c = 0.0f, r;
+    if (!use_k && p->top_p >= 1.0f) {  // every id kept
+        for (u32 i = 0; i < vocab; i++) mass += expf_((l[i] - mx) * inv_t);
+        r = u * mass;
+        for (u32 i = 0; i < vocab; i++) {
+            c += expf_((l[i] - mx) * inv_t);
+            if (c > r) return i;
+        }
+        return vocab - 1;  // r within rounding of the total
+    }
+    // the ids to sort, in id order, keyed ~okey (ascending = logit descending; the sort is stable: id ascending)
+    u32 *ka = (u32 *)(scratch + ((vocab + 15) & ~15u)), *ia = ka + vocab, *kb = ia + vocab, *ib = kb + vocab;
+    u32 h = 0, all = sort_all;
+    for (u32 i = 0; i < vocab && !all; i++) {
+        float x = (l[i] - mx) * inv_t;
+        if (x >= HEAD_X) { ka[h] = ~okey(l[i]); ia[h++] = i; }
+        else all |= x != x;  // a NaN (or an infinite max): sort everything
+    }
+    if (all || (use_k && p->top_k > h && p->top_p >= 1.0f)) {  // top-k past the head: its order matters
         for (u32 i = 0; i < vocab; i++) { ka[i] = ~okey(l[i]); ia[i] = i; }
-        for (u32 sh = 0; sh < 32; sh += 8) {
-            u32 cnt[256];
-            for (u32 b = 0; b < 256; b++) cnt[b] = 0;
-            for (u32 i = 0; i < vocab; i++) cnt[(ka[i] >> sh) & 255]++;
-            u32 tot = 0;
-            for (u32 b = 0; b < 256; b++) { u32 c = cnt[b]; cnt[b] = tot; tot += c; }
-            for (u32 i = 0; i < vocab; i++) {
-                u32 o = cnt[(ka[i] >> sh) & 255]++;
-                kb[o] = ka[i];
-                ib[o] = ia[i];
-            }
-            u32 *t = ka; ka = kb; kb = t;
-            t = ia; ia = ib; ib = t;
-        }
-        u32 n = use_k ? p->top_k : vocab;
-        if (p->top_p < 1.0f) {
-            float mass = 0.0f;
-            for (u32 j = 0; j < n; j++) mass += expf_((l[ia[j]] - mx) * inv_t);
-            float goal = p->top_p * mass, c = 0.0f;
-            u32 j = 0;
-            while (j < n) {
-                c += expf_((l[ia[j]] - mx) * inv_t);
-                j++;
-                if (c >= goal) break;
-            }
-            n = j;
-        }
-        for (u32 i = 0; i < vocab; i++) kept[i] = 0;
-        last = 0;
-        for (u32 j = 0; j < n; j++) {
-            kept[ia[j]] = 1;
-            last = ia[j] > last ? ia[j] : last;
-        }
+        h = vocab;
     }
-    float mass = 0.0f;
-    for (u32 i = 0; i < vocab; i++)
-        if (kept[i]) mass += expf_((l[i] - mx) * inv_t);
-    float r = u * mass, c = 0.0f;
-    for (u32 i = 0; i < vocab; i++) {
-        if (!kept[i]) continue;
-        c += expf_((l[i] - mx) * inv_t);
-        if (c > r) return i;
+    radix_sort(ka, ia, kb, ib, h);
+    u32 n = use_k && p->top_k < h ? p->top_k : h;  // (past the head, top-k's extra ids add nothing to the mass)
+    if (p->top_p < 1.0f) {
+        for (u32 j = 0; j < n; j++) mass += expf_((l[ia[j]] - mx) * inv_t);
+        float goal = p->top_p * mass;
+        u32 j = 0;
+        while (j < n) {
+            c += expf_((l[ia[j]] - mx) * inv_t);
+            j++;
+            if (c >= goal) break;
+        }
+        n = j;
+        mass = 0.0f;
+        c = 0.0f;
     }
-    return last;  // r within rounding of the total
+    // the kept ids (the first n) in id order: the draw walks them so
+    for (u32 j = 0; j < n; j++) kb[j] = ib[j] = ia[j];
+    radix_sort(kb, ib, ka, ia, n);
+    for (u32 j = 0; j < n; j++) mass += expf_((l[kb[j]] - mx) * inv_t);
+    r = u * mass;
+    for (u32 j = 0; j < n; j++) {
+        c += expf_((l[kb[j]] - mx) * inv_t);
+        if (c > r) return kb[j];
+    }
+    return n ? kb[n - 1] : 0;  // r within rounding of the total
 }
 
 #define LPW 42u  // logprob words per row (sampling.py LOGPROB_WORDS): sampled logprob, n, then n x (id, logprob)
@@ -1780,7 +1805,7 @@ static u32 sample_row(const float *l, u32 vocab, const SampleParams *p, const u3
 
 // FAST_DOWN16: the down projection's activations (after SwiGLU: the largest outliers) as int16 instead of int8;
 // FAST_GATE_UP16: gate's and up's as int16 (the runner's choice for GeGLU models: docs/cpu-backend.md "Modes")
-// FULL_LOGITS: every logit exact, never greedy_head's two passes (the runner's logits() reads them)
+// FULL_LOGITS: every logit exact, never the LM head's two passes (the runner's logits() reads them)
 enum { FAST_QKV = 1, FAST_O = 2, FAST_GATE_UP = 4, FAST_DOWN = 8, FAST_HEAD = 16, FAST_DOWN16 = 32,
        FAST_GATE_UP16 = 64, FULL_LOGITS = 128 };
 
@@ -1939,23 +1964,75 @@ static void post_norm_add(const Ctx *c, const Model *m, const float *w, u32 T) {
     }
 }
 
-// Whether the step's LM head takes the greedy two passes ("greedy LM head"): an exact packed head, 1 to GREEDY_ROWS
-// sampled rows, every one greedy with nothing that reads or changes other logits (logprobs, penalties, a mask,
-// logit_bias; a final soft-cap, whose rounding could tie rows). Each row takes its own passes: per row the first
-// costs about half of an exact row of the head (the GEMM tile shares a weight decode among rows but is bound by its
-// multiplies, one row's worth per row).
-#define GREEDY_ROWS 16
-INLINE int greedy_head(const Model *m, const Step *s) {
-    if (!s->n_sampled || s->n_sampled > GREEDY_ROWS || skip_linear || (m->fast & (FAST_HEAD | FULL_LOGITS)) ||
+// The largest float <= d (d finite, not a float's overflow)
+INLINE float f32_below(double d) {
+    float f = (float)d;
+    if ((double)f <= d) return f;
+    u32 b = f32_bits(f);
+    return f == 0.0f ? bits_f32(0x80000001u) : bits_f32(f > 0.0f ? b - 1 : b + 1);
+}
+
+// The two-pass LM head's cut for one sampled row ("The LM head in two passes"): its second pass computes exactly
+// every group with a row at or above it, the others keep their bounds y = v + B >= e, and sample_row must draw the
+// one-pass head's id from that row. L: the largest v - B (<= the exact maximum mx). NaN: the row needs every logit
+// exact (then the step runs the one-pass head); a NaN L gives NaN (every group again).
+// - greedy: L. A row left out has e <= y < L <= mx: neither the argmax nor tied with it.
+// - min_p: fl(L + c), c = fl(ln(min_p) T) as draw() rounds it (c <= 0). A row left out has e <= y < fl(L + c) <=
+//   fl(mx + c), draw()'s threshold (rounding is monotone): -inf after min_p from either value.
+// - top_p < 1: L + HEAD_X (1 + 2^-8) T, rounded down. A row left out has y - mx < HEAD_X (1 + 2^-8) T, so x = (y -
+//   mx) / T < HEAD_X after draw()'s roundings, and the same from e <= y: outside the sampler's head (draw()), where
+//   neither its value nor its place in the order reaches the kept set or the sums.
+//   With min_p as well, the larger of the two cuts: a row left out by either is -inf or outside the head both ways.
+// Every id kept (top_p 1, no min_p) sums every logit, top-k alone orders them: NaN.
+INLINE float head_cut(const SampleParams *p, float L) {
+    float T = p->temperature, nan = __builtin_nanf("");
+    if (L != L) return nan;
+    if (T <= 0.0f || p->top_k == 1) return L;
+    if (!(T < 1e30f && 1.0f / T < 1e30f)) return nan;
+    float cut = -__builtin_inff();
+    int some = 0;
+    if (p->min_p > 0.0f) {
+        float c = logf_(p->min_p) * p->temperature;
+        if (!(c <= 0.0f)) return nan;  // min_p > 1 (the API refuses it)
+        cut = L + c;
+        some = 1;
+    }
+    if (p->top_p < 1.0f) {
+        float h = f32_below((double)L + (double)(HEAD_X * 1.00390625f) * (double)T);
+        cut = h > cut ? h : cut;
+        some = 1;
+    }
+    return some ? cut : nan;
+}
+
+// Whether the step's LM head takes two passes ("The LM head in two passes"): an exact packed head, 1 to HEAD_ROWS
+// sampled rows, each with a cut (head_cut: greedy, or sampled with min_p or top-p) and nothing that reads or changes
+// other logits (logprobs, penalties, a mask, logit_bias; a final soft-cap, whose rounding could tie rows). Each row
+// takes its own passes: per row the first costs about half of an exact row of the head (the GEMM tile shares a
+// weight decode among rows but is bound by its multiplies, one row's worth per row).
+#define HEAD_ROWS 16
+INLINE int two_pass_head(const Model *m, const Step *s) {
+    if (!s->n_sampled || s->n_sampled > HEAD_ROWS || skip_linear || (m->fast & (FAST_HEAD | FULL_LOGITS)) ||
         m->lm_head->packed != 1 || m->final_cap != 0.0f)
         return 0;
     for (u32 j = 0; j < s->n_sampled; j++) {
         const SampleParams *p = s->params + j;
-        if (!((p->temperature <= 0.0f || p->top_k == 1) && p->mask_off == NONE && p->bias_n == 0 &&
-              p->n_logprobs == NONE && p->freq == 0.0f && p->pres == 0.0f && p->rep == 1.0f))
+        if (!(p->mask_off == NONE && p->bias_n == 0 && p->n_logprobs == NONE && p->freq == 0.0f && p->pres == 0.0f &&
+              p->rep == 1.0f) || head_cut(p, 0.0f) != head_cut(p, 0.0f))
             return 0;
     }
     return 1;
+}
+
+// bytes of scratch linear() needs for `rows` rows of K = kp: the packed layout's rows * (kp / 32 * 8 + kp * 8) + 16,
+// or for one row (EXACT_I8) kp / 32 * 8 + kp * 12 + 16
+INLINE u32 linear_scratch_bytes(u32 rows, u32 kp) { return rows * (kp / 16 * 4 + kp / 32 * 8 + kp * 8) + kp * 4 + 64; }
+
+// Where each thread leaves its rows' largest lower bounds for the others: past head_pass's scratch in its work
+// buffer (the runner sizes every work buffer HEAD_LB_BYTES over the linear scratch)
+#define HEAD_LB_BYTES 128
+INLINE float *head_lbs(u8 *work, const Model *m) {
+    return (float *)(work + ((linear_scratch_bytes(1, m->lm_head->kp) + 15) & ~15u));
 }
 
 #define SYNC()                          \
@@ -2127,15 +2204,13 @@ static void step_body(const Ctx *c, const Model *m, const Step *s) {
     }
     for (u32 j = 0; j < s->n_sampled; j++)
         rmsnorm(r + s->sample_rows[j] * d, d, m->norm, c->xs + j * d, d, 1, d, m->eps);
-    int gh = greedy_head(m, s);
-    float lb[GREEDY_ROWS];  // greedy_head: per sampled row, the largest lower bound of this thread's logits
-    if (gh) {
+    int two = two_pass_head(m, s);
+    if (two) {  // the first pass on this thread's rows; its lower bounds where every thread reads them
         u32 n0, n1;
         share(c, m->vocab, &n0, &n1);
+        float *lb = head_lbs(c->work, m);
         for (u32 j = 0; j < s->n_sampled; j++)
             lb[j] = head_pass(m->lm_head, c->xs + j * d, m->logits + j * m->vocab, c->work, n0, n1, 1, 0.0f);
-        for (u32 j = 0; c->tid && j < s->n_sampled; j++)
-            ((float *)c->work)[j] = lb[j];  // for thread 0 after the barrier (this thread is done with its scratch)
     } else if (s->n_sampled) {
         linear_share(c, m->lm_head, c->xs, d, m->logits, m->vocab, s->n_sampled, 0, (m->fast & FAST_HEAD) != 0, 1);
         if (m->final_cap != 0.0f) {  // this thread's columns
@@ -2146,14 +2221,21 @@ static void step_body(const Ctx *c, const Model *m, const Step *s) {
         }
     }
     SYNC();
-    for (u32 j = 0; gh && t0 && j < s->n_sampled; j++) {
+    if (two) {  // the second pass on this thread's rows, at the cut from every thread's L
+        u32 n0, n1;
+        share(c, m->vocab, &n0, &n1);
+        for (u32 j = 0; j < s->n_sampled; j++) {
+            float L = head_lbs(m->work, m)[j];  // (thread 0's work is the Model's)
 #ifdef THREADS
-        for (u32 i = 1; i < c->nth; i++) {  // L: the largest over the threads (NaN if any is NaN)
-            float o = ((float *)c->team->bufs[i - 1].work)[j];
-            lb[j] = o != o || lb[j] != lb[j] ? __builtin_nanf("") : o > lb[j] ? o : lb[j];
-        }
+            for (u32 i = 1; i < c->nth; i++) {  // the largest over the threads (NaN if any is NaN)
+                float o = head_lbs(c->team->bufs[i - 1].work, m)[j];
+                L = o != o || L != L ? __builtin_nanf("") : o > L ? o : L;
+            }
 #endif
-        head_pass(m->lm_head, c->xs + j * d, m->logits + j * m->vocab, c->work, 0, m->vocab, 0, lb[j]);
+            head_pass(m->lm_head, c->xs + j * d, m->logits + j * m->vocab, c->work, n0, n1, 0,
+                      head_cut(s->params + j, L));
+        }
+        SYNC();
     }
     if (t0)
         for (u32 j = 0; j < s->n_sampled; j++)
@@ -2260,12 +2342,13 @@ EXPORT(wi_linear_reps) void wi_linear_reps(const Weight *w, const float *x, u32 
     for (u32 i = 0; i < reps; i++) linear(w, x, x_stride, y, y_stride, rows, 0, fast, scratch, i == 0, 0, w->n);
 }
 
-// tests: the greedy LM head's two passes on one thread over every row of packed w against one activation row x; y
-// gets what a step leaves in its logits row (exact for the candidates' groups, upper bounds elsewhere); returns the
-// id draw() picks from y
-EXPORT(wi_greedy_head) u32 wi_greedy_head(const Weight *w, const float *x, float *y, u8 *scratch) {
+// tests: the LM head's two passes on one thread over every row of packed w against one activation row x, at the
+// cut of the sampled row p (0: greedy); y gets what a step leaves in its logits row (exact for the candidates'
+// groups, upper bounds elsewhere); returns y's argmax (lowest id on ties)
+EXPORT(wi_head_two_pass) u32 wi_head_two_pass(const Weight *w, const float *x, float *y, u8 *scratch,
+                                              const SampleParams *p) {
     float L = head_pass(w, x, y, scratch, 0, w->n, 1, 0.0f);
-    head_pass(w, x, y, scratch, 0, w->n, 0, L);
+    head_pass(w, x, y, scratch, 0, w->n, 0, p ? head_cut(p, L) : L);
     u32 best = 0;
     for (u32 i = 1; i < w->n; i++)
         if (okey(y[i]) > okey(y[best])) best = i;
@@ -2273,10 +2356,7 @@ EXPORT(wi_greedy_head) u32 wi_greedy_head(const Weight *w, const float *x, float
 }
 
 // bytes of scratch wi_linear needs for `rows` rows of K = kp
-EXPORT(wi_linear_scratch_bytes) u32 wi_linear_scratch_bytes(u32 rows, u32 kp) {
-    // the packed layout's: rows * (kp / 32 * 8 + kp * 8) + 16, or for one row (EXACT_I8) kp / 32 * 8 + kp * 12 + 16
-    return rows * (kp / 16 * 4 + kp / 32 * 8 + kp * 8) + kp * 4 + 64;
-}
+EXPORT(wi_linear_scratch_bytes) u32 wi_linear_scratch_bytes(u32 rows, u32 kp) { return linear_scratch_bytes(rows, kp); }
 
 EXPORT(wi_dequant_rows) void wi_dequant_rows(const Weight *w, u32 row0, u32 rows, float *out) {
     for (u32 r = 0; r < rows; r++) dequant_row(w, row0 + r, out + r * w->k);
@@ -2325,6 +2405,9 @@ EXPORT(wi_softmax_exp) void wi_softmax_exp(const float *x, float *y, u32 n, floa
 }
 
 // counts, logprobs: as the Step's (0: none)
+EXPORT(wi_test_sort_all) void wi_test_sort_all(u32 on) { sort_all = on; }
+EXPORT(wi_test_head_x) float wi_test_head_x(void) { return HEAD_X; }
+
 EXPORT(wi_sample) void wi_sample(const float *logits, u32 vocab, const SampleParams *p, const u32 *aux, u32 rows,
                                  u32 *out, u8 *scratch, u32 *counts, u32 *logprobs) {
     for (u32 j = 0; j < rows; j++)

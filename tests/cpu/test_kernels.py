@@ -101,6 +101,51 @@ def test_linear(mem, dtype, gs, packed, fast):
         assert np.array_equal(one.read()[0], got[r]), f"{dtype}: row {r} alone differs from the batch"
 
 
+# sampled rows the two-pass head takes (kernels.c head_cut): top-p, min_p, both with top-k, a wide band (T 1.5)
+HEAD_SAMPLED = [dict(temperature=0.7, top_p=0.95), dict(temperature=1.0, min_p=0.1),
+                dict(temperature=0.5, top_k=40, top_p=0.9, min_p=0.05), dict(temperature=1.5, top_p=0.5),
+                dict(temperature=0.3, top_k=3, min_p=0.2)]
+
+
+@pytest.mark.parametrize("dtype,gs", PACKED)
+def test_two_pass_head_samples_as_the_one_pass_head(mem, dtype, gs):
+    """The LM head's two passes for sampled rows (kernels.c head_cut): the logits row it leaves (candidates' groups
+    exact, bounds above the logits elsewhere) holds every logit the sampler reads exact (min_p's kept ones, top-p's
+    head) and samples the one-pass head's ids, for every packed format, the sampled settings the cut covers and 16
+    seeds each; the cut leaves rows out (else the test would not test it).
+    Logits spread ~4 apart (x scaled to it), so each band holds some of the 384 rows and not all."""
+    n, k = 384, 600
+    rng = np.random.default_rng(17)
+    w = mem.weight(dtype, n, k, gs, random_components(dtype, n, k, gs, rng), packed=True)
+    kp = k_padded(k, gs)
+    scratch = mem.scratch(mem.call("wi_linear_scratch_bytes", 1, kp))
+    head_x = mem.call("wi_test_head_x")  # draw(): a logit below max + head_x T adds nothing to a top-p draw
+    left_out = 0
+    for xi in range(3):
+        x = rng.standard_normal(k).astype(np.float32)
+        for _ in range(2):  # scale x until the logits' spread is ~4
+            xa, e = mem.put(x), mem.empty((1, n))
+            mem.call("wi_linear", w, xa.off, k, e.off, n, 1, 0, 0, scratch.off)
+            x = (x * 4.0 / max(float(e.read().std()), 1e-30)).astype(np.float32)
+        xa = mem.put(x)
+        mem.call("wi_linear", w, xa.off, k, e.off, n, 1, 0, 0, scratch.off)
+        exact = e.read()[0]
+        for c in HEAD_SAMPLED:
+            rows = [SampleRow(0, seed=seed, index=3 * seed + xi, **c) for seed in range(16)]
+            y = mem.empty((1, n))
+            mem.call("wi_head_two_pass", w, xa.off, y.off, scratch.off,
+                     mem.put(np.frombuffer(pack(rows[:1], n).params, np.uint8)).off)
+            g = y.read()[0]
+            same = g.view(np.uint32) == exact.view(np.uint32)
+            assert (g[~same] > exact[~same]).all(), (dtype, c)
+            cut = max(c["temperature"] * np.log(c["min_p"]) if c.get("min_p") else -np.inf,
+                      c["temperature"] * head_x if c.get("top_p", 1) < 1 else -np.inf)
+            assert same[exact >= exact.max() + cut].all(), f"{dtype} {c}: a logit the sampler reads is a bound"
+            left_out += int((~same).sum())
+            assert _sample(mem, y, n, rows) == _sample(mem, e, n, rows), (dtype, c, xi)
+    assert left_out > 0
+
+
 @pytest.mark.parametrize("dtype,gs,packed", [("q4a", 32, False), ("q6k", 256, False), ("f32", None, False),
                                              ("q4a", 32, True), ("q8", 32, True), ("q6k", 256, True),
                                              ("q4k", 256, True), ("q5_0", 32, True)])
@@ -213,7 +258,7 @@ def _exact_and_greedy(mem, w, n, k, kp, x):
         xa = mem.put(row.astype(np.float32))
         y, g = mem.empty((1, n)), mem.empty((n,))
         mem.call("wi_linear", w, xa.off, k, y.off, n, 1, 0, 0, scratch.off)
-        i = mem.call("wi_greedy_head", w, xa.off, g.off, scratch.off)
+        i = mem.call("wi_head_two_pass", w, xa.off, g.off, scratch.off, 0)
         out.append((y.read()[0], g.read(), i))
     return out
 
@@ -469,6 +514,60 @@ def test_sampling_controls_match_reference(mem):
             got = _sample(mem, la, V, rows)
             assert got == want, (seed, temperature)
             assert all(allowed[t] for t, r in zip(got, rows) if r.mask is not None)
+
+
+def _draw_rows(V, rng):
+    """Logit rows for draw()'s head (kernels.c HEAD_X): a peaked row, a flat one, a long tail straddling the head's
+    edge at every temperature tested, ties (at the maximum and inside the head), and a row mostly -inf."""
+    peaked = rng.standard_normal(V) * 2
+    peaked[[3, 900]] += 25.0
+    flat = rng.standard_normal(V) * 0.01
+    tail = 10.0 + rng.uniform(-12.0, -5.0, V)
+    tail[[7, 1000, 2999]] = 10.0
+    ties = np.round(rng.standard_normal(V) * 3)
+    ties[[11, 12, 2500]] = ties.max() + 1.0
+    masked = np.full(V, -np.inf)
+    masked[rng.choice(V, 30, replace=False)] = rng.standard_normal(30) * 4
+    return np.stack([peaked, flat, tail, ties, masked]).astype(np.float32)
+
+
+def test_draw_sorts_only_the_head(mem):
+    """With top-p or top-k, draw() sorts only the sampler's head (ids whose term can change a sorted mass: kernels.c
+    HEAD_X) where that gives what sorting every id gives (wi_test_sort_all: the rule as written): the same ids, over
+    rows built to reach the head's edges, temperatures from 0.3 to 1.5 (the tail row's terms on both sides of the
+    edge), top-p 1 / 0.95 / 0.5, top-k off / 5 / 40 / 2500 (past the head), min_p off / 0.05, 12 seeds."""
+    V = 3000
+    logits = _draw_rows(V, np.random.default_rng(13))
+    la = mem.put(logits)
+    rows = [SampleRow(r, t, k, p, seed, 7 * seed + r, min_p=m)
+            for r in range(len(logits)) for t in (0.3, 0.7, 1.5) for p in (1.0, 0.95, 0.5) for k in (0, 5, 40, 2500)
+            for m in (0.0, 0.05) for seed in range(12)]
+    head = _sample(mem, la, V, rows)
+    mem.call("wi_test_sort_all", 1)
+    try:
+        every = _sample(mem, la, V, rows)
+    finally:
+        mem.call("wi_test_sort_all", 0)
+    diff = [(r, a, b) for r, a, b in zip(rows, head, every) if a != b]
+    assert not diff, f"{len(diff)} of {len(rows)} draws differ, e.g. {diff[:3]}"
+    assert len(set(every)) > 100  # (draws spread over many ids: the comparison can see a changed mass)
+
+
+def test_draw_heads_edge_adds_nothing_to_a_mass(mem):
+    """The premise of draw()'s head: every term expf_(x) below HEAD_X is under 2^-24, so adding it to a mass >= 1
+    (sorted order adds the maximum's term, exactly 1, first) rounds back to the same float. Checked on expf_ itself
+    (wi_exp) from the float just below HEAD_X down to the -inf of a min_p-filtered logit."""
+    hx = np.float32(mem.call("wi_test_head_x"))
+    below = np.nextafter(hx, np.float32(-np.inf))
+    x = np.concatenate([[below], np.linspace(below, -120.0, 20001, dtype=np.float32), [-np.inf]]).astype(np.float32)
+    xa, y = mem.put(x), mem.empty((len(x),))
+    mem.call("wi_exp", xa.off, y.off, len(x))
+    t = y.read()
+    assert t.max() < 2.0 ** -24
+    one = np.float32(1.0)
+    for m in (one, np.nextafter(one, np.float32(2)), np.float32(1.5), np.float32(7.25)):  # even and odd last bits
+        assert (m + t == m).all()
+    assert float(np.exp(np.float64(hx) + 0.1)) > 2.0 ** -24  # (and the head is not much wider than it needs)
 
 
 def test_penalties_and_logprobs_match_reference(mem):

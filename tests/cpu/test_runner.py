@@ -118,16 +118,22 @@ def test_threads_give_the_ids_of_one(request, which, mode, variant, threads):
 
 @pytest.mark.parametrize("variant", ["base", "relaxed"])
 @pytest.mark.parametrize("threads", [1, 2, 3])
-def test_greedy_head_leaves_each_argmax_exact(tiny_llama, variant, threads):
-    """kernels.c's greedy LM head (exact mode, greedy rows, runner.full_logits off): each sampled row's argmax and
-    its group of 4 carry the full head's bits, every other entry is an upper bound of its logit (not a logit:
-    logits() refuses to read it), and the ids are those of full logits; one sampled row, then three sequences
-    together (three rows), on 1-3 threads (the threads' lower bounds merged on thread 0)."""
+def test_two_pass_head_leaves_each_drawn_logit_exact(tiny_llama, variant, threads):
+    """kernels.c's LM head in two passes (exact mode, runner.full_logits off): each sampled row's id and its group
+    of 4 carry the full head's bits, every other entry is the exact logit or an upper bound of it (not a logit:
+    logits() refuses to read it), and the ids are those of full logits; one greedy row, then three greedy
+    sequences together (three rows), then three rows sampled with top-p, min_p and both (their cuts: head_cut), on
+    1-3 threads (every thread merges the threads' lower bounds and runs the second pass on its share)."""
     r = _runner(tiny_llama, variant=variant, threads=threads)
     V = r.vocab_size
+    head_x = r.host.call("wi_test_head_x")  # draw(): a logit below max + head_x T adds nothing to a top-p draw
     try:
         steps = [[SeqChunk(0, [5, 17, 200, 33], 0, [1, 2], True)],
-                 [SeqChunk(i, p, 0, [3 + 2 * i, 4 + 2 * i], True) for i, p in enumerate(([42], [7, 8, 9], [250, 3]))]]
+                 [SeqChunk(i, p, 0, [3 + 2 * i, 4 + 2 * i], True) for i, p in enumerate(([42], [7, 8, 9], [250, 3]))],
+                 [SeqChunk(i, p, 0, [3 + 2 * i, 4 + 2 * i], True, seed=i + 3, sample_index=5, **kw)
+                  for i, (p, kw) in enumerate((([42, 9], dict(temperature=0.1, top_p=0.9)),  # (the model's
+                                               ([7, 8, 9], dict(temperature=0.5, min_p=0.3)),  # logits: std ~1)
+                                               ([250, 3], dict(temperature=0.6, top_p=0.8, min_p=0.2))))]]
         for chunks in steps:
             n, out = len(chunks), {}
             for full in (False, True):  # the same step twice (its K/V rewritten with the same values)
@@ -138,11 +144,19 @@ def test_greedy_head_leaves_each_argmax_exact(tiny_llama, variant, threads):
                     with pytest.raises(ValueError, match="full_logits"):
                         r.logits(n)
             (ids_g, g), (ids_f, f) = out[False], out[True]
-            assert ids_g == ids_f == [int(i) for i in np.argmax(f, axis=1)]
-            for j, i in enumerate(ids_f):
+            assert ids_g == ids_f
+            if all(c.temperature == 0 for c in chunks):
+                assert ids_f == [int(i) for i in np.argmax(f, axis=1)]
+            else:  # the draws are not all the argmax (or the sampled rows test little)
+                assert ids_f != [int(i) for i in np.argmax(f, axis=1)]
+            for j, (i, c) in enumerate(zip(ids_f, chunks)):
                 same = g[j].view(np.uint32) == f[j].view(np.uint32)
-                assert same[i - i % 4: i - i % 4 + 4].all(), f"row {j}: the argmax's group is not exact"
-                assert (~same).any(), "the greedy head did not run"
+                assert same[i - i % 4: i - i % 4 + 4].all(), f"row {j}: the sampled id's group is not exact"
+                if c.temperature > 0:  # every logit the sampler reads exact: min_p's kept, top-p's head (HEAD_X)
+                    cut = max(c.temperature * np.log(c.min_p) if c.min_p else -np.inf,
+                              c.temperature * head_x if c.top_p < 1 else -np.inf)
+                    assert same[f[j] >= f[j].max() + cut].all(), f"row {j}: a logit the sampler reads is a bound"
+                assert (~same).any(), "the two-pass head did not run"
                 assert (g[j][~same] > f[j][~same]).all()
     finally:
         r.close()

@@ -56,10 +56,14 @@ PARAM_BYTES = 64  # sampling.py's RowParams, as kernels.c's SampleParams reads i
 # (measured: all-int8 cost +1.7 % perplexity on SmolLM2, the down projection's share the largest)
 MODES = {"exact": 0, "fast": 1 | 2 | 4 | 16 | 32}
 FAST_GATE_UP16 = 64  # GeGLU models (Gemma) in fast mode: gate and up take int16 activations too
-# every logit exact: kernels.c's greedy LM head (exact mode, 1-16 greedy rows) otherwise computes only the candidates
-# for the argmax exactly and leaves bounds elsewhere in the logits row (docs/cpu-backend.md "The greedy LM head")
+# every logit exact: kernels.c's two-pass LM head (exact mode, 1-16 rows, greedy or sampled with top-p or min_p)
+# otherwise computes exactly only the logits the sampler reads and leaves bounds elsewhere in the logits row
+# (docs/cpu-backend.md "The greedy LM head", "Sampled rows through the two-pass head")
 FULL_LOGITS = 128
 _FAST_WORD = 9  # index of `fast` in the Model struct
+# kernels.c HEAD_LB_BYTES: every work buffer's room past the linear scratch (also the attention scores: max()) for
+# the two-pass LM head's lower bounds, which the other threads read
+HEAD_LB_BYTES = 128
 _TEAM_WORD = 30  # index of `team` in the Model struct (0: a step runs on thread 0 alone, the workers stay parked)
 
 
@@ -298,7 +302,7 @@ class CpuRunner:
         kmax = max((t.k_padded or t.k) for t in package.tensors.values() if len(t.shape) == 2)
         linear_work = host.call("wi_linear_scratch_bytes", max(T, S), kmax)
         scores = 2 * (self.max_model_len + 4)  # kernels.c attend_row: the scores, then the positions' offsets
-        work = max(linear_work, 21 * V + 64)  # sample_row: 21 x vocab (thread 0 alone samples)
+        work = max(linear_work + HEAD_LB_BYTES, 21 * V + 64)  # sample_row: 21 x vocab (thread 0 alone samples)
         a = lambda n, what: arena.alloc(4 * n, what)  # noqa: E731
         scratch = [a(T * d, "r"), a(T * d, "xn"), a(T * qd, "q"), a(T * kvd, "k"), a(T * kvd, "v"), a(T * qd, "attn"),
                    a(T * f, "g"), a(T * f, "u"), a(S * V, "logits"), a(S * d, "xs"), a(scores, "scores"),
@@ -309,7 +313,7 @@ class CpuRunner:
         if self.threads > 1:  # each worker's scratch and stack, and the team that joins them
             bufs = b""
             for tid in range(1, self.threads):
-                bufs += bufs_words(arena.alloc(max(linear_work, 4 * scores), f"thread {tid} work"),  # (+ scores)
+                bufs += bufs_words(arena.alloc(max(linear_work + HEAD_LB_BYTES, 4 * scores), f"thread {tid} work"),
                                    a(max(T, S) * d, f"thread {tid} xn"),  # (its normed rows: the layers', the sampled)
                                    a(T * kvd, f"thread {tid} k"), a(T * kvd, f"thread {tid} v"),
                                    a(T * d, f"thread {tid} r") if self.split_in_parts else 0)  # (split_k: a residual)
@@ -384,7 +388,8 @@ class CpuRunner:
     @property
     def full_logits(self) -> bool:
         """Whether every step computes every logit exactly (needed by logits()); off, an exact-mode step whose sampled
-        rows (1-16) are all greedy computes only each argmax's candidates exactly (the same ids, a faster head)."""
+        rows (1-16) are all greedy or sampled with top-p / min_p computes exactly only the logits each row's draw
+        reads (the same ids, a faster head)."""
         return self._full_logits
 
     @full_logits.setter
@@ -531,8 +536,8 @@ class CpuRunner:
         """The logits rows of the last step's sampled chunks (f32 arrays; tests, evaluation). Needs full_logits on
         for that step."""
         if not self._full_logits:
-            raise ValueError("CpuRunner.logits: set runner.full_logits = True before the step (without it a greedy "
-                             "step leaves bounds, not logits, outside the argmax's candidates)")
+            raise ValueError("CpuRunner.logits: set runner.full_logits = True before the step (without it the "
+                             "two-pass LM head leaves bounds, not logits, outside what the sampler reads)")
         v = self.vocab_size
         raw = self.host.read(self.logits_off, 4 * v * n_rows)
         return [array("f", raw[4 * v * i: 4 * v * (i + 1)]) for i in range(n_rows)]
