@@ -24,9 +24,12 @@ def test_cpu_bench_quick_json(tmp_path, capsys):
     assert res["decode_read_bound"]["step_weight_mb"] > 0, res["decode_read_bound"]
     gh = res["greedy_head"]  # (the tiny model's q8 head, 4 rows a group: at least the argmax's group recomputed)
     assert gh["exact_one_pass"] > 0 and gh["exact_greedy"] > 0 and 4 <= gh["recomputed_logits"], gh
+    assert gh["exact_sampled"] > 0 and gh["sampled_recomputed_logits"] >= gh["recomputed_logits"], gh  # (a lower cut)
     for mode in ("exact", "fast"):
         assert res["decode"][mode]["decode_tok_s"] > 0, res["decode"]
         assert res["decode"][mode]["of_read_bound"] > 0, (res["decode"], res["decode_read_bound"])
+        sampled = res["decode"][mode]["sampled"]  # the page's default sampling beside greedy
+        assert sampled["sampling"]["temperature"] == 0.7 and sampled["of_greedy"] > 0, sampled
         long = res["decode_long_context"]
         assert long["context"] == 480 and long[mode]["decode_tok_s"] > 0, long
         assert 0 < long[mode]["of_short_context"] < 2, long  # (at most ~1: a long context costs more a step)
@@ -64,6 +67,19 @@ def test_module_ab_on_smollm2(smollm2_package, tmp_path, capsys):
     ref = p["reference_f32_vs_f64"]["rms"]
     assert 0 < p["B_vs_f64"]["rms"] <= 2 * ref, p
     assert p["B_vs_f64"]["argmax_agree"] == 1.0, p
+
+
+def test_module_ab_sampled(tiny_llama, capsys):
+    """The A/B tool with --sample (the chat page's default sampling, plus --min-p): both sides decode and draw the
+    same seeded ids (one module on both sides here: what a kernel change meant to keep the bits must show)."""
+    from importlib.resources import files
+
+    wasm = files("webinfer.cpu").joinpath("kernels-relaxed.wasm")
+    assert ab_main([str(wasm), str(wasm), "--package", str(tiny_llama), "--mode", "exact", "--rounds", "2",
+                    "--tokens", "6", "--sample", "--min-p", "0.05", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["sampling"] == {"temperature": 0.7, "top_p": 0.95, "seed": 1, "min_p": 0.05}, res
+    assert res["same_ids"] is True and res["decode"]["B"]["median"] > 0, res
 
 
 def test_module_ab_formats():

@@ -109,25 +109,32 @@ def gemv(host, arena, desc: int, k: int, weight_bytes: int, reps: int) -> dict:
 
 
 def greedy_head(host, arena, desc: int, x_off: int, k: int, n: int, reps: int) -> dict:
-    """ms of the greedy LM head (kernels.c's two passes, wi_greedy_head: what an exact-mode step with greedy rows
-    runs) against the one-pass exact head (wi_linear) on the same activation row, alternating, medians of 5, and
-    how many logits the second pass recomputed (the candidates' groups)."""
+    """ms of the LM head in two passes (kernels.c, wi_head_two_pass: what an exact-mode step runs) for a greedy row
+    and for a row sampled at the chat page's defaults (PAGE_SAMPLING: its cut, head_cut, lets more rows into the
+    second pass) against the one-pass exact head (wi_linear) on the same activation row, alternating, medians of 5,
+    and how many logits each second pass recomputed (the candidates' groups)."""
+    from webinfer.kernels.sampling import SampleRow, pack
+
     y = arena.alloc(4 * n, "bench head y")
     kp = struct.unpack("<4I", host.read(desc, 16))[3]
     scratch = arena.alloc(host.call("wi_linear_scratch_bytes", 1, kp), "bench head scratch")
-    times = {"exact_one_pass": [], "exact_greedy": []}
+    params = arena.put(pack([SampleRow(0, **PAGE_SAMPLING)], n).params, "bench head params")
+    times = {"exact_one_pass": [], "exact_greedy": [], "exact_sampled": []}
     for _ in range(5):
         times["exact_one_pass"].append(_time(lambda: host.call("wi_linear_reps", desc, x_off, k, y, n, 1, 0, scratch,
                                                               reps), 1) / reps)
-        times["exact_greedy"].append(_time(lambda: [host.call("wi_greedy_head", desc, x_off, y, scratch)
-                                                    for _ in range(reps)], 1) / reps)
+        for key, p in (("exact_greedy", 0), ("exact_sampled", params)):
+            times[key].append(_time(lambda: [host.call("wi_head_two_pass", desc, x_off, y, scratch, p)
+                                             for _ in range(reps)], 1) / reps)
     host.call("wi_linear_reps", desc, x_off, k, y, n, 1, 0, scratch, 1)
     full = np.frombuffer(host.read(y, 4 * n), np.float32).copy()
-    host.call("wi_greedy_head", desc, x_off, y, scratch)
-    got = np.frombuffer(host.read(y, 4 * n), np.float32)
     out = {key: round(statistics.median(v) * 1e3, 3) for key, v in times.items()}
     out["speedup"] = round(out["exact_one_pass"] / out["exact_greedy"], 3)
-    out["recomputed_logits"] = int((got == full).sum())
+    out["sampled_speedup"] = round(out["exact_one_pass"] / out["exact_sampled"], 3)
+    out["sampling"] = PAGE_SAMPLING
+    for key, p in (("recomputed_logits", 0), ("sampled_recomputed_logits", params)):
+        host.call("wi_head_two_pass", desc, x_off, y, scratch, p)
+        out[key] = int((np.frombuffer(host.read(y, 4 * n), np.float32) == full).sum())
     return out
 
 
@@ -175,11 +182,16 @@ def _weight_bytes(t) -> int:
     return sum(t.rows * t.row_bytes(c) for c in t.components)
 
 
-def decode_speed(runner, n_tokens: int, prompt_len: int = 40) -> dict:
-    """Greedy requests through the engine and API over `runner` (as a user runs it): wall-clock figures from the
-    API's usage, and per CPU-second of this process (a 1-token request's CPU time subtracted from an n-token one's:
-    the decode steps alone), the figure that holds on a busy machine. first_token_s is the n-token request's, whose
-    prompt the warm-up requests left in the prefix cache: prefill_speed measures fresh prompts."""
+# the chat page's default sampling (web/store.js DEFAULT_SETTINGS), seeded: what `--sample` decodes with
+PAGE_SAMPLING = {"temperature": 0.7, "top_p": 0.95, "seed": 1}
+
+
+def decode_speed(runner, n_tokens: int, prompt_len: int = 40, sampling: dict | None = None) -> dict:
+    """Greedy requests (or `sampling`'s: temperature, top_p, min_p, seed) through the engine and API over `runner`
+    (as a user runs it): wall-clock figures from the API's usage, and per CPU-second of this process (a 1-token
+    request's CPU time subtracted from an n-token one's: the decode steps alone), the figure that holds on a busy
+    machine. first_token_s is the n-token request's, whose prompt the warm-up requests left in the prefix cache:
+    prefill_speed measures fresh prompts."""
     from webinfer.factory import EngineOptions, llm_for
 
     prompt = [(7 * i + 11) % runner.vocab_size for i in range(prompt_len)]
@@ -187,7 +199,8 @@ def decode_speed(runner, n_tokens: int, prompt_len: int = 40) -> dict:
 
     def req(n):
         c0 = time.process_time()
-        r = asyncio.run(llm.completions.create(prompt=prompt, max_tokens=n, temperature=0, ignore_eos=True))
+        r = asyncio.run(llm.completions.create(prompt=prompt, max_tokens=n, ignore_eos=True,
+                                               **(sampling or {"temperature": 0})))
         return r["usage"], time.process_time() - c0
 
     req(1)  # warm-up (the first request builds the engine's state)
@@ -413,6 +426,11 @@ def run(package_path, quick: bool = False, ppl_text: str | None = None, variant:
         res["decode"][mode] = decode_speed(runner, n_tok)
         per_cpu_s = res["decode"][mode]["decode_tok_per_cpu_s"]
         res["decode"][mode]["of_read_bound"] = round(per_cpu_s / bound, 3) if per_cpu_s else None
+        # the chat page's default sampling beside greedy (exact mode: the two-pass LM head takes both)
+        d = decode_speed(runner, n_tok, sampling=PAGE_SAMPLING)
+        d["of_greedy"] = round(d["decode_tok_per_cpu_s"] / per_cpu_s, 3) if d["decode_tok_per_cpu_s"] and per_cpu_s \
+            else None
+        res["decode"][mode]["sampled"] = {"sampling": PAGE_SAMPLING, **d}
     # decode after a long prompt (its prefill in the prefix cache: the decode steps alone), beside the short prompt's
     # decode above: what attention over the context costs a step
     res["decode_long_context"] = {"context": long_ctx}

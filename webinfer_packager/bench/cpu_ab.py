@@ -5,19 +5,21 @@ one process do not.
 
     python -m webinfer_packager.bench.cpu_ab A.wasm B.wasm [--package PKG] [--mode fast|exact] [--rounds 8]
                                              [--tokens 48] [--variant relaxed|base] [--threads N] [--precision]
-                                             [--context 40] [--json]
+                                             [--context 40] [--sample [--min-p P]] [--json]
     python -m webinfer_packager.bench.cpu_ab A.wasm B.wasm --formats [--variant relaxed|base] [--json]
 
 A.wasm, B.wasm: builds of wasm/kernels.c of the same variant (e.g. `git show REV:webinfer/cpu/kernels-relaxed.wasm >
 a.wasm`, and `scripts/build-wasm.sh DIR` for a working tree's); --threads N > 1: the threads builds
 (kernels-relaxed-threads.wasm), on N threads.
-    decode       tok per CPU-second of single-sequence greedy decode (webinfer_packager.bench.cpu.decode_speed) after a
+    decode       tok per CPU-second of single-sequence greedy decode (webinfer_packager.bench.cpu.decode_speed; with
+                 --sample, the chat page's default sampling: temperature 0.7, top_p 0.95, seed 1, plus --min-p) after a
                  --context-token prompt (long ones: where attention weighs), A and B
                  alternating for --rounds rounds (>= 2): half on a pair of runners loaded A first, half on a
                  pair loaded B first (the second-loaded one ran 2-7 % faster with the same module), medians, B / A
                  per pair and their geometric mean (b_over_a), every run. Threads:
                  wall-clock tok/s instead (CPU time counts both threads), meaningful on a quiet machine only
-    same_ids     whether A and B decode the same greedy ids (a kernel change meant to keep the bits must)
+    same_ids     whether A and B decode the same greedy (--sample: sampled) ids (a kernel change meant to keep the
+                 bits must)
     precision    (--precision, exact mode) teacher-forced logits of a fixed chat against the numpy reference model
                  in float32 and float64 (webinfer_packager.reference): RMS and max distance, argmax agreement
     formats      (--formats, no package) one GEMV per weight format and shape on random components
@@ -38,7 +40,7 @@ import sys
 
 import numpy as np
 
-from .cpu import decode_speed
+from .cpu import PAGE_SAMPLING, decode_speed
 
 # a chat in SmolLM2's tokenizer (any ids below the vocabulary work: the logits are compared, not the text)
 TEACHER_IDS = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3717, 282, 11326, 1024, 30, 2, 198, 1, 4093, 198,
@@ -56,14 +58,16 @@ def load(package, module: bytes, variant: str, mode: str, threads: int = 1, max_
                                        max_model_len=max_model_len, max_seqs=16, host=host))
 
 
-def greedy_ids(runner, n: int) -> list[int]:
+def greedy_ids(runner, n: int, sampling: dict | None = None) -> list[int]:
+    """n ids decoded straight through runner.execute: greedy, or drawn with `sampling` (decode_speed's keys)."""
     from webinfer.engine.batch import SeqChunk, StepBatch
 
     ids = [(7 * i + 11) % runner.vocab_size for i in range(8)]
     table = list(range(1, -(-(len(ids) + n + 1) // runner.block_size) + 1))
     pos, out = 0, []
-    for _ in range(n):
-        got = asyncio.run(runner.execute(StepBatch([SeqChunk(0, ids[pos:], pos, table, True)])))
+    for i in range(n):
+        got = asyncio.run(runner.execute(StepBatch([SeqChunk(0, ids[pos:], pos, table, True, sample_index=i,
+                                                             **(sampling or {}))])))
         pos = len(ids)
         ids += got
         out += got
@@ -114,7 +118,8 @@ def distance(a: np.ndarray, b: np.ndarray) -> dict:
 
 
 def run(a: bytes, b: bytes, package, mode: str = "fast", rounds: int = 8, tokens: int = 48,
-        variant: str = "relaxed", precision: bool = False, threads: int = 1, context: int = 40) -> dict:
+        variant: str = "relaxed", precision: bool = False, threads: int = 1, context: int = 40,
+        sampling: dict | None = None) -> dict:
     from webinfer.package import Package
 
     if rounds < 2:
@@ -137,7 +142,7 @@ def run(a: bytes, b: bytes, package, mode: str = "fast", rounds: int = 8, tokens
         half = {"A": [], "B": []}
         for i in range((rounds + (first == "A")) // 2):
             for k in order if i % 2 == 0 else order[::-1]:
-                half[k].append(decode_speed(runners[k], tokens, context)[metric])
+                half[k].append(decode_speed(runners[k], tokens, context, sampling)[metric])
         for k in half:
             runs[k] += half[k]
         by_order[f"{first}_loaded_first"] = round(statistics.median(half["B"]) / statistics.median(half["A"]), 3)
@@ -145,10 +150,10 @@ def run(a: bytes, b: bytes, package, mode: str = "fast", rounds: int = 8, tokens
         med = {k: statistics.median(v) for k, v in runs.items()}
         ratios = list(by_order.values())
         res = {"package": pkg.name, "mode": mode, "variant": variant, "threads": threads, "rounds": rounds,
-               "tokens": tokens, "context": context, "metric": metric,
+               "tokens": tokens, "context": context, "metric": metric, "sampling": sampling,
                "decode": {k: {"median": round(med[k], 2), "runs": v} for k, v in runs.items()},
                "b_over_a": round((ratios[0] * ratios[1]) ** 0.5, 3), "by_load_order": by_order}
-        ids = {k: greedy_ids(r, 16) for k, r in runners.items()}
+        ids = {k: greedy_ids(r, 16, sampling) for k, r in runners.items()}
         res["same_ids"] = ids["A"] == ids["B"]
         if precision:
             teach = [t % pkg.config.vocab_size for t in TEACHER_IDS]
@@ -225,6 +230,9 @@ def main(argv=None) -> int:
     ap.add_argument("--context", type=int, default=40, help="prompt tokens before the decoded ones")
     ap.add_argument("--variant", choices=("relaxed", "base"), default="relaxed")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--sample", action="store_true", help="decode with the chat page's default sampling (T 0.7, "
+                    "top_p 0.95, seed 1) instead of greedy")
+    ap.add_argument("--min-p", type=float, default=0.0, help="with --sample: min_p as well")
     ap.add_argument("--precision", action="store_true", help="exact mode's logits against the f32 and f64 reference")
     ap.add_argument("--formats", action="store_true", help="GEMV per weight format on random matrices (no package)")
     ap.add_argument("--json", action="store_true")
@@ -242,13 +250,15 @@ def main(argv=None) -> int:
                 f"({r['B']['layout']}, {r['B'][m]['gb_s']} GB/s) B/A {r['b_over_a_time'][m]}" for m in ("exact", "fast")))
         return 0
     res = run(a, b, args.package or default_package_dir(), args.mode, args.rounds, args.tokens, args.variant,
-              args.precision, args.threads, args.context)
+              args.precision, args.threads, args.context,
+              {**PAGE_SAMPLING, **({"min_p": args.min_p} if args.min_p else {})} if args.sample else None)
     if args.json:
         print(json.dumps(res, indent=1))
         return 0
     d = res["decode"]
     what = "tok per CPU-second" if res["threads"] == 1 else "wall-clock tok/s on 2 threads"
-    print(f"{res['package']} {res['mode']} ({res['variant']}), {res['rounds']} x {res['tokens']} tokens after "
+    print(f"{res['package']} {res['mode']} ({res['variant']}), {res['sampling'] or 'greedy'}, {res['rounds']} x "
+          f"{res['tokens']} tokens after "
           f"{res['context']}, {what}: "
           f"A {d['A']['median']} B {d['B']['median']}  B/A {res['b_over_a']}  same ids: {res['same_ids']}")
     for k in ("A", "B"):
