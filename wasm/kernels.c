@@ -2005,23 +2005,72 @@ INLINE float head_cut(const SampleParams *p, float L) {
     return some ? cut : nan;
 }
 
-// Whether the step's LM head takes two passes ("The LM head in two passes"): an exact packed head, 1 to HEAD_ROWS
-// sampled rows, each with a cut (head_cut: greedy, or sampled with min_p or top-p) and nothing that reads or changes
-// other logits (logprobs, penalties, a mask, logit_bias; a final soft-cap, whose rounding could tie rows). Each row
-// takes its own passes: per row the first costs about half of an exact row of the head (the GEMM tile shares a
-// weight decode among rows but is bound by its multiplies, one row's worth per row).
 #define HEAD_ROWS 16
+
+// Whether a row may take the two passes: it has a cut (head_cut: greedy, or sampled with min_p or top-p) and
+// nothing that reads or changes other logits (logprobs, penalties, a mask, logit_bias)
+INLINE int head_row_ok(const SampleParams *p) {
+    return p->mask_off == NONE && p->bias_n == 0 && p->n_logprobs == NONE && p->freq == 0.0f && p->pres == 0.0f &&
+           p->rep == 1.0f && head_cut(p, 0.0f) == head_cut(p, 0.0f);
+}
+
+// Whether the model and step allow the two passes: an exact packed head without a final soft-cap (whose rounding
+// could tie rows), 1 to HEAD_ROWS sampled rows
+INLINE int head_step_ok(const Model *m, const Step *s) {
+    return s->n_sampled && s->n_sampled <= HEAD_ROWS && !skip_linear && !(m->fast & (FAST_HEAD | FULL_LOGITS)) &&
+           m->lm_head->packed == 1 && m->final_cap == 0.0f;
+}
+
+// A sampled row's second pass recomputes every row at or above its cut: with a flat distribution at T 0.7 top-p,
+// most of the vocabulary (41k of SmolLM2's 49k on one step), and the first pass (0.6-0.85 of a one-pass head,
+// measured) is then lost. Per sampled row slot, the fraction of the head's rows at or above the row's cut in its
+// last step (head_band_update); a step whose sampled row's slot was wider than HEAD_WIDE runs the one-pass head,
+// whose exact logits give the next step's figure. Rows keep their slots across decode steps of one batch, so the
+// last step predicts the next (a mismatch after the batch changes costs time, never bits: both heads give the
+// same ids). Shared by the threads; written by thread 0 alone, after the head and before the next step.
+#define HEAD_WIDE 0.25f
+static float head_band[HEAD_ROWS];
+
+// Whether the step's LM head takes two passes ("The LM head in two passes"): head_step_ok, and every sampled row
+// head_row_ok, greedy or not predicted wide (head_band). Each row takes its own passes: per row the first costs
+// about half of an exact row of the head (the GEMM tile shares a weight decode among rows but is bound by its
+// multiplies, one row's worth per row).
 INLINE int two_pass_head(const Model *m, const Step *s) {
-    if (!s->n_sampled || s->n_sampled > HEAD_ROWS || skip_linear || (m->fast & (FAST_HEAD | FULL_LOGITS)) ||
-        m->lm_head->packed != 1 || m->final_cap != 0.0f)
-        return 0;
+    if (!head_step_ok(m, s)) return 0;
     for (u32 j = 0; j < s->n_sampled; j++) {
         const SampleParams *p = s->params + j;
-        if (!(p->mask_off == NONE && p->bias_n == 0 && p->n_logprobs == NONE && p->freq == 0.0f && p->pres == 0.0f &&
-              p->rep == 1.0f) || head_cut(p, 0.0f) != head_cut(p, 0.0f))
-            return 0;
+        if (!head_row_ok(p) || (!(p->temperature <= 0.0f || p->top_k == 1) && head_band[j] > HEAD_WIDE)) return 0;
     }
     return 1;
+}
+
+// how many of y[0..n) are >= cut (0 for a NaN cut)
+static u32 count_ge(const float *y, u32 n, float cut) {
+    v128_t cv = wasm_f32x4_splat(cut);
+    u32 c = 0, i = 0;
+    for (; i + 4 <= n; i += 4) c += __builtin_popcount(wasm_i32x4_bitmask(wasm_f32x4_ge(wasm_v128_load(y + i), cv)));
+    for (; i < n; i++) c += y[i] >= cut;
+    return c;
+}
+
+// head_band for the step's sampled rows (thread 0, before sampling: min_p may write over the logits). cuts: each
+// row's cut where the step took two passes (its logits row then holds bounds below the cut), else NULL: the cut at
+// the row's exact maximum. Greedy rows and rows the two passes do not take count 0.
+static void head_band_update(const Model *m, const Step *s, const float *cuts) {
+    if (!head_step_ok(m, s)) return;
+    for (u32 j = 0; j < s->n_sampled; j++) {
+        const SampleParams *p = s->params + j;
+        const float *y = m->logits + j * m->vocab;
+        head_band[j] = 0.0f;
+        if (!head_row_ok(p) || p->temperature <= 0.0f || p->top_k == 1) continue;
+        float cut = cuts ? cuts[j] : 0.0f;
+        if (!cuts) {
+            float mx = y[0];
+            for (u32 i = 1; i < m->vocab; i++) mx = y[i] > mx ? y[i] : mx;
+            cut = head_cut(p, mx);
+        }
+        head_band[j] = (float)count_ge(y, m->vocab, cut) / (float)m->vocab;
+    }
 }
 
 // bytes of scratch linear() needs for `rows` rows of K = kp: the packed layout's rows * (kp / 32 * 8 + kp * 8) + 16,
@@ -2205,6 +2254,7 @@ static void step_body(const Ctx *c, const Model *m, const Step *s) {
     for (u32 j = 0; j < s->n_sampled; j++)
         rmsnorm(r + s->sample_rows[j] * d, d, m->norm, c->xs + j * d, d, 1, d, m->eps);
     int two = two_pass_head(m, s);
+    float cuts[HEAD_ROWS];  // the two passes: each row's cut
     if (two) {  // the first pass on this thread's rows; its lower bounds where every thread reads them
         u32 n0, n1;
         share(c, m->vocab, &n0, &n1);
@@ -2232,11 +2282,12 @@ static void step_body(const Ctx *c, const Model *m, const Step *s) {
                 L = o != o || L != L ? __builtin_nanf("") : o > L ? o : L;
             }
 #endif
-            head_pass(m->lm_head, c->xs + j * d, m->logits + j * m->vocab, c->work, n0, n1, 0,
-                      head_cut(s->params + j, L));
+            cuts[j] = head_cut(s->params + j, L);
+            head_pass(m->lm_head, c->xs + j * d, m->logits + j * m->vocab, c->work, n0, n1, 0, cuts[j]);
         }
         SYNC();
     }
+    if (t0) head_band_update(m, s, two ? cuts : 0);
     if (t0)
         for (u32 j = 0; j < s->n_sampled; j++)
             s->out_ids[j] = sample_row(m->logits + j * m->vocab, m->vocab, s->params + j, s->aux, s->counts,
@@ -2407,6 +2458,7 @@ EXPORT(wi_softmax_exp) void wi_softmax_exp(const float *x, float *y, u32 n, floa
 // counts, logprobs: as the Step's (0: none)
 EXPORT(wi_test_sort_all) void wi_test_sort_all(u32 on) { sort_all = on; }
 EXPORT(wi_test_head_x) float wi_test_head_x(void) { return HEAD_X; }
+EXPORT(wi_test_head_band) float wi_test_head_band(u32 j) { return j < HEAD_ROWS ? head_band[j] : -1.0f; }
 
 EXPORT(wi_sample) void wi_sample(const float *logits, u32 vocab, const SampleParams *p, const u32 *aux, u32 rows,
                                  u32 *out, u8 *scratch, u32 *counts, u32 *logprobs) {

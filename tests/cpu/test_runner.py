@@ -162,6 +162,38 @@ def test_two_pass_head_leaves_each_drawn_logit_exact(tiny_llama, variant, thread
         r.close()
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_wide_band_takes_the_one_pass_head_next(tiny_llama, threads):
+    """kernels.c head_band: a sampled row whose cut let more than HEAD_WIDE (0.25) of the rows into the second pass
+    (T 0.12 top-p on the tiny model: its logits' std ~1, the cut 2 below the max, ~30 % of the rows) makes its
+    slot's next step take the one-pass head (every logit exact with full_logits off), and a narrow row (T 0.05)
+    brings the two passes back on the step after; the ids are full logits' all along (a row the prediction was made
+    for, and one it was not: the batch's second row)."""
+    r = _runner(tiny_llama, threads=threads)
+    V = r.vocab_size
+    wide, narrow = dict(temperature=0.12, top_p=0.95), dict(temperature=0.05, top_p=0.9)
+    try:
+        def step(kw, n=1):
+            chunks = [SeqChunk(i, [42 + i, 9], 0, [3 + 2 * i, 4 + 2 * i], True, seed=5, **kw) for i in range(n)]
+            out = {}
+            for full in (False, True):
+                r.full_logits = full
+                ids = asyncio.run(r.execute(StepBatch(chunks)))
+                out[full] = ids, np.frombuffer(r.host.read(r.logits_off, 4 * V * n), np.float32).reshape(n, V).copy()
+            assert out[False][0] == out[True][0]
+            return (out[False][1] == out[True][1]).all(axis=1)  # per row: every logit exact (the one-pass head)
+
+        assert not step(narrow).any() and r.host.call("wi_test_head_band", 0) < 0.25
+        assert not step(wide).any(), "a first wide step takes the two passes (nothing predicted it)"
+        assert 0.25 < r.host.call("wi_test_head_band", 0) < 0.9
+        assert step(wide).all(), "the step after a wide one took the two passes"
+        assert step(narrow).all(), "the prediction is the last step's (wide)"
+        assert not step(narrow, 2).any(), "a narrow step brings the two passes back"
+        assert r.host.call("wi_test_head_band", 1) < 0.25
+    finally:
+        r.close()
+
+
 def _assert_same_logits(one, two, prompts):
     """Every prompt's logits, alone and batched together, bit for bit the same on runner `two` as on `one`."""
     a1, b1 = _logits_alone_and_batched(one, prompts)
