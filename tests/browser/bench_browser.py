@@ -21,7 +21,8 @@ browser profile (so the second and later visits read the model from the cache):
 
 PHASE+S (e.g. cpu-fast+3): the same phase with its first chat S seconds after ready, a reader's pause (the work
 after ready runs then: for the CPU engine, the kernels' warm-up first). PHASE-k1 (e.g. cpu-fast-1-k1): the same
-with decode blocks off (`decodeBlock: 1`), to set against the default blocks.
+with decode blocks off (`decodeBlock: 1`), to set against the default blocks. PHASE-s (e.g. cpu-warm-1-s, or
+cpu-warm-1-s-k1): the chats sampled at the chat page's defaults (temperature 0.7, top_p 0.95, seed 1), not greedy.
 
 Each phase is a fresh page, but Chromium keeps the renderer process, and V8 reuses a WebAssembly module it compiled
 there before (the same bytes) with the code it has optimized since: a phase's CPU engine starts from optimized
@@ -58,10 +59,11 @@ from .conftest import site_page
 # about 40 tokens with SmolLM2's chat template (system prompt included; the stats report the exact count)
 PROMPT = "What is the capital of France famous for?"
 PROMPT2 = "Why is the sky blue during the day?"
+PAGE_SAMPLING = {"temperature": 0.7, "top_p": 0.95, "seed": 1}  # web/store.js DEFAULT_SETTINGS, seeded
 
 RUN = """async ([model, n, pipelines, wait, prompts, extra]) => {
     const w = await import("./webinfer.js");
-    const {chatPauseMs, ...extraLoad} = extra;  // (chatPauseMs: not a load option)
+    const {chatPauseMs, sampling, ...extraLoad} = extra;  // (chatPauseMs, sampling: not load options)
     if (wait) {
         await w.prepare(model, {pipelines, ...extraLoad});
         await new Promise((r) => setTimeout(r, wait * 1000));
@@ -75,7 +77,7 @@ RUN = """async ([model, n, pipelines, wait, prompts, extra]) => {
         const s0 = performance.now();
         let first = null;
         const it = engine.chat.completions.create({messages: [{role: "user", content: prompt}], max_tokens: n,
-                                                   temperature: 0, stream: true});
+                                                   temperature: 0, stream: true, ...(sampling ?? {})});
         for await (const c of it) if (first == null && c.choices?.[0]?.token_ids?.length) first = performance.now();
         const chat = it.stats; delete chat.token_ids;
         chat.page_ttft_ms = first == null ? null : first - s0;  // from the page's call: queueing in the worker too
@@ -164,6 +166,8 @@ def main(site: Path, n: int, phases: list[str], wait_s: float) -> None:
             else:
                 name, _, pause = phase.partition("+")  # PHASE+S: the first chat S seconds after ready
                 name, k1 = (name[:-3], {"decodeBlock": 1}) if name.endswith("-k1") else (name, {})
+                if name.endswith("-s"):  # the chat page's default sampling instead of greedy
+                    name, k1 = name[:-2], {**k1, "sampling": PAGE_SAMPLING}
                 if workers := re.fullmatch(r"(cpu-warm|cpu-fast)-(\d+)", name):  # cpu-warm-N: N Workers
                     name, k1 = workers[1], {**k1, "threads": int(workers[2])}
                 mode, wait = PHASES[name]
