@@ -17,21 +17,31 @@ from .conftest import attach_console
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-GENERATE = """async ([url, ids, n, backend, cpuMode, threads]) => {
+GENERATE = """async ([url, ids, n, backend, cpuMode, threads, sampling]) => {
     const w = await import("./webinfer.js");
     const t0 = performance.now();
     const engine = await w.load(url, {backend, cpuMode: cpuMode || "exact", threads: threads ?? undefined});
     const loadMs = performance.now() - t0;
     const got = [];
-    for await (const c of engine.chat.completions.create({prompt_ids: ids, max_tokens: n, temperature: 0, ignore_eos: true, stream: true}))
-        got.push(...(c.choices[0].token_ids || []));
-    const out = {ids: got, loadMs, info: engine.info, stats: engine.lastStats};
+    const sampled = [];  // (greedy first; then each seeded sampling's ids, on the same engine)
+    for (const s of [null, ...(sampling || [])]) {
+        const run = [];
+        for await (const c of engine.chat.completions.create({prompt_ids: ids, max_tokens: n, temperature: 0,
+                                                              ignore_eos: true, stream: true, ...(s || {})}))
+            run.push(...(c.choices[0].token_ids || []));
+        if (s) sampled.push(run); else got.push(...run);
+    }
+    const out = {ids: got, sampled, loadMs, info: engine.info, stats: engine.lastStats};
     engine.unload();
     return out;
 }"""
 
 
 PROMPT, N = [298, 5, 17, 42, 101], 6  # the tiny model's request in these tests
+# seeded sampling (the chat page's defaults; sharper ones whose cut leaves rows out of the two-pass LM head's
+# second pass, kernels.c head_cut): the page's ids equal the native engine's here too
+SAMPLED = [{"temperature": 0.7, "top_p": 0.95, "seed": 1}, {"temperature": 0.1, "top_p": 0.9, "seed": 3},
+           {"temperature": 0.3, "min_p": 0.2, "seed": 2}]
 
 
 def _open(browser, url, logs):
@@ -46,7 +56,7 @@ def _manifest(root):
     return json.loads((root / "site.json").read_text())["models"][0]["manifest"]
 
 
-def _native_cpu_ids(package, prompt, n, cpu_mode="exact"):
+def _native_cpu_ids(package, prompt, n, cpu_mode="exact", sampling=None):
     from concurrent.futures import ThreadPoolExecutor
 
     def run():  # the same request through the native CPU engine: webinfer.open(backend="cpu") -> LLM
@@ -55,7 +65,8 @@ def _native_cpu_ids(package, prompt, n, cpu_mode="exact"):
         import webinfer.factory as factory
 
         llm = factory.open(package, backend="cpu", options=factory.EngineOptions(cpu_mode=cpu_mode))
-        r = asyncio.run(llm.completions.create(prompt=prompt, max_tokens=n, temperature=0, ignore_eos=True))
+        r = asyncio.run(llm.completions.create(prompt=prompt, max_tokens=n, ignore_eos=True,
+                                               **(sampling or {"temperature": 0})))
         return r["choices"][0]["token_ids"], r["usage"]
 
     with ThreadPoolExecutor(1) as ex:  # Playwright's sync API keeps an asyncio loop running in this thread
@@ -82,8 +93,8 @@ def test_tiny_model_cpu_backend_matches_native(served, browser, tiny_package, ba
 
 def test_workers_when_cross_origin_isolated(served, browser, tiny_package):
     """The same site served with COOP/COEP: the engine runs on two Workers by default on this 2-core machine
-    (threads: 1 still one, threads: 3 three), and all give the native engine's ids; a count past 8 is refused with
-    a message that names the option."""
+    (threads: 1 still one, threads: 3 three), and all give the native engine's ids, greedy and (one and two
+    Workers) seeded sampled; a count past 8 is refused with a message that names the option."""
     from .conftest import SiteServer
 
     srv = SiteServer(served.root, isolated=True)
@@ -92,11 +103,15 @@ def test_workers_when_cross_origin_isolated(served, browser, tiny_package):
         page = _open(browser, srv.url, logs)
         assert page.evaluate("crossOriginIsolated"), logs
         want, _ = _native_cpu_ids(tiny_package, PROMPT, N)
+        want_sampled = [_native_cpu_ids(tiny_package, PROMPT, N, sampling=s)[0] for s in SAMPLED]
+        assert any(w != want for w in want_sampled)  # (the seeded runs sample: not all the greedy ids)
         for threads, workers in ((None, 2), (1, 1), (3, 3)):
-            r = page.evaluate(GENERATE, [_manifest(served.root), PROMPT, N, "cpu", "exact", threads])
+            r = page.evaluate(GENERATE, [_manifest(served.root), PROMPT, N, "cpu", "exact", threads,
+                                         SAMPLED if workers < 3 else None])
             t = r["info"]["timings"]
             assert t["wasm_threads"] == workers, (t, logs[-5:])
             assert r["ids"] == want, (threads, r["ids"], want, logs[-5:])
+            assert r["sampled"] == (want_sampled if workers < 3 else []), (threads, r["sampled"], want_sampled)
             # the page's default decode blocks ran in the module (wi_steps), on both Workers too
             assert r["stats"]["engine"]["decode_blocks"] > 0, r["stats"]
             # with several Workers each block runs on the thread count its timings choose (cpu/threads.py)
