@@ -30,6 +30,8 @@ def test_cpu_bench_quick_json(tmp_path, capsys):
         assert res["decode"][mode]["of_read_bound"] > 0, (res["decode"], res["decode_read_bound"])
         sampled = res["decode"][mode]["sampled"]  # the page's default sampling beside greedy
         assert sampled["sampling"]["temperature"] == 0.7 and sampled["of_greedy"] > 0, sampled
+        api = res["decode"][mode]["sampled_api_defaults"]  # (OpenAI's defaults: T 1, top_p 1)
+        assert api["sampling"] == {"temperature": 1.0, "seed": 1} and api["of_greedy"] > 0, api
         long = res["decode_long_context"]
         assert long["context"] == 480 and long[mode]["decode_tok_s"] > 0, long
         assert 0 < long[mode]["of_short_context"] < 2, long  # (at most ~1: a long context costs more a step)
