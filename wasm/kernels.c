@@ -1313,10 +1313,11 @@ INLINE float qmax_of(u32 dt) { return dt == F_Q8 ? 128.0f : dt == F_Q8H ? 32.0f 
 
 // The first pass over rows [A->n0, A->n1) against one activation row prepared for `mode` (exact): y[n] = v + B;
 // returns the largest v - B, or NaN when any v or B is not finite (head_candidates then computes every row)
-INLINE float head_bounds(u32 dt, const Weight *w, const Acts *A, int mode, float *y) {
+INLINE float head_bounds(u32 dt, const Weight *w, const Acts *A, int mode, float *y, float *bmax) {
     u32 nu = w->kp / 32, g0 = A->n0 / 4, g1 = (A->n1 + 3) / 4, part = (g1 - g0 + 1) / 2;
     v128_t C = wasm_f32x4_splat(32.0f * qmax_of(dt) * (129.0f + 1.01f * (float)(2 * nu + 2)) * (1.0f + 0x1p-10f));
     v128_t inf = wasm_f32x4_splat(__builtin_inff()), best = wasm_f32x4_splat(-__builtin_inff()), ok = wasm_i32x4_splat(-1);
+    v128_t bm = wasm_f32x4_splat(0.0f);  // the largest B
     for (u32 i = 0; i < part; i++) {  // two streams of groups, as the fast GEMV (the weights stream from memory)
         u32 gs[2] = {g0 + i, g0 + part + i};
         int ns = gs[1] < g1 ? 2 : 1;
@@ -1341,6 +1342,7 @@ INLINE float head_bounds(u32 dt, const Weight *w, const Acts *A, int mode, float
                                                 wasm_v128_and(wasm_f32x4_lt(wasm_f32x4_abs(v), inf),
                                                               wasm_f32x4_lt(b, inf))));
             best = wasm_f32x4_pmax(best, wasm_v128_bitselect(wasm_f32x4_sub(v, b), wasm_f32x4_neg(inf), keep));
+            bm = wasm_f32x4_pmax(bm, wasm_v128_and(b, keep));
             v128_t up = wasm_f32x4_add(v, b);
             if (m == 4) wasm_v128_store(y + n, up);
             else {
@@ -1351,6 +1353,11 @@ INLINE float head_bounds(u32 dt, const Weight *w, const Acts *A, int mode, float
         }
     }
     if (!wasm_i32x4_all_true(ok)) return __builtin_nanf("");
+    float m0 = wasm_f32x4_extract_lane(bm, 0), m1 = wasm_f32x4_extract_lane(bm, 1);
+    float m2 = wasm_f32x4_extract_lane(bm, 2), m3 = wasm_f32x4_extract_lane(bm, 3);
+    m0 = m1 > m0 ? m1 : m0;
+    m2 = m3 > m2 ? m3 : m2;
+    *bmax = m2 > m0 ? m2 : m0;
     float b0 = wasm_f32x4_extract_lane(best, 0), b1 = wasm_f32x4_extract_lane(best, 1);
     float b2 = wasm_f32x4_extract_lane(best, 2), b3 = wasm_f32x4_extract_lane(best, 3);
     b0 = b1 > b0 ? b1 : b0;
@@ -1374,9 +1381,11 @@ INLINE void head_candidates(u32 dt, const Weight *w, const Acts *A, int mode, fl
     }
 }
 
-// head_bounds (first = 1, returns the largest lower bound) or head_candidates (first = 0, cut L) over rows [n0, n1)
-// (n0 a multiple of 4) for packed w and the one activation row x (prepared in scratch by each pass: a few microseconds)
-static float head_pass(const Weight *w, const float *x, float *y, u8 *scratch, u32 n0, u32 n1, int first, float L) {
+// head_bounds (first = 1, returns the largest lower bound, the largest B in *bmax) or head_candidates (first = 0,
+// cut L) over rows [n0, n1) (n0 a multiple of 4) for packed w and the one activation row x (prepared in scratch by
+// each pass: a few microseconds)
+static float head_pass(const Weight *w, const float *x, float *y, u8 *scratch, u32 n0, u32 n1, int first, float L,
+                       float *bmax) {
     Acts A = {x, w->k, (float *)scratch, 0, 0, 0, 0, 0, n0, n1};
     int mode = packed_acts(w, &A, scratch, 1, EXACT_INT);
     prepare_packed(&A, 1, w->k, w->kp, mode, 0);
@@ -1384,8 +1393,8 @@ static float head_pass(const Weight *w, const float *x, float *y, u8 *scratch, u
     do {                                                                                                    \
         if (!first && mode == EXACT_I8) head_candidates(dt, w, &A, EXACT_I8, y, L);                         \
         else if (!first) head_candidates(dt, w, &A, EXACT_INT, y, L);                                       \
-        else if (mode == EXACT_I8) return head_bounds(dt, w, &A, EXACT_I8, y);                              \
-        else return head_bounds(dt, w, &A, EXACT_INT, y);                                                   \
+        else if (mode == EXACT_I8) return head_bounds(dt, w, &A, EXACT_I8, y, bmax);                        \
+        else return head_bounds(dt, w, &A, EXACT_INT, y, bmax);                                             \
     } while (0)
     if (w->dtype == F_Q4) HP(F_Q4);
     else if (w->dtype == F_Q4A) HP(F_Q4A);
@@ -1983,8 +1992,11 @@ INLINE float f32_below(double d) {
 //   mx) / T < HEAD_X after draw()'s roundings, and the same from e <= y: outside the sampler's head (draw()), where
 //   neither its value nor its place in the order reaches the kept set or the sums.
 //   With min_p as well, the larger of the two cuts: a row left out by either is -inf or outside the head both ways.
-// Every id kept (top_p 1, no min_p) sums every logit, top-k alone orders them: NaN.
-INLINE float head_cut(const SampleParams *p, float L) {
+// - top-k alone (topk_alone): C, a value at least k logits reach (head_topk_floor). A row left out has e <= y < C
+//   <= the k-th largest logit: not among the top k nor tied with the k-th, and its bound y sorts below all of them
+//   too, so draw() keeps the same k ids, every one exact. (The callers give C = NaN for any other row.)
+// Every id kept (top_p 1, no min_p) sums every logit: NaN.
+INLINE float head_cut(const SampleParams *p, float L, float C) {
     float T = p->temperature, nan = __builtin_nanf("");
     if (L != L) return nan;
     if (T <= 0.0f || p->top_k == 1) return L;
@@ -2002,16 +2014,47 @@ INLINE float head_cut(const SampleParams *p, float L) {
         cut = h > cut ? h : cut;
         some = 1;
     }
-    return some ? cut : nan;
+    return some ? cut : C;
+}
+
+// A row sampled with top-k alone (1 < k < vocab, no min_p, top_p 1): its two passes cut at head_topk_floor
+INLINE int topk_alone(const SampleParams *p, u32 vocab) {
+    return p->temperature > 0.0f && p->top_k > 1 && p->top_k < vocab && !(p->min_p > 0.0f) && !(p->top_p < 1.0f);
+}
+
+// For top-k alone: a value C such that at least k of y[0..n) (the first pass's upper bounds y = fl(v + B) of logits
+// e >= v - B, every B <= bmax) have e >= C; -inf if n < k, NaN if y is not finite. One histogram pass in buckets of
+// 1/8 below the largest y: the k-th largest y lies in the bucket where the counts from the top reach k, and C lies
+// below that bucket's lower edge (one bucket of margin for the bucketing's rounding) by 2 bmax and y's rounding.
+#define TOPK_BINS 256
+#define TOPK_SCALE 8.0f
+static float head_topk_floor(const float *y, u32 n, u32 k, float bmax) {
+    if (k > n) return -__builtin_inff();
+    float top = y[0];
+    for (u32 i = 1; i < n; i++) top = y[i] > top ? y[i] : top;
+    if (!(top - top == 0.0f) || !(bmax - bmax == 0.0f)) return __builtin_nanf("");
+    u32 cnt[TOPK_BINS];
+    for (u32 b = 0; b < TOPK_BINS; b++) cnt[b] = 0;
+    for (u32 i = 0; i < n; i++) {
+        float d = (top - y[i]) * TOPK_SCALE;  // (NaN: the last bucket)
+        cnt[d < (float)(TOPK_BINS - 1) ? (u32)d : TOPK_BINS - 1]++;
+    }
+    u32 b = 0, acc = cnt[0];
+    while (acc < k) acc += cnt[++b];
+    if (b >= TOPK_BINS - 2) return -__builtin_inff();  // the k-th in the catch-all bucket: no bound
+    double edge = (double)top - (double)(b + 2) / TOPK_SCALE;
+    double big = __builtin_fabs(top) > __builtin_fabs(edge) ? __builtin_fabs(top) : __builtin_fabs(edge);
+    return f32_below(edge - big * 0x1p-23 - 2.0 * (double)bmax * (1.0 + 0x1p-10));
 }
 
 #define HEAD_ROWS 16
 
-// Whether a row may take the two passes: it has a cut (head_cut: greedy, or sampled with min_p or top-p) and
+// Whether a row may take the two passes: it has a cut (head_cut: greedy, or sampled with min_p, top-p or top-k) and
 // nothing that reads or changes other logits (logprobs, penalties, a mask, logit_bias)
-INLINE int head_row_ok(const SampleParams *p) {
+INLINE int head_row_ok(const SampleParams *p, u32 vocab) {
+    float C = topk_alone(p, vocab) ? 0.0f : __builtin_nanf("");
     return p->mask_off == NONE && p->bias_n == 0 && p->n_logprobs == NONE && p->freq == 0.0f && p->pres == 0.0f &&
-           p->rep == 1.0f && head_cut(p, 0.0f) == head_cut(p, 0.0f);
+           p->rep == 1.0f && head_cut(p, 0.0f, C) == head_cut(p, 0.0f, C);
 }
 
 // Whether the model and step allow the two passes: an exact packed head without a final soft-cap (whose rounding
@@ -2039,7 +2082,8 @@ INLINE int two_pass_head(const Model *m, const Step *s) {
     if (!head_step_ok(m, s)) return 0;
     for (u32 j = 0; j < s->n_sampled; j++) {
         const SampleParams *p = s->params + j;
-        if (!head_row_ok(p) || (!(p->temperature <= 0.0f || p->top_k == 1) && head_band[j] > HEAD_WIDE)) return 0;
+        if (!head_row_ok(p, m->vocab) || (!(p->temperature <= 0.0f || p->top_k == 1) && head_band[j] > HEAD_WIDE))
+            return 0;
     }
     return 1;
 }
@@ -2055,19 +2099,20 @@ static u32 count_ge(const float *y, u32 n, float cut) {
 
 // head_band for the step's sampled rows (thread 0, before sampling: min_p may write over the logits). cuts: each
 // row's cut where the step took two passes (its logits row then holds bounds below the cut), else NULL: the cut at
-// the row's exact maximum. Greedy rows and rows the two passes do not take count 0.
+// the row's exact maximum. Greedy rows, top-k alone and rows the two passes do not take count 0.
 static void head_band_update(const Model *m, const Step *s, const float *cuts) {
     if (!head_step_ok(m, s)) return;
     for (u32 j = 0; j < s->n_sampled; j++) {
         const SampleParams *p = s->params + j;
         const float *y = m->logits + j * m->vocab;
         head_band[j] = 0.0f;
-        if (!head_row_ok(p) || p->temperature <= 0.0f || p->top_k == 1) continue;
+        if (!head_row_ok(p, m->vocab) || p->temperature <= 0.0f || p->top_k == 1 || topk_alone(p, m->vocab))
+            continue;  // (top-k alone: about k rows, never wide)
         float cut = cuts ? cuts[j] : 0.0f;
         if (!cuts) {
             float mx = y[0];
             for (u32 i = 1; i < m->vocab; i++) mx = y[i] > mx ? y[i] : mx;
-            cut = head_cut(p, mx);
+            cut = head_cut(p, mx, __builtin_nanf(""));
         }
         head_band[j] = (float)count_ge(y, m->vocab, cut) / (float)m->vocab;
     }
@@ -2077,9 +2122,11 @@ static void head_band_update(const Model *m, const Step *s, const float *cuts) {
 // or for one row (EXACT_I8) kp / 32 * 8 + kp * 12 + 16
 INLINE u32 linear_scratch_bytes(u32 rows, u32 kp) { return rows * (kp / 16 * 4 + kp / 32 * 8 + kp * 8) + kp * 4 + 64; }
 
-// Where each thread leaves its rows' largest lower bounds for the others: past head_pass's scratch in its work
-// buffer (the runner sizes every work buffer HEAD_LB_BYTES over the linear scratch)
+// Where each thread leaves its rows' largest lower bounds (HEAD_ROWS floats) and top-k floors (head_topk_floor,
+// HEAD_ROWS more) for the others: past head_pass's scratch in its work buffer (the runner sizes every work buffer
+// HEAD_LB_BYTES over the linear scratch)
 #define HEAD_LB_BYTES 128
+_Static_assert(HEAD_LB_BYTES >= 2 * HEAD_ROWS * 4, "head_lbs: L and C per row");
 INLINE float *head_lbs(u8 *work, const Model *m) {
     return (float *)(work + ((linear_scratch_bytes(1, m->lm_head->kp) + 15) & ~15u));
 }
@@ -2259,8 +2306,12 @@ static void step_body(const Ctx *c, const Model *m, const Step *s) {
         u32 n0, n1;
         share(c, m->vocab, &n0, &n1);
         float *lb = head_lbs(c->work, m);
-        for (u32 j = 0; j < s->n_sampled; j++)
-            lb[j] = head_pass(m->lm_head, c->xs + j * d, m->logits + j * m->vocab, c->work, n0, n1, 1, 0.0f);
+        for (u32 j = 0; j < s->n_sampled; j++) {
+            float bmax = 0.0f, *y = m->logits + j * m->vocab;
+            lb[j] = head_pass(m->lm_head, c->xs + j * d, y, c->work, n0, n1, 1, 0.0f, &bmax);
+            lb[HEAD_ROWS + j] = topk_alone(s->params + j, m->vocab)
+                                    ? head_topk_floor(y + n0, n1 - n0, s->params[j].top_k, bmax) : __builtin_nanf("");
+        }
     } else if (s->n_sampled) {
         linear_share(c, m->lm_head, c->xs, d, m->logits, m->vocab, s->n_sampled, 0, (m->fast & FAST_HEAD) != 0, 1);
         if (m->final_cap != 0.0f) {  // this thread's columns
@@ -2275,15 +2326,16 @@ static void step_body(const Ctx *c, const Model *m, const Step *s) {
         u32 n0, n1;
         share(c, m->vocab, &n0, &n1);
         for (u32 j = 0; j < s->n_sampled; j++) {
-            float L = head_lbs(m->work, m)[j];  // (thread 0's work is the Model's)
+            float L = head_lbs(m->work, m)[j], C = head_lbs(m->work, m)[HEAD_ROWS + j];  // (thread 0's: the Model's)
 #ifdef THREADS
             for (u32 i = 1; i < c->nth; i++) {  // the largest over the threads (NaN if any is NaN)
-                float o = head_lbs(c->team->bufs[i - 1].work, m)[j];
+                float o = head_lbs(c->team->bufs[i - 1].work, m)[j], oc = head_lbs(c->team->bufs[i - 1].work, m)[HEAD_ROWS + j];
                 L = o != o || L != L ? __builtin_nanf("") : o > L ? o : L;
+                C = oc != oc || C != C ? __builtin_nanf("") : oc > C ? oc : C;  // (each thread's C holds globally)
             }
 #endif
-            cuts[j] = head_cut(s->params + j, L);
-            head_pass(m->lm_head, c->xs + j * d, m->logits + j * m->vocab, c->work, n0, n1, 0, cuts[j]);
+            cuts[j] = head_cut(s->params + j, L, C);
+            head_pass(m->lm_head, c->xs + j * d, m->logits + j * m->vocab, c->work, n0, n1, 0, cuts[j], 0);
         }
         SYNC();
     }
@@ -2398,8 +2450,9 @@ EXPORT(wi_linear_reps) void wi_linear_reps(const Weight *w, const float *x, u32 
 // groups, upper bounds elsewhere); returns y's argmax (lowest id on ties)
 EXPORT(wi_head_two_pass) u32 wi_head_two_pass(const Weight *w, const float *x, float *y, u8 *scratch,
                                               const SampleParams *p) {
-    float L = head_pass(w, x, y, scratch, 0, w->n, 1, 0.0f);
-    head_pass(w, x, y, scratch, 0, w->n, 0, p ? head_cut(p, L) : L);
+    float bmax = 0.0f, L = head_pass(w, x, y, scratch, 0, w->n, 1, 0.0f, &bmax);
+    float C = p && topk_alone(p, w->n) ? head_topk_floor(y, w->n, p->top_k, bmax) : __builtin_nanf("");
+    head_pass(w, x, y, scratch, 0, w->n, 0, p ? head_cut(p, L, C) : L, 0);
     u32 best = 0;
     for (u32 i = 1; i < w->n; i++)
         if (okey(y[i]) > okey(y[best])) best = i;

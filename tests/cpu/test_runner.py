@@ -122,8 +122,9 @@ def test_two_pass_head_leaves_each_drawn_logit_exact(tiny_llama, variant, thread
     """kernels.c's LM head in two passes (exact mode, runner.full_logits off): each sampled row's id and its group
     of 4 carry the full head's bits, every other entry is the exact logit or an upper bound of it (not a logit:
     logits() refuses to read it), and the ids are those of full logits; one greedy row, then three greedy
-    sequences together (three rows), then three rows sampled with top-p, min_p and both (their cuts: head_cut), on
-    1-3 threads (every thread merges the threads' lower bounds and runs the second pass on its share)."""
+    sequences together (three rows), then four rows sampled with top-p, min_p, both, and top-k alone (their cuts:
+    head_cut), on 1-3 threads (every thread merges the threads' lower bounds and top-k floors and runs the second
+    pass on its share)."""
     r = _runner(tiny_llama, variant=variant, threads=threads)
     V = r.vocab_size
     head_x = r.host.call("wi_test_head_x")  # draw(): a logit below max + head_x T adds nothing to a top-p draw
@@ -133,7 +134,8 @@ def test_two_pass_head_leaves_each_drawn_logit_exact(tiny_llama, variant, thread
                  [SeqChunk(i, p, 0, [3 + 2 * i, 4 + 2 * i], True, seed=i + 3, sample_index=5, **kw)
                   for i, (p, kw) in enumerate((([42, 9], dict(temperature=0.1, top_p=0.9)),  # (the model's
                                                ([7, 8, 9], dict(temperature=0.5, min_p=0.3)),  # logits: std ~1)
-                                               ([250, 3], dict(temperature=0.6, top_p=0.8, min_p=0.2))))]]
+                                               ([250, 3], dict(temperature=0.6, top_p=0.8, min_p=0.2)),
+                                               ([11, 12], dict(temperature=1.5, top_k=12))))]]
         for chunks in steps:
             n, out = len(chunks), {}
             for full in (False, True):  # the same step twice (its K/V rewritten with the same values)
@@ -152,10 +154,12 @@ def test_two_pass_head_leaves_each_drawn_logit_exact(tiny_llama, variant, thread
             for j, (i, c) in enumerate(zip(ids_f, chunks)):
                 same = g[j].view(np.uint32) == f[j].view(np.uint32)
                 assert same[i - i % 4: i - i % 4 + 4].all(), f"row {j}: the sampled id's group is not exact"
-                if c.temperature > 0:  # every logit the sampler reads exact: min_p's kept, top-p's head (HEAD_X)
-                    cut = max(c.temperature * np.log(c.min_p) if c.min_p else -np.inf,
+                if c.temperature > 0:  # every logit the sampler reads exact: min_p's kept, top-p's head (HEAD_X),
+                    cut = max(c.temperature * np.log(c.min_p) if c.min_p else -np.inf,  # top-k alone's k
                               c.temperature * head_x if c.top_p < 1 else -np.inf)
-                    assert same[f[j] >= f[j].max() + cut].all(), f"row {j}: a logit the sampler reads is a bound"
+                    read = f[j] >= (np.sort(f[j])[-c.top_k] if c.top_k > 1 and c.top_p == 1 and not c.min_p
+                                    else f[j].max() + cut)
+                    assert same[read].all(), f"row {j}: a logit the sampler reads is a bound"
                 assert (~same).any(), "the two-pass head did not run"
                 assert (g[j][~same] > f[j][~same]).all()
     finally:

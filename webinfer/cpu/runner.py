@@ -56,13 +56,13 @@ PARAM_BYTES = 64  # sampling.py's RowParams, as kernels.c's SampleParams reads i
 # (measured: all-int8 cost +1.7 % perplexity on SmolLM2, the down projection's share the largest)
 MODES = {"exact": 0, "fast": 1 | 2 | 4 | 16 | 32}
 FAST_GATE_UP16 = 64  # GeGLU models (Gemma) in fast mode: gate and up take int16 activations too
-# every logit exact: kernels.c's two-pass LM head (exact mode, 1-16 rows, greedy or sampled with top-p or min_p)
+# every logit exact: kernels.c's two-pass LM head (exact mode, 1-16 rows, greedy or sampled with top-p, min_p, top-k)
 # otherwise computes exactly only the logits the sampler reads and leaves bounds elsewhere in the logits row
 # (docs/cpu-backend.md "The greedy LM head", "Sampled rows through the two-pass head")
 FULL_LOGITS = 128
 _FAST_WORD = 9  # index of `fast` in the Model struct
 # kernels.c HEAD_LB_BYTES: every work buffer's room past the linear scratch (also the attention scores: max()) for
-# the two-pass LM head's lower bounds, which the other threads read
+# the two-pass LM head's lower bounds and top-k floors, which the other threads read
 HEAD_LB_BYTES = 128
 _TEAM_WORD = 30  # index of `team` in the Model struct (0: a step runs on thread 0 alone, the workers stay parked)
 
@@ -388,8 +388,8 @@ class CpuRunner:
     @property
     def full_logits(self) -> bool:
         """Whether every step computes every logit exactly (needed by logits()); off, an exact-mode step whose sampled
-        rows (1-16) are all greedy or sampled with top-p / min_p computes exactly only the logits each row's draw
-        reads (the same ids, a faster head)."""
+        rows (1-16) are all greedy or sampled with top-p / min_p / top-k computes exactly only the logits each row's
+        draw reads (the same ids, a faster head)."""
         return self._full_logits
 
     @full_logits.setter
