@@ -2099,15 +2099,18 @@ static u32 count_ge(const float *y, u32 n, float cut) {
 
 // head_band for the step's sampled rows (thread 0, before sampling: min_p may write over the logits). cuts: each
 // row's cut where the step took two passes (its logits row then holds bounds below the cut), else NULL: the cut at
-// the row's exact maximum. Greedy rows, top-k alone and rows the two passes do not take count 0.
+// the row's exact maximum (top-k alone: k / vocab). Greedy rows and rows the two passes do not take count 0.
 static void head_band_update(const Model *m, const Step *s, const float *cuts) {
     if (!head_step_ok(m, s)) return;
     for (u32 j = 0; j < s->n_sampled; j++) {
         const SampleParams *p = s->params + j;
         const float *y = m->logits + j * m->vocab;
         head_band[j] = 0.0f;
-        if (!head_row_ok(p, m->vocab) || p->temperature <= 0.0f || p->top_k == 1 || topk_alone(p, m->vocab))
-            continue;  // (top-k alone: about k rows, never wide)
+        if (!head_row_ok(p, m->vocab) || p->temperature <= 0.0f || p->top_k == 1) continue;
+        if (!cuts && topk_alone(p, m->vocab)) {  // (its floor needs the bounds: k rows, and a little more)
+            head_band[j] = (float)p->top_k / (float)m->vocab;
+            continue;
+        }
         float cut = cuts ? cuts[j] : 0.0f;
         if (!cuts) {
             float mx = y[0];

@@ -172,7 +172,7 @@ def test_a_wide_band_takes_the_one_pass_head_next(tiny_llama, threads):
     (T 0.12 top-p on the tiny model: its logits' std ~1, the cut 2 below the max, ~30 % of the rows) makes its
     slot's next step take the one-pass head (every logit exact with full_logits off), and a narrow row (T 0.05)
     brings the two passes back on the step after; the ids are full logits' all along (a row the prediction was made
-    for, and one it was not: the batch's second row)."""
+    for, and one it was not: the batch's second row). Top-k alone over half the vocabulary is wide the same way."""
     r = _runner(tiny_llama, threads=threads)
     V = r.vocab_size
     wide, narrow = dict(temperature=0.12, top_p=0.95), dict(temperature=0.05, top_p=0.9)
@@ -194,6 +194,13 @@ def test_a_wide_band_takes_the_one_pass_head_next(tiny_llama, threads):
         assert step(narrow).all(), "the prediction is the last step's (wide)"
         assert not step(narrow, 2).any(), "a narrow step brings the two passes back"
         assert r.host.call("wi_test_head_band", 1) < 0.25
+        # top-k alone: its band is the rows at or above its floor after two passes, k / vocab after one
+        big_k, small_k = dict(temperature=1.0, top_k=V // 2), dict(temperature=1.0, top_k=5)
+        step(big_k)
+        assert r.host.call("wi_test_head_band", 0) >= 0.5
+        assert step(big_k).all(), "the step after a wide top-k one took the two passes"
+        assert r.host.call("wi_test_head_band", 0) == 0.5
+        assert step(small_k).all() and not step(small_k).any(), "top-k 5 of 300 does not bring the two passes back"
     finally:
         r.close()
 
