@@ -1626,6 +1626,10 @@ typedef struct {
     float freq, pres, rep, min_p;
     u32 n_logprobs, _pad;
 } SampleParams;
+
+// greedy: the argmax (temperature 0, or top-k 1)
+INLINE int greedy(const SampleParams *p) { return p->temperature <= 0.0f || p->top_k == 1; }
+
 #define NONE 0xffffffffu
 
 // natural log of a positive normal x (min_p's threshold, the logprobs' log-sum-exp), within a few ulp: x = 2^e m,
@@ -1680,7 +1684,7 @@ static u32 draw(const float *l, u32 vocab, const SampleParams *p, u8 *scratch, f
         u32 k = okey(l[i]);
         if (k > bk) { bk = k; best = i; }
     }
-    if (p->temperature <= 0.0f || p->top_k == 1) return best;
+    if (greedy(p)) return best;
     float mx = l[best], inv_t = 1.0f / p->temperature;
     if (p->min_p > 0.0f) {  // p_i >= min_p * p_max  <=>  l_i >= max + T ln(min_p): the rest count as -inf
         float thr = mx + logf_(p->min_p) * p->temperature;
@@ -1999,7 +2003,7 @@ INLINE float f32_below(double d) {
 INLINE float head_cut(const SampleParams *p, float L, float C) {
     float T = p->temperature, nan = __builtin_nanf("");
     if (L != L) return nan;
-    if (T <= 0.0f || p->top_k == 1) return L;
+    if (greedy(p)) return L;
     if (!(T < 1e30f && 1.0f / T < 1e30f)) return nan;
     float cut = -__builtin_inff();
     int some = 0;
@@ -2082,8 +2086,7 @@ INLINE int two_pass_head(const Model *m, const Step *s) {
     if (!head_step_ok(m, s)) return 0;
     for (u32 j = 0; j < s->n_sampled; j++) {
         const SampleParams *p = s->params + j;
-        if (!head_row_ok(p, m->vocab) || (!(p->temperature <= 0.0f || p->top_k == 1) && head_band[j] > HEAD_WIDE))
-            return 0;
+        if (!head_row_ok(p, m->vocab) || (!greedy(p) && head_band[j] > HEAD_WIDE)) return 0;
     }
     return 1;
 }
@@ -2106,7 +2109,7 @@ static void head_band_update(const Model *m, const Step *s, const float *cuts) {
         const SampleParams *p = s->params + j;
         const float *y = m->logits + j * m->vocab;
         head_band[j] = 0.0f;
-        if (!head_row_ok(p, m->vocab) || p->temperature <= 0.0f || p->top_k == 1) continue;
+        if (!head_row_ok(p, m->vocab) || greedy(p)) continue;
         if (!cuts && topk_alone(p, m->vocab)) {  // (its floor needs the bounds: k rows, and a little more)
             head_band[j] = (float)p->top_k / (float)m->vocab;
             continue;

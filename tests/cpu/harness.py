@@ -81,3 +81,18 @@ def check(out: WasmArray, ref, atol: float, rtol: float, name: str = "") -> np.n
     assert np.array_equal(np.isnan(got), np.isnan(ref)), f"{name}: NaN positions differ"
     np.testing.assert_allclose(got, ref, atol=atol, rtol=rtol, err_msg=name)
     return got
+
+
+def topk_alone(top_k: int, top_p: float, min_p: float) -> bool:
+    """kernels.c topk_alone (a vocabulary larger than top_k): a sampled row whose only filter is top-k."""
+    return top_k > 1 and top_p >= 1 and not min_p
+
+
+def read_by_draw(exact: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float,
+                 head_x: float) -> np.ndarray:
+    """Which of a sampled row's logits draw() reads exactly (kernels.c head_cut): min_p's kept ones, top-p's head
+    (head_x: kernels.c HEAD_X, wi_test_head_x), or with top-k alone the top k."""
+    if topk_alone(top_k, top_p, min_p):
+        return exact >= np.sort(exact)[-top_k]
+    cut = max(temperature * np.log(min_p) if min_p else -np.inf, temperature * head_x if top_p < 1 else -np.inf)
+    return exact >= exact.max() + cut

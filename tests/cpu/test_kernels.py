@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tests.cpu.formats_np import decode, random_components
-from tests.cpu.harness import WasmMem, check
+from tests.cpu.harness import WasmMem, check, read_by_draw, topk_alone
 from webinfer.formats import k_padded
 from webinfer.kernels.sampling import SampleRow, pack
 from webinfer.kernels.sampling import uniform
@@ -108,17 +108,6 @@ HEAD_SAMPLED = [dict(temperature=0.7, top_p=0.95), dict(temperature=1.0, min_p=0
                 dict(temperature=0.3, top_k=3, min_p=0.2), dict(temperature=1.0, top_k=40), dict(temperature=2.0, top_k=7)]
 
 
-def _read_by_draw(c: dict, exact):
-    """The logits draw() reads exactly for sampled row settings c (kernels.c head_cut): min_p's kept ones, top-p's
-    head, or with top-k alone the top k."""
-    head_x = -16.7  # kernels.c HEAD_X (test_draw_heads_edge_adds_nothing_to_a_mass checks the module's)
-    if c.get("top_k", 0) > 1 and not c.get("min_p") and c.get("top_p", 1) >= 1:
-        return exact >= np.sort(exact)[-c["top_k"]]
-    cut = max(c["temperature"] * np.log(c["min_p"]) if c.get("min_p") else -np.inf,
-              c["temperature"] * head_x if c.get("top_p", 1) < 1 else -np.inf)
-    return exact >= exact.max() + cut
-
-
 @pytest.mark.parametrize("dtype,gs", PACKED)
 def test_two_pass_head_samples_as_the_one_pass_head(mem, dtype, gs):
     """The LM head's two passes for sampled rows (kernels.c head_cut): the logits row it leaves (candidates' groups
@@ -131,7 +120,7 @@ def test_two_pass_head_samples_as_the_one_pass_head(mem, dtype, gs):
     w = mem.weight(dtype, n, k, gs, random_components(dtype, n, k, gs, rng), packed=True)
     kp = k_padded(k, gs)
     scratch = mem.scratch(mem.call("wi_linear_scratch_bytes", 1, kp))
-    assert mem.call("wi_test_head_x") == np.float32(-16.7)  # (_read_by_draw's HEAD_X)
+    head_x = mem.call("wi_test_head_x")  # draw(): a logit below max + head_x T adds nothing to a top-p draw
     left_out = 0
     for xi in range(3):
         x = rng.standard_normal(k).astype(np.float32)
@@ -150,9 +139,11 @@ def test_two_pass_head_samples_as_the_one_pass_head(mem, dtype, gs):
             g = y.read()[0]
             same = g.view(np.uint32) == exact.view(np.uint32)
             assert (g[~same] > exact[~same]).all(), (dtype, c)
-            assert same[_read_by_draw(c, exact)].all(), f"{dtype} {c}: a logit the sampler reads is a bound"
+            filters = c.get("top_k", 0), c.get("top_p", 1.0), c.get("min_p", 0.0)
+            read = read_by_draw(exact, c["temperature"], *filters, head_x)
+            assert same[read].all(), f"{dtype} {c}: a logit the sampler reads is a bound"
             left_out += int((~same).sum())
-            if c.get("top_k", 0) > 1 and not c.get("min_p") and c.get("top_p", 1) >= 1:
+            if topk_alone(*filters):
                 assert (~same).any(), f"{dtype} {c}: top-k alone left no row out"
             assert _sample(mem, y, n, rows) == _sample(mem, e, n, rows), (dtype, c, xi)
     assert left_out > 0

@@ -18,6 +18,7 @@ import asyncio
 import numpy as np
 import pytest
 
+from tests.cpu.harness import read_by_draw
 from webinfer.engine.batch import SeqChunk, StepBatch
 from webinfer.errors import ContextOverflowError
 
@@ -154,11 +155,8 @@ def test_two_pass_head_leaves_each_drawn_logit_exact(tiny_llama, variant, thread
             for j, (i, c) in enumerate(zip(ids_f, chunks)):
                 same = g[j].view(np.uint32) == f[j].view(np.uint32)
                 assert same[i - i % 4: i - i % 4 + 4].all(), f"row {j}: the sampled id's group is not exact"
-                if c.temperature > 0:  # every logit the sampler reads exact: min_p's kept, top-p's head (HEAD_X),
-                    cut = max(c.temperature * np.log(c.min_p) if c.min_p else -np.inf,  # top-k alone's k
-                              c.temperature * head_x if c.top_p < 1 else -np.inf)
-                    read = f[j] >= (np.sort(f[j])[-c.top_k] if c.top_k > 1 and c.top_p == 1 and not c.min_p
-                                    else f[j].max() + cut)
+                if c.temperature > 0:  # every logit the sampler reads exact: min_p's kept, top-p's head, top-k's k
+                    read = read_by_draw(f[j], c.temperature, c.top_k, c.top_p, c.min_p, head_x)
                     assert same[read].all(), f"row {j}: a logit the sampler reads is a bound"
                 assert (~same).any(), "the two-pass head did not run"
                 assert (g[j][~same] > f[j][~same]).all()
