@@ -1669,7 +1669,66 @@ static void radix_sort(u32 *ka, u32 *va, u32 *kb, u32 *vb, u32 n) {
 // head equals the head's own, bit for bit. So top-p, whose cut lies inside the head when top_p < 1, needs only the
 // head sorted (a few to a few thousand ids of a 262k vocabulary, measured on Gemma 3 at T 0.7), not the vocabulary.
 #define HEAD_X (-16.7f)
-static u32 sort_all;  // tests (wi_test_sort_all): draw() sorts every id, the rule as written, to compare with
+static u32 sort_all;  // tests (wi_test_sort_all): draw() sorts every id and sums every term (TINY_X), the rule as
+                      // written, to compare with
+
+// A term expf_(x) with x below TINY_X is < 2^-124, under half an ulp of any sum >= 2^-100: added to such a sum it
+// rounds back to the same float. Summing in id order (draw() with every id kept, logprobs_top's log-sum-exp), the
+// sum passes 2^-100 at the max's term (exactly 1) at the latest, so from there such terms are skipped, bit for bit
+// the same sums. expf_ reaches them through subnormal multiplies, which x86 cores run ~100x slower: on Gemma 3's
+// 262,144 logits at T 0.7 alone they were a third of the decode step (webinfer bench: 0.62x greedy in exact and
+// fast mode, docs/cpu-backend.md "Tiny terms").
+#define TINY_X (-87.0f)
+INLINE int tiny_term(float x, float sum) { return x < TINY_X && sum >= 0x1p-100f && !sort_all; }
+
+// x[0..3] = (l[i] - mx) * inv_t and t[0..3] = expf_(x[i]) for the lanes with x in [TINY_X, 0], 4 at a time, bit for
+// bit expf_'s arithmetic (there 2^n is a normal f32); the other lanes' t is 0, for the caller to take from expf_ or
+// skip (tiny_term). A sum of every id's term, in id order, thus spends ~1/3 of its time on the exps.
+INLINE void terms4(const float *l, float mx, float inv_t, float *x, float *t) {
+    v128_t v = wasm_f32x4_mul(wasm_f32x4_sub(wasm_v128_load(l), wasm_f32x4_splat(mx)), wasm_f32x4_splat(inv_t));
+    wasm_v128_store(x, v);
+    v128_t in = wasm_v128_and(wasm_f32x4_ge(v, wasm_f32x4_splat(TINY_X)), wasm_f32x4_le(v, wasm_f32x4_splat(0.0f)));
+    v = wasm_v128_and(v, in);  // (the other lanes: exp(0), discarded)
+    v128_t n = wasm_f32x4_nearest(wasm_f32x4_mul(v, wasm_f32x4_splat(1.44269504088896341f)));
+    v128_t r = wasm_f32x4_sub(v, wasm_f32x4_mul(n, wasm_f32x4_splat(0.693145751953125f)));
+    r = wasm_f32x4_sub(r, wasm_f32x4_mul(n, wasm_f32x4_splat(1.428606765330187e-06f)));
+    v128_t e = wasm_f32x4_splat(1.0f / 5040.0f);
+    e = wasm_f32x4_add(wasm_f32x4_mul(e, r), wasm_f32x4_splat(1.0f / 720.0f));
+    e = wasm_f32x4_add(wasm_f32x4_mul(e, r), wasm_f32x4_splat(1.0f / 120.0f));
+    e = wasm_f32x4_add(wasm_f32x4_mul(e, r), wasm_f32x4_splat(1.0f / 24.0f));
+    e = wasm_f32x4_add(wasm_f32x4_mul(e, r), wasm_f32x4_splat(1.0f / 6.0f));
+    e = wasm_f32x4_add(wasm_f32x4_mul(e, r), wasm_f32x4_splat(0.5f));
+    e = wasm_f32x4_add(wasm_f32x4_mul(e, r), wasm_f32x4_splat(1.0f));
+    e = wasm_f32x4_add(wasm_f32x4_mul(e, r), wasm_f32x4_splat(1.0f));
+    v128_t two_n = wasm_i32x4_shl(wasm_i32x4_add(wasm_i32x4_trunc_sat_f32x4(n), wasm_i32x4_splat(127)), 23);
+    wasm_v128_store(t, wasm_v128_and(wasm_f32x4_mul(e, two_n), in));
+}
+
+// The running sum of every id's term expf_((l[i] - mx) * inv_t) in id order, as one term at a time would give it
+// (tiny_term skipped): the mass (r < 0), or the first id at which it exceeds r (vocab - 1 if none: r within rounding
+// of the total; *id answers)
+static float sum_terms(const float *l, u32 vocab, float mx, float inv_t, float r, u32 *id) {
+    float c = 0.0f, x[4] __attribute__((aligned(16))), t[4] __attribute__((aligned(16)));
+    u32 i = 0;
+    for (; i + 4 <= vocab && !sort_all; i += 4) {  // (tests: sort_all sums one term at a time, every term)
+        terms4(l + i, mx, inv_t, x, t);
+        for (u32 j = 0; j < 4; j++) {
+            if (!(x[j] >= TINY_X && x[j] <= 0.0f)) {  // (below, above 0 or NaN: as one term at a time)
+                if (tiny_term(x[j], c)) continue;
+                t[j] = expf_(x[j]);
+            }
+            c += t[j];
+            if (r >= 0.0f && c > r) { *id = i + j; return c; }
+        }
+    }
+    for (; i < vocab; i++) {
+        float xi = (l[i] - mx) * inv_t;
+        if (!tiny_term(xi, c)) c += expf_(xi);
+        if (r >= 0.0f && c > r) { *id = i; return c; }
+    }
+    *id = vocab - 1;
+    return c;
+}
 
 // The GPU sampler's rule (webinfer/kernels/sampling.py, sample.wgsl) on processed logits l: greedy = argmax, lowest
 // id on ties; else temperature -> min_p (logits below max + T ln(min_p) -> -inf) -> top-k (logit descending, id
@@ -1694,14 +1753,11 @@ static u32 draw(const float *l, u32 vocab, const SampleParams *p, u8 *scratch, f
     float u = (float)(pcg(pcg(p->seed) + p->index) >> 8) * (1.0f / 16777216.0f);
     int use_k = p->top_k > 0 && p->top_k < vocab;
     float mass = 0.0f, c = 0.0f, r;
-    if (!use_k && p->top_p >= 1.0f) {  // every id kept
-        for (u32 i = 0; i < vocab; i++) mass += expf_((l[i] - mx) * inv_t);
-        r = u * mass;
-        for (u32 i = 0; i < vocab; i++) {
-            c += expf_((l[i] - mx) * inv_t);
-            if (c > r) return i;
-        }
-        return vocab - 1;  // r within rounding of the total
+    if (!use_k && p->top_p >= 1.0f) {  // every id kept (a tiny term leaves the mass, and c, as they are)
+        u32 id;
+        mass = sum_terms(l, vocab, mx, inv_t, -1.0f, &id);
+        sum_terms(l, vocab, mx, inv_t, u * mass, &id);
+        return id;
     }
     // the ids to sort, in id order, keyed ~okey (ascending = logit descending; the sort is stable: id ascending)
     u32 *ka = (u32 *)(scratch + ((vocab + 15) & ~15u)), *ia = ka + vocab, *kb = ia + vocab, *ib = kb + vocab;
@@ -1750,7 +1806,10 @@ static float logprobs_top(const float *l, u32 vocab, u32 n, u32 *lp) {
     u32 mk = okey(l[0]);
     for (u32 i = 1; i < vocab; i++) mk = okey(l[i]) > mk ? okey(l[i]) : mk;
     float mx = bits_f32(mk & 0x80000000u ? mk & 0x7fffffffu : ~mk), m = 0.0f;
-    for (u32 i = 0; i < vocab; i++) m += expf_(l[i] - mx);
+    for (u32 i = 0; i < vocab; i++) {
+        float x = l[i] - mx;
+        if (!tiny_term(x, m)) m += expf_(x);
+    }
     float lse = mx + logf_(m);
     n = n < 20 ? n : 20;
     n = n < vocab ? n : vocab;
@@ -1852,6 +1911,7 @@ typedef struct {
     const float *cos_l, *sin_l;  // sliding layers' RoPE tables (Gemma 3's local base; else the global ones)
     float *po;                   // [T, d] o's / down's output before its post-norm (post-norm models; else 0)
     float *parts;                // [4, T, d]: o's two K parts, then down's (step_body's split_k; else 0)
+    float head_wide;             // two_pass_head's band limit for sampled rows (the runner measures it)
 } Model;
 
 typedef struct {
@@ -1985,6 +2045,32 @@ INLINE float f32_below(double d) {
     return f == 0.0f ? bits_f32(0x80000001u) : bits_f32(f > 0.0f ? b - 1 : b + 1);
 }
 
+// A sampled row that keeps every id: temperature alone (no min_p, top-p or top-k)
+INLINE int temp_alone(const SampleParams *p, u32 vocab) {
+    return !greedy(p) && !(p->min_p > 0.0f) && !(p->top_p < 1.0f) && !(p->top_k > 0 && p->top_k < vocab);
+}
+
+// For a temperature-alone row whose logits row y holds exact values at and above `cut` (head_cut; the max among
+// them) and upper bounds below it: J, an id past which draw()'s running mass is >= 1 before every term. The sum of
+// the terms of y >= cut alone, in id order and with draw()'s own arithmetic, is a lower bound of draw()'s running
+// mass at every id (the other terms are >= 0 and a rounded sum is monotone in its terms), and it reaches 1 at the
+// max's id at the latest. 0 when the cut is NaN (the second pass then made every row exact).
+static u32 head_prefix(const float *y, u32 vocab, float cut, float temperature) {
+    if (cut != cut) return 0;
+    u32 best = 0, bk = okey(y[0]);
+    for (u32 i = 1; i < vocab; i++) {
+        u32 k = okey(y[i]);
+        if (k > bk) { bk = k; best = i; }
+    }
+    float mx = y[best], inv_t = 1.0f / temperature, h = 0.0f;
+    for (u32 i = 0; i < vocab; i++)
+        if (y[i] >= cut) {
+            h += expf_((y[i] - mx) * inv_t);
+            if (h >= 1.0f) return i + 1;
+        }
+    return vocab;
+}
+
 // The two-pass LM head's cut for one sampled row ("The LM head in two passes"): its second pass computes exactly
 // every group with a row at or above it, the others keep their bounds y = v + B >= e, and sample_row must draw the
 // one-pass head's id from that row. L: the largest v - B (<= the exact maximum mx). NaN: the row needs every logit
@@ -1999,8 +2085,10 @@ INLINE float f32_below(double d) {
 // - top-k alone (topk_alone): C, a value at least k logits reach (head_topk_floor). A row left out has e <= y < C
 //   <= the k-th largest logit: not among the top k nor tied with the k-th, and its bound y sorts below all of them
 //   too, so draw() keeps the same k ids, every one exact. (The callers give C = NaN for any other row.)
-// Every id kept (top_p 1, no min_p) sums every logit: NaN.
-INLINE float head_cut(const SampleParams *p, float L, float C) {
+// - temperature alone (temp_alone: every id kept): top-p's cut, and every id below the row's head_prefix exact too
+//   (a third pass): draw() sums every term in id order, and past that prefix its running mass is >= 1, where a term
+//   from outside the head (< 0.94 * 2^-24, from y or from e) rounds away: the same mass, the same walk.
+INLINE float head_cut(const SampleParams *p, u32 vocab, float L, float C) {
     float T = p->temperature, nan = __builtin_nanf("");
     if (L != L) return nan;
     if (greedy(p)) return L;
@@ -2013,7 +2101,7 @@ INLINE float head_cut(const SampleParams *p, float L, float C) {
         cut = L + c;
         some = 1;
     }
-    if (p->top_p < 1.0f) {
+    if (p->top_p < 1.0f || temp_alone(p, vocab)) {
         float h = f32_below((double)L + (double)(HEAD_X * 1.00390625f) * (double)T);
         cut = h > cut ? h : cut;
         some = 1;
@@ -2058,7 +2146,7 @@ static float head_topk_floor(const float *y, u32 n, u32 k, float bmax) {
 INLINE int head_row_ok(const SampleParams *p, u32 vocab) {
     float C = topk_alone(p, vocab) ? 0.0f : __builtin_nanf("");
     return p->mask_off == NONE && p->bias_n == 0 && p->n_logprobs == NONE && p->freq == 0.0f && p->pres == 0.0f &&
-           p->rep == 1.0f && head_cut(p, 0.0f, C) == head_cut(p, 0.0f, C);
+           p->rep == 1.0f && head_cut(p, vocab, 0.0f, C) == head_cut(p, vocab, 0.0f, C);
 }
 
 // Whether the model and step allow the two passes: an exact packed head without a final soft-cap (whose rounding
@@ -2069,13 +2157,14 @@ INLINE int head_step_ok(const Model *m, const Step *s) {
 }
 
 // A sampled row's second pass recomputes every row at or above its cut: with a flat distribution at T 0.7 top-p,
-// most of the vocabulary (41k of SmolLM2's 49k on one step), and the first pass (0.6-0.85 of a one-pass head,
-// measured) is then lost. Per sampled row slot, the fraction of the head's rows at or above the row's cut in its
-// last step (head_band_update); a step whose sampled row's slot was wider than HEAD_WIDE runs the one-pass head,
-// whose exact logits give the next step's figure. Rows keep their slots across decode steps of one batch, so the
-// last step predicts the next (a mismatch after the batch changes costs time, never bits: both heads give the
-// same ids). Shared by the threads; written by thread 0 alone, after the head and before the next step.
-#define HEAD_WIDE 0.25f
+// most of the vocabulary (41k of SmolLM2's 49k on one step), and the first pass is then lost. What the first pass
+// costs against a one-pass head depends on the machine: 0.6-0.85 where the exact head is bound by its multiplies,
+// ~0.95 where neither is (this project's VM on 12-06: both at ~11 GB/s). Per sampled row slot, the fraction of the head's rows
+// at or above the row's cut in its last step (head_band_update); a step whose sampled row's slot was wider than the
+// Model's head_wide (the runner's measured break-even, CpuRunner.calibrate_head; 0: sampled rows never take two
+// passes) runs the one-pass head, whose exact logits give the next step's figure. Rows keep their slots across decode steps of one batch, so the last step
+// predicts the next (a mismatch after the batch changes costs time, never bits: both heads give the same ids).
+// Shared by the threads; written by thread 0 alone, after the head and before the next step.
 static float head_band[HEAD_ROWS];
 
 // Whether the step's LM head takes two passes ("The LM head in two passes"): head_step_ok, and every sampled row
@@ -2086,7 +2175,7 @@ INLINE int two_pass_head(const Model *m, const Step *s) {
     if (!head_step_ok(m, s)) return 0;
     for (u32 j = 0; j < s->n_sampled; j++) {
         const SampleParams *p = s->params + j;
-        if (!head_row_ok(p, m->vocab) || (!greedy(p) && head_band[j] > HEAD_WIDE)) return 0;
+        if (!head_row_ok(p, m->vocab) || (!greedy(p) && !(head_band[j] < m->head_wide))) return 0;
     }
     return 1;
 }
@@ -2102,9 +2191,10 @@ static u32 count_ge(const float *y, u32 n, float cut) {
 
 // head_band for the step's sampled rows (thread 0, before sampling: min_p may write over the logits). cuts: each
 // row's cut where the step took two passes (its logits row then holds bounds below the cut), else NULL: the cut at
-// the row's exact maximum (top-k alone: k / vocab). Greedy rows and rows the two passes do not take count 0.
-static void head_band_update(const Model *m, const Step *s, const float *cuts) {
-    if (!head_step_ok(m, s)) return;
+// the row's exact maximum (top-k alone: k / vocab). Greedy rows and rows the two passes do not take count 0. A
+// temperature-alone row counts its head_prefix as well (pre: each row's, where the step took two passes).
+static void head_band_update(const Model *m, const Step *s, const float *cuts, const u32 *pre) {
+    if (!head_step_ok(m, s) || !(m->head_wide > 0.0f)) return;  // (0: no sampled row takes two passes)
     for (u32 j = 0; j < s->n_sampled; j++) {
         const SampleParams *p = s->params + j;
         const float *y = m->logits + j * m->vocab;
@@ -2118,9 +2208,10 @@ static void head_band_update(const Model *m, const Step *s, const float *cuts) {
         if (!cuts) {
             float mx = y[0];
             for (u32 i = 1; i < m->vocab; i++) mx = y[i] > mx ? y[i] : mx;
-            cut = head_cut(p, mx, __builtin_nanf(""));
+            cut = head_cut(p, m->vocab, mx, __builtin_nanf(""));
         }
-        head_band[j] = (float)count_ge(y, m->vocab, cut) / (float)m->vocab;
+        u32 J = !temp_alone(p, m->vocab) ? 0 : cuts ? pre[j] : head_prefix(y, m->vocab, cut, p->temperature);
+        head_band[j] = (float)(J + count_ge(y + J, m->vocab - J, cut)) / (float)m->vocab;
     }
 }
 
@@ -2308,6 +2399,7 @@ static void step_body(const Ctx *c, const Model *m, const Step *s) {
         rmsnorm(r + s->sample_rows[j] * d, d, m->norm, c->xs + j * d, d, 1, d, m->eps);
     int two = two_pass_head(m, s);
     float cuts[HEAD_ROWS];  // the two passes: each row's cut
+    u32 pre[HEAD_ROWS];     // and its head_prefix (temperature alone; else 0)
     if (two) {  // the first pass on this thread's rows; its lower bounds where every thread reads them
         u32 n0, n1;
         share(c, m->vocab, &n0, &n1);
@@ -2340,12 +2432,28 @@ static void step_body(const Ctx *c, const Model *m, const Step *s) {
                 C = oc != oc || C != C ? __builtin_nanf("") : oc > C ? oc : C;  // (each thread's C holds globally)
             }
 #endif
-            cuts[j] = head_cut(s->params + j, L, C);
+            cuts[j] = head_cut(s->params + j, m->vocab, L, C);
             head_pass(m->lm_head, c->xs + j * d, m->logits + j * m->vocab, c->work, n0, n1, 0, cuts[j], 0);
         }
         SYNC();
+        // The third pass: a temperature-alone row's ids below its head_prefix J, exact (each thread its share).
+        // Every thread finds the same J while others may already rewrite rows below it: a row >= the cut is
+        // rewritten with its own bits, one below it stays below (e <= y < cut).
+        int third = 0;
+        for (u32 j = 0; j < s->n_sampled; j++) {
+            const SampleParams *p = s->params + j;
+            pre[j] = temp_alone(p, m->vocab) ? head_prefix(m->logits + j * m->vocab, m->vocab, cuts[j], p->temperature) : 0;
+            third |= pre[j] > 0;
+        }
+        if (third) {
+            for (u32 j = 0; j < s->n_sampled; j++)
+                if (pre[j] > n0)
+                    head_pass(m->lm_head, c->xs + j * d, m->logits + j * m->vocab, c->work, n0,
+                              pre[j] < n1 ? pre[j] : n1, 0, __builtin_nanf(""), 0);
+            SYNC();
+        }
     }
-    if (t0) head_band_update(m, s, two ? cuts : 0);
+    if (t0) head_band_update(m, s, two ? cuts : 0, pre);
     if (t0)
         for (u32 j = 0; j < s->n_sampled; j++)
             s->out_ids[j] = sample_row(m->logits + j * m->vocab, m->vocab, s->params + j, s->aux, s->counts,
@@ -2458,7 +2566,10 @@ EXPORT(wi_head_two_pass) u32 wi_head_two_pass(const Weight *w, const float *x, f
                                               const SampleParams *p) {
     float bmax = 0.0f, L = head_pass(w, x, y, scratch, 0, w->n, 1, 0.0f, &bmax);
     float C = p && topk_alone(p, w->n) ? head_topk_floor(y, w->n, p->top_k, bmax) : __builtin_nanf("");
-    head_pass(w, x, y, scratch, 0, w->n, 0, p ? head_cut(p, L, C) : L, 0);
+    float cut = p ? head_cut(p, w->n, L, C) : L;
+    head_pass(w, x, y, scratch, 0, w->n, 0, cut, 0);
+    u32 J = p && temp_alone(p, w->n) ? head_prefix(y, w->n, cut, p->temperature) : 0;
+    if (J) head_pass(w, x, y, scratch, 0, J, 0, __builtin_nanf(""), 0);
     u32 best = 0;
     for (u32 i = 1; i < w->n; i++)
         if (okey(y[i]) > okey(y[best])) best = i;
@@ -2517,6 +2628,11 @@ EXPORT(wi_softmax_exp) void wi_softmax_exp(const float *x, float *y, u32 n, floa
 // counts, logprobs: as the Step's (0: none)
 EXPORT(wi_test_sort_all) void wi_test_sort_all(u32 on) { sort_all = on; }
 EXPORT(wi_test_head_x) float wi_test_head_x(void) { return HEAD_X; }
+EXPORT(wi_test_tiny_x) float wi_test_tiny_x(void) { return TINY_X; }
+// tests: draw()'s sum of every id's term (sum_terms): the mass (r < 0) or the walk's id at r (into *id)
+EXPORT(wi_test_sum_terms) float wi_test_sum_terms(const float *l, u32 vocab, float mx, float inv_t, float r, u32 *id) {
+    return sum_terms(l, vocab, mx, inv_t, r, id);
+}
 EXPORT(wi_test_head_band) float wi_test_head_band(u32 j) { return j < HEAD_ROWS ? head_band[j] : -1.0f; }
 
 EXPORT(wi_sample) void wi_sample(const float *logits, u32 vocab, const SampleParams *p, const u32 *aux, u32 rows,

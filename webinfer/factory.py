@@ -81,6 +81,8 @@ async def load_cpu_runner(package: Package, opts: EngineOptions, host=None):
                              num_blocks=kv_blocks(opts.context_tokens, opts.block_size), block_size=opts.block_size,
                              max_model_len=opts.model_len(package.config), max_batch_tokens=opts.max_batch_tokens,
                              max_seqs=opts.runner_rows, host=host, threads=opts.cpu_threads)
+    if host is None:  # natively the module is compiled in full at load: its timings hold now (the page measures
+        runner.calibrate_head()  # after its warm-up, webinfer/browser_worker.py)
     if host is None and runner.threads > 2:
         # natively two threads on two idle cores gain 1.6-1.8x (docs/cpu-backend.md): fixed; past two the fastest
         # count depends on the machine's bandwidth and cores, so each decode block measures it (the page's host

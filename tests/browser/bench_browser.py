@@ -22,7 +22,8 @@ browser profile (so the second and later visits read the model from the cache):
 PHASE+S (e.g. cpu-fast+3): the same phase with its first chat S seconds after ready, a reader's pause (the work
 after ready runs then: for the CPU engine, the kernels' warm-up first). PHASE-k1 (e.g. cpu-fast-1-k1): the same
 with decode blocks off (`decodeBlock: 1`), to set against the default blocks. PHASE-s (e.g. cpu-warm-1-s, or
-cpu-warm-1-s-k1): the chats sampled at the chat page's defaults (temperature 0.7, top_p 0.95, seed 1), not greedy.
+cpu-warm-1-s-k1): the chats sampled at the chat page's defaults (temperature 0.7, top_p 0.95, seed 1), not greedy;
+PHASE-t: sampled with a temperature alone (0.7, seed 1: every id kept, what many API clients send).
 
 Each phase is a fresh page, but Chromium keeps the renderer process, and V8 reuses a WebAssembly module it compiled
 there before (the same bytes) with the code it has optimized since: a phase's CPU engine starts from optimized
@@ -60,6 +61,7 @@ from .conftest import site_page
 PROMPT = "What is the capital of France famous for?"
 PROMPT2 = "Why is the sky blue during the day?"
 PAGE_SAMPLING = {"temperature": 0.7, "top_p": 0.95, "seed": 1}  # web/store.js DEFAULT_SETTINGS, seeded
+TEMPERATURE_SAMPLING = {"temperature": 0.7, "seed": 1}
 
 RUN = """async ([model, n, pipelines, wait, prompts, extra]) => {
     const w = await import("./webinfer.js");
@@ -166,8 +168,8 @@ def main(site: Path, n: int, phases: list[str], wait_s: float) -> None:
             else:
                 name, _, pause = phase.partition("+")  # PHASE+S: the first chat S seconds after ready
                 name, k1 = (name[:-3], {"decodeBlock": 1}) if name.endswith("-k1") else (name, {})
-                if name.endswith("-s"):  # the chat page's default sampling instead of greedy
-                    name, k1 = name[:-2], {**k1, "sampling": PAGE_SAMPLING}
+                if name.endswith("-s") or name.endswith("-t"):  # the page's defaults / a temperature alone
+                    name, k1 = name[:-2], {**k1, "sampling": PAGE_SAMPLING if name[-1] == "s" else TEMPERATURE_SAMPLING}
                 if workers := re.fullmatch(r"(cpu-warm|cpu-fast)-(\d+)", name):  # cpu-warm-N: N Workers
                     name, k1 = workers[1], {**k1, "threads": int(workers[2])}
                 mode, wait = PHASES[name]

@@ -184,7 +184,8 @@ VISIT = """async ([url, ids, n, waitFor, corrupt]) => {
 
 def test_bytecode_cache_across_visits(served, browser, tiny_package):
     """Python's bytecode for the wheels is written to IndexedDB after the first visit's ready (while idle) and used
-    by the next visit of the same browser profile; both visits give the native ids, and warm the kernels up."""
+    by the next visit of the same browser profile; both visits give the native ids, warm the kernels up and time the
+    LM head's band limit."""
     logs: list[str] = []
     want, _ = _native_cpu_ids(tiny_package, PROMPT, N)
     states = []
@@ -198,6 +199,8 @@ def test_bytecode_cache_across_visits(served, browser, tiny_package):
         assert r["background"].get("kernel_warm_up_ms", 0) > 0, (r["background"], logs[-5:])
         slices = r["background"]["kernel_warm_up_ms_per_step"]  # slices of 8 steps for ~2 s (browser_worker.py)
         assert r["background"]["kernel_warm_up_steps"] == 8 * len(slices) and all(t > 0 for t in slices), r
+        hc = r["background"]["head_calibration"]  # then the LM head's band limit, timed in the page (calibrate_head)
+        assert isinstance(hc, dict) and hc["one_ms"] > 0 and 0 <= hc["head_wide"] <= 0.5, hc
     assert states == [("empty", "written"), ("hit", "hit")], (states, logs[-5:])
 
 

@@ -22,6 +22,8 @@ def test_cpu_bench_quick_json(tmp_path, capsys):
     for v in res["gemv"].values():
         assert v["exact"]["gb_s"] > 0 and v["fast"]["gb_s"] > 0, v
     assert res["decode_read_bound"]["step_weight_mb"] > 0, res["decode_read_bound"]
+    hc = res["head_calibration"]  # (CpuRunner.calibrate_head, what the engine's native load runs)
+    assert hc["one_ms"] > 0 and hc["two_ms"] > 0 and 0 <= hc["head_wide"] <= 0.5, hc
     gh = res["greedy_head"]  # (the tiny model's q8 head, 4 rows a group: at least the argmax's group recomputed)
     assert gh["exact_one_pass"] > 0 and gh["exact_greedy"] > 0 and 4 <= gh["recomputed_logits"], gh
     assert gh["exact_sampled"] > 0 and gh["sampled_recomputed_logits"] >= gh["recomputed_logits"], gh  # (a lower cut)
@@ -30,6 +32,8 @@ def test_cpu_bench_quick_json(tmp_path, capsys):
         assert res["decode"][mode]["of_read_bound"] > 0, (res["decode"], res["decode_read_bound"])
         sampled = res["decode"][mode]["sampled"]  # the page's default sampling beside greedy
         assert sampled["sampling"]["temperature"] == 0.7 and sampled["of_greedy"] > 0, sampled
+        alone = res["decode"][mode]["sampled_temperature"]  # (a temperature alone: T 0.7)
+        assert alone["sampling"] == {"temperature": 0.7, "seed": 1} and alone["of_greedy"] > 0, alone
         api = res["decode"][mode]["sampled_api_defaults"]  # (OpenAI's defaults: T 1, top_p 1)
         assert api["sampling"] == {"temperature": 1.0, "seed": 1} and api["of_greedy"] > 0, api
         long = res["decode_long_context"]
@@ -72,8 +76,9 @@ def test_module_ab_on_smollm2(smollm2_package, tmp_path, capsys):
 
 
 def test_module_ab_sampled(tiny_llama, capsys):
-    """The A/B tool with --sample (the chat page's default sampling, plus --min-p): both sides decode and draw the
-    same seeded ids (one module on both sides here: what a kernel change meant to keep the bits must show)."""
+    """The A/B tool with --sample (the chat page's default sampling, plus --min-p) and --temperature: both sides
+    decode and draw the same seeded ids (one module on both sides here: what a kernel change meant to keep the bits
+    must show)."""
     from importlib.resources import files
 
     wasm = files("webinfer.cpu").joinpath("kernels-relaxed.wasm")
@@ -82,6 +87,10 @@ def test_module_ab_sampled(tiny_llama, capsys):
     res = json.loads(capsys.readouterr().out)
     assert res["sampling"] == {"temperature": 0.7, "top_p": 0.95, "seed": 1, "min_p": 0.05}, res
     assert res["same_ids"] is True and res["decode"]["B"]["median"] > 0, res
+    assert ab_main([str(wasm), str(wasm), "--package", str(tiny_llama), "--mode", "exact", "--rounds", "2",
+                    "--tokens", "6", "--temperature", "0.5", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["sampling"] == {"temperature": 0.5, "seed": 1} and res["same_ids"] is True, res
 
 
 def test_module_ab_formats():

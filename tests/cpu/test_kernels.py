@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tests.cpu.formats_np import decode, random_components
-from tests.cpu.harness import WasmMem, check, read_by_draw, topk_alone
+from tests.cpu.harness import WasmMem, check, read_by_draw
 from webinfer.formats import k_padded
 from webinfer.kernels.sampling import SampleRow, pack
 from webinfer.kernels.sampling import uniform
@@ -102,17 +102,18 @@ def test_linear(mem, dtype, gs, packed, fast):
 
 
 # sampled rows the two-pass head takes (kernels.c head_cut): top-p, min_p, both with top-k, a wide band (T 1.5),
-# top-k alone (head_topk_floor)
+# top-k alone (head_topk_floor), temperature alone (head_prefix; top-k = the vocabulary keeps every id too)
 HEAD_SAMPLED = [dict(temperature=0.7, top_p=0.95), dict(temperature=1.0, min_p=0.1),
                 dict(temperature=0.5, top_k=40, top_p=0.9, min_p=0.05), dict(temperature=1.5, top_p=0.5),
-                dict(temperature=0.3, top_k=3, min_p=0.2), dict(temperature=1.0, top_k=40), dict(temperature=2.0, top_k=7)]
+                dict(temperature=0.3, top_k=3, min_p=0.2), dict(temperature=1.0, top_k=40), dict(temperature=2.0, top_k=7),
+                dict(temperature=0.25), dict(temperature=0.5, top_k=384)]
 
 
 @pytest.mark.parametrize("dtype,gs", PACKED)
 def test_two_pass_head_samples_as_the_one_pass_head(mem, dtype, gs):
     """The LM head's two passes for sampled rows (kernels.c head_cut): the logits row it leaves (candidates' groups
     exact, bounds above the logits elsewhere) holds every logit the sampler reads exact (min_p's kept ones, top-p's
-    head, top-k alone's k) and samples the one-pass head's ids, for every packed format, the sampled settings the cut covers and 16
+    head, top-k alone's k, temperature alone's head and mass prefix) and samples the one-pass head's ids, for every packed format, the sampled settings the cut covers and 16
     seeds each; the cut leaves rows out (else the test would not test it).
     Logits spread ~4 apart (x scaled to it), so each band holds some of the 384 rows and not all."""
     n, k = 384, 600
@@ -121,7 +122,7 @@ def test_two_pass_head_samples_as_the_one_pass_head(mem, dtype, gs):
     kp = k_padded(k, gs)
     scratch = mem.scratch(mem.call("wi_linear_scratch_bytes", 1, kp))
     head_x = mem.call("wi_test_head_x")  # draw(): a logit below max + head_x T adds nothing to a top-p draw
-    left_out = 0
+    left_out = [0] * len(HEAD_SAMPLED)
     for xi in range(3):
         x = rng.standard_normal(k).astype(np.float32)
         for _ in range(2):  # scale x until the logits' spread is ~4
@@ -131,7 +132,7 @@ def test_two_pass_head_samples_as_the_one_pass_head(mem, dtype, gs):
         xa = mem.put(x)
         mem.call("wi_linear", w, xa.off, k, e.off, n, 1, 0, 0, scratch.off)
         exact = e.read()[0]
-        for c in HEAD_SAMPLED:
+        for ci, c in enumerate(HEAD_SAMPLED):
             rows = [SampleRow(0, seed=seed, index=3 * seed + xi, **c) for seed in range(16)]
             y = mem.empty((1, n))
             mem.call("wi_head_two_pass", w, xa.off, y.off, scratch.off,
@@ -142,11 +143,10 @@ def test_two_pass_head_samples_as_the_one_pass_head(mem, dtype, gs):
             filters = c.get("top_k", 0), c.get("top_p", 1.0), c.get("min_p", 0.0)
             read = read_by_draw(exact, c["temperature"], *filters, head_x)
             assert same[read].all(), f"{dtype} {c}: a logit the sampler reads is a bound"
-            left_out += int((~same).sum())
-            if topk_alone(*filters):
-                assert (~same).any(), f"{dtype} {c}: top-k alone left no row out"
+            left_out[ci] += int((~same).sum())
             assert _sample(mem, y, n, rows) == _sample(mem, e, n, rows), (dtype, c, xi)
-    assert left_out > 0
+    narrow = [lo for c, lo in zip(HEAD_SAMPLED, left_out) if c["temperature"] < 1.5]  # (T 1.5: the wide band)
+    assert all(narrow), f"{dtype}: a setting's cut left no row out: {list(zip(HEAD_SAMPLED, left_out))}"
 
 
 @pytest.mark.parametrize("dtype,gs,packed", [("q4a", 32, False), ("q6k", 256, False), ("f32", None, False),
@@ -571,6 +571,96 @@ def test_draw_heads_edge_adds_nothing_to_a_mass(mem):
     for m in (one, np.nextafter(one, np.float32(2)), np.float32(1.5), np.float32(7.25)):  # even and odd last bits
         assert (m + t == m).all()
     assert float(np.exp(np.float64(hx) + 0.1)) > 2.0 ** -24  # (and the head is not much wider than it needs)
+
+
+def test_draw_skips_only_terms_that_round_away(mem):
+    """With every id kept, draw() and the logprobs' log-sum-exp skip a term below TINY_X once their running sum is
+    >= 2^-100 (kernels.c tiny_term: expf_'s subnormal multiplies are slow): the same ids and logprob bits as summing
+    every term (wi_test_sort_all), over rows whose terms fall deep into and past the subnormal range before and
+    after the max, a sum still below 2^-100 when the first tiny terms come (the max last), and -inf; temperatures
+    0.5 / 1 / 2, 24 seeds, top-k = V (every id kept too), logprobs."""
+    from webinfer.kernels.sampling import LOGPROB_BYTES, uniform
+
+    V, rng = 3000, np.random.default_rng(21)
+    deep = rng.uniform(-230.0, -40.0, V)  # (x = deep / T: past -104 at T 2, into the subnormals at T 0.5-2)
+    deep[1500] = 0.0
+    last = rng.uniform(-200.0, -80.0, V)  # the max last: the sum is a few subnormals until then
+    last[V - 1] = 0.0
+    mixed = rng.standard_normal(V) * 40
+    mixed[rng.choice(V, 200, replace=False)] = -np.inf
+    logits = np.stack([deep, last, mixed]).astype(np.float32)
+    la = mem.put(logits)
+    rows = [SampleRow(r, t, k, 1.0, seed, 5 * seed + r, logprobs=3)
+            for r in range(len(logits)) for t in (0.5, 1.0, 2.0) for k in (0, V) for seed in range(24)]
+    # uniform(0, 4666037) == 0: the walk stops at the first id whose term is > 0, a subnormal one in row `last`,
+    # while its sum is still below 2^-100 (skipping every tiny term would stop at the first term >= e^TINY_X)
+    zero = [SampleRow(1, t, 0, 1.0, 0, 4666037, logprobs=3) for t in (1.0, 2.0)]
+    assert uniform(0, 4666037) == 0.0
+    rows += zero
+
+    def draws():
+        lp = mem.empty((len(rows), LOGPROB_BYTES // 4), np.uint32)
+        return _sample(mem, la, V, rows, logprobs=lp), lp.read().copy()
+
+    ids, lp = draws()
+    mem.call("wi_test_sort_all", 1)
+    try:
+        every, lp_every = draws()
+    finally:
+        mem.call("wi_test_sort_all", 0)
+    assert ids == every and np.array_equal(lp, lp_every)
+    for t, i in zip((1.0, 2.0), ids[-2:]):  # the first id with a subnormal term (x = (l - max) / T > -103.97)
+        assert i == int(np.argmax(last / t > -103.97)) and (last[:i] / t > -87.0).sum() == 0, (t, i)
+    x = (logits.astype(np.float64) - logits.max(axis=1, keepdims=True))
+    assert ((x / 2.0 < mem.call("wi_test_tiny_x")) & (x / 2.0 > -103.0)).sum() > 1000  # (subnormal terms: many)
+
+
+def test_sum_terms_four_at_a_time_is_one_at_a_time(mem):
+    """draw()'s sum over every id (kernels.c sum_terms: exps 4 at a time where x is in [TINY_X, 0], tiny terms
+    skipped) gives the bits of summing every term one at a time with expf_ (wi_test_sort_all), for the mass and for
+    the walk's id at 64 points r, over rows of every kind (spread, deep, the max first / last, NaN, -inf, a length
+    not a multiple of 4), temperatures 0.3-2."""
+    rng = np.random.default_rng(5)
+    V = 4099
+    rows = [rng.standard_normal(V) * s for s in (0.5, 3, 20, 60)] + [rng.uniform(-300, 0, V)]
+    rows[4][[0, V - 1]] = 0.0
+    nan = rng.standard_normal(V) * 4
+    nan[77] = np.nan
+    ninf = rng.standard_normal(V) * 4
+    ninf[rng.choice(V, 500, replace=False)] = -np.inf
+    out = mem.empty((1,), np.uint32)
+    for row in rows + [nan, ninf]:
+        la = mem.put(row.astype(np.float32))
+        mx = float(np.nanmax(row.astype(np.float32)))
+        for t in (0.3, 1.0, 2.0):
+            got = {}
+            for every in (0, 1):
+                mem.call("wi_test_sort_all", every)
+                try:
+                    mass = np.float32(mem.call("wi_test_sum_terms", la.off, V, mx, 1.0 / t, -1.0, out.off))
+                    ids = []
+                    for u in np.linspace(0, 1, 64, endpoint=False):
+                        mem.call("wi_test_sum_terms", la.off, V, mx, 1.0 / t, float(np.float32(u) * mass), out.off)
+                        ids.append(int(out.read()[0]))
+                finally:
+                    mem.call("wi_test_sort_all", 0)
+                got[every] = mass.view(np.uint32), ids
+            assert got[0][0] == got[1][0] and got[0][1] == got[1][1], (t, row[:3])
+
+
+def test_tiny_terms_round_away(mem):
+    """The premise of kernels.c tiny_term: every expf_(x) below TINY_X is under 2^-124, and adding it to a sum
+    >= 2^-100 rounds back to the same float (checked on expf_ itself, wi_exp, down to -inf)."""
+    tx = np.float32(mem.call("wi_test_tiny_x"))
+    below = np.nextafter(tx, np.float32(-np.inf))
+    x = np.concatenate([[below], np.linspace(below, -110.0, 20001, dtype=np.float32), [-np.inf]]).astype(np.float32)
+    xa, y = mem.put(x), mem.empty((len(x),))
+    mem.call("wi_exp", xa.off, y.off, len(x))
+    t = y.read()
+    assert t.max() < 2.0 ** -124 and (t > 0).sum() > 10000  # (subnormal results, as the draws compute them)
+    lo = np.float32(2.0 ** -100)
+    for m in (lo, np.nextafter(lo, np.float32(1)), np.float32(1.5 * 2.0 ** -100), np.float32(1), np.float32(7.25)):
+        assert (m + t == m).all()
 
 
 def test_penalties_and_logprobs_match_reference(mem):

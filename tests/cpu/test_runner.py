@@ -14,6 +14,7 @@ thread and on two.
 from __future__ import annotations
 
 import asyncio
+import struct
 
 import numpy as np
 import pytest
@@ -123,10 +124,10 @@ def test_two_pass_head_leaves_each_drawn_logit_exact(tiny_llama, variant, thread
     """kernels.c's LM head in two passes (exact mode, runner.full_logits off): each sampled row's id and its group
     of 4 carry the full head's bits, every other entry is the exact logit or an upper bound of it (not a logit:
     logits() refuses to read it), and the ids are those of full logits; one greedy row, then three greedy
-    sequences together (three rows), then four rows sampled with top-p, min_p, both, and top-k alone (their cuts:
-    head_cut), on 1-3 threads (every thread merges the threads' lower bounds and top-k floors and runs the second
-    pass on its share)."""
-    r = _runner(tiny_llama, variant=variant, threads=threads)
+    sequences together (three rows), then five rows sampled with top-p, min_p, both, top-k alone and temperature
+    alone (their cuts: head_cut; temperature alone's mass prefix: head_prefix), on 1-3 threads (every thread merges
+    the threads' lower bounds and top-k floors and runs the second and third passes on its share)."""
+    r = _runner(tiny_llama, variant=variant, threads=threads, max_seqs=5)
     V = r.vocab_size
     head_x = r.host.call("wi_test_head_x")  # draw(): a logit below max + head_x T adds nothing to a top-p draw
     try:
@@ -136,7 +137,8 @@ def test_two_pass_head_leaves_each_drawn_logit_exact(tiny_llama, variant, thread
                   for i, (p, kw) in enumerate((([42, 9], dict(temperature=0.1, top_p=0.9)),  # (the model's
                                                ([7, 8, 9], dict(temperature=0.5, min_p=0.3)),  # logits: std ~1)
                                                ([250, 3], dict(temperature=0.6, top_p=0.8, min_p=0.2)),
-                                               ([11, 12], dict(temperature=1.5, top_k=12))))]]
+                                               ([11, 12], dict(temperature=1.5, top_k=12)),
+                                               ([30, 31], dict(temperature=0.1))))]]
         for chunks in steps:
             n, out = len(chunks), {}
             for full in (False, True):  # the same step twice (its K/V rewritten with the same values)
@@ -155,7 +157,7 @@ def test_two_pass_head_leaves_each_drawn_logit_exact(tiny_llama, variant, thread
             for j, (i, c) in enumerate(zip(ids_f, chunks)):
                 same = g[j].view(np.uint32) == f[j].view(np.uint32)
                 assert same[i - i % 4: i - i % 4 + 4].all(), f"row {j}: the sampled id's group is not exact"
-                if c.temperature > 0:  # every logit the sampler reads exact: min_p's kept, top-p's head, top-k's k
+                if c.temperature > 0:  # every logit the sampler reads exact (harness.read_by_draw)
                     read = read_by_draw(f[j], c.temperature, c.top_k, c.top_p, c.min_p, head_x)
                     assert same[read].all(), f"row {j}: a logit the sampler reads is a bound"
                 assert (~same).any(), "the two-pass head did not run"
@@ -170,13 +172,14 @@ def test_a_wide_band_takes_the_one_pass_head_next(tiny_llama, threads):
     (T 0.12 top-p on the tiny model: its logits' std ~1, the cut 2 below the max, ~30 % of the rows) makes its
     slot's next step take the one-pass head (every logit exact with full_logits off), and a narrow row (T 0.05)
     brings the two passes back on the step after; the ids are full logits' all along (a row the prediction was made
-    for, and one it was not: the batch's second row). Top-k alone over half the vocabulary is wide the same way."""
+    for, and one it was not: the batch's second row). Top-k alone over half the vocabulary is wide the same way, and
+    temperature alone at T 1 (the head 16.7 below the max)."""
     r = _runner(tiny_llama, threads=threads)
     V = r.vocab_size
     wide, narrow = dict(temperature=0.12, top_p=0.95), dict(temperature=0.05, top_p=0.9)
     try:
-        def step(kw, n=1):
-            chunks = [SeqChunk(i, [42 + i, 9], 0, [3 + 2 * i, 4 + 2 * i], True, seed=5, **kw) for i in range(n)]
+        def step(kw, n=1, first=42):
+            chunks = [SeqChunk(i, [first + i, 9], 0, [3 + 2 * i, 4 + 2 * i], True, seed=5, **kw) for i in range(n)]
             out = {}
             for full in (False, True):
                 r.full_logits = full
@@ -199,6 +202,22 @@ def test_a_wide_band_takes_the_one_pass_head_next(tiny_llama, threads):
         assert step(big_k).all(), "the step after a wide top-k one took the two passes"
         assert r.host.call("wi_test_head_band", 0) == 0.5
         assert step(small_k).all() and not step(small_k).any(), "top-k 5 of 300 does not bring the two passes back"
+        # temperature alone: its band counts the head and the mass prefix (kernels.c head_prefix)
+        hot, cold = dict(temperature=1.0), dict(temperature=0.02)  # (after [51, 9] the tiny model's max is id 0)
+        step(hot)  # (its head covers every row of the tiny model: exact through either head)
+        assert r.host.call("wi_test_head_band", 0) > 0.25
+        assert step(cold, first=51).all(), "the step after a wide temperature-alone one took the two passes"
+        assert not step(cold, first=51).any(), "a narrow temperature brings the two passes back"
+        assert r.host.call("wi_test_head_band", 0) < 0.25
+        step(cold)  # after [42, 9] the max is id 163: a narrow head, but the ids below it count
+        assert r.host.call("wi_test_head_band", 0) > 0.5
+        # the limit is the Model's (CpuRunner.set_head_wide; calibrate_head measures it)
+        r.set_head_wide(0.6)
+        assert not step(cold).any(), "a band under the Model's limit took one pass"
+        r.set_head_wide(0.0)
+        assert step(cold, first=51).all(), "a band over the Model's limit took two passes"
+        assert step(cold, first=51).all(), "a limit of 0 let a sampled row take two passes"
+        assert not step(dict(temperature=0)).all(), "greedy rows take two passes whatever the limit"
     finally:
         r.close()
 
@@ -485,3 +504,35 @@ def test_kv_f16_is_refused_not_ignored(tiny_llama):
 
     with pytest.raises(WebinferError, match="kv_f16=True: the CPU engine keeps its KV cache in f32"):
         asyncio.run(webinfer.load(tiny_llama, backend="cpu", options=EngineOptions(kv_f16=True, context_tokens=64)))
+
+
+def test_calibrate_head_sets_the_models_band_limit(tiny_llama):
+    """CpuRunner.calibrate_head times the exact LM head in one pass and in two (a greedy row) on a real activation
+    row and writes the break-even band (1 - two / one, within [0, 0.5]; 0 below HEAD_WIDE_MIN) into the Model, which
+    two_pass_head reads (test_a_wide_band_takes_the_one_pass_head_next pins it); the engine's native load
+    (webinfer.factory) runs it."""
+    from tests.gpu_fixtures import generate_ids
+    from webinfer.cpu.runner import _HEAD_WIDE_WORD, HEAD_WIDE, HEAD_WIDE_MIN
+    from webinfer.factory import EngineOptions, load_cpu_runner
+    from webinfer.package import Package
+
+    r = _runner(tiny_llama)
+    try:
+        before = generate_ids(tiny_llama, [5, 17, 200], 8, runner=r)
+        assert r.head_wide == HEAD_WIDE
+        cal = r.calibrate_head()
+        assert cal["one_ms"] > 0 and cal["two_ms"] > 0 and 0.0 <= cal["break_even"] <= 0.5, cal
+        assert cal["break_even"] == pytest.approx(min(0.5, max(0.0, 1 - cal["two_ms"] / cal["one_ms"])), abs=0.02)
+        assert cal["head_wide"] == (cal["break_even"] if cal["break_even"] >= HEAD_WIDE_MIN else 0.0), cal
+        word = struct.unpack("<f", r.host.read(r.model_off + 4 * _HEAD_WIDE_WORD, 4))[0]
+        assert word == pytest.approx(cal["head_wide"]) and r.head_wide == cal["head_wide"]
+        assert generate_ids(tiny_llama, [5, 17, 200], 8, runner=r) == before  # (the null block only)
+    finally:
+        r.close()
+    r = asyncio.run(load_cpu_runner(Package.open(tiny_llama), EngineOptions(context_tokens=256)))
+    try:
+        assert r.head_calibration is not None, "the native load did not calibrate"
+        word = struct.unpack("<f", r.host.read(r.model_off + 4 * _HEAD_WIDE_WORD, 4))[0]
+        assert word == pytest.approx(r.head_calibration["head_wide"]) and 0.0 <= word <= 0.5
+    finally:
+        r.close()

@@ -49,7 +49,7 @@ from ..kernels.sampling import (LOGPROB_BYTES, MAX_LOGIT_BIAS, CountsSlots, Samp
 from .wasm import _NTH_WORD, WasmMemoryError, bufs_words, spins_for, team_words
 
 DTYPE_CODES = {"f32": 0, "q4": 1, "q4a": 2, "q8": 3, "q5_0": 4, "q5_1": 5, "q4k": 6, "q5k": 7, "q6k": 8}
-WEIGHT_WORDS, LAYER_WORDS, MODEL_WORDS, STEP_WORDS = 12, 16, 41, 13
+WEIGHT_WORDS, LAYER_WORDS, MODEL_WORDS, STEP_WORDS = 12, 16, 42, 13
 WORKER_STACK = 65536  # a worker thread's wasm stack (it runs the GEMVs only: a few hundred bytes deep)
 PARAM_BYTES = 64  # sampling.py's RowParams, as kernels.c's SampleParams reads it
 # the Model's FAST_* bits (kernels.c): fast = int8 activations everywhere but the down projection, which takes int16
@@ -65,6 +65,13 @@ _FAST_WORD = 9  # index of `fast` in the Model struct
 # the two-pass LM head's lower bounds and top-k floors, which the other threads read
 HEAD_LB_BYTES = 128
 _TEAM_WORD = 30  # index of `team` in the Model struct (0: a step runs on thread 0 alone, the workers stay parked)
+_HEAD_WIDE_WORD = 41  # index of `head_wide` in the Model struct
+# kernels.c two_pass_head: a sampled row whose last step let more than this fraction of the vocabulary into the
+# second pass takes the one-pass head next; the default until calibrate_head measures this machine's break-even
+HEAD_WIDE = 0.25
+# a measured break-even below this turns the two passes off for sampled rows (0): they could gain at most this share
+# of the head, and a step whose band turns out wide (the band is the last step's) costs up to a second head
+HEAD_WIDE_MIN = 0.15
 
 
 def mode_bits(mode: str, cfg) -> int:
@@ -161,6 +168,7 @@ class CpuRunner:
         self.block_size = self.num_blocks = self.max_model_len = 0
         self.step_ms = 0.0  # wall time inside execute(), summed (the page's per-step CPU figure)
         self.module_ms = 0.0  # of which inside the module's step calls (the rest: this runner's host work)
+        self.head_calibration = None  # calibrate_head's last figures
 
     @classmethod
     async def load(cls, host, package, **kw) -> "CpuRunner":
@@ -330,7 +338,8 @@ class CpuRunner:
                              cfg.attn_scale if cfg.query_pre_attn_scalar is not None else 0.0,
                              cfg.attn_logit_softcapping or 0.0, cfg.final_logit_softcapping or 0.0,
                              min(cfg.sliding_window, self.max_model_len) if sliding else 0, cos_l, sin_l, po,
-                             parts)
+                             parts) + struct.pack("<f", HEAD_WIDE)
+        self.head_wide = HEAD_WIDE
         self.model_off = arena.put(head + struct.pack("<19I", embed, lm_head, norm, cos_t, sin_t, layers_off, *scratch,
                                                       team) + family, "model")
         self.team_off, self.chooser, self.threads_used = team, None, self.threads
@@ -511,6 +520,51 @@ class CpuRunner:
             return out
         lps = unpack_logprobs(self.host.read(self.block_logprobs_off, LOGPROB_BYTES * n * K), n * K)
         return Sampled(out, [lp if sampled[i % n].logprobs is not None else None for i, lp in enumerate(lps)])
+
+    def calibrate_head(self, reps: int = 5) -> dict | None:
+        """Measure, on this machine, where the exact-mode LM head's two passes stop paying for a sampled row and
+        set the Model's head_wide to it (kernels.c two_pass_head), or to 0 (sampled rows take one pass) where that
+        break-even is below HEAD_WIDE_MIN. A sampled row's two passes cost the first pass (about what a greedy
+        row's two passes cost) plus its band's rows recomputed at the one-pass head's cost per row, so they pay
+        while band < 1 - two / one. That break-even was ~0.35 on Gemma 3 270M where the exact
+        head is bound by its multiplies and ~0.05 where neither head is (both read ~11 GB/s of a 27 GB/s machine; both
+        measured on this project's VM, on different days). The fastest of `reps` alternating batches of each (a
+        transient slowdown on a shared machine gave one side 1.5x). Runs a warm-up step on the null block first (the
+        activation row the heads are timed on: a real one); the engine must be idle. None where the LM head never
+        takes two passes (not packed, or a final soft-cap); else {one_ms, two_ms, break_even, head_wide}. The ids
+        never depend on it: both heads give the same ids."""
+        m = struct.unpack(f"<{MODEL_WORDS}I", self.host.read(self.model_off, 4 * MODEL_WORDS))
+        head = struct.unpack(f"<{WEIGHT_WORDS}I", self.host.read(m[13], 4 * WEIGHT_WORDS))
+        if head[11] != 1 or self.cfg.final_logit_softcapping:
+            return None
+        self.warm_up(1)
+        d, V, logits, xs, work = self.cfg.hidden_size, self.vocab_size, m[26], m[27], m[29]
+        calls = {"one": ("wi_linear_reps", m[13], xs, d, logits, V, 1, 0, work, 1),
+                 "two": ("wi_head_two_pass", m[13], xs, logits, work, 0)}
+
+        def batch(args, n: int) -> float:  # seconds a call, over n calls
+            t0 = time.perf_counter()
+            for _ in range(n):
+                self.host.call(*args)
+            return (time.perf_counter() - t0) / n
+
+        # batches of >= ~10 ms each (a page's clock may tick in 0.1 ms steps), at most 256 calls
+        n = max(1, min(256, math.ceil(0.01 / max(batch(calls["one"], 1), 1e-6))))
+        times = {k: [] for k in calls}
+        for _ in range(reps):
+            for k, args in calls.items():
+                times[k].append(batch(args, n))
+        one, two = min(times["one"]), min(times["two"])  # (the least disturbed batch of each)
+        even = round(min(0.5, max(0.0, 1.0 - two / one)), 3) if one > 0 else HEAD_WIDE
+        self.set_head_wide(even if even >= HEAD_WIDE_MIN else 0.0)
+        self.head_calibration = {"one_ms": round(one * 1e3, 3), "two_ms": round(two * 1e3, 3),
+                                 "break_even": even, "head_wide": self.head_wide}
+        return self.head_calibration
+
+    def set_head_wide(self, fraction: float) -> None:
+        """kernels.c two_pass_head's band limit for sampled rows (calibrate_head measures it; tests pin it)."""
+        self.head_wide = fraction
+        self.host.write(self.model_off + 4 * _HEAD_WIDE_WORD, struct.pack("<f", fraction))
 
     def warm_up(self, steps: int = 1) -> None:
         """Run the module's hot code on the null block: a short prefill (the GEMM path), then `steps` decode steps

@@ -185,16 +185,21 @@ def _weight_bytes(t) -> int:
 
 # the chat page's default sampling (web/store.js DEFAULT_SETTINGS), seeded: what `--sample` decodes with
 PAGE_SAMPLING = {"temperature": 0.7, "top_p": 0.95, "seed": 1}
-# the API's defaults (OpenAI's: temperature 1, top_p 1), seeded: every id kept, so the one-pass LM head
+# the API's defaults (OpenAI's: temperature 1, top_p 1), seeded: every id kept, the widest head (one pass, mostly)
 API_SAMPLING = {"temperature": 1.0, "seed": 1}
+# what many clients send: a temperature alone (every id kept; two passes where the head and mass prefix are narrow)
+TEMPERATURE_SAMPLING = {"temperature": 0.7, "seed": 1}
 
 
-def decode_speed(runner, n_tokens: int, prompt_len: int = 40, sampling: dict | None = None) -> dict:
+def decode_speed(runner, n_tokens: int, prompt_len: int = 40, sampling: dict | None = None,
+                 chat: str | None = None) -> dict:
     """Greedy requests (or `sampling`'s: temperature, top_p, min_p, seed) through the engine and API over `runner`
     (as a user runs it): wall-clock figures from the API's usage, and per CPU-second of this process (a 1-token
     request's CPU time subtracted from an n-token one's: the decode steps alone), the figure that holds on a busy
     machine. first_token_s is the n-token request's, whose prompt the warm-up requests left in the prefix cache:
-    prefill_speed measures fresh prompts."""
+    prefill_speed measures fresh prompts. The prompt: prompt_len made-up ids, or with `chat` that user message
+    through the package's chat template (a made-up prompt gives flat next-token distributions; a chat gives the
+    ones a user's decode sees, which the sampled LM head's cuts depend on)."""
     from webinfer.factory import EngineOptions, llm_for
 
     prompt = [(7 * i + 11) % runner.vocab_size for i in range(prompt_len)]
@@ -202,8 +207,11 @@ def decode_speed(runner, n_tokens: int, prompt_len: int = 40, sampling: dict | N
 
     def req(n):
         c0 = time.process_time()
-        r = asyncio.run(llm.completions.create(prompt=prompt, max_tokens=n, ignore_eos=True,
-                                               **(sampling or {"temperature": 0})))
+        kw = dict(max_tokens=n, ignore_eos=True, **(sampling or {"temperature": 0}))
+        if chat is None:
+            r = asyncio.run(llm.completions.create(prompt=prompt, **kw))
+        else:
+            r = asyncio.run(llm.chat.completions.create(messages=[{"role": "user", "content": chat}], **kw))
         return r["usage"], time.process_time() - c0
 
     req(1)  # warm-up (the first request builds the engine's state)
@@ -387,10 +395,13 @@ def run(package_path, quick: bool = False, ppl_text: str | None = None, variant:
                                          max_seqs=64 if ppl_text else 16, variant=variant))
     load_s = time.perf_counter() - t0
     host, arena = runner.host, runner.arena
+    head_calibration = runner.calibrate_head()  # as the engine's native load does (webinfer.factory)
     res = {"backend": "cpu (wasm in wasmtime)", "variant": host.variant, "variant_reason": host.reason,
            "threads": 1, "load_s": round(load_s, 3), "wasm_memory_mb": round(runner.memory_bytes / 2**20, 1),
            "note": "kernel, bandwidth, profile and per-CPU-second figures: this process's CPU time; wall-clock "
                    "ones (decode_tok_s, first_token_s, load_s) include whatever else the machine runs"}
+    # the exact LM head in one pass and in two, and the band limit for sampled rows it gives (CpuRunner.calibrate_head)
+    res["head_calibration"] = head_calibration
     res["read_bw_gb_s"] = round(read_bandwidth(host, arena, (16 if quick else 64) << 20), 2)
     from webinfer.cpu.runner import LAYER_WORDS, MODEL_WORDS
 
@@ -438,9 +449,10 @@ def run(package_path, quick: bool = False, ppl_text: str | None = None, variant:
         res["decode"][mode] = decode_speed(runner, n_tok)
         per_cpu_s = res["decode"][mode]["decode_tok_per_cpu_s"]
         res["decode"][mode]["of_read_bound"] = round(per_cpu_s / bound, 3) if per_cpu_s else None
-        # the chat page's default sampling beside greedy (exact mode: the two-pass LM head takes both), and the
-        # API's defaults (every id kept: the one-pass head and a full sum, the slowest sampled path)
-        for key, sampling in (("sampled", PAGE_SAMPLING), ("sampled_api_defaults", API_SAMPLING)):
+        # the chat page's default sampling beside greedy (exact mode: the two-pass LM head takes both), a
+        # temperature alone, and the API's defaults (every id kept at T 1: the slowest sampled path)
+        for key, sampling in (("sampled", PAGE_SAMPLING), ("sampled_temperature", TEMPERATURE_SAMPLING),
+                              ("sampled_api_defaults", API_SAMPLING)):
             d = decode_speed(runner, n_tok, sampling=sampling)
             d["of_greedy"] = round(d["decode_tok_per_cpu_s"] / per_cpu_s, 3) if d["decode_tok_per_cpu_s"] and \
                 per_cpu_s else None

@@ -12,7 +12,8 @@ A.wasm, B.wasm: builds of wasm/kernels.c of the same variant (e.g. `git show REV
 a.wasm`, and `scripts/build-wasm.sh DIR` for a working tree's); --threads N > 1: the threads builds
 (kernels-relaxed-threads.wasm), on N threads.
     decode       tok per CPU-second of single-sequence greedy decode (webinfer_packager.bench.cpu.decode_speed; with
-                 --sample, the chat page's default sampling: temperature 0.7, top_p 0.95, seed 1, plus --min-p) after a
+                 --sample, the chat page's default sampling: temperature 0.7, top_p 0.95, seed 1, plus --min-p;
+                 with --temperature T, T alone, seed 1) after a
                  --context-token prompt (long ones: where attention weighs), A and B
                  alternating for --rounds rounds (>= 2): half on a pair of runners loaded A first, half on a
                  pair loaded B first (the second-loaded one ran 2-7 % faster with the same module), medians, B / A
@@ -54,8 +55,10 @@ def load(package, module: bytes, variant: str, mode: str, threads: int = 1, max_
     from webinfer.cpu.wasm import WasmtimeHost
 
     host = WasmtimeHost(variant, threads=threads, module=module)
-    return asyncio.run(load_cpu_runner(package, mode=mode, num_blocks=8 + max_model_len // 16,
-                                       max_model_len=max_model_len, max_seqs=16, host=host))
+    runner = asyncio.run(load_cpu_runner(package, mode=mode, num_blocks=8 + max_model_len // 16,
+                                         max_model_len=max_model_len, max_seqs=16, host=host))
+    runner.calibrate_head()  # as the engine's native load does (a module before the Model's head_wide ignores it)
+    return runner
 
 
 def greedy_ids(runner, n: int, sampling: dict | None = None) -> list[int]:
@@ -119,7 +122,7 @@ def distance(a: np.ndarray, b: np.ndarray) -> dict:
 
 def run(a: bytes, b: bytes, package, mode: str = "fast", rounds: int = 8, tokens: int = 48,
         variant: str = "relaxed", precision: bool = False, threads: int = 1, context: int = 40,
-        sampling: dict | None = None) -> dict:
+        sampling: dict | None = None, chat: str | None = None) -> dict:
     from webinfer.package import Package
 
     if rounds < 2:
@@ -142,7 +145,7 @@ def run(a: bytes, b: bytes, package, mode: str = "fast", rounds: int = 8, tokens
         half = {"A": [], "B": []}
         for i in range((rounds + (first == "A")) // 2):
             for k in order if i % 2 == 0 else order[::-1]:
-                half[k].append(decode_speed(runners[k], tokens, context, sampling)[metric])
+                half[k].append(decode_speed(runners[k], tokens, context, sampling, chat)[metric])
         for k in half:
             runs[k] += half[k]
         by_order[f"{first}_loaded_first"] = round(statistics.median(half["B"]) / statistics.median(half["A"]), 3)
@@ -150,7 +153,7 @@ def run(a: bytes, b: bytes, package, mode: str = "fast", rounds: int = 8, tokens
         med = {k: statistics.median(v) for k, v in runs.items()}
         ratios = list(by_order.values())
         res = {"package": pkg.name, "mode": mode, "variant": variant, "threads": threads, "rounds": rounds,
-               "tokens": tokens, "context": context, "metric": metric, "sampling": sampling,
+               "tokens": tokens, "context": context, "chat": chat, "metric": metric, "sampling": sampling,
                "decode": {k: {"median": round(med[k], 2), "runs": v} for k, v in runs.items()},
                "b_over_a": round((ratios[0] * ratios[1]) ** 0.5, 3), "by_load_order": by_order}
         ids = {k: greedy_ids(r, 16, sampling) for k, r in runners.items()}
@@ -233,6 +236,10 @@ def main(argv=None) -> int:
     ap.add_argument("--sample", action="store_true", help="decode with the chat page's default sampling (T 0.7, "
                     "top_p 0.95, seed 1) instead of greedy")
     ap.add_argument("--min-p", type=float, default=0.0, help="with --sample: min_p as well")
+    ap.add_argument("--chat", default=None, help="decode the answer to this user message (the package's chat "
+                    "template) instead of after a made-up --context-token prompt")
+    ap.add_argument("--temperature", type=float, default=None,
+                    help="decode sampled with this temperature alone (seed 1; every id kept), not with --sample")
     ap.add_argument("--precision", action="store_true", help="exact mode's logits against the f32 and f64 reference")
     ap.add_argument("--formats", action="store_true", help="GEMV per weight format on random matrices (no package)")
     ap.add_argument("--json", action="store_true")
@@ -251,7 +258,8 @@ def main(argv=None) -> int:
         return 0
     res = run(a, b, args.package or default_package_dir(), args.mode, args.rounds, args.tokens, args.variant,
               args.precision, args.threads, args.context,
-              {**PAGE_SAMPLING, **({"min_p": args.min_p} if args.min_p else {})} if args.sample else None)
+              {**PAGE_SAMPLING, **({"min_p": args.min_p} if args.min_p else {})} if args.sample else
+              {"temperature": args.temperature, "seed": 1} if args.temperature is not None else None, args.chat)
     if args.json:
         print(json.dumps(res, indent=1))
         return 0
