@@ -557,7 +557,7 @@ class CpuRunner:
         one, two = min(times["one"]), min(times["two"])  # (the least disturbed batch of each)
         even = round(min(0.5, max(0.0, 1.0 - two / one)), 3) if one > 0 else HEAD_WIDE
         self.set_head_wide(even if even >= HEAD_WIDE_MIN else 0.0)
-        self.head_calibration = {"one_ms": round(one * 1e3, 3), "two_ms": round(two * 1e3, 3),
+        self.head_calibration = {"one_ms": round(one * 1e3, 4), "two_ms": round(two * 1e3, 4),
                                  "break_even": even, "head_wide": self.head_wide}
         return self.head_calibration
 
