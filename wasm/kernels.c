@@ -1503,6 +1503,23 @@ INLINE void attend_scores4(const float *q, const float *k0, const float *k1, con
 #define EXP_FLOOR (-44.3614196f)  // -64 ln 2
 INLINE float softmax_exp(float x) { return x < EXP_FLOOR ? 0.0f : expf_(x); }
 
+// expf_(x) in every lane, bit for bit, where 2^n is a normal f32 (x in about [-87.3, 88.7]: expf_'s main path)
+INLINE v128_t exp4_normal(v128_t x) {
+    v128_t n = wasm_f32x4_nearest(wasm_f32x4_mul(x, wasm_f32x4_splat(1.44269504088896341f)));
+    v128_t r = wasm_f32x4_sub(x, wasm_f32x4_mul(n, wasm_f32x4_splat(0.693145751953125f)));
+    r = wasm_f32x4_sub(r, wasm_f32x4_mul(n, wasm_f32x4_splat(1.428606765330187e-06f)));
+    v128_t e = wasm_f32x4_splat(1.0f / 5040.0f);
+    e = wasm_f32x4_add(wasm_f32x4_mul(e, r), wasm_f32x4_splat(1.0f / 720.0f));
+    e = wasm_f32x4_add(wasm_f32x4_mul(e, r), wasm_f32x4_splat(1.0f / 120.0f));
+    e = wasm_f32x4_add(wasm_f32x4_mul(e, r), wasm_f32x4_splat(1.0f / 24.0f));
+    e = wasm_f32x4_add(wasm_f32x4_mul(e, r), wasm_f32x4_splat(1.0f / 6.0f));
+    e = wasm_f32x4_add(wasm_f32x4_mul(e, r), wasm_f32x4_splat(0.5f));
+    e = wasm_f32x4_add(wasm_f32x4_mul(e, r), wasm_f32x4_splat(1.0f));
+    e = wasm_f32x4_add(wasm_f32x4_mul(e, r), wasm_f32x4_splat(1.0f));
+    v128_t two_n = wasm_i32x4_shl(wasm_i32x4_add(wasm_i32x4_trunc_sat_f32x4(n), wasm_i32x4_splat(127)), 23);
+    return wasm_f32x4_mul(e, two_n);
+}
+
 // p[0..3] = softmax_exp(p[i] - mx), 4 at a time, bit for bit: expf_'s arithmetic in every lane (x in [EXP_FLOOR,
 // 0]: 2^n is a normal f32), zero below; a lane above 0 or NaN (never in a softmax, where mx is the maximum) takes
 // expf_ itself.
@@ -1516,19 +1533,7 @@ INLINE void expf4(float *p, float mx) {
     }
     v128_t low = wasm_f32x4_lt(x, wasm_f32x4_splat(EXP_FLOOR));
     x = wasm_v128_andnot(x, low);  // (those lanes: exp(0), discarded; no huge n to convert)
-    v128_t n = wasm_f32x4_nearest(wasm_f32x4_mul(x, wasm_f32x4_splat(1.44269504088896341f)));
-    v128_t r = wasm_f32x4_sub(x, wasm_f32x4_mul(n, wasm_f32x4_splat(0.693145751953125f)));
-    r = wasm_f32x4_sub(r, wasm_f32x4_mul(n, wasm_f32x4_splat(1.428606765330187e-06f)));
-    v128_t e = wasm_f32x4_splat(1.0f / 5040.0f);
-    e = wasm_f32x4_add(wasm_f32x4_mul(e, r), wasm_f32x4_splat(1.0f / 720.0f));
-    e = wasm_f32x4_add(wasm_f32x4_mul(e, r), wasm_f32x4_splat(1.0f / 120.0f));
-    e = wasm_f32x4_add(wasm_f32x4_mul(e, r), wasm_f32x4_splat(1.0f / 24.0f));
-    e = wasm_f32x4_add(wasm_f32x4_mul(e, r), wasm_f32x4_splat(1.0f / 6.0f));
-    e = wasm_f32x4_add(wasm_f32x4_mul(e, r), wasm_f32x4_splat(0.5f));
-    e = wasm_f32x4_add(wasm_f32x4_mul(e, r), wasm_f32x4_splat(1.0f));
-    e = wasm_f32x4_add(wasm_f32x4_mul(e, r), wasm_f32x4_splat(1.0f));
-    v128_t two_n = wasm_i32x4_shl(wasm_i32x4_add(wasm_i32x4_trunc_sat_f32x4(n), wasm_i32x4_splat(127)), 23);
-    wasm_v128_store(p, wasm_v128_andnot(wasm_f32x4_mul(e, two_n), low));
+    wasm_v128_store(p, wasm_v128_andnot(exp4_normal(x), low));
 }
 
 // o[0 .. 4 NV) = sum over positions j0 <= j <= pos of p[j] v_j (v_j = v + rows[j]: position j's row), the
@@ -1675,33 +1680,19 @@ static u32 sort_all;  // tests (wi_test_sort_all): draw() sorts every id and sum
 // A term expf_(x) with x below TINY_X is < 2^-124, under half an ulp of any sum >= 2^-100: added to such a sum it
 // rounds back to the same float. Summing in id order (draw() with every id kept, logprobs_top's log-sum-exp), the
 // sum passes 2^-100 at the max's term (exactly 1) at the latest, so from there such terms are skipped, bit for bit
-// the same sums. expf_ reaches them through subnormal multiplies, which x86 cores run ~100x slower: on Gemma 3's
-// 262,144 logits at T 0.7 alone they were a third of the decode step (webinfer bench: 0.62x greedy in exact and
-// fast mode, docs/cpu-backend.md "Tiny terms").
+// the same sums, without expf_'s subnormal multiplies (slow on x86 cores) for them (docs/cpu-backend.md "Tiny
+// terms").
 #define TINY_X (-87.0f)
 INLINE int tiny_term(float x, float sum) { return x < TINY_X && sum >= 0x1p-100f && !sort_all; }
 
 // x[0..3] = (l[i] - mx) * inv_t and t[0..3] = expf_(x[i]) for the lanes with x in [TINY_X, 0], 4 at a time, bit for
 // bit expf_'s arithmetic (there 2^n is a normal f32); the other lanes' t is 0, for the caller to take from expf_ or
-// skip (tiny_term). A sum of every id's term, in id order, thus spends ~1/3 of its time on the exps.
+// skip (tiny_term).
 INLINE void terms4(const float *l, float mx, float inv_t, float *x, float *t) {
     v128_t v = wasm_f32x4_mul(wasm_f32x4_sub(wasm_v128_load(l), wasm_f32x4_splat(mx)), wasm_f32x4_splat(inv_t));
     wasm_v128_store(x, v);
     v128_t in = wasm_v128_and(wasm_f32x4_ge(v, wasm_f32x4_splat(TINY_X)), wasm_f32x4_le(v, wasm_f32x4_splat(0.0f)));
-    v = wasm_v128_and(v, in);  // (the other lanes: exp(0), discarded)
-    v128_t n = wasm_f32x4_nearest(wasm_f32x4_mul(v, wasm_f32x4_splat(1.44269504088896341f)));
-    v128_t r = wasm_f32x4_sub(v, wasm_f32x4_mul(n, wasm_f32x4_splat(0.693145751953125f)));
-    r = wasm_f32x4_sub(r, wasm_f32x4_mul(n, wasm_f32x4_splat(1.428606765330187e-06f)));
-    v128_t e = wasm_f32x4_splat(1.0f / 5040.0f);
-    e = wasm_f32x4_add(wasm_f32x4_mul(e, r), wasm_f32x4_splat(1.0f / 720.0f));
-    e = wasm_f32x4_add(wasm_f32x4_mul(e, r), wasm_f32x4_splat(1.0f / 120.0f));
-    e = wasm_f32x4_add(wasm_f32x4_mul(e, r), wasm_f32x4_splat(1.0f / 24.0f));
-    e = wasm_f32x4_add(wasm_f32x4_mul(e, r), wasm_f32x4_splat(1.0f / 6.0f));
-    e = wasm_f32x4_add(wasm_f32x4_mul(e, r), wasm_f32x4_splat(0.5f));
-    e = wasm_f32x4_add(wasm_f32x4_mul(e, r), wasm_f32x4_splat(1.0f));
-    e = wasm_f32x4_add(wasm_f32x4_mul(e, r), wasm_f32x4_splat(1.0f));
-    v128_t two_n = wasm_i32x4_shl(wasm_i32x4_add(wasm_i32x4_trunc_sat_f32x4(n), wasm_i32x4_splat(127)), 23);
-    wasm_v128_store(t, wasm_v128_and(wasm_f32x4_mul(e, two_n), in));
+    wasm_v128_store(t, wasm_v128_and(exp4_normal(wasm_v128_and(v, in)), in));  // (other lanes: exp(0), dropped)
 }
 
 // The running sum of every id's term expf_((l[i] - mx) * inv_t) in id order, as one term at a time would give it
@@ -1730,6 +1721,16 @@ static float sum_terms(const float *l, u32 vocab, float mx, float inv_t, float r
     return c;
 }
 
+// the id of l's largest value in okey's order (the lowest id on ties)
+static u32 argmax_okey(const float *l, u32 vocab) {
+    u32 best = 0, bk = okey(l[0]);
+    for (u32 i = 1; i < vocab; i++) {
+        u32 k = okey(l[i]);
+        if (k > bk) { bk = k; best = i; }
+    }
+    return best;
+}
+
 // The GPU sampler's rule (webinfer/kernels/sampling.py, sample.wgsl) on processed logits l: greedy = argmax, lowest
 // id on ties; else temperature -> min_p (logits below max + T ln(min_p) -> -inf) -> top-k (logit descending, id
 // ascending) -> top-p (shortest prefix of that order whose mass reaches top_p of the kept mass) -> inverse CDF in id
@@ -1737,12 +1738,7 @@ static float sum_terms(const float *l, u32 vocab, float mx, float inv_t, float r
 // are). scratch: 17 bytes x vocab (+ 16). With top-k or top-p, only the head (HEAD_X) is sorted where that gives
 // the whole sort's kept set and sums: top_p < 1, or top-k within the head; else every id (the same result).
 static u32 draw(const float *l, u32 vocab, const SampleParams *p, u8 *scratch, float *proc) {
-    u32 best = 0;
-    u32 bk = okey(l[0]);
-    for (u32 i = 1; i < vocab; i++) {
-        u32 k = okey(l[i]);
-        if (k > bk) { bk = k; best = i; }
-    }
+    u32 best = argmax_okey(l, vocab);
     if (greedy(p)) return best;
     float mx = l[best], inv_t = 1.0f / p->temperature;
     if (p->min_p > 0.0f) {  // p_i >= min_p * p_max  <=>  l_i >= max + T ln(min_p): the rest count as -inf
@@ -2057,12 +2053,7 @@ INLINE int temp_alone(const SampleParams *p, u32 vocab) {
 // max's id at the latest. 0 when the cut is NaN (the second pass then made every row exact).
 static u32 head_prefix(const float *y, u32 vocab, float cut, float temperature) {
     if (cut != cut) return 0;
-    u32 best = 0, bk = okey(y[0]);
-    for (u32 i = 1; i < vocab; i++) {
-        u32 k = okey(y[i]);
-        if (k > bk) { bk = k; best = i; }
-    }
-    float mx = y[best], inv_t = 1.0f / temperature, h = 0.0f;
+    float mx = y[argmax_okey(y, vocab)], inv_t = 1.0f / temperature, h = 0.0f;
     for (u32 i = 0; i < vocab; i++)
         if (y[i] >= cut) {
             h += expf_((y[i] - mx) * inv_t);
@@ -2159,11 +2150,12 @@ INLINE int head_step_ok(const Model *m, const Step *s) {
 // A sampled row's second pass recomputes every row at or above its cut: with a flat distribution at T 0.7 top-p,
 // most of the vocabulary (41k of SmolLM2's 49k on one step), and the first pass is then lost. What the first pass
 // costs against a one-pass head depends on the machine: 0.6-0.85 where the exact head is bound by its multiplies,
-// ~0.95 where neither is (this project's VM on 12-06: both at ~11 GB/s). Per sampled row slot, the fraction of the head's rows
-// at or above the row's cut in its last step (head_band_update); a step whose sampled row's slot was wider than the
-// Model's head_wide (the runner's measured break-even, CpuRunner.calibrate_head; 0: sampled rows never take two
-// passes) runs the one-pass head, whose exact logits give the next step's figure. Rows keep their slots across decode steps of one batch, so the last step
-// predicts the next (a mismatch after the batch changes costs time, never bits: both heads give the same ids).
+// ~0.95 where neither is (this project's VM on 12-06: both at ~11 GB/s). Per sampled row slot, the fraction of the
+// head's rows at or above the row's cut in its last step (head_band_update); a step whose sampled row's slot was
+// not below the Model's head_wide (the runner's measured break-even, CpuRunner.calibrate_head; 0: sampled rows
+// never take two passes) runs the one-pass head, whose exact logits give the next step's figure. Rows keep their
+// slots across decode steps of one batch, so the last step predicts the next (a mismatch after the batch changes
+// costs time, never bits: both heads give the same ids).
 // Shared by the threads; written by thread 0 alone, after the head and before the next step.
 static float head_band[HEAD_ROWS];
 
@@ -2442,7 +2434,8 @@ static void step_body(const Ctx *c, const Model *m, const Step *s) {
         int third = 0;
         for (u32 j = 0; j < s->n_sampled; j++) {
             const SampleParams *p = s->params + j;
-            pre[j] = temp_alone(p, m->vocab) ? head_prefix(m->logits + j * m->vocab, m->vocab, cuts[j], p->temperature) : 0;
+            float *y = m->logits + j * m->vocab;
+            pre[j] = temp_alone(p, m->vocab) ? head_prefix(y, m->vocab, cuts[j], p->temperature) : 0;
             third |= pre[j] > 0;
         }
         if (third) {
