@@ -35,6 +35,38 @@ def _wgpu():
     return wgpu
 
 
+def _raw_calls():
+    """(dispatch, copy) straight through wgpu-native's C functions, or None: dispatch(pass, pipeline, bind_group, x,
+    y, z) and copy(encoder, src, src_offset, dst, dst_offset, size).
+
+    Why: a decode step records ~150-190 dispatches, 3 calls each, and its inputs' copies, and wgpu-py wraps every
+    call in an error-capture proxy (~2-3 us a call here: ~1 ms a SmolLM2 step, which a real GPU's step of a
+    millisecond cannot hide). An encoder's validation errors are deferred to its finish() in WebGPU, which still goes
+    through wgpu-py and raises there, so skipping the proxy for these calls loses no error. It reaches into
+    wgpu-py's private `_api` (cffi `lib`, `ffi`, objects' `_internal`) of the pinned 0.32.0; without them, None: the
+    public calls are used (tests/gpu/test_recorded_steps.py checks that the pinned version has them)."""
+    try:
+        from wgpu.backends.wgpu_native import _api  # noqa: PLC0415
+        lib, null = _api.lib, _api.ffi.NULL
+        set_pipeline = lib.wgpuComputePassEncoderSetPipeline
+        set_bind_group = lib.wgpuComputePassEncoderSetBindGroup
+        dispatch_workgroups = lib.wgpuComputePassEncoderDispatchWorkgroups
+        copy_buffer = lib.wgpuCommandEncoderCopyBufferToBuffer
+    except (ImportError, AttributeError):  # pragma: no cover  (another wgpu-py)
+        return None
+
+    def dispatch(cpass, pipe, bg, x, y, z):
+        c = cpass._internal
+        set_pipeline(c, pipe._internal)
+        set_bind_group(c, 0, bg._internal, 0, null)
+        dispatch_workgroups(c, x, y, z)
+
+    def copy(enc, src, src_offset, dst, dst_offset, size):
+        copy_buffer(enc._internal, src._internal, src_offset, dst._internal, dst_offset, size)
+
+    return dispatch, copy
+
+
 def _force_f32() -> bool:
     return os.environ.get("WEBINFER_FORCE_F32", "") not in ("", "0")
 
@@ -129,6 +161,7 @@ class NativeDevice(Device):
         self.info = info
         self.caps = caps
         self._timing: dict[int, tuple] = {}
+        self._raw = _raw_calls()
 
     # ----------------------------------------------------------------- resources
     def create_buffer(self, size: int, usage: int, label: str = ""):
@@ -183,8 +216,12 @@ class NativeDevice(Device):
             cpass.set_bind_group(0, bg)
             cpass.dispatch_workgroups(x, y, z)
 
-        labels = record_passes(commands, qs is not None, begin_pass, dispatch, enc.copy_buffer_to_buffer,
-                               enc.clear_buffer)
+        if self._raw is not None:
+            dispatch, raw_copy = self._raw[0], self._raw[1]
+            copy = lambda *a: raw_copy(enc, *a)  # noqa: E731
+        else:
+            copy = enc.copy_buffer_to_buffer
+        labels = record_passes(commands, qs is not None, begin_pass, dispatch, copy, enc.clear_buffer)
         qi = 2 * len(labels)
         if qs is not None:
             rb = self.device.create_buffer(size=align(16 * qi, 256), usage=_QUERY_RESOLVE | COPY_SRC)
