@@ -2,9 +2,10 @@
 
 Everything is allocated and bound at load: weights, the paged KV cache, activations sized for max_batch_tokens,
 the per-step input buffers and one uniform arena holding every dispatch's constant parameters. A step then only
-writes a few small buffers (token ids, positions, cache slots, row counts, attention's sequence table), records
-the dispatches (their grids depend on the step's shape) into one command list, submits once, and reads back the
-sampled token ids.
+uploads its few small inputs (token ids, positions, cache slots, row counts, attention's sequence table, the
+sampled rows' parameters) in one write that its own commands copy into place, takes the dispatches of its shape
+(their grids depend on the row counts and attention grids: recorded once per shape and reused), submits once, and
+reads back the sampled token ids.
 
 One step, T tokens of any mix of prefill chunks and decode tokens (rows of every activation buffer = tokens):
     embed(ids) -> r                                          r: the residual stream [T, D]
@@ -316,6 +317,8 @@ class GPUModel:
             self.logit_cap = SoftCap(lib, cfg.vocab_size, cfg.final_logit_softcapping, bf.logits, cfg.vocab_size,
                                      step, STEP_SAMPLED, p, label="logit_softcap")
         self.sampler = self._make_sampler()
+        self._attentions = list({id(ly.attention): ly.attention for ly in self.layers}.values())
+        self._recorded: dict[tuple, tuple] = {}
         return self
 
     async def _inv_freq_buf(self, theta: float, scaling: dict | None):
@@ -468,28 +471,57 @@ class GPUModel:
         """Write this step's inputs and record its commands (not submitted). Returns (commands, sampled chunks)."""
         ids, pos, slots, rows, seqs, sampled, n_dec = self._prepare(batch)
         T, S = len(ids), len(rows)
-        dev, bf = self.device, self.bufs
-        dev.write_buffer(bf.step, 0, struct.pack("<4I", T, S, n_dec, T - n_dec))
-        dev.write_buffer(bf.ids, 0, struct.pack(f"<{T}I", *ids))
-        dev.write_buffer(bf.pos, 0, struct.pack(f"<{T}I", *pos))
-        dev.write_buffer(bf.slot, 0, struct.pack(f"<{T}I", *slots))
-        if S:
-            dev.write_buffer(bf.rows, 0, struct.pack(f"<{S}I", *rows))
+        dev, bf, smp = self.device, self.bufs, self.sampler
         info, tables, shape = pack_step(seqs)
-        dev.write_buffer(bf.seq_info, 0, info)
-        dev.write_buffer(bf.tables, 0, tables)
+        parts = [(struct.pack("<4I", T, S, n_dec, T - n_dec), bf.step), (struct.pack(f"<{T}I", *ids), bf.ids),
+                 (struct.pack(f"<{T}I", *pos), bf.pos), (struct.pack(f"<{T}I", *slots), bf.slot),
+                 (info, bf.seq_info), (tables, bf.tables)]
+        if S:
+            packed = smp.pack(sampled, smp.counts_slots.assign(sampled))
+            parts += [(struct.pack(f"<{S}I", *rows), bf.rows), (packed.params, smp.params)]
+            smp.write_aux(packed, sampled)
         cmds = dev.commands(timed=timed)
+        # the step's inputs in one upload, copied into place by the step's own command buffer: a browser's
+        # writeBuffer costs far more than a copy command (measured per token in the page: docs/performance.md)
+        staging = self._staging(sum(len(b) for b, _ in parts))
+        dev.write_buffer(staging, 0, b"".join(b for b, _ in parts))
+        off = 0
+        for blob, dst in parts:
+            if blob:
+                cmds.copy(staging, off, dst, 0, len(blob))
+            off += len(blob)
         # several decode rows of one sequence (speculative verification): row j attends over the K/V of rows < j,
         # so the RoPE kernel writes every row's K/V first instead of the attention decode kernel
         dec_seqs = [c.seq_id for c in batch.chunks if len(c.token_ids) == 1]
         self._record(cmds, T, n_dec, S, shape, shared=len(set(dec_seqs)) < len(dec_seqs))
         if S:
-            self.sampler.encode(cmds, sampled)
+            smp.kernel.encode(cmds, smp.binding, S)
         return cmds, sampled
+
+    # how many step shapes keep their recorded commands (a decode step's shape changes only when its row count or
+    # an attention grid does: every 128 positions, at most max_seqs rows)
+    RECORDED_SHAPES = 256
 
     def _record(self, cmds, T: int, n_dec: int, S: int, shape, shared: bool = False) -> None:
         """The graph of one step over inputs already in place, up to the logits of its S sampled rows. shared:
-        some sequence has several decode rows in the step (see encode_step)."""
+        some sequence has several decode rows in the step (see encode_step).
+
+        Every kernel's commands depend only on the row counts and the attention grids (the bind groups are made
+        at load and read the step's counts from the step buffer), so a shape's commands are recorded once and
+        reused: ~0.4 ms of Python a SmolLM2 step natively, more in Pyodide, which a real GPU's step of a
+        millisecond would otherwise wait for (tests/gpu/test_recorded_steps.py)."""
+        key = (T, n_dec, S, shared) + tuple(a.grid(shape) for a in self._attentions)
+        ops = self._recorded.get(key)
+        if ops is None:
+            fresh = self.device.commands()
+            self._record_graph(fresh, T, n_dec, S, shape, shared)
+            ops = tuple(fresh.ops)
+            if len(self._recorded) >= self.RECORDED_SHAPES:
+                del self._recorded[next(iter(self._recorded))]  # the oldest shape
+            self._recorded[key] = ops
+        cmds.ops.extend(ops)
+
+    def _record_graph(self, cmds, T: int, n_dec: int, S: int, shape, shared: bool) -> None:
         n_pre = T - n_dec
         self.embed.encode(cmds, T)
         for ly in self.layers:
@@ -592,7 +624,8 @@ class GPUModel:
         return Sampled(ids, [lp if batch.chunks[i % n].logprobs is not None else None for i, lp in enumerate(lps)])
 
     def _staging(self, nbytes: int):
-        """The decode block's upload buffer, grown (to a power of two) when a block needs more."""
+        """The upload buffer of a step's (or a decode block's) inputs, grown (to a power of two) when one needs more;
+        queue order keeps a pending step's copies reading what was written before it."""
         if self._block_staging is None or self._block_staging_size < nbytes:
             if self._block_staging is not None:
                 self.device.destroy_buffer(self._block_staging)
@@ -652,12 +685,6 @@ class _StepSampler:
     def write_aux(self, packed, sampled) -> None:
         if any(c.mask is not None or c.logit_bias for c in sampled):
             self.device.write_buffer(self.aux, 0, packed.aux)
-
-    def encode(self, cmds, sampled) -> None:
-        packed = self.pack(sampled, self.counts_slots.assign(sampled))
-        self.device.write_buffer(self.params, 0, packed.params)
-        self.write_aux(packed, sampled)
-        self.kernel.encode(cmds, self.binding, len(sampled))
 
     async def read(self, sampled) -> list[int]:
         n = len(sampled)

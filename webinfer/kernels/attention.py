@@ -225,30 +225,40 @@ class PagedAttention:
             prefill=dev.create_bind_group(pre, [q, k_cache, v_cache, block_tables, seq_info, out]),
         )
 
-    def encode(self, cmds, binding: AttentionBinding, step: StepShape, roped: bool = False) -> None:
-        """Record this step's attention: decode (+ reduce when a context passes one split) if any one-token
-        sequence, prefill if any longer one. roped (rope=True only): the RoPE kernel has roped every row and
-        written its K/V this step, the decode kernel must not."""
+    def grid(self, step: StepShape) -> tuple[int, int, bool, int]:
+        """(sequences, decode workgroups along the splits (0: no decode), whether the reduce runs, prefill
+        workgroups along the queries (0: no prefill)): everything of `step` that encode records. Equal grids,
+        equal commands (the model reuses a step's recorded commands on that: gpu_model.py _record)."""
         if step.n_seqs > self.max_seqs:
             raise ValueError(f"attention: {step.n_seqs} sequences in a step, built for at most {self.max_seqs}")
-        dec, _, pre = self.pipelines
+        dec_x = 0
         if step.max_ctx_decode:
             splits = -(-step.max_ctx_decode // self.split)
             if splits > self.max_splits:
                 raise ValueError(f"attention: context {step.max_ctx_decode} exceeds max_model_len "
                                  f"{self.max_splits * self.split}")
+            dec_x = -(-splits // self.splits_per_wg)
+        # no reduce where every decode sequence is one split: the decode kernel has written it
+        reduce = bool(step.max_ctx_decode) and step.max_ctx_decode > self.one_split
+        return step.n_seqs, dec_x, reduce, -(-step.max_q_prefill // self.bq)
+
+    def encode(self, cmds, binding: AttentionBinding, step: StepShape, roped: bool = False) -> None:
+        """Record this step's attention: decode (+ reduce when a context passes one split) if any one-token
+        sequence, prefill if any longer one. roped (rope=True only): the RoPE kernel has roped every row and
+        written its K/V this step, the decode kernel must not."""
+        n_seqs, dec_x, reduce, pre_x = self.grid(step)
+        dec, _, pre = self.pipelines
+        if dec_x:
             if roped:
                 dec, bg = binding.decode_roped.get()
             else:
                 bg = binding.decode
-            cmds.dispatch(dec, bg, -(-splits // self.splits_per_wg), self.n_kv_heads * self.n_head_blocks,
-                          step.n_seqs,
-                          f"{self.label}.decode")
-            if step.max_ctx_decode > self.one_split:  # else every decode sequence is one split, already written
-                cmds.dispatch(*binding.reduce.get(), self.n_heads, step.n_seqs, 1, f"{self.label}.reduce")
-        if step.max_q_prefill:
-            cmds.dispatch(pre, binding.prefill, -(-step.max_q_prefill // self.bq),
-                          self.n_kv_heads * self.n_head_blocks, step.n_seqs, f"{self.label}.prefill")
+            cmds.dispatch(dec, bg, dec_x, self.n_kv_heads * self.n_head_blocks, n_seqs, f"{self.label}.decode")
+            if reduce:
+                cmds.dispatch(*binding.reduce.get(), self.n_heads, n_seqs, 1, f"{self.label}.reduce")
+        if pre_x:
+            cmds.dispatch(pre, binding.prefill, pre_x, self.n_kv_heads * self.n_head_blocks, n_seqs,
+                          f"{self.label}.prefill")
 
 
 def step_buffers(device, max_seqs: int, max_blocks_total: int) -> tuple[Any, Any]:
