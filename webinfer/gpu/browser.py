@@ -124,10 +124,40 @@ def adopt_device(adapter, device, made_ahead=None, made_ahead_ready=None) -> "Br
     return dev
 
 
+# A command list encoded by one JS call (BrowserDevice._submit): 6 words a command, handles by index into a table
+# of the pipelines, bind groups and buffers the commands name. From Python the same encoding took one FFI call per
+# setPipeline / setBindGroup / dispatchWorkgroups / copy (~500 a decode step) and Pyodide's loop around them: in the
+# page, 1.3-1.4 ms of a SmolLM2 step's 2.9 ms of host time, before this (docs/performance.md).
+_ENCODE_JS = """(enc, h, ops) => {
+    let p = null;
+    for (let i = 0; i < ops.length; i += 6) {
+        const k = ops[i];
+        if (k === 0) {
+            if (p === null) p = enc.beginComputePass();
+            p.setPipeline(h[ops[i + 1]]);
+            p.setBindGroup(0, h[ops[i + 2]]);
+            p.dispatchWorkgroups(ops[i + 3], ops[i + 4], ops[i + 5]);
+            continue;
+        }
+        if (p !== null) { p.end(); p = null; }
+        if (k === 1) enc.copyBufferToBuffer(h[ops[i + 1]], ops[i + 2], h[ops[i + 3]], ops[i + 4], ops[i + 5]);
+        else if (ops[i + 3] < 0) enc.clearBuffer(h[ops[i + 1]], ops[i + 2]);
+        else enc.clearBuffer(h[ops[i + 1]], ops[i + 2], ops[i + 3]);
+    }
+    if (p !== null) p.end();
+}"""
+_MAX_HANDLES = 4096  # the table is rebuilt past this (it grows only by objects new to it: a model's are a few hundred)
+
+
 class BrowserDevice(Device):
     def __init__(self, device, info: AdapterInfo, caps: Capabilities, made_ahead=None):
         js, create_proxy, create_once_callable, _ = _js()
         self._js = js
+        from pyodide.code import run_js  # noqa: PLC0415
+
+        self._encode_js, self._to_js = run_js(_ENCODE_JS), _js()[3]
+        self._handles = js.Array.new()
+        self._handle_ids: dict[int, tuple[int, object]] = {}  # id(object) -> (index in _handles, the object)
         self._create_proxy = create_proxy
         self.device = device
         self.queue = device.queue
@@ -248,10 +278,37 @@ class BrowserDevice(Device):
         finally:
             self.time_ms["submit"] += (time.perf_counter() - t0) * 1e3
 
+    def _handle(self, obj) -> int:
+        e = self._handle_ids.get(id(obj))
+        if e is None or e[1] is not obj:
+            if len(self._handle_ids) >= _MAX_HANDLES:
+                self._handles, self._handle_ids = self._js.Array.new(), {}
+            e = (self._handles.push(obj) - 1, obj)
+            self._handle_ids[id(obj)] = e
+        return e[0]
+
+    def _encode_words(self, commands: Commands):
+        from array import array  # noqa: PLC0415
+
+        h, words = self._handle, array("i")
+        for op in commands.ops:
+            kind = op[0]
+            if kind == "dispatch":
+                words.extend((0, h(op[1]), h(op[2]), op[3], op[4], op[5]))
+            elif kind == "copy":
+                words.extend((1, h(op[1]), op[2], h(op[3]), op[4], op[5]))
+            elif kind == "clear":
+                words.extend((2, h(op[1]), op[2], -1 if op[3] is None else op[3], 0, 0))
+        return words
+
     def _submit(self, commands: Commands) -> None:
         if self._lost_reason is not None:
             raise DeviceLostError(f"the GPU device was lost ({self._lost_reason}); the engine will be rebuilt")
         enc = self.device.createCommandEncoder()
+        if not commands.timed:  # (timed: a pass per dispatch with timestamps, benchmarks: record_passes below)
+            self._encode_js(enc, self._handles, self._to_js(self._encode_words(commands)))
+            self.queue.submit(self._js.Array.of(enc.finish()))
+            return
         qs = None
         if commands.timed and self.caps.timestamps:
             n = sum(1 for op in commands.ops if op[0] == "dispatch")

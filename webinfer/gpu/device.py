@@ -168,8 +168,9 @@ class Device(ABC):
 
 
 def record_passes(commands: Commands, timed: bool, begin_pass, dispatch, copy, clear) -> list[str]:
-    """Walk a command list into compute passes, the one grouping rule both backends share: consecutive dispatches
-    share one pass; a copy or clear ends it; with `timed` True, every dispatch gets its own pass whose timestamps go
+    """Walk a command list into compute passes, the one grouping rule both backends share (the browser encodes its
+    untimed lists by the same rule in JS: browser.py _ENCODE_JS): consecutive dispatches share one pass; a copy or
+    clear ends it; with `timed` True, every dispatch gets its own pass whose timestamps go
     to query slots 2i and 2i+1; with "span", every pass is timestamped (label "pass"). The backend supplies the calls: begin_pass(query_index | None) -> pass (with .end()),
     dispatch(pass, pipeline, bind_group, x, y, z), copy(src, src_offset, dst, dst_offset, size),
     clear(buffer, offset, size). Returns the labels of the timed dispatches, in query order."""
