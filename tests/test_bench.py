@@ -51,6 +51,10 @@ def test_bench_quick_json(tiny_package, tmp_path, capsys):
     assert res["step_ms"] > 0 and res["kernel_ms"] > 0
     # the GPU span of a step against the wall time of the same step: a share, never negative
     assert 0.0 <= res["host_overhead_frac"] < 1.0
+    hm = res["host_ms_per_step"]  # the host's own share of that step, apart from the GPU's
+    assert hm["record_ms"] > 0 and hm["encode_submit_ms"] > 0
+    assert hm["record_ms"] + hm["encode_submit_ms"] < res["step_ms"]
+    assert hm["tok_s_bound"] == pytest.approx(1e3 / (hm["record_ms"] + hm["encode_submit_ms"]), rel=0.01)
     blk = res["decode_block"]
     assert blk["steps"] == 8 and blk["tok_s"] > 0 and blk["single_step_tok_s"] > 0
     assert blk["ratio"] == pytest.approx(blk["tok_s"] / blk["single_step_tok_s"], rel=1e-2)
@@ -74,6 +78,7 @@ def test_bench_table(tiny_package, capsys):
     assert main(["bench", str(tiny_package), "--quick", "--skip-hf", "--skip-serving"]) == 0
     text = capsys.readouterr().out
     assert "copy" in text and "gemv q4" in text and "decode step" in text and "first token" in text
+    assert "host / step" in text
 
 
 @pytest.mark.oracle

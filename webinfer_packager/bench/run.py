@@ -16,6 +16,11 @@ of one decode step) and with the wall clock where the host is involved (a decode
     step_ms              wall time of one decode step (encode, submit, read back the sampled id); median
     host_overhead_frac   1 - GPU span / wall time of the same step (span: timestamps at the start of the step's
                          first pass and the end of its last): the share of a step the GPU is idle; median
+    host_ms_per_step     the host's own work in that step, apart from the GPU's: record_ms (the model's Python:
+                         inputs, uploads, the step's commands) and encode_submit_ms (the backend's command buffer
+                         and queue submit); tok_s_bound = 1000 / their sum, the decode rate no GPU can lift a
+                         single sequence above while the host records each step (decode blocks overlap it with
+                         the GPU's work, they do not remove it); medians
     decode_block         decode tok/s with K steps per read-back (the engine's decode_block) and with single
                          steps, alternating on the same model, and their ratio
     dispatches_per_token dispatches one decode step records
@@ -262,6 +267,18 @@ def bench_model(dev, package, prompt_len: int, decode_len: int, reps: int) -> di
             if span is not None:
                 fracs.append(1 - span / wall)
     step_ms = statistics.median(walls)
+    rec, enc = [], []
+    for i in range(reps + 1):
+        t0 = time.perf_counter()
+        cmds, rows = runner.encode_step(batch)
+        t1 = time.perf_counter()
+        dev.submit(cmds)
+        t2 = time.perf_counter()
+        asyncio.run(runner.sampler.read(rows))
+        if i:
+            rec.append((t1 - t0) * 1e3)
+            enc.append((t2 - t1) * 1e3)
+    host_ms = statistics.median(rec) + statistics.median(enc)
     kernels, kernel_ms = _timed_step(dev, runner, batch, reps)
     # one prefill chunk (the prompt's first max_batch_tokens tokens again: it rewrites the same KV values)
     n_pre = min(prompt_len, runner.max_tokens)
@@ -273,6 +290,9 @@ def bench_model(dev, package, prompt_len: int, decode_len: int, reps: int) -> di
         "prefill_kernels": {"tokens": n_pre, "total_ms": round(prefill_kernel_ms, 4), **prefill_kernels},
         "step_ms": round(step_ms, 4),
         "host_overhead_frac": round(statistics.median(fracs), 4) if fracs else None,
+        "host_ms_per_step": {"record_ms": round(statistics.median(rec), 4),
+                             "encode_submit_ms": round(statistics.median(enc), 4),
+                             "tok_s_bound": round(1e3 / host_ms, 1)},
         "dispatches_per_token": runner.dispatch_count(batch),
         "ttft_s": round(ttft, 4),
         "prefill_tok_s": round(prompt_len / ttft, 2),
@@ -414,6 +434,9 @@ def format_table(r: dict) -> str:
     host = r["host_overhead_frac"]
     lines.append(f"decode step  {r['step_ms']:.2f} ms wall, {r['kernel_ms']:.2f} ms in kernels, host overhead "
                  f"{'n/a' if host is None else f'{100 * host:.0f} %'}, {r['dispatches_per_token']} dispatches")
+    hm = r["host_ms_per_step"]
+    lines.append(f"host / step  {hm['record_ms']:.3f} ms recording + {hm['encode_submit_ms']:.3f} ms encode and submit: "
+                 f"at most {hm['tok_s_bound']:.0f} tok/s for one sequence on any GPU")
     at = r["attention"]
     for k in ("decode", "prefill"):
         a = at[k]
