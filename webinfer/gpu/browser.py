@@ -281,8 +281,6 @@ class BrowserDevice(Device):
     def _handle(self, obj) -> int:
         e = self._handle_ids.get(id(obj))
         if e is None or e[1] is not obj:
-            if len(self._handle_ids) >= _MAX_HANDLES:
-                self._handles, self._handle_ids = self._js.Array.new(), {}
             e = (self._handles.push(obj) - 1, obj)
             self._handle_ids[id(obj)] = e
         return e[0]
@@ -290,6 +288,8 @@ class BrowserDevice(Device):
     def _encode_words(self, commands: Commands):
         from array import array  # noqa: PLC0415
 
+        if len(self._handle_ids) + 3 * len(commands.ops) > _MAX_HANDLES:  # (never inside a list: its indices)
+            self._handles, self._handle_ids = self._js.Array.new(), {}
         h, words = self._handle, array("i")
         for op in commands.ops:
             kind = op[0]
