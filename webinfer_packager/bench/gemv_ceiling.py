@@ -76,6 +76,22 @@ def _kernel(kind: str) -> str:
     return _HEAD.replace("ROWSu", f"{ROWS}u").replace("ROWS", str(ROWS)).replace("BODY", "\n".join(lines))
 
 
+def stripped(dev, codes, x, y, scales) -> dict:
+    """{kind: record(commands)} for the three stripped kernels over GpuArrays codes [N * C, 4] u32 (row n's chunk c
+    at n * C + c), x [K / 4, 4] f32, y [N] f32 and scales [N * C / 4, 4] f32 (row n's scale of chunks 4j..4j+3 at
+    x of row n * C / 4 + j); `both` computes y[n] = sum_c scale * dot(codes of chunk c, x) (tests/gpu: against
+    numpy)."""
+    if not dev.caps.subgroups or dev.caps.subgroup_size < 8:
+        raise SystemExit("gemv_ceiling: the stripped kernels broadcast x within subgroups of >= 8 lanes; this device "
+                         f"has {dev.caps.subgroup_size if dev.caps.subgroups else 'no subgroups'}")
+    runs = {}
+    for kind in ("loads", "alu", "both"):
+        p = dev.create_pipeline(dev.wgsl_enables(False, True) + _kernel(kind), f"ceiling.{kind}")
+        bg = dev.create_bind_group(p, [codes.binding, x.binding, y.binding, scales.binding])
+        runs[kind] = lambda c, p=p, bg=bg: c.dispatch(p, bg, N // ROWS // 64, 1, 1, "k")
+    return runs
+
+
 def main() -> None:
     from tests.gpu.check_op import GpuArray, uniform
     from tests.gpu.quant_ref import random_weight, upload_weight
@@ -87,18 +103,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=15)
     args = ap.parse_args()
     dev = request_device_sync(limits="browser", timestamps=True)
-    if not dev.caps.subgroups:
-        raise SystemExit("gemv_ceiling: the stripped kernels broadcast with subgroups; this device has none")
     rng = np.random.default_rng(0)
     codes = GpuArray.upload(dev, rng.integers(0, 2**32, (N * C, 4), dtype=np.uint32))
     x = GpuArray.upload(dev, rng.standard_normal((K // 4, 4)).astype(np.float32))
     y = GpuArray.empty(dev, (N,), np.float32)
     scales = GpuArray.upload(dev, np.ones((N * C // 4, 4), np.float32))
-    runs = {}
-    for kind in ("loads", "alu", "both"):
-        p = dev.create_pipeline(dev.wgsl_enables(False, True) + _kernel(kind), f"ceiling.{kind}")
-        bg = dev.create_bind_group(p, [codes.binding, x.binding, y.binding, scales.binding])
-        runs[kind] = lambda c, p=p, bg=bg: c.dispatch(p, bg, N // ROWS // 64, 1, 1, "k")
+    runs = stripped(dev, codes, x, y, scales)
     lib = KernelLibrary(dev)
     comps, _ = random_weight("q4", N, K, seed=1)
     step = GpuArray.upload(dev, np.array([1, 0, 0, 0], np.uint32)).binding
