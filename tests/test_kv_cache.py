@@ -43,6 +43,10 @@ def test_prefix_hit_reuses_blocks_and_leaves_one_token():
     assert kv.find_prefix(3, a[:8]) == table_a[:1]
     # a different first block breaks the chain even if the second block's tokens match
     assert kv.find_prefix(4, [0] + a[1:]) == []
+    # the scheduler's prompts leave two tokens (never a one-token chunk): 9 tokens take one block, not two
+    assert kv.find_prefix(5, a[:8] + [7]) == table_a[:2]
+    assert kv.find_prefix(6, a[:8] + [7], min_left=2) == table_a[:1]
+    assert kv.find_prefix(7, a[:8] + [7, 7], min_left=2) == table_a[:2]
 
 
 def test_shared_block_ref_counts_and_failed_allocate_changes_nothing():

@@ -141,6 +141,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert len(batch.chunks) <= self.sched.max_num_chunks
         if any(r.params.speculative_tokens for r in self.sched.running):
             assert batch.steps <= Scheduler.SPEC_BLOCK
+        if self.sched.whole_prompt_rows:  # a prompt is never fed one token at a time (but a one-token prompt)
+            for c in batch.chunks:
+                r = self.sched.requests[c.seq_id]
+                assert r.output_ids or len(r.prompt_ids) < 2 or len(c.token_ids) >= 2, (c.start_pos, r.prompt_ids)
         for out in self.sched.update(batch, self.runner.execute_sync(batch)):
             if out.finish_reason:
                 self.done.append(self.live.pop(out.request.request_id))

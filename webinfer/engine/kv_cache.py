@@ -121,13 +121,14 @@ class KVCacheManager:
             hs.append(block_hash(hs[-1] if hs else ROOT_HASH, token_ids[i * bs:(i + 1) * bs]))
         return hs
 
-    def find_prefix(self, seq_id: int, token_ids: list[int]) -> list[int]:
+    def find_prefix(self, seq_id: int, token_ids: list[int], min_left: int = 1) -> list[int]:
         """Physical blocks of the longest cached prefix of token_ids (the key chain is memoised per seq_id, so
-        token_ids must only ever grow for one seq_id), leaving at least one token to compute
-        (the runner needs to feed something to produce logits). Takes no references yet."""
+        token_ids must only ever grow for one seq_id), leaving at least min_left (>= 1) tokens to compute
+        (the runner needs to feed something to produce logits; the scheduler asks for 2 where a prompt must not
+        end in a one-token chunk). Takes no references yet."""
         if not self.enable_prefix_caching:
             return []
-        max_blocks = (len(token_ids) - 1) // self.block_size
+        max_blocks = max(0, len(token_ids) - max(1, min_left)) // self.block_size
         hs = self._chain(seq_id, token_ids, max_blocks)
         found = []
         for h in hs[:max_blocks]:

@@ -20,6 +20,16 @@ produced one step at a time, greedy or sampled, because a draw depends only on (
 num_computed_tokens advances past the accepted tokens only; the KV slots of rejected proposals lie beyond it and
 are overwritten when those positions are computed again.
 
+A prompt is never fed one token at a time unless it is one token long. A runner takes one-token chunks down its
+decode path (the GEMV with the RMSNorm folded in, the split-K attention with RoPE fused), whose arithmetic differs
+from the prefill path's in the last bits, while multi-token chunks give each row the same bits however the prompt
+is cut (tests/gpu/test_chunk_invariance.py). So the scheduler shortens a prompt chunk that would leave one token
+for later, skips a running prompt for a step rather than feed it one token, and takes prefix-cache hits that leave
+at least two prompt tokens to compute: a prompt's result then does not depend on the token budget, the other
+requests, or the cache. (Where the budget is too small for that, max_num_batched_tokens <= max_num_seqs, the old
+rule stands; a request recomputed after a preemption, whose generated tokens are re-fed as a prefill, is not
+covered.)
+
 A decode block (schedule(max_steps=K)) is the same rule run K times on the GPU without the host in between: when
 every running request is decoding, none waits, and none speculates or is constrained, each gets KV room for K more
 tokens and the runner feeds each step's sampled ids to the next step itself. update() then takes the K tokens of
@@ -98,6 +108,9 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
         self.max_num_chunks = max(max_num_chunks or max_num_seqs, max_num_seqs)
+        # a prompt is never cut into a one-token chunk (module docstring) where the budget always leaves room for
+        # two tokens beside every other running request's one
+        self.whole_prompt_rows = max_num_batched_tokens > max_num_seqs
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []   # in admission order; preemption takes from the end
         self.requests: dict[int, Request] = {}
@@ -172,6 +185,16 @@ class Scheduler:
                          sample_index=len(req.output_ids) + j, **ctl)
                 for j, t in enumerate(fed)]
 
+    def _chunk_len(self, req: Request, budget: int, computed: int) -> int:
+        """Tokens of req's next chunk within budget: 0 where that would feed a prompt one token at a time."""
+        left = req.num_tokens - computed
+        n = min(left, budget)
+        if not self.whole_prompt_rows or req.output_ids or n == left:
+            return n
+        if left - n == 1:
+            n -= 1  # leave two for the next chunk, not one
+        return n if n >= 2 else 0
+
     def _num_proposals(self, req: Request, budget: int, room: int) -> int:
         """How many of req's proposals this step verifies: they fit the token budget, the chunk room, max_tokens
         (each accepted proposal is an output token, and one more comes after it) and the context."""
@@ -217,7 +240,10 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            n = self._chunk_len(req, budget, req.num_computed_tokens)
+            if n == 0:  # a prompt's one-token chunk: it waits for the next step
+                i += 1
+                continue
             # chunk room for proposals: what is left once every running request has its one chunk
             k = self._num_proposals(req, budget, self.max_num_chunks - chunks - (len(self.running) - i))
             while not self.kv.allocate(req.request_id, req.num_computed_tokens + n + k):
@@ -234,10 +260,11 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and chunks < self.max_num_chunks \
                 and (self.num_preemptions == preemptions_before or not scheduled):
             req = self.waiting[0]
-            prefix = self.kv.find_prefix(req.request_id, req.all_token_ids)
+            whole = self.whole_prompt_rows and not req.output_ids and req.num_tokens >= 2
+            prefix = self.kv.find_prefix(req.request_id, req.all_token_ids, min_left=2 if whole else 1)
             computed = len(prefix) * self.kv.block_size
-            n = min(req.num_tokens - computed, budget)
-            if not self.kv.allocate(req.request_id, computed + n, prefix):
+            n = self._chunk_len(req, budget, computed)
+            if n == 0 or not self.kv.allocate(req.request_id, computed + n, prefix):
                 break  # first come, first served: wait for blocks rather than overtake
             self.waiting.popleft()
             if req.num_cached_tokens < 0:
