@@ -25,10 +25,10 @@ decode path (the GEMV with the RMSNorm folded in, the split-K attention with RoP
 from the prefill path's in the last bits, while multi-token chunks give each row the same bits however the prompt
 is cut (tests/gpu/test_chunk_invariance.py). So the scheduler shortens a prompt chunk that would leave one token
 for later, skips a running prompt for a step rather than feed it one token, and takes prefix-cache hits that leave
-at least two prompt tokens to compute: a prompt's result then does not depend on the token budget, the other
-requests, or the cache. (Where the budget is too small for that, max_num_batched_tokens <= max_num_seqs, the old
-rule stands; a request recomputed after a preemption, whose generated tokens are re-fed as a prefill, is not
-covered.)
+at least two prompt tokens to compute: a prompt's result then does not depend on the token budget or the other
+requests. Not covered: a budget too small for the rule (max_num_batched_tokens <= max_num_seqs: the old rule
+stands); a request recomputed after a preemption, whose generated tokens are re-fed as a prefill; and prefix-cache
+hits on blocks a request generated (a chat's earlier answer), whose KV the decode path wrote.
 
 A decode block (schedule(max_steps=K)) is the same rule run K times on the GPU without the host in between: when
 every running request is decoding, none waits, and none speculates or is constrained, each gets KV room for K more
