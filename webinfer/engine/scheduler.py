@@ -185,11 +185,15 @@ class Scheduler:
                          sample_index=len(req.output_ids) + j, **ctl)
                 for j, t in enumerate(fed)]
 
+    def _whole_prompt(self, req: Request) -> bool:
+        """Whether req's tokens still to compute are a prompt that must not be fed one token at a time."""
+        return self.whole_prompt_rows and not req.output_ids
+
     def _chunk_len(self, req: Request, budget: int, computed: int) -> int:
         """Tokens of req's next chunk within budget: 0 where that would feed a prompt one token at a time."""
         left = req.num_tokens - computed
         n = min(left, budget)
-        if not self.whole_prompt_rows or req.output_ids or n == left:
+        if not self._whole_prompt(req) or n == left:
             return n
         if left - n == 1:
             n -= 1  # leave two for the next chunk, not one
@@ -260,8 +264,8 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and chunks < self.max_num_chunks \
                 and (self.num_preemptions == preemptions_before or not scheduled):
             req = self.waiting[0]
-            whole = self.whole_prompt_rows and not req.output_ids and req.num_tokens >= 2
-            prefix = self.kv.find_prefix(req.request_id, req.all_token_ids, min_left=2 if whole else 1)
+            prefix = self.kv.find_prefix(req.request_id, req.all_token_ids,
+                                         min_left=2 if self._whole_prompt(req) and req.num_tokens >= 2 else 1)
             computed = len(prefix) * self.kv.block_size
             n = self._chunk_len(req, budget, computed)
             if n == 0 or not self.kv.allocate(req.request_id, computed + n, prefix):

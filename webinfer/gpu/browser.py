@@ -21,6 +21,7 @@ get a wrong pipeline).
 from __future__ import annotations
 
 import time
+from array import array
 
 from ..errors import DeviceLostError, GPUError, NoAdapterError
 from .device import (
@@ -286,8 +287,6 @@ class BrowserDevice(Device):
         return e[0]
 
     def _encode_words(self, commands: Commands):
-        from array import array  # noqa: PLC0415
-
         if len(self._handle_ids) + 3 * len(commands.ops) > _MAX_HANDLES:  # (never inside a list: its indices)
             self._handles, self._handle_ids = self._js.Array.new(), {}
         h, words = self._handle, array("i")
