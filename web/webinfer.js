@@ -163,6 +163,8 @@ class Engine {
   backgroundStatus() { return this.client.call("background").promise; }
   /** Tests only: destroy the GPU device as a driver reset would; the next message rebuilds the engine. */
   _loseDeviceForTest() { return this.client.call("loseDevice").promise; }
+  /** Tests only: lower the GPU command encoder's handle-table limit; resolves to the table's rebuilds so far. */
+  _handleLimitForTest(limit) { return this.client.call("handleLimit", { limit }).promise; }
   unload() { this.client.worker.terminate(); }
 }
 

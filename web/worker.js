@@ -273,11 +273,15 @@ async function loseDevice() {
   return true;
 }
 
+async function handleLimit(msg) {
+  return worker.handle_limit_for_test(msg.limit);
+}
+
 async function background() {
   return worker ? JSON.parse(worker.background_stats()) : null;
 }
 
-const handlers = { init, prepare, load, chat, selftest, loseDevice, background };
+const handlers = { init, prepare, load, chat, selftest, loseDevice, handleLimit, background };
 
 // Setup messages (init, load, selftest, loseDevice) run one at a time, in order. Chats run concurrently: each is
 // one request in the shared engine, which batches them; a chat starts once the setup sent before it is done.

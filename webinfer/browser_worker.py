@@ -479,6 +479,12 @@ class PageWorker:
     async def selftest(self, name: str, spec_json: str) -> dict:
         return await selftests.run(await self.get_device(), name, spec_json)
 
+    def handle_limit_for_test(self, limit: int) -> int:
+        """Lower the device's command-handle table limit (BrowserDevice.max_handles) so that the table's rebuild
+        runs between lists; returns the rebuilds so far."""
+        self.device.max_handles = limit
+        return self.device.handle_rebuilds
+
     def lose_device_for_test(self) -> None:
         """Destroy the JS device behind the engine's back, as a driver reset would (tests of the rebuild path)."""
         if self.device is not None:
@@ -538,6 +544,10 @@ async def selftest(name: str = "copy", spec_json: str = "{}") -> dict:
 
 def lose_device_for_test() -> None:
     WORKER.lose_device_for_test()
+
+
+def handle_limit_for_test(limit: int) -> int:
+    return WORKER.handle_limit_for_test(limit)
 
 
 def background_stats() -> str:

@@ -96,7 +96,8 @@ def test_tiny_model_matches_native_and_works_offline(served, browser, tiny_packa
 # Two streams at once through the page's one engine, and one of them stopped midway. Each stream alone first,
 # then both together: the ids must be the same (batch invariance, per-request sampling counters), the chunks must
 # interleave (the engine's background task keeps stepping on Pyodide's webloop while JS awaits chunks), and
-# together they must take fewer engine steps than one after the other (they really were batched).
+# together they must take fewer engine steps than one after the other (they really were batched). Last, both again
+# with the GPU encoder's handle table rebuilt before every command list (browser.py _encode_words): the same ids.
 CONCURRENT = """async ([url, a, b]) => {
     const w = await import("./webinfer.js");
     // blocks short enough to stop a stream midway
@@ -120,8 +121,12 @@ CONCURRENT = """async ([url, a, b]) => {
     const order = events.join("");
     const [stopA, stopB] = await Promise.all([run("a", a, 2), run("b", b)]);
     const after = await run("a", a);  // the engine is healthy after the abort, and the aborted blocks are free
+    // the encoder's handle table rebuilt before every command list (its limit lowered to 1): the same ids
+    const rebuilds0 = await engine._handleLimitForTest(1);
+    const [tightA, tightB] = await Promise.all([run("a", a), run("b", b)]);
+    const rebuilds = (await engine._handleLimitForTest(4096)) - rebuilds0;
     engine.unload();
-    return {aloneA, aloneB, bothA, bothB, order, stopA, stopB, after};
+    return {aloneA, aloneB, bothA, bothB, order, stopA, stopB, after, tightA, tightB, rebuilds};
 }"""
 
 
@@ -152,4 +157,5 @@ def test_concurrent_streams_equal_alone_and_stop_one(served, browser):
     stop_ids = r["stopA"]["ids"]
     assert 2 <= len(stop_ids) < n and stop_ids == alone_a[:len(stop_ids)] and r["stopA"]["stats"]["stopped"], r["stopA"]
     assert r["after"]["ids"] == alone_a
+    assert r["tightA"]["ids"] == alone_a and r["tightB"]["ids"] == alone_b and r["rebuilds"] >= n, r["rebuilds"]
     print("concurrent steps", steps_both, "vs", steps_alone, "alone;", json.dumps(r["bothA"]["stats"]["engine"]))

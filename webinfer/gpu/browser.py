@@ -159,6 +159,8 @@ class BrowserDevice(Device):
         self._encode_js, self._to_js = run_js(_ENCODE_JS), _js()[3]
         self._handles = js.Array.new()
         self._handle_ids: dict[int, tuple[int, object]] = {}  # id(object) -> (index in _handles, the object)
+        self.max_handles = _MAX_HANDLES  # (tests lower it: the rebuild then runs between every few lists)
+        self.handle_rebuilds = 0
         self._create_proxy = create_proxy
         self.device = device
         self.queue = device.queue
@@ -287,8 +289,9 @@ class BrowserDevice(Device):
         return e[0]
 
     def _encode_words(self, commands: Commands):
-        if len(self._handle_ids) + 3 * len(commands.ops) > _MAX_HANDLES:  # (never inside a list: its indices)
+        if len(self._handle_ids) + 3 * len(commands.ops) > self.max_handles:  # (never inside a list: its indices)
             self._handles, self._handle_ids = self._js.Array.new(), {}
+            self.handle_rebuilds += 1
         h, words = self._handle, array("i")
         for op in commands.ops:
             kind = op[0]
@@ -305,7 +308,8 @@ class BrowserDevice(Device):
             raise DeviceLostError(f"the GPU device was lost ({self._lost_reason}); the engine will be rebuilt")
         enc = self.device.createCommandEncoder()
         if not commands.timed:  # (timed: a pass per dispatch with timestamps, benchmarks: record_passes below)
-            self._encode_js(enc, self._handles, self._to_js(self._encode_words(commands)))
+            words = self._to_js(self._encode_words(commands))  # first: it may start a new table
+            self._encode_js(enc, self._handles, words)
             self.queue.submit(self._js.Array.of(enc.finish()))
             return
         qs = None
