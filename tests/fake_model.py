@@ -4,6 +4,12 @@ The next token is a hash of the sequence's whole token history, and the runner r
 what the paged KV cache would hold: every fed token is written to (block_table[p // bs], p % bs) together with its
 position, and reading positions < start_pos goes back through the block table. A wrong block table, a stale or
 overwritten block, a wrong start_pos or a reordered chunk changes the history and hence every later token.
+
+Like the GPU model (scheduler.py's docstring), a token's KV also depends on its path by default (split_paths): a
+one-token chunk (the decode path) writes other "bits" than a row of a multi-token chunk, so a prompt fed a token at
+a time, a generated token recomputed inside a chunk, or a prompt that reuses a block some request decoded changes
+every later token. generate_alone's reference takes the paths of a request alone: its prompt as one chunk (one
+token: a row), each generated token as a row.
 """
 
 from __future__ import annotations
@@ -13,6 +19,11 @@ import hashlib
 
 from webinfer.engine.batch import StepBatch
 from webinfer.tokenizer import Tokenizer
+
+
+def _kv(tok: int, row: bool, split_paths: bool) -> int:
+    """What the history holds for a token: itself, or where paths differ a different value for a row's KV."""
+    return -1 - tok if split_paths and row else tok
 
 
 def next_token(history: list[int], vocab: int, temperature: float = 0.0, seed: int = 0, sample_index: int = 0) -> int:
@@ -29,7 +40,10 @@ class KVCorruption(AssertionError):
 
 class FakeRunner:
     def __init__(self, num_blocks: int = 64, block_size: int = 4, max_model_len: int = 256, vocab: int = 50,
-                 delay_s: float = 0.0, step_cost: tuple[float, float] = (1.0, 0.0), cold_cost: float = 0.0):
+                 delay_s: float = 0.0, step_cost: tuple[float, float] = (1.0, 0.0), cold_cost: float = 0.0,
+                 split_paths: bool = True):
+        self.split_paths = split_paths
+        self.rows_match_chunks = not split_paths  # what the engine tells its scheduler (batch.py)
         self.num_blocks, self.block_size, self.max_model_len, self.vocab = num_blocks, block_size, max_model_len, vocab
         self.vocab_size = vocab
         self.delay_s = delay_s
@@ -38,7 +52,7 @@ class FakeRunner:
         self.step_cost, self.now = step_cost, 0.0
         # and the first step of each row count costs cold_cost more (a GPU compiling that shape's pipelines)
         self.cold_cost, self._warm_rows = cold_cost, set()
-        self.slots: dict[tuple[int, int], tuple[int, int]] = {}  # (block, slot) -> (token, position)
+        self.slots: dict[tuple[int, int], tuple[int, int]] = {}  # (block, slot) -> (KV value, position)
         self.steps = 0
         self.max_steps = 16  # decode blocks: run as plain steps, each checked like any other
         self.blocks = 0
@@ -80,10 +94,11 @@ class FakeRunner:
                 if pos != p:
                     raise KVCorruption(f"seq {c.seq_id}: position {p} holds KV of position {pos}")
                 history.append(tok)
-            for i, t in enumerate(c.token_ids):
+            fed = [_kv(t, len(c.token_ids) == 1, self.split_paths) for t in c.token_ids]
+            for i, t in enumerate(fed):
                 p = c.start_pos + i
                 self.slots[(c.block_table[p // bs], p % bs)] = (t, p)
-            history += c.token_ids
+            history += fed
             if c.sample:
                 out.append(next_token(history, self.vocab, c.temperature, c.seed, c.sample_index))
         return out
@@ -97,13 +112,13 @@ class FakeRunner:
 
 
 def generate_alone(prompt: list[int], max_tokens: int, vocab: int, eos_ids=(), max_len: int = 10**9,
-                   temperature: float = 0.0, seed: int = 0) -> tuple[list[int], str]:
+                   temperature: float = 0.0, seed: int = 0, split_paths: bool = True) -> tuple[list[int], str]:
     """What a request produces with nothing else around: the reference the batched outputs must equal."""
-    hist, out = list(prompt), []
+    hist, out = [_kv(t, len(prompt) == 1, split_paths) for t in prompt], []
     while True:
         t = next_token(hist, vocab, temperature, seed, len(out))
         out.append(t)
-        hist.append(t)
+        hist.append(_kv(t, True, split_paths))
         if t in eos_ids:
             return out, "stop"
         if len(out) >= max_tokens or len(hist) >= max_len:

@@ -43,10 +43,24 @@ def test_prefix_hit_reuses_blocks_and_leaves_one_token():
     assert kv.find_prefix(3, a[:8]) == table_a[:1]
     # a different first block breaks the chain even if the second block's tokens match
     assert kv.find_prefix(4, [0] + a[1:]) == []
-    # the scheduler's prompts leave two tokens (never a one-token chunk): 9 tokens take one block, not two
     assert kv.find_prefix(5, a[:8] + [7]) == table_a[:2]
-    assert kv.find_prefix(6, a[:8] + [7], min_left=2) == table_a[:1]
-    assert kv.find_prefix(7, a[:8] + [7, 7], min_left=2) == table_a[:2]
+
+
+def test_keys_count_the_slots_the_decode_path_wrote():
+    """With decode_from (the scheduler's, where the runner's paths differ), a block's key counts its slots at and
+    past decode_from: a sequence finds only blocks that it would write down the same paths."""
+    kv = KVCacheManager(num_blocks=10, block_size=4)
+    a = list(range(100, 113))  # a 6-token prompt and 7 generated tokens: blocks [prompt], [2 prompt, 2 decoded], [decoded]
+    assert kv.allocate(1, len(a))
+    kv.cache_computed(1, a, 12, decode_from=6)
+    table_a = list(kv.block_table(1))
+    kv.free(1)
+    # a prompt that repeats the answer (its prefill path would write all three blocks): the prompt's block only
+    assert kv.find_prefix(2, a, decode_from=len(a)) == table_a[:1]
+    assert kv.find_prefix(3, a) == table_a[:1]  # a block the prefill path wrote keeps the key it has without
+    # the same request recomputed (the same decode_from) finds all three; another split point only the first
+    assert kv.find_prefix(4, a, decode_from=6) == table_a[:3]
+    assert kv.find_prefix(5, a, decode_from=7) == table_a[:1]
 
 
 def test_shared_block_ref_counts_and_failed_allocate_changes_nothing():

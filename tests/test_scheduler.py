@@ -62,6 +62,24 @@ def test_preemption_under_a_tiny_pool_gives_the_same_answers():
     assert sched.kv.pool.num_free == 8
 
 
+@pytest.mark.parametrize("rows_match", [False, True])
+def test_a_prompt_repeating_an_earlier_answer(rows_match):
+    """A chat's next turn repeats the answer, whose KV the decode path wrote. Where the runner's paths differ, the
+    new prompt computes those blocks as a prompt (the fake's split paths give another answer if it reused them)
+    and hits only the first turn's prompt block; where they match, it reuses the answer's blocks too."""
+    runner = FakeRunner(num_blocks=40, block_size=4, max_model_len=64, vocab=VOCAB, split_paths=not rows_match)
+    sched = Scheduler(40, 4, 64, eos_ids=(), max_num_batched_tokens=16, max_num_seqs=4, rows_match_chunks=rows_match)
+    first = Request(0, [5, 6, 7, 8, 9, 10], SamplingParams(max_tokens=14))
+    sched.add_request(first)
+    run_to_end(sched, runner)
+    turn2 = first.prompt_ids + first.output_ids + [11, 12]
+    second = Request(1, turn2, SamplingParams(max_tokens=6))
+    sched.add_request(second)
+    run_to_end(sched, runner)
+    assert second.output_ids == generate_alone(turn2, 6, VOCAB, split_paths=not rows_match)[0]
+    assert second.num_cached_tokens == (16 if rows_match else 4)
+
+
 def test_prompt_that_can_never_fit_names_both_lengths():
     sched = Scheduler(num_blocks=5, block_size=4, max_model_len=100)  # 16 tokens of KV
     with pytest.raises(ContextOverflowError) as e:
@@ -93,12 +111,16 @@ def test_abort_frees_blocks_at_once():
 
 class SchedulerMachine(RuleBasedStateMachine):
     @initialize(num_blocks=st.integers(4, 14), block_size=st.integers(1, 4), budget=st.integers(1, 12),
-                max_seqs=st.integers(1, 5), max_len=st.integers(6, 40))
-    def setup(self, num_blocks, block_size, budget, max_seqs, max_len):
-        self.runner = FakeRunner(num_blocks, block_size, max_len, vocab=VOCAB)
-        # (chunk room beyond max_seqs: proposals' verification rows)
+                max_seqs=st.integers(1, 5), max_len=st.integers(6, 40), rows_match=st.booleans())
+    def setup(self, num_blocks, block_size, budget, max_seqs, max_len, rows_match):
+        # rows_match: a runner like the CPU engine; else like the GPU model, whose one-token rows write other KV
+        # than a chunk's rows: the fake then holds every position to the path a request alone takes, except where
+        # the budget is too small for a prompt's rule (max_num_batched_tokens < max_num_seqs + 2)
+        self.runner = FakeRunner(num_blocks, block_size, max_len, vocab=VOCAB,
+                                 split_paths=not rows_match and budget >= max_seqs + 2)
+        # (chunk room beyond max_seqs: proposals' verification rows, a recomputed request's rows)
         self.sched = Scheduler(num_blocks, block_size, max_len, eos_ids=EOS, max_num_batched_tokens=budget,
-                               max_num_seqs=max_seqs, max_num_chunks=max_seqs + 3)
+                               max_num_seqs=max_seqs, max_num_chunks=max_seqs + 3, rows_match_chunks=rows_match)
         self.next_id = 0
         self.live: dict[int, Request] = {}
         self.done: list[Request] = []
@@ -109,9 +131,19 @@ class SchedulerMachine(RuleBasedStateMachine):
           tail=st.lists(st.integers(1, VOCAB - 1), max_size=12), max_tokens=st.integers(1, 10),
           temperature=st.sampled_from([0.0, 0.9]), seed=st.integers(0, 3), spec=st.sampled_from([0, 0, 2, 4]))
     def add(self, prefix, tail, max_tokens, temperature, seed, spec):
-        prompt = prefix + tail or [7]
-        r = Request(self.next_id, prompt, SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed,
-                                                         speculative_tokens=spec))
+        self._add(prefix + tail or [7], SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed,
+                                                       speculative_tokens=spec))
+
+    @precondition(lambda self: self.done)
+    @rule(pick=st.integers(0, 10**6), tail=st.lists(st.integers(1, VOCAB - 1), max_size=3),
+          max_tokens=st.integers(1, 6))
+    def follow_up(self, pick, tail, max_tokens):
+        """A chat's next turn: an earlier request's prompt and answer, and more (the answer's blocks are cached)."""
+        r = self.done[pick % len(self.done)]
+        self._add(r.prompt_ids + r.output_ids + tail, SamplingParams(max_tokens=max_tokens))
+
+    def _add(self, prompt, params):
+        r = Request(self.next_id, prompt, params)
         self.next_id += 1
         try:
             self.sched.add_request(r)
@@ -132,7 +164,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             if r.params.speculative_tokens and r.num_tokens - r.num_computed_tokens == 1 and r.request_id % 3:
                 p = r.params
                 full, _ = generate_alone(r.prompt_ids, p.max_tokens, VOCAB, EOS, self.sched.max_len, p.temperature,
-                                         p.seed)
+                                         p.seed, self.runner.split_paths)
                 nxt = full[len(r.output_ids):len(r.output_ids) + p.speculative_tokens]
                 r.proposal = [t if rng.random() >= noise else (t + 1) % VOCAB for t in nxt]
         batch = self.sched.schedule(block)
@@ -144,7 +176,9 @@ class SchedulerMachine(RuleBasedStateMachine):
         if self.sched.whole_prompt_rows:  # a prompt is never fed one token at a time (but a one-token prompt)
             for c in batch.chunks:
                 r = self.sched.requests[c.seq_id]
-                assert r.output_ids or len(r.prompt_ids) < 2 or len(c.token_ids) >= 2, (c.start_pos, r.prompt_ids)
+                recompute = r.output_ids and self.sched.rows_match_chunks
+                assert recompute or len(r.prompt_ids) < 2 or c.start_pos >= len(r.prompt_ids) or \
+                    len(c.token_ids) >= 2, (c.start_pos, r.prompt_ids)
         for out in self.sched.update(batch, self.runner.execute_sync(batch)):
             if out.finish_reason:
                 self.done.append(self.live.pop(out.request.request_id))
@@ -177,7 +211,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.done += [r for r in self.live.values()]
         for r in self.done:
             p = r.params
-            want = generate_alone(r.prompt_ids, p.max_tokens, VOCAB, EOS, self.sched.max_len, p.temperature, p.seed)
+            want = generate_alone(r.prompt_ids, p.max_tokens, VOCAB, EOS, self.sched.max_len, p.temperature, p.seed,
+                                  self.runner.split_paths)
             assert (r.output_ids, r.finish_reason) == want, f"request {r.request_id}"
         assert self.sched.kv.pool.num_free == self.initial_free
         assert not self.sched.kv.tables

@@ -68,6 +68,29 @@ def _logits_alone_and_batched(runner, prompts):
 
 
 @pytest.mark.parametrize("mode", ["exact", "fast"])
+def test_one_token_rows_give_the_bits_of_a_chunk(tiny_llama, mode):
+    """What CpuRunner.rows_match_chunks declares (the scheduler then lets a recompute or a prefix hit mix paths):
+    the last row's logits are the same bits whether the prompt went in one chunk, in chunks, or ended (or went
+    wholly) as one-token rows."""
+    runner = _runner(tiny_llama, mode, num_blocks=40, max_batch_tokens=64)
+    assert runner.rows_match_chunks
+    runner.full_logits = True
+    prompt = [(7 * i + 11) % 250 + 3 for i in range(23)]
+
+    def last_row(cuts):
+        pos = 0
+        for j, n in enumerate(cuts):
+            chunk = SeqChunk(0, prompt[pos:pos + n], pos, list(range(1, 9)), j == len(cuts) - 1)
+            asyncio.run(runner.execute(StepBatch([chunk])))
+            pos += n
+        return np.asarray(runner.logits(1)[0])
+
+    whole = last_row([23])
+    for cuts in ([21, 2], [22, 1], [20, 1, 1, 1], [1] * 23):
+        assert np.array_equal(last_row(cuts), whole), cuts
+
+
+@pytest.mark.parametrize("mode", ["exact", "fast"])
 def test_batch_invariance_and_logits(tiny_llama, mode):
     from webinfer_packager.reference.model import ReferenceModel
 

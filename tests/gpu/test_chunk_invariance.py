@@ -65,3 +65,98 @@ def test_a_prompt_alone_and_beside_another_request_gives_the_same_bits(gpu, tiny
     assert a["choices"][0]["token_ids"] == b["choices"][0]["token_ids"]
     assert la["token_logprobs"] == lb["token_logprobs"]
     assert la["top_logprobs"] == lb["top_logprobs"]
+
+
+
+def _llm(runner, **kw):
+    from webinfer.factory import EngineOptions, llm_for
+
+    return llm_for(runner.package, runner, EngineOptions(max_batch_tokens=64, max_seqs=4, decode_block=1, **kw))
+
+
+async def _complete(llm, prompt, n, **kw):
+    r = await llm.completions.create(prompt=prompt, max_tokens=n, temperature=0, ignore_eos=True, logprobs=3, **kw)
+    c = r["choices"][0]
+    return c["token_ids"], c["logprobs"]["token_logprobs"], c["logprobs"]["top_logprobs"]
+
+
+def test_the_gpu_rows_differ_from_chunks_here(gpu, tiny_llama):
+    """The premise of the two tests below (and of GPUModel not declaring rows_match_chunks): on this model a token
+    fed as a one-token row gets other bits than inside a chunk. If a kernel change ever makes them equal, the GPU
+    model can declare rows_match_chunks and keep a chat's answer in the prefix cache."""
+    from tests.gpu_fixtures import load_runner
+
+    runner = load_runner(tiny_llama, device=gpu, num_blocks=40, block_size=8, max_batch_tokens=64)
+    prompt = [(7 * i + 11) % 250 + 3 for i in range(23)]
+    assert not np.array_equal(_last_row_logits(runner, prompt, [21, 1, 1]), _last_row_logits(runner, prompt, [23]))
+
+
+def test_a_prompt_repeating_an_answer_gives_a_fresh_engines_bits(gpu, tiny_llama):
+    """A chat's second turn repeats the first turn's answer, whose KV the decode path wrote and the prefix cache
+    holds. The turn's logprobs are the floats an engine without that cache gives: the answer's blocks are computed
+    as a prompt (only the first turn's prompt blocks are reused)."""
+    from tests.gpu_fixtures import load_runner
+
+    turn1 = [(5 * i + 7) % 250 + 3 for i in range(18)]
+    runners = [load_runner(tiny_llama, device=gpu, num_blocks=40, block_size=8, max_batch_tokens=64, max_seqs=4)
+               for _ in range(2)]
+
+    async def warm():
+        llm = _llm(runners[0])
+        answer, _, _ = await _complete(llm, turn1, 20)
+        turn2 = turn1 + answer + [9, 10, 11]
+        got = await _complete(llm, turn2, 6)
+        return turn2, got, llm.engine.scheduler.kv.hit_tokens
+
+    async def cold(turn2):
+        llm = _llm(runners[1], enable_prefix_caching=False)
+        return await _complete(llm, turn2, 6)
+
+    turn2, got, hits = asyncio.run(warm())
+    assert hits == 16  # the first turn's two full prompt blocks, not the answer's
+    assert got == asyncio.run(cold(turn2))
+
+
+def test_a_preempted_request_gives_its_bits_alone(gpu, tiny_llama):
+    """Three requests in a pool too small for them: the scheduler preempts, and a preempted request recomputes its
+    prompt and the tokens it had generated (as one-token rows, as they were first computed). Every token's logprobs
+    are the floats of the request alone."""
+    from tests.gpu_fixtures import load_runner
+
+    prompts = [[(3 * i + 5 * j) % 250 + 3 for i in range(10)] for j in range(3)]
+    small = load_runner(tiny_llama, device=gpu, num_blocks=9, block_size=8, max_batch_tokens=64, max_seqs=4)
+    roomy = load_runner(tiny_llama, device=gpu, num_blocks=40, block_size=8, max_batch_tokens=64, max_seqs=4)
+
+    async def together():
+        llm = _llm(small, enable_prefix_caching=False)  # (recomputed from scratch: no cached block to hide the rows)
+        got = await asyncio.gather(*[_complete(llm, p, 24) for p in prompts])
+        return got, llm.engine.scheduler.num_preemptions
+
+    async def alone():
+        llm = _llm(roomy)
+        return [await _complete(llm, p, 24) for p in prompts]
+
+    got, preemptions = asyncio.run(together())
+    assert preemptions > 0
+    assert got == asyncio.run(alone())
+
+
+
+@pytest.mark.model
+@pytest.mark.slow
+def test_next_turn_bench_measures_both_rules(gpu, smollm2_package):
+    """webinfer_packager.bench.next_turn (docs/performance.md, "What exactness costs a chat's next turn") on the
+    real model, whose answers tokenize back to their ids: the reusing chats' second turns hit the answer's full
+    blocks, the computing ones none of the answer, on one engine whose rule is put back afterwards."""
+    from webinfer.factory import EngineOptions
+    from webinfer.factory import open as open_llm
+    from webinfer_packager.bench.next_turn import measure
+
+    llm = open_llm(smollm2_package, backend="native", device=gpu, options=EngineOptions(decode_block=1))
+    bs = llm.engine.scheduler.kv.block_size
+    res = asyncio.run(measure(llm, chats=2, answer=2 * bs))
+    (r,), (c,) = res["reuse"], res["compute"]
+    assert r["answer_tokens"] == c["answer_tokens"] == 2 * bs
+    assert c["cached_tokens"] <= c["prompt_tokens"] - c["answer_tokens"]  # none of the answer
+    assert r["cached_tokens"] >= c["cached_tokens"] + bs  # the answer's full blocks too
+    assert not llm.engine.scheduler.rows_match_chunks

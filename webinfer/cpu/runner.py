@@ -163,6 +163,9 @@ class CpuRunner:
 
     kind = "cpu"
     max_steps = 16  # the longest decode block execute() takes (batch.py)
+    # every row's arithmetic is its own whatever the chunk (tests/cpu/test_runner.py
+    # test_one_token_rows_give_the_bits_of_a_chunk): recomputes and prefix hits need no path bookkeeping
+    rows_match_chunks = True
 
     def __init__(self):  # use load()
         self.block_size = self.num_blocks = self.max_model_len = 0

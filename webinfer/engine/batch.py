@@ -85,6 +85,8 @@ class ModelRunner(Protocol):
     vocab_size: int       # token ids must lie in [0, vocab_size)
     max_steps: int        # longest decode block execute() takes (optional attribute; absent = 1)
     kind: str             # what runs the model: "gpu" (WebGPU), "cpu" (the wasm engine), "reference" (numpy)
+    rows_match_chunks: bool  # a one-token chunk's row has the bits it has inside a multi-token chunk (optional;
+                             # absent = False: the scheduler then keeps each position on the path it first took)
 
     async def execute(self, batch: StepBatch) -> list[int]:
         """One sampled token id per chunk with sample=True, in chunk order; for a decode block (steps = K) the

@@ -85,7 +85,8 @@ class AsyncEngine:
         self.budget = ProposalBudget() if proposer is not None and adaptive_proposals else None
         self.scheduler = Scheduler(runner.num_blocks, runner.block_size, runner.max_model_len, self.eos_ids,
                                    max_num_batched_tokens, max_num_seqs, enable_prefix_caching,
-                                   max_num_chunks=getattr(runner, "max_seqs", None))
+                                   max_num_chunks=getattr(runner, "max_seqs", None),
+                                   rows_match_chunks=getattr(runner, "rows_match_chunks", False))
         self.clock = clock
         self._ids = itertools.count(1)
         self._streams: dict[int, _Stream] = {}

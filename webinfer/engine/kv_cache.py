@@ -3,7 +3,11 @@
 Only ids and counters live here; the K/V tensors themselves live in the runner (GPU buffers or numpy).
 
 Prefix caching: once a block is full of computed tokens it gets a key, the sha256 of (parent block key,
-its token ids), so a key names the whole prefix up to the block's end. A new request whose first full blocks
+its token ids), so a key names the whole prefix up to the block's end. Where the runner's decode path (one-token
+rows) and prefill path (multi-token chunks) write different bits, the key also counts the block's slots that the
+decode path wrote (the positions from `decode_from` on: a request's generated tokens), so a block is reused only
+by a sequence that would write it the same way: a new prompt never takes a chat's earlier answer as decoded, and a
+request recomputed after a preemption finds its own. A new request whose first full blocks
 have known keys reuses those physical blocks and starts computing after them. Blocks whose ref count drops
 to 0 stay in the cache (and in the free list) until their space is needed; the free list is ordered so that
 unkeyed blocks are taken first, then keyed ones least recently used first.
@@ -21,9 +25,11 @@ from webinfer.engine.batch import NULL_BLOCK
 ROOT_HASH = b"webinfer-kv-v1"
 
 
-def block_hash(parent: bytes, token_ids: list[int]) -> bytes:
-    """Chained key of a full block: it depends on every token from position 0 to the block's end."""
-    return hashlib.sha256(parent + struct.pack(f"<{len(token_ids)}I", *token_ids)).digest()
+def block_hash(parent: bytes, token_ids: list[int], decoded: int = 0) -> bytes:
+    """Chained key of a full block: it depends on every token from position 0 to the block's end, and on how many
+    of its slots (its last `decoded`) the decode path wrote."""
+    tag = struct.pack("<I", decoded) + b"decoded" if decoded else b""
+    return hashlib.sha256(parent + struct.pack(f"<{len(token_ids)}I", *token_ids) + tag).digest()
 
 
 @dataclass
@@ -113,23 +119,24 @@ class KVCacheManager:
     def capacity_tokens(self) -> int:
         return self.pool.num_usable * self.block_size
 
-    def _chain(self, seq_id: int, token_ids: list[int], upto_blocks: int) -> list[bytes]:
+    def _chain(self, seq_id: int, token_ids: list[int], upto_blocks: int, decode_from: int | None) -> list[bytes]:
         hs = self.hashes.setdefault(seq_id, [])
         bs = self.block_size
         while len(hs) < upto_blocks:
             i = len(hs)
-            hs.append(block_hash(hs[-1] if hs else ROOT_HASH, token_ids[i * bs:(i + 1) * bs]))
+            decoded = 0 if decode_from is None else min(bs, max(0, (i + 1) * bs - decode_from))
+            hs.append(block_hash(hs[-1] if hs else ROOT_HASH, token_ids[i * bs:(i + 1) * bs], decoded))
         return hs
 
-    def find_prefix(self, seq_id: int, token_ids: list[int], min_left: int = 1) -> list[int]:
-        """Physical blocks of the longest cached prefix of token_ids (the key chain is memoised per seq_id, so
-        token_ids must only ever grow for one seq_id), leaving at least min_left (>= 1) tokens to compute
-        (the runner needs to feed something to produce logits; the scheduler asks for 2 where a prompt must not
-        end in a one-token chunk). Takes no references yet."""
+    def find_prefix(self, seq_id: int, token_ids: list[int], decode_from: int | None = None) -> list[int]:
+        """Physical blocks of the longest cached prefix of token_ids, leaving at least one token to compute (the
+        runner needs to feed something to produce logits). decode_from: the first position the decode path writes
+        for this sequence (None: the runner's paths write the same bits); the key chain is memoised per seq_id, so
+        token_ids must only ever grow for one seq_id and decode_from stay the same. Takes no references yet."""
         if not self.enable_prefix_caching:
             return []
-        max_blocks = max(0, len(token_ids) - max(1, min_left)) // self.block_size
-        hs = self._chain(seq_id, token_ids, max_blocks)
+        max_blocks = max(0, len(token_ids) - 1) // self.block_size
+        hs = self._chain(seq_id, token_ids, max_blocks, decode_from)
         found = []
         for h in hs[:max_blocks]:
             bid = self.pool.lookup(h)
@@ -163,15 +170,17 @@ class KVCacheManager:
         self.query_tokens += num_prompt_tokens
         self.hit_tokens += num_hit_tokens
 
-    def cache_computed(self, seq_id: int, token_ids: list[int], num_computed: int) -> None:
-        """Offer the sequence's blocks that are now full of computed tokens to the prefix cache."""
+    def cache_computed(self, seq_id: int, token_ids: list[int], num_computed: int,
+                       decode_from: int | None = None) -> None:
+        """Offer the sequence's blocks that are now full of computed tokens to the prefix cache (decode_from: as
+        find_prefix's)."""
         if not self.enable_prefix_caching:
             return
         full = num_computed // self.block_size
         start = self.num_registered.get(seq_id, 0)
         if full <= start:
             return
-        hs = self._chain(seq_id, token_ids, full)
+        hs = self._chain(seq_id, token_ids, full, decode_from)
         table = self.tables[seq_id]
         for i in range(start, full):
             self.pool.set_hash(table[i], hs[i])

@@ -9,7 +9,8 @@ A step holds every running request's next chunk (oldest first), then admits wait
 budget (`max_num_batched_tokens`) and `max_num_seqs` allow. When the pool runs dry, the most recently admitted
 running request is preempted: its blocks are freed and it goes back to the front of the queue with
 num_computed_tokens = 0; it later recomputes prompt + generated tokens (often from the prefix cache) and
-continues exactly where it was, because sampling depends only on (history, seed, sample_index).
+continues exactly where it was, because sampling depends only on (history, seed, sample_index) and every
+position's KV is recomputed down the path that first wrote it (below).
 
 Speculative decoding rides on the same invariant. A decoding request may carry proposed next tokens
 (`Request.proposal`, set before schedule() by a proposer such as prompt lookup). The step then feeds the last
@@ -20,15 +21,22 @@ produced one step at a time, greedy or sampled, because a draw depends only on (
 num_computed_tokens advances past the accepted tokens only; the KV slots of rejected proposals lie beyond it and
 are overwritten when those positions are computed again.
 
-A prompt is never fed one token at a time unless it is one token long. A runner takes one-token chunks down its
-decode path (the GEMV with the RMSNorm folded in, the split-K attention with RoPE fused), whose arithmetic differs
-from the prefill path's in the last bits, while multi-token chunks give each row the same bits however the prompt
-is cut (tests/gpu/test_chunk_invariance.py). So the scheduler shortens a prompt chunk that would leave one token
-for later, skips a running prompt for a step rather than feed it one token, and takes prefix-cache hits that leave
-at least two prompt tokens to compute: a prompt's result then does not depend on the token budget or the other
-requests. Not covered: a budget too small for the rule (max_num_batched_tokens <= max_num_seqs: the old rule
-stands); a request recomputed after a preemption, whose generated tokens are re-fed as a prefill; and prefix-cache
-hits on blocks a request generated (a chat's earlier answer), whose KV the decode path wrote.
+Every position's KV is written down one path, whatever the budget, the other requests or the cache hold: a prompt
+in multi-token chunks, a generated token as a one-token row. The GPU model takes one-token chunks down its decode
+path (the GEMV with the RMSNorm folded in, the split-K attention with RoPE fused), whose arithmetic differs from
+the prefill path's in the last bits, while multi-token chunks give each row the same bits however the prompt is
+cut (tests/gpu/test_chunk_invariance.py). So:
+- a prompt is never fed one token at a time unless it is one token long: the scheduler shortens a chunk that would
+  leave one token for later, skips a running prompt for a step rather than feed it one token, and takes
+  prefix-cache hits that leave at least two prompt tokens to compute;
+- a request recomputed after a preemption feeds its prompt in chunks and its generated tokens as one-token rows
+  (several a step, as verification rows are), not in the prompt's chunks;
+- a prefix-cache key counts the block's slots the decode path wrote (kv_cache.py), so a prompt that repeats a
+  chat's earlier answer computes it as a prompt rather than reuse the answer's decoded KV.
+A request's result then does not depend on the token budget, the other requests, preemptions or the prefix cache.
+A runner whose rows have the same bits either way (`rows_match_chunks`: the CPU engine) skips the last two. Not
+covered: a budget too small for the first (max_num_batched_tokens < max_num_seqs + 2: a prompt may then go a token
+at a time).
 
 A decode block (schedule(max_steps=K)) is the same rule run K times on the GPU without the host in between: when
 every running request is decoding, none waits, and none speculates or is constrained, each gets KV room for K more
@@ -95,9 +103,13 @@ class Scheduler:
 
     def __init__(self, num_blocks: int, block_size: int, max_model_len: int, eos_ids=(),
                  max_num_batched_tokens: int = 256, max_num_seqs: int = 16, enable_prefix_caching: bool = True,
-                 max_num_chunks: int | None = None):
+                 max_num_chunks: int | None = None, rows_match_chunks: bool = False):
         """max_num_chunks: chunks one step may hold (the runner's rows of sequences; default max_num_seqs):
-        proposals only use what the running requests leave of it."""
+        proposals only use what the running requests leave of it.
+        rows_match_chunks: the runner gives a token the same bits fed as a one-token chunk (its decode path) as
+        inside a multi-token chunk (its prefill path): the CPU engine does, the GPU model does not. Where it does
+        not, a recomputed request's generated tokens go as one-token rows and prefix-cache keys tell decoded slots
+        apart (module docstring)."""
         if max_num_batched_tokens < 1 or max_num_seqs < 1:
             raise ValueError("max_num_batched_tokens and max_num_seqs must be >= 1")
         self.kv = KVCacheManager(num_blocks, block_size, enable_prefix_caching)
@@ -108,13 +120,15 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
         self.max_num_chunks = max(max_num_chunks or max_num_seqs, max_num_seqs)
-        # a prompt is never cut into a one-token chunk (module docstring) where the budget always leaves room for
-        # two tokens beside every other running request's one
-        self.whole_prompt_rows = max_num_batched_tokens > max_num_seqs
+        # a prompt is never cut into a one-token chunk (module docstring) where the budget always leaves it three
+        # tokens beside every other running request's one: two would stall a three-token prompt for good
+        self.whole_prompt_rows = max_num_batched_tokens >= max_num_seqs + 2
+        self.rows_match_chunks = rows_match_chunks
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []   # in admission order; preemption takes from the end
         self.requests: dict[int, Request] = {}
-        self._scheduled: list[tuple[Request, int, int]] = []  # (request, tokens computed, proposals verified)
+        # (request, tokens computed, proposals verified, fed as one-token rows)
+        self._scheduled: list[tuple[Request, int, int, bool]] = []
         self.num_preemptions = 0
 
     # ---- requests in and out
@@ -163,8 +177,10 @@ class Scheduler:
         self.waiting.appendleft(victim)
         return victim
 
-    def _chunks(self, req: Request, n: int, k: int) -> list[SeqChunk]:
-        """The request's chunk for this step, or (k proposals) its k + 1 one-token verification chunks."""
+    def _chunks(self, req: Request, n: int, k: int, rows: bool) -> list[SeqChunk]:
+        """The request's chunk of n tokens for this step; or its n tokens as one-token rows and then k proposals,
+        the row at position p sampling output p + 1 - len(prompt) (the last known token's row, and every
+        proposal's)."""
         start = req.num_computed_tokens
         p = req.params
         table = list(self.kv.block_table(req.request_id))
@@ -175,29 +191,59 @@ class Scheduler:
             ctl.update(frequency_penalty=p.frequency_penalty, presence_penalty=p.presence_penalty,
                        repetition_penalty=p.repetition_penalty, history=req.all_token_ids,
                        num_prompt=len(req.prompt_ids))
-        if k == 0:
-            sample = start + n == req.num_tokens
+        last = start + n - 1
+        sample = last == req.num_tokens - 1
+        mask = req.matcher.mask_words() if sample and req.matcher is not None else None
+        if not rows:
             return [SeqChunk(seq_id=req.request_id, token_ids=req.all_token_ids[start:start + n], start_pos=start,
-                             block_table=table, sample=sample, sample_index=len(req.output_ids),
-                             mask=req.matcher.mask_words() if sample and req.matcher is not None else None, **ctl)]
-        fed = [req.all_token_ids[start]] + req.proposal[:k]
-        return [SeqChunk(seq_id=req.request_id, token_ids=[t], start_pos=start + j, block_table=table, sample=True,
-                         sample_index=len(req.output_ids) + j, **ctl)
+                             block_table=table, sample=sample, sample_index=len(req.output_ids), mask=mask, **ctl)]
+        fed = req.all_token_ids[start:start + n] + req.proposal[:k]
+        return [SeqChunk(seq_id=req.request_id, token_ids=[t], start_pos=start + j, block_table=table,
+                         sample=sample and start + j >= last, sample_index=start + j + 1 - len(req.prompt_ids),
+                         mask=mask if start + j == last else None, **ctl)
                 for j, t in enumerate(fed)]
 
-    def _whole_prompt(self, req: Request) -> bool:
-        """Whether req's tokens still to compute are a prompt that must not be fed one token at a time."""
-        return self.whole_prompt_rows and not req.output_ids
+    def _decode_from(self, req: Request) -> int:
+        """The first position whose KV the runner's decode path writes for req: past its prompt, which goes in
+        multi-token chunks (a one-token prompt is itself a one-token chunk)."""
+        return len(req.prompt_ids) if len(req.prompt_ids) >= 2 else 0
 
-    def _chunk_len(self, req: Request, budget: int, computed: int) -> int:
-        """Tokens of req's next chunk within budget: 0 where that would feed a prompt one token at a time."""
+    def _key_from(self, req: Request) -> int | None:
+        """decode_from for the prefix cache's keys (kv_cache.py); None where the runner's paths give the same bits."""
+        return None if self.rows_match_chunks else self._decode_from(req)
+
+    def _next(self, req: Request, budget: int, computed: int, room: int) -> tuple[int, bool]:
+        """Tokens of req's next feed within the token budget and `room` chunks (0: none this step), and whether
+        they go as one-token rows. A decoding request feeds its last token as a row. A request recomputed after a
+        preemption feeds its prompt in chunks and, where the runner's paths differ, its generated tokens as rows,
+        as they were first computed (else in the same chunks)."""
         left = req.num_tokens - computed
+        if not req.output_ids:
+            return self._prompt_chunk(left, budget), False
+        rows_from = req.num_tokens - 1 if self.rows_match_chunks else self._decode_from(req)
+        if computed >= rows_from:
+            return min(left, budget, room), True
+        if self.rows_match_chunks:
+            return min(left, budget), False
+        return self._prompt_chunk(rows_from - computed, budget), False
+
+    def _prompt_chunk(self, left: int, budget: int) -> int:
+        """Tokens of a prompt's next chunk with `left` to go: 0 where that would feed it one token at a time."""
         n = min(left, budget)
-        if not self._whole_prompt(req) or n == left:
+        if not self.whole_prompt_rows or n == left:
             return n
         if left - n == 1:
             n -= 1  # leave two for the next chunk, not one
         return n if n >= 2 else 0
+
+    def _prefix(self, req: Request) -> list[int]:
+        """req's prefix-cache hit, short of leaving its prompt one token to compute (which would go down the
+        decode path: _prompt_chunk)."""
+        hit = self.kv.find_prefix(req.request_id, req.all_token_ids, self._key_from(req))
+        end = req.num_tokens if not req.output_ids else None if self.rows_match_chunks else self._decode_from(req)
+        if hit and self.whole_prompt_rows and end is not None and end - len(hit) * self.kv.block_size == 1:
+            hit.pop()
+        return hit
 
     def _num_proposals(self, req: Request, budget: int, room: int) -> int:
         """How many of req's proposals this step verifies: they fit the token budget, the chunk room, max_tokens
@@ -234,40 +280,40 @@ class Scheduler:
         assert not self._scheduled, "update() must follow every schedule()"
         k = self._block_steps(max_steps)
         if k:
-            self._scheduled = [(r, 1, 0) for r in self.running]
-            return StepBatch([c for r in self.running for c in self._chunks(r, 1, 0)], steps=k)
+            self._scheduled = [(r, 1, 0, True) for r in self.running]
+            return StepBatch([c for r in self.running for c in self._chunks(r, 1, 0, True)], steps=k)
         budget = self.max_num_batched_tokens
-        scheduled: list[tuple[Request, int, int]] = []
+        scheduled: list[tuple[Request, int, int, bool]] = []
         preemptions_before = self.num_preemptions
         chunks = 0
 
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            n = self._chunk_len(req, budget, req.num_computed_tokens)
+            room = self.max_num_chunks - chunks - (len(self.running) - i - 1)  # one chunk kept for each after it
+            n, rows = self._next(req, budget, req.num_computed_tokens, room)
             if n == 0:  # a prompt's one-token chunk: it waits for the next step
                 i += 1
                 continue
-            # chunk room for proposals: what is left once every running request has its one chunk
-            k = self._num_proposals(req, budget, self.max_num_chunks - chunks - (len(self.running) - i))
+            k = self._num_proposals(req, budget, room - 1)
+            rows = rows or k > 0  # (a prompt's last token too: it and its proposals go as rows)
             while not self.kv.allocate(req.request_id, req.num_computed_tokens + n + k):
                 if self._preempt_last() is req:
                     break
             if req.status != RUNNING:  # it preempted itself: everything after it is gone too
                 break
-            scheduled.append((req, n, k))
+            scheduled.append((req, n, k, rows))
             budget -= n + k
-            chunks += 1 + k
+            chunks += (n if rows else 1) + k
             i += 1
 
         # after a preemption the pool is tight: admitting someone now would only preempt again next step
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and chunks < self.max_num_chunks \
                 and (self.num_preemptions == preemptions_before or not scheduled):
             req = self.waiting[0]
-            prefix = self.kv.find_prefix(req.request_id, req.all_token_ids,
-                                         min_left=2 if self._whole_prompt(req) and req.num_tokens >= 2 else 1)
+            prefix = self._prefix(req)
             computed = len(prefix) * self.kv.block_size
-            n = self._chunk_len(req, budget, computed)
+            n, rows = self._next(req, budget, computed, self.max_num_chunks - chunks)
             if n == 0 or not self.kv.allocate(req.request_id, computed + n, prefix):
                 break  # first come, first served: wait for blocks rather than overtake
             self.waiting.popleft()
@@ -277,12 +323,12 @@ class Scheduler:
             req.num_computed_tokens = computed
             req.status = RUNNING
             self.running.append(req)
-            scheduled.append((req, n, 0))
+            scheduled.append((req, n, 0, rows))
             budget -= n
-            chunks += 1
+            chunks += n if rows else 1
 
         self._scheduled = scheduled
-        batch = StepBatch([c for r, n, k in scheduled for c in self._chunks(r, n, k)])
+        batch = StepBatch([c for r, n, k, rows in scheduled for c in self._chunks(r, n, k, rows)])
         for r in self.running:
             r.proposal = []  # proposals are for one step; the proposer makes new ones from the new tokens
         return batch
@@ -299,8 +345,8 @@ class Scheduler:
             per_req = [(list(sampled[i::n]), lps[i::n]) for i in range(n)]
         chunks, ids = iter(batch.chunks), iter(zip(sampled, lps))
         outs = []
-        for i, (req, n, k) in enumerate(scheduled):
-            fed = [next(chunks) for _ in range(k + 1)]
+        for i, (req, n, k, rows) in enumerate(scheduled):
+            fed = [next(chunks) for _ in range((n if rows else 1) + k)]
             if batch.steps > 1:
                 got, got_lp = per_req[i]
             else:
@@ -326,7 +372,7 @@ class Scheduler:
             # computed: the fed tokens whose KV is now valid (the last one fed, every accepted proposal, each kept
             # token of a block)
             req.num_computed_tokens += len(new) if k or batch.steps > 1 else n
-            self.kv.cache_computed(req.request_id, req.all_token_ids, req.num_computed_tokens)
+            self.kv.cache_computed(req.request_id, req.all_token_ids, req.num_computed_tokens, self._key_from(req))
             if reason is not None:
                 self.finish_request(req.request_id, reason)
             outs.append(StepOutput(req, new, reason, got_lp[:len(new)] if req.params.logprobs is not None else None))
@@ -336,7 +382,7 @@ class Scheduler:
         """The runner raised during the last scheduled step: its KV is unknown, so its requests are finished
         (abort) and their blocks freed. Returns their ids."""
         scheduled, self._scheduled = self._scheduled, []
-        ids = [r.request_id for r, _, _ in scheduled]
+        ids = [r.request_id for r, *_ in scheduled]
         for rid in ids:
             self.finish_request(rid, FINISH_ABORT)
         return ids
