@@ -75,7 +75,8 @@ def _llm(runner, **kw):
 
 
 async def _complete(llm, prompt, n, **kw):
-    r = await llm.completions.create(prompt=prompt, max_tokens=n, temperature=0, ignore_eos=True, logprobs=3, **kw)
+    kw.setdefault("temperature", 0)
+    r = await llm.completions.create(prompt=prompt, max_tokens=n, ignore_eos=True, logprobs=3, **kw)
     c = r["choices"][0]
     return c["token_ids"], c["logprobs"]["token_logprobs"], c["logprobs"]["top_logprobs"]
 
@@ -120,21 +121,22 @@ def test_a_prompt_repeating_an_answer_gives_a_fresh_engines_bits(gpu, tiny_llama
 def test_a_preempted_request_gives_its_bits_alone(gpu, tiny_llama):
     """Three requests in a pool too small for them: the scheduler preempts, and a preempted request recomputes its
     prompt and the tokens it had generated (as one-token rows, as they were first computed). Every token's logprobs
-    are the floats of the request alone."""
+    are the floats of the request alone, with penalties (their counts rebuilt on recompute) and seeded sampling."""
     from tests.gpu_fixtures import load_runner
 
     prompts = [[(3 * i + 5 * j) % 250 + 3 for i in range(10)] for j in range(3)]
+    controls = [{}, dict(temperature=0.9, seed=4, top_p=0.9), dict(frequency_penalty=0.8, repetition_penalty=1.3)]
     small = load_runner(tiny_llama, device=gpu, num_blocks=9, block_size=8, max_batch_tokens=64, max_seqs=4)
     roomy = load_runner(tiny_llama, device=gpu, num_blocks=40, block_size=8, max_batch_tokens=64, max_seqs=4)
 
     async def together():
         llm = _llm(small, enable_prefix_caching=False)  # (recomputed from scratch: no cached block to hide the rows)
-        got = await asyncio.gather(*[_complete(llm, p, 24) for p in prompts])
+        got = await asyncio.gather(*[_complete(llm, p, 24, **c) for p, c in zip(prompts, controls)])
         return got, llm.engine.scheduler.num_preemptions
 
     async def alone():
         llm = _llm(roomy)
-        return [await _complete(llm, p, 24) for p in prompts]
+        return [await _complete(llm, p, 24, **c) for p, c in zip(prompts, controls)]
 
     got, preemptions = asyncio.run(together())
     assert preemptions > 0
