@@ -69,6 +69,11 @@ def test_bench_quick_json(tiny_package, tmp_path, capsys):
     assert res["attention"]["decode"]["queries"] == 4 and res["attention"]["prefill"]["queries"] == 32
     assert res["sampling"]["vocab"] == 300 and res["sampling"]["greedy_ms"] > 0 and res["sampling"]["top_k_top_p_ms"] > 0
     assert res["hf_transformers"]["decode_tok_s"] is None and "skip" in res["hf_transformers"]["reason"]
+    nt = res["next_turn"]  # a chat's second turn, the answer computed (exact) and reused, one chat each
+    assert not nt["rows_match_chunks"] and len(nt["reuse"]) == len(nt["compute"]) == 1
+    assert nt["compute_median_ms"] > 0 and nt["reuse_median_ms"] > 0
+    c = nt["compute"][0]
+    assert c["cached_tokens"] <= c["prompt_tokens"] - c["answer_tokens"]
     sv = res["serving"]  # issue 4's part, measured on the same device in the same run
     assert set(sv) >= {"concurrency", "prefix_cache", "mixed"}
     assert sv["prefix_cache"]["cached_tokens"] > 0
@@ -78,7 +83,7 @@ def test_bench_table(tiny_package, capsys):
     assert main(["bench", str(tiny_package), "--quick", "--skip-hf", "--skip-serving"]) == 0
     text = capsys.readouterr().out
     assert "copy" in text and "gemv q4" in text and "decode step" in text and "first token" in text
-    assert "host / step" in text
+    assert "host / step" in text and "next turn" in text
 
 
 @pytest.mark.oracle

@@ -53,6 +53,21 @@ async def measure(llm, chats: int = 8, answer: int = 64) -> dict:
     return out
 
 
+def bench_next_turn(package, device=None, chats: int = 6, answer: int = 64, backend: str = "native") -> dict:
+    """measure() on a fresh engine over `package` (webinfer bench's next_turn section)."""
+    import webinfer
+    from webinfer.factory import EngineOptions
+
+    async def run():
+        llm = await webinfer.load(package, backend=backend, device=device, options=EngineOptions(decode_block=1))
+        try:
+            return await measure(llm, chats, answer)
+        finally:
+            await llm.close()
+
+    return asyncio.run(run())
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(prog="python -m webinfer_packager.bench.next_turn", description=__doc__.split("\n")[0])
     ap.add_argument("package")
@@ -64,17 +79,7 @@ def main(argv=None) -> None:
     if not 2 <= a.chats <= len(QUESTIONS):
         ap.error(f"--chats {a.chats}: from 2 (one chat of each rule) to {len(QUESTIONS)} (a question of its own each)")
 
-    async def run():
-        import webinfer
-        from webinfer.factory import EngineOptions
-
-        llm = await webinfer.load(a.package, backend=a.backend, options=EngineOptions(decode_block=1))
-        try:
-            return await measure(llm, a.chats, a.answer)
-        finally:
-            await llm.close()
-
-    res = asyncio.run(run())
+    res = bench_next_turn(a.package, chats=a.chats, answer=a.answer, backend=a.backend)
     if a.json:
         print(json.dumps(res, indent=1))
         return

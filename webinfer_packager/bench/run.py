@@ -28,6 +28,9 @@ of one decode step) and with the wall clock where the host is involved (a decode
     ttft_40              a 40-token prompt to its first token (median), and over the decode step's wall time
                          (issue 12's target: <= 3 step times)
     decode_tok_s         DECODE_LEN tokens (128; 8 with --quick), greedy, one sequence
+    next_turn            a chat's second turn to its first token, the first turn's answer computed as a prompt
+                         (what the scheduler does where one-token rows differ from chunk rows: exact) and reused
+                         as decoded, chats alternating (bench/next_turn.py); medians and each chat
     hf_transformers      the same model through HF transformers (model.generate, greedy; on CUDA in bf16 where torch
                          has a GPU, else on this CPU in f32): decode tok/s
                          and ratio = ours / theirs; null with a reason when skipped or not possible
@@ -418,6 +421,10 @@ def run_bench(package_path, *, quick: bool = False, skip_hf: bool = False, skip_
     from webinfer_packager.bench.speculative import bench_speculative
 
     res["speculative"] = bench_speculative(pkg, dev, max_tokens=32 if quick else 96, reps=1 if quick else 2)
+    # a chat's next turn: the previous answer computed as a prompt (exact) against reused as decoded (the peer)
+    from webinfer_packager.bench.next_turn import bench_next_turn
+
+    res["next_turn"] = bench_next_turn(pkg, dev, chats=2 if quick else 6, answer=16 if quick else 64)
     return res
 
 
@@ -455,6 +462,10 @@ def format_table(r: dict) -> str:
     b = r["decode_block"]
     lines.append(f"decode block {b['steps']} steps per read-back {b['tok_s']} tok/s vs single steps "
                  f"{b['single_step_tok_s']} tok/s: {b['ratio']:.2f}x")
+    nt = r.get("next_turn")
+    if nt:
+        lines.append(f"next turn    first token {nt['compute_median_ms']} ms with the answer computed as a prompt "
+                     f"(exact), {nt['reuse_median_ms']} ms reusing its decoded KV; medians")
     hf = r["hf_transformers"]
     lines.append(f"transformers {hf.get('decode_tok_s')} tok/s" + (f" (ours {hf['ratio']}x)" if hf.get("ratio") else
                                                                   f" ({hf.get('reason', '')})"))
