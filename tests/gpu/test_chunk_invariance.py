@@ -3,7 +3,10 @@
 Multi-token chunks give every row the same bits however the prompt is cut: the prefill GEMM and attention compute
 each row alone. A one-token chunk takes the decode path (the GEMV with the RMSNorm folded in, the split-K
 attention), whose last bits differ, so the scheduler never feeds a prompt one token at a time; the engine test
-below fails on the rule before it (a prompt alone was cut [8, 1], beside another request [5, 4])."""
+below fails on the rule before it (a prompt alone was cut [8, 1], beside another request [5, 4]). Nor does a
+request's result depend on a preemption (its generated tokens are recomputed as one-token rows) or on a prefix-cache
+hit on an earlier answer (whose decoded blocks a new prompt does not take): the tests past the middle, each failing
+with the scheduler told that rows match chunks."""
 
 import asyncio
 
@@ -65,7 +68,6 @@ def test_a_prompt_alone_and_beside_another_request_gives_the_same_bits(gpu, tiny
     assert a["choices"][0]["token_ids"] == b["choices"][0]["token_ids"]
     assert la["token_logprobs"] == lb["token_logprobs"]
     assert la["top_logprobs"] == lb["top_logprobs"]
-
 
 
 def _llm(runner, **kw):
@@ -141,7 +143,6 @@ def test_a_preempted_request_gives_its_bits_alone(gpu, tiny_llama):
     got, preemptions = asyncio.run(together())
     assert preemptions > 0
     assert got == asyncio.run(alone())
-
 
 
 @pytest.mark.model
