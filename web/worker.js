@@ -283,7 +283,7 @@ async function background() {
 
 const handlers = { init, prepare, load, chat, selftest, loseDevice, handleLimit, background };
 
-// Setup messages (init, load, selftest, loseDevice) run one at a time, in order. Chats run concurrently: each is
+// Setup messages (init, load, selftest, loseDevice, handleLimit) run one at a time, in order. Chats run concurrently: each is
 // one request in the shared engine, which batches them; a chat starts once the setup sent before it is done.
 // stop must get through at once, while chats run.
 const CONCURRENT = new Set(["chat", "background"]);

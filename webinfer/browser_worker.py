@@ -482,6 +482,8 @@ class PageWorker:
     def handle_limit_for_test(self, limit: int) -> int:
         """Lower the device's command-handle table limit (BrowserDevice.max_handles) so that the table's rebuild
         runs between lists; returns the rebuilds so far."""
+        if self.device is None:
+            raise WebinferError("no GPU device: the handle table is the WebGPU engine's (load with backend webgpu)")
         self.device.max_handles = limit
         return self.device.handle_rebuilds
 
