@@ -212,20 +212,25 @@ class Scheduler:
         """decode_from for the prefix cache's keys (kv_cache.py); None where the runner's paths give the same bits."""
         return None if self.rows_match_chunks else self._decode_from(req)
 
+    def _prompt_end(self, req: Request) -> int | None:
+        """Where req's tokens that go in prompt chunks (never one token at a time) end: its prompt's end, or the
+        last token while nothing is generated; None for a recompute where rows match chunks (one chunk, no rule)."""
+        if not req.output_ids:
+            return req.num_tokens
+        return None if self.rows_match_chunks else self._decode_from(req)
+
     def _next(self, req: Request, budget: int, computed: int, room: int) -> tuple[int, bool]:
         """Tokens of req's next feed within the token budget and `room` chunks (0: none this step), and whether
         they go as one-token rows. A decoding request feeds its last token as a row. A request recomputed after a
         preemption feeds its prompt in chunks and, where the runner's paths differ, its generated tokens as rows,
         as they were first computed (else in the same chunks)."""
         left = req.num_tokens - computed
-        if not req.output_ids:
-            return self._prompt_chunk(left, budget), False
-        rows_from = req.num_tokens - 1 if self.rows_match_chunks else self._decode_from(req)
-        if computed >= rows_from:
+        end = self._prompt_end(req)
+        if end is not None and computed < end:
+            return self._prompt_chunk(end - computed, budget), False
+        if left == 1 or not self.rows_match_chunks:
             return min(left, budget, room), True
-        if self.rows_match_chunks:
-            return min(left, budget), False
-        return self._prompt_chunk(rows_from - computed, budget), False
+        return min(left, budget), False
 
     def _prompt_chunk(self, left: int, budget: int) -> int:
         """Tokens of a prompt's next chunk with `left` to go: 0 where that would feed it one token at a time."""
@@ -240,7 +245,7 @@ class Scheduler:
         """req's prefix-cache hit, short of leaving its prompt one token to compute (which would go down the
         decode path: _prompt_chunk)."""
         hit = self.kv.find_prefix(req.request_id, req.all_token_ids, self._key_from(req))
-        end = req.num_tokens if not req.output_ids else None if self.rows_match_chunks else self._decode_from(req)
+        end = self._prompt_end(req)
         if hit and self.whole_prompt_rows and end is not None and end - len(hit) * self.kv.block_size == 1:
             hit.pop()
         return hit
