@@ -18,6 +18,9 @@
 #define WG 64
 #define TT 4
 #define DTYPE q4
+#ifdef SUBGROUPS
+#define XBROADCAST 1
+#endif
 
 #include "linear_common.wgsl"
 

@@ -19,9 +19,25 @@
 // must hold ceil(K/4)*4 floats (vec4 loads).
 // The row count T is read from `step[params.count_index]`, so one bind group serves every step; only the grid
 // changes (grid y = ceil(T / TILE)).
+//
+// KSPLIT (1, or a divisor of WG up to 32): lanes per row group. With KSPLIT = S the S consecutive lanes of a row
+// group split its chunks (lane j takes chunks j, j + S, ...), so a GPU runs S times the invocations and the
+// lanes of a group read S consecutive vec4s of each weight row (coalesced), where KSPLIT 1 gives a 576-row
+// matrix 144 invocations, each walking a whole row: latency-bound on any GPU with more than a few hundred lanes.
+// The S partial sums are added in lane order through workgroup memory by lane 0 of the group (then the tail and
+// the epilogue), so a row's bits depend on S but not on the tile or the other rows; KSPLIT 1 keeps the sequential
+// chunk order of gemm.wgsl's rows. Each lane loads its own activations (no subgroup broadcast: the lanes of a
+// subgroup are on different chunks). On llvmpipe, whose 8 lanes are one SIMD batch on one core, S > 1 only adds
+// work: the model asks for it (GPUModel.load(gemv_ksplit=...)), never the device.
 #define WG 64
 #define TILE 8
 #define DTYPE q4
+#define KSPLIT 1
+#ifdef SUBGROUPS
+#if KSPLIT == 1
+#define XBROADCAST 1
+#endif
+#endif
 
 #include "linear_common.wgsl"
 
@@ -83,6 +99,27 @@ fn chunk_row(acc: Acc, xrow: u32, xb: u32, nc: NormChunk, lane: u32, bl: Block, 
     return r;
 }
 
+#if KSPLIT != 1
+var<workgroup> red: array<vec4<f32>, 2 * WG>;
+
+// the sum of the KSPLIT lanes' partial sums of one activation row, lane 0's first, in lane order (exact in part
+// 0 of the group; the other lanes get their own back). Every lane of the workgroup calls it: two barriers.
+fn reduce(acc: Acc, lid: u32, part: u32) -> Acc {
+    red[2u * lid] = acc.lo;
+    red[2u * lid + 1u] = acc.up;
+    workgroupBarrier();
+    var r = acc;
+    if (part == 0u) {
+        for (var j = 1u; j < KSPLIT; j++) {
+            r.lo += red[2u * (lid + j)];
+            r.up += red[2u * (lid + j) + 1u];
+        }
+    }
+    workgroupBarrier();
+    return r;
+}
+#endif
+
 fn tail_row(acc: Acc, xrow: u32, rl: vec4<u32>, ru: vec4<u32>) -> Acc {
     var r = acc;
     r.lo += tail4(rl, xrow);
@@ -120,7 +157,8 @@ fn store(t: u32, acc: Acc, inv: f32, gx: u32) {
 }
 
 @compute @workgroup_size(WG)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32
 #ifdef SUBGROUPS
         , @builtin(subgroup_invocation_id) lane: u32
 #endif
@@ -130,19 +168,29 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wi
 #endif
     let count = step[params.count_index];
     let t0 = wid.y * TILE;  // the tile's first activation row: the same for every lane of the workgroup
+#if KSPLIT == 1
     if (t0 >= count) {
         return;  // uniform
     }
-    let nt = min(count - t0, TILE);  // active rows of this tile: slots >= nt are skipped (uniform branches)
-#ifdef SWIGLU
-    let n0 = gid.x * 8u;  // block j of 8 = 4 gate rows then 4 up rows of the fused weight
+    let g = gid.x;  // the row group
+    let part = 0u;
 #else
-    let n0 = gid.x * 4u;
+    // no return before the barriers of `reduce`: a tile past the rows does no work and stores nothing
+    let g = gid.x / KSPLIT;  // WG % KSPLIT == 0: a group's lanes are consecutive lanes of one workgroup
+    let part = gid.x % KSPLIT;
+#endif
+    let nt = select(0u, min(count - t0, TILE), t0 < count);  // active rows of this tile: slots >= nt are skipped (uniform branches)
+#ifdef SWIGLU
+    let n0 = g * 8u;  // block j of 8 = 4 gate rows then 4 up rows of the fused weight
+#else
+    let n0 = g * 4u;
 #endif
 #ifndef SUBGROUPS
+#if KSPLIT == 1
     if (n0 >= params.n) {
-        return;  // with subgroups, every lane must reach the broadcasts: rows are clamped instead
+        return;  // with subgroups (or the barriers of KSPLIT), every lane must go on: rows are clamped instead
     }
+#endif
 #endif
     let last = params.n - 1u;
     // rows past N re-read the last row (in bounds) and are not stored
@@ -158,7 +206,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wi
     let x6 = (t0 + 6u) * xs4;
     let x7 = (t0 + 7u) * xs4;
     // per-row inverse RMS (NORM): each slot's own, computed only for active slots
-    var i0 = inv_of(x0, lane);
+    var i0 = 0.0;
+    if (nt > 0u) { i0 = inv_of(x0, lane); }
     var i1 = 0.0; var i2 = 0.0; var i3 = 0.0; var i4 = 0.0; var i5 = 0.0; var i6 = 0.0; var i7 = 0.0;
 #if TILE != 1
     if (nt > 1u) { i1 = inv_of(x1, lane); }
@@ -177,7 +226,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wi
     // scale words shared by consecutive chunks, reloaded when the epoch changes (uniform branch)
     var epoch = 0xffffffffu;
     var ml = MetaW(); var mu = MetaW();
-    for (var c = 0u; c < full; c++) {
+    for (var c = select(full, part, nt > 0u); c < full; c += KSPLIT) {
         if (meta_epoch(c) != epoch) {
             epoch = meta_epoch(c);
             ml = meta_words(rl, c);
@@ -207,8 +256,20 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wi
 #endif
 #endif
     }
+#if KSPLIT != 1
+    a0 = reduce(a0, lid, part);
+#if TILE != 1
+    a1 = reduce(a1, lid, part); a2 = reduce(a2, lid, part); a3 = reduce(a3, lid, part);
+#if TILE == 8
+    a4 = reduce(a4, lid, part); a5 = reduce(a5, lid, part); a6 = reduce(a6, lid, part); a7 = reduce(a7, lid, part);
+#endif
+#endif
+    if (part != 0u) {
+        return;  // after the last barrier
+    }
+#endif
     if (full * 32u < params.k) {
-        a0 = tail_row(a0, x0, rl, ru);
+        if (nt > 0u) { a0 = tail_row(a0, x0, rl, ru); }
         if (nt > 1u) { a1 = tail_row(a1, x1, rl, ru); }
         if (nt > 2u) { a2 = tail_row(a2, x2, rl, ru); }
         if (nt > 3u) { a3 = tail_row(a3, x3, rl, ru); }
@@ -217,12 +278,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wi
         if (nt > 6u) { a6 = tail_row(a6, x6, rl, ru); }
         if (nt > 7u) { a7 = tail_row(a7, x7, rl, ru); }
     }
-    store(t0, a0, i0, gid.x);
-    if (nt > 1u) { store(t0 + 1u, a1, i1, gid.x); }
-    if (nt > 2u) { store(t0 + 2u, a2, i2, gid.x); }
-    if (nt > 3u) { store(t0 + 3u, a3, i3, gid.x); }
-    if (nt > 4u) { store(t0 + 4u, a4, i4, gid.x); }
-    if (nt > 5u) { store(t0 + 5u, a5, i5, gid.x); }
-    if (nt > 6u) { store(t0 + 6u, a6, i6, gid.x); }
-    if (nt > 7u) { store(t0 + 7u, a7, i7, gid.x); }
+    if (nt > 0u) { store(t0, a0, i0, g); }
+    if (nt > 1u) { store(t0 + 1u, a1, i1, g); }
+    if (nt > 2u) { store(t0 + 2u, a2, i2, g); }
+    if (nt > 3u) { store(t0 + 3u, a3, i3, g); }
+    if (nt > 4u) { store(t0 + 4u, a4, i4, g); }
+    if (nt > 5u) { store(t0 + 5u, a5, i5, g); }
+    if (nt > 6u) { store(t0 + 6u, a6, i6, g); }
+    if (nt > 7u) { store(t0 + 7u, a7, i7, g); }
 }

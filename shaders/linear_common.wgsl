@@ -9,6 +9,8 @@
 // (q = the codes of quant_unpack.wgsl, s/s2/m its Scales), then the elements of a partial last chunk one by one
 // (value_at * x), then the epilogue. The order depends only on the row, never on the tile or the other rows.
 //
+// The includer defines XBROADCAST where every lane of a subgroup reads the same activation chunk (load_x).
+//
 // Bindings: 0 qweight, 1 meta (scales | mins | super), 2 x, 3 y, 4 params, 5 step, then QHIGH_SLOT (qhigh),
 // NORM_SLOT (gemv's folded RMSNorm weight), BIAS_SLOT: the wrapper's variant function numbers them.
 
@@ -127,7 +129,7 @@ fn tail4(r: vec4<u32>, xrow: u32) -> vec4<f32> {
 }
 
 // The norm weight's vectors of chunk xb that this lane multiplies into x (NORM; loaded once per chunk, shared by
-// the tile's rows): with subgroups the lane's own one or two vectors, without all 8.
+// the tile's rows): with XBROADCAST the lane's own one or two vectors, without all 8.
 struct NormChunk {
     a: vec4<f32>, c: vec4<f32>,
     all: W8,
@@ -136,7 +138,7 @@ struct NormChunk {
 fn norm_chunk(xb: u32, lane: u32) -> NormChunk {
     var nc: NormChunk;
 #ifdef NORM
-#ifdef SUBGROUPS
+#ifdef XBROADCAST
 #if SG_SIZE == 4
     nc.a = wn[xb + lane % 4u];
     nc.c = wn[xb + 4u + lane % 4u];
@@ -151,10 +153,11 @@ fn norm_chunk(xb: u32, lane: u32) -> NormChunk {
 }
 
 // The 8 activation vectors of one row's chunk (vec4 index xrow + xb), times the norm weight under NORM. Every
-// lane of the workgroup reads the same row: with SUBGROUPS each lane loads one (SG_SIZE 4: two) of the 8 and the
+// lane of the workgroup reads the same row: with XBROADCAST (the includer defines it where the lanes of a subgroup
+// work on the same chunk: SUBGROUPS, and not gemv's KSPLIT) each lane loads one (SG_SIZE 4: two) of the 8 and the
 // subgroup broadcasts them, instead of every lane loading all 8.
 fn load_x(xrow: u32, xb: u32, nc: NormChunk, lane: u32) -> W8 {
-#ifdef SUBGROUPS
+#ifdef XBROADCAST
 #if SG_SIZE == 4
     var xa = x[xrow + xb + lane % 4u];
     var xc = x[xrow + xb + 4u + lane % 4u];

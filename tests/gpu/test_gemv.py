@@ -25,7 +25,7 @@ def tol(k):
 
 
 def run_linear(dev, lib, dtype, n, k, t, gs=32, seed=0, bias=False, accumulate=False, swiglu=False, norm=False,
-               tiles=None, eps=1e-5):
+               tiles=None, eps=1e-5, ksplit=1):
     """One Linear(gemv) on random data; returns (out GpuArray, float32 reference)."""
     comps, wref = random_weight(dtype, n, k, gs, seed)
     if swiglu:
@@ -58,7 +58,7 @@ def run_linear(dev, lib, dtype, n, k, t, gs=32, seed=0, bias=False, accumulate=F
     ep = Epilogue(bias=b, accumulate=accumulate, swiglu=swiglu,
                   norm=(GpuArray.upload(dev, wn).binding, eps) if norm else None)
     lin = Linear(lib, w, LinearIO(GpuArray.upload(dev, x).binding, out.binding, xs, n_out, step_buf(dev, t)),
-                 epilogue=ep, tiles=tiles)
+                 epilogue=ep, tiles=tiles, ksplit=ksplit)
     run(dev, lambda c: lin.encode(c, t))
     return out, ref.astype(np.float32)
 
@@ -153,6 +153,55 @@ def test_gemv_decode_tile_row_alone_vs_among_15_bitwise(gpu, kernels, dtype, n, 
         assert np.array_equal(_bits(alone[0]), _bits(go([r], tiles=(8,))[0])), f"row {r} alone in a tile of 8"
 
 
+@pytest.mark.parametrize("ksplit", [2, 8, 32])
+def test_gemv_ksplit_matches_numpy(gpu, kernels, lib_nosg, ksplit):
+    """KSPLIT lanes per row group (a GPU's layout): every format family, the epilogues (bias, accumulate, the
+    folded RMSNorm with swiglu), K with a tail and fewer chunks than lanes (77: 2 chunks), N not a multiple of 4,
+    partial tiles of 1, 4 and 8 rows, a tile past the row count (9 rows in tiles of 8: the second tile half empty),
+    and once without subgroups."""
+    cases = [("q4a", 130, 576, 9, {}), ("q4", 37, 77, 1, {}), ("q6k", 72, 512, 3, dict(norm=True, swiglu=True)),
+             ("q4k", 70, 512, 5, dict(bias=True)), ("q8", 45, 300, 17, dict(accumulate=True, norm=True)),
+             ("q5_0", 21, 200, 4, {})]
+    for dtype, n, k, t, kw in cases:
+        out, ref = run_linear(gpu, kernels, dtype, n, k, t, seed=n, ksplit=ksplit, **kw)
+        check_op(out, ref, *tol(k) if not kw.get("swiglu") else (2e-3, 1e-4), name=f"ksplit {ksplit} {dtype} {kw}")
+    out, ref = run_linear(lib_nosg.device, lib_nosg, "q4a", 70, 300, 3, seed=5, ksplit=ksplit, norm=True, bias=True)
+    check_op(out, ref, *tol(300), name=f"ksplit {ksplit} without subgroups")
+
+
+@pytest.mark.parametrize("dtype,n,k,swiglu", [("q4a", 96, 576, True), ("q5k", 45, 300, False)])
+def test_gemv_ksplit_row_alone_vs_among_16_bitwise(gpu, kernels, dtype, n, k, swiglu):
+    """With KSPLIT 8 a row's bits still depend only on the row: alone (tile 1), in slot 3 of 16 rows (tile 8) and
+    of a tile of 4 give identical bits; they differ from KSPLIT 1's (another sum order), which is why one model
+    uses one value."""
+    comps, _ = random_weight(dtype, n, k, seed=21)
+    if swiglu:
+        comps = interleave(comps, n // 2)
+    rng = np.random.default_rng(22)
+    xs = -(-k // 4) * 4
+    x = np.zeros((16, xs), np.float32)
+    x[:, :k] = rng.standard_normal((16, k)) * 2
+    wn = np.zeros(xs, np.float32)
+    wn[:k] = rng.uniform(0.5, 1.5, k)
+    w = upload_weight(gpu, dtype, n, k, comps)
+    wn_b = GpuArray.upload(gpu, wn).binding
+    n_out = n // 2 if swiglu else n
+
+    def go(rows, tiles=None, ksplit=8):
+        out = GpuArray.empty(gpu, (len(rows), n_out))
+        lin = Linear(kernels, w, LinearIO(GpuArray.upload(gpu, x[rows]).binding, out.binding, xs, n_out,
+                                          step_buf(gpu, len(rows))),
+                     epilogue=Epilogue(swiglu=swiglu, norm=(wn_b, 1e-5)), tiles=tiles, ksplit=ksplit)
+        run(gpu, lambda c: lin.encode(c, len(rows)))
+        return out.read()
+
+    alone = go([3])
+    assert not np.isnan(alone).any()
+    assert np.array_equal(_bits(alone[0]), _bits(go(list(range(16)))[3])), "row 3 among 16"
+    assert np.array_equal(_bits(alone[0]), _bits(go([0, 1, 2, 3], tiles=(4,))[3])), "row 3 in a tile of 4"
+    assert not np.array_equal(_bits(alone[0]), _bits(go([3], ksplit=1)[0])), "KSPLIT 8 and 1: the same sum order?"
+
+
 @pytest.mark.parametrize("tile", [1, 4, 8])
 @pytest.mark.parametrize("dtype", ["q4", "q5_1", "q5k"])
 def test_gemv_every_tile_matches_numpy(gpu_f32, dtype, tile):
@@ -203,6 +252,14 @@ def test_linear_variant_decisions():
         linear_variant(LinearKey("gemm", "q4", 8, norm=True))
     with pytest.raises(ValueError, match="unsupported weight dtype"):
         linear_variant(LinearKey("gemv", "q3k", 8))
+    # KSPLIT: lanes per row group, so the grid holds rows / 4 * ksplit lanes (576 rows: 144 -> 1152 lanes)
+    assert linear_variant(LinearKey("gemv", "q4a", 1)).grid_x(576) == 3
+    v8 = linear_variant(LinearKey("gemv", "q4a", 1, ksplit=8))
+    assert (dict(v8.defines)["KSPLIT"], v8.grid_x(576), v8.grid_x(577)) == (8, 18, 19)
+    assert "KSPLIT" not in dict(linear_variant(LinearKey("gemv", "q4a", 1)).defines)  # the old pipelines' keys
+    for bad in (LinearKey("gemm", "q4a", 8, ksplit=8), LinearKey("gemv", "q4a", 1, ksplit=3)):
+        with pytest.raises(ValueError, match="ksplit"):
+            linear_variant(bad)
 
 
 def test_gemv_subgroup_path_is_active(gpu, kernels):

@@ -34,6 +34,7 @@ from .library import LazyPipeline
 
 ROWS_PER_INVOCATION = 4
 AUTO_TILES = (1, 4, 8)  # gemv TILE variants: the dispatch picks the smallest that holds the rows
+KSPLITS = (1, 2, 4, 8, 16, 32)  # gemv lanes per row group: divisors of WG
 # (lavapipe: a tile of 8 costs ~2x a tile of 1 for a single row, the skipped slots still cost registers)
 GEMM_TOKENS = 8  # gemm TT: activation rows per invocation (all lanes of a workgroup share them)
 GEMM_ROWS = (8, 4)  # gemm weight rows per invocation, by preference (see gemm_rows)
@@ -45,6 +46,15 @@ def tiles_for(max_rows: int) -> tuple[int, ...]:
     """The decode tiles a model whose steps hold at most max_rows decode rows can use: larger ones would never be
     picked, and each is one more pipeline to compile at load (seconds each in a software-GPU browser)."""
     return tuple(t for t in AUTO_TILES if t < max_rows) + tuple(t for t in AUTO_TILES if t >= max_rows)[:1]
+
+
+def default_ksplit(device) -> int:
+    """Lanes per row group for a model's decode GEMVs on this device (gemv.wgsl KSPLIT). A GPU runs thousands of
+    lanes: with one lane per 4 rows SmolLM2's 576-row matrices would occupy 144 of them, each walking a whole row
+    with uncoalesced 16-byte loads, so a GPU gets 8 lanes per row group (consecutive lanes reading consecutive
+    vec4s of a row). A CPU adapter (lavapipe; SwiftShader is the browser's fallback adapter) runs 8 lanes as one
+    SIMD batch on one core and only pays for the extra loads and the reduction there: 1."""
+    return 1 if device.info.is_fallback else 8
 
 
 def format_defines(dtype: str) -> dict[str, object]:
@@ -157,6 +167,7 @@ class LinearKey:
     swiglu: bool = False  # gate/up interleaved in blocks of 4; y = silu(gate) * up
     norm: bool = False  # gemv only: RMSNorm of x folded in
     rows: int = ROWS_PER_INVOCATION  # gemm: weight rows per invocation (4 or 8; swiglu is always 4 gate + 4 up)
+    ksplit: int = 1  # gemv: lanes per row group, each summing every ksplit-th chunk (gemv.wgsl KSPLIT)
 
 
 @dataclass(frozen=True)
@@ -169,7 +180,7 @@ class LinearVariant:
     rows_per_invocation: int
 
     def grid_x(self, rows: int) -> int:
-        return ceil_div(rows, self.rows_per_invocation * WG)
+        return ceil_div(ceil_div(rows, self.rows_per_invocation) * self.key.ksplit, WG)
 
 
 def linear_variant(key: LinearKey) -> LinearVariant:
@@ -184,6 +195,9 @@ def linear_variant(key: LinearKey) -> LinearVariant:
         raise ValueError("Linear: a folded RMSNorm (norm=...) is implemented in the gemv kernel only")
     if key.swiglu and (key.bias or key.accumulate):
         raise ValueError("Linear: the swiglu epilogue takes no bias and no accumulate")
+    if key.ksplit not in KSPLITS or (key.ksplit != 1 and key.kernel != "gemv"):
+        raise ValueError(f"Linear: ksplit (lanes per row group) is a gemv layout, one of {KSPLITS}; got {key.ksplit} "
+                         f"for {key.kernel}")
     if key.rows not in (4, 8) or (key.rows == 8 and key.kernel != "gemm"):
         raise ValueError(f"Linear: 8 weight rows per invocation is a gemm layout; got {key.rows} for {key.kernel}")
     d = {**format_defines(key.dtype), "WG": WG, "TILE" if key.kernel == "gemv" else "TT": key.tile}
@@ -193,6 +207,8 @@ def linear_variant(key: LinearKey) -> LinearVariant:
             d[f"{define}_SLOT"] = len(names)
             d[define] = 1
             names.append(name)
+    if key.ksplit != 1:
+        d["KSPLIT"] = key.ksplit
     if key.accumulate:
         d["ACCUMULATE"] = 1
     if key.swiglu:
@@ -252,11 +268,13 @@ class Linear:
     one picked per dispatch by the row count; a row's result does not depend on the tile or the other rows. Only
     the smallest tile (a single chat's decode) is compiled here, the others at first use or ahead of it by
     KernelLibrary.create_deferred.
-    rows (gemm): weight rows per invocation, 4 or 8 (default gemm_rows(weight); the output bits are the same)."""
+    rows (gemm): weight rows per invocation, 4 or 8 (default gemm_rows(weight); the output bits are the same).
+    ksplit (gemv): lanes per group of 4 weight rows, each summing every ksplit-th chunk (gemv.wgsl KSPLIT): for a
+    GPU with thousands of lanes; a row's bits depend on it (not on the tile), so one model uses one value."""
 
     def __init__(self, lib, weight: QuantWeight, io: LinearIO, *, kernel: str = "gemv",
                  epilogue: Epilogue = Epilogue(), tiles: tuple[int, ...] | None = None,
-                 params: ParamsFn | None = None, label: str = "linear", rows: int | None = None):
+                 params: ParamsFn | None = None, label: str = "linear", rows: int | None = None, ksplit: int = 1):
         ep = epilogue
         if io.x_stride % 4:
             raise ValueError(f"Linear: x row stride {io.x_stride} must be a multiple of 4 floats (vec4 loads)")
@@ -268,7 +286,7 @@ class Linear:
         if rows is None:
             rows = gemm_rows(weight) if kernel == "gemm" and not ep.swiglu else ROWS_PER_INVOCATION
         keys = [LinearKey(kernel, weight.dtype, t, ep.bias is not None, ep.accumulate, ep.swiglu, ep.norm is not None,
-                          rows) for t in sorted(tiles)]
+                          rows, ksplit) for t in sorted(tiles)]
         variants = [linear_variant(k) for k in keys]  # decide (validates the key)
         self.n, self.k, self.label, self.dtype, self.kernel = weight.n, weight.k, label, weight.dtype, kernel
         params = params or standalone_params(lib.device)
