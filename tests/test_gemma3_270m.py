@@ -99,11 +99,13 @@ def test_reference_on_the_gguf_weights_equals_transformers(gemma_gguf, transform
 
 
 @pytest.mark.gpu
-def test_native_greedy_equals_transformers(gpu, gemma_package, transformers_gemma):
+@pytest.mark.parametrize("ksplit", [1, 8])
+def test_native_greedy_equals_transformers(gpu, gemma_package, transformers_gemma, ksplit):
+    """ksplit 8: the decode GEMVs a real GPU runs (kernels/linear.py default_ksplit), another summation order."""
     from tests.gpu_fixtures import generate_ids, load_runner
 
     runner = load_runner(gemma_package, device=gpu, num_blocks=24, block_size=16, max_batch_tokens=32,
-                         max_model_len=256)
+                         max_model_len=256, gemv_ksplit=ksplit)
     for text, (ids, want) in zip(PROMPTS, transformers_gemma[2]):
         got = generate_ids(gemma_package, ids, N, runner=runner)
         assert got == want, text

@@ -24,9 +24,11 @@ def _reference(pkg, prompt, n):
     return generate(ReferenceModel.from_package(pkg), prompt, n, Sampler(0.0))
 
 
-@pytest.mark.parametrize("which,fuse,kv_f16", [("tiny_llama", True, False), ("tiny_llama", False, False),
-                                               ("tiny_qwen", True, False), ("tiny_llama", True, True)])
-def test_greedy_ids_equal_reference(gpu, request, which, fuse, kv_f16):
+@pytest.mark.parametrize("which,fuse,kv_f16,ksplit", [("tiny_llama", True, False, 1), ("tiny_llama", False, False, 1),
+                                                      ("tiny_qwen", True, False, 1), ("tiny_llama", True, True, 1),
+                                                      ("tiny_llama", True, False, 8), ("tiny_qwen", False, False, 32)])
+def test_greedy_ids_equal_reference(gpu, request, which, fuse, kv_f16, ksplit):
+    """ksplit: the decode GEMVs' lanes per row group (gemv.wgsl KSPLIT; a GPU's default is 8, lavapipe's 1)."""
     from tests.gpu_fixtures import generate_ids, load_runner
 
     if kv_f16 and not gpu.caps.f16:
@@ -34,7 +36,9 @@ def test_greedy_ids_equal_reference(gpu, request, which, fuse, kv_f16):
     pkg = request.getfixturevalue(which)
     # max_batch_tokens=16: the 37-token prompt is prefilled in 3 chunks. An f16 KV cache rounds k/v to 11 bits,
     # which could flip a near-tie in principle; with these weights and prompts the greedy ids still match exactly
-    runner = load_runner(pkg, device=gpu, num_blocks=12, block_size=8, max_batch_tokens=16, fuse=fuse, kv_f16=kv_f16)
+    runner = load_runner(pkg, device=gpu, num_blocks=12, block_size=8, max_batch_tokens=16, fuse=fuse, kv_f16=kv_f16,
+                         gemv_ksplit=ksplit)
+    assert runner.lm_head.pick(1).variant.key.ksplit == ksplit
     for prompt in PROMPTS:
         got = generate_ids(pkg, prompt, 16, runner=runner)
         assert got == _reference(pkg, prompt, 16), f"{which} fuse={fuse} prompt={prompt[:5]}"
@@ -52,11 +56,13 @@ def test_prefill_logits_match_reference(gpu, tiny_qwen):
     np.testing.assert_allclose(got, ref, atol=1e-3, rtol=1e-3)
 
 
-def test_batch_invariance_bitwise(gpu, tiny_llama):
-    """The same sequences alone and together in one step (mixed prefill + decode) give bit-identical logits."""
+@pytest.mark.parametrize("ksplit", [1, 8])
+def test_batch_invariance_bitwise(gpu, tiny_llama, ksplit):
+    """The same sequences alone and together in one step (mixed prefill + decode) give bit-identical logits, with
+    one lane or eight per GEMV row group."""
     from tests.gpu_fixtures import load_runner
 
-    runner = load_runner(tiny_llama, device=gpu, num_blocks=32, block_size=4, max_batch_tokens=64)
+    runner = load_runner(tiny_llama, device=gpu, num_blocks=32, block_size=4, max_batch_tokens=64, gemv_ksplit=ksplit)
     seqs = {0: list(range(5, 18)), 1: [7, 8, 9], 2: list(range(100, 130))}
     tables = {0: [1, 2, 3, 4], 1: [5, 6], 2: [7, 8, 9, 10, 11, 12, 13, 14]}
 
@@ -121,3 +127,22 @@ def test_load_through_async_reader(gpu, tiny_llama):
     assert ("embed", "qweight", 0) in calls and ("layers.1.down", "scales", 0) in calls
     got = generate_ids(tiny_llama, PROMPTS[0], 8, runner=runner)
     assert got == _reference(tiny_llama, PROMPTS[0], 8)
+
+
+def test_cli_gemv_ksplit_reaches_the_engine(tiny_llama, capsys):
+    """`webinfer generate --gemv-ksplit 8` runs the split-K GEMVs (on lavapipe, whose default is 1) and still
+    gives the reference's greedy ids; a value outside KSPLITS is refused by the parser."""
+    import json
+
+    from webinfer_packager.cli.main import main
+
+    argv = ["generate", str(tiny_llama), "--backend", "native", "--prompt", "hello world and more", "--max-tokens",
+            "12", "--json", "--gemv-ksplit", "8"]
+    assert main(argv) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["backend"] == "native" and r["gemv_ksplit"] == 8
+    ref = _reference(tiny_llama, r["prompt_ids"], 12)
+    got = r["output_ids"]
+    assert got == ref[:len(got)] and (len(got) == 12) == (r["finish_reason"] == "length")
+    with pytest.raises(SystemExit):
+        main(argv[:-1] + ["3"])

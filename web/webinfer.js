@@ -189,6 +189,9 @@ class Engine {
  *          decodeBlock: decode steps the GPU runs per read-back while every request decodes (default 8, 1: off;
  *          the same tokens, streamed a block at a time), decodeBlockMs: and at most about this long, from the
  *          measured step time (default 50; a slow GPU then decodes single steps, so streaming and Stop stay prompt),
+ *          gemvKsplit: lanes per group of 4 weight rows in the WebGPU engine's decode GEMVs (null: 1 on a fallback
+ *          adapter, 8 on a GPU; 1, 2, 4, 8, 16 or 32; the logits' last bits depend on it; engine.info.gemv_ksplit
+ *          says which runs),
  *          pipelines: how the GPU pipelines the last load of this package created are made again before Python asks
  *          for them (see prepare()): "async" (default), "sync" or "off".
  * engine.info.timings: where the load's time went (stage keys: docs/performance.md "Browser").
@@ -228,7 +231,7 @@ export async function load(manifestUrl, options = {}) {
     engine: { backend, cpu_mode: options.cpuMode ?? "exact", threads: options.threads ?? null,
               speculative: options.speculative ?? null,
               speculative_tokens: options.speculativeTokens ?? 4, decode_block: options.decodeBlock ?? 8,
-              decode_block_ms: options.decodeBlockMs ?? 50 },
+              decode_block_ms: options.decodeBlockMs ?? 50, gemv_ksplit: options.gemvKsplit ?? null },
   }, { onProgress }, [...new Set(Object.values(got.files).map((b) => b.buffer))]);  // moved, not copied
   let info;
   try {

@@ -126,6 +126,18 @@ def snapshot_imports() -> int:
     return len(sys.modules)
 
 
+def gemv_ksplit(value) -> int | None:
+    """webinfer.js load()'s gemvKsplit: null (the device's default) or one of kernels/linear.py KSPLITS."""
+    from .kernels.linear import KSPLITS  # noqa: PLC0415
+
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value not in KSPLITS:
+        raise WebinferError(f"load option gemvKsplit: expected null or one of {', '.join(map(str, KSPLITS))}, "
+                            f"got {value!r}")
+    return value
+
+
 def open_package(manifest_text: str, files: dict[str, Any], where: str = "manifest.json") -> Package:
     try:
         manifest = json.loads(manifest_text)
@@ -168,7 +180,7 @@ class PageWorker:
         """Take the files over from JS (a Map name -> Uint8Array), open the package and build the LLM.
         engine_json: {"backend", "cpu_mode", "threads": null | 1..8 (the CPU engine's Workers; null: up to 4 when
         the page is cross-origin isolated, cpu/browser.py page_threads), "speculative": null | "prompt-lookup", "speculative_tokens": int,
-        "decode_block": int, "decode_block_ms": number} from webinfer.js load().
+        "decode_block": int, "decode_block_ms": number, "gemv_ksplit": null | 1..32} from webinfer.js load().
         ahead: the device and pipelines worker.js made from the last visit's record (see gpu/browser.py), or None.
         The value's "pipeline_record" is this build's record when it differs from what was made ahead."""
         t0 = time.perf_counter()
@@ -179,7 +191,7 @@ class PageWorker:
                                speculative_tokens=int(eng.get("speculative_tokens") or 4),
                                decode_block=max(1, min(int(eng.get("decode_block") or PAGE_ENGINE.decode_block), 64)),
                                decode_block_ms=max(0.0, float(eng.get("decode_block_ms", PAGE_ENGINE.decode_block_ms))),
-                               cpu_mode=eng.get("cpu_mode") or "exact")
+                               cpu_mode=eng.get("cpu_mode") or "exact", gemv_ksplit=gemv_ksplit(eng.get("gemv_ksplit")))
         self.cpu_threads = eng.get("threads")
         from .cpu.browser import choose_backend, js_host  # noqa: PLC0415
 
@@ -210,6 +222,7 @@ class PageWorker:
         return {"name": self.package.name, "device": selftests.device_summary(dev) if dev else None,
                 "timings": timings, "backend": self.backend, "backend_reason": self.backend_reason,
                 "cpu_mode": self.options.cpu_mode if self.backend == "cpu" else None,
+                "gemv_ksplit": getattr(self.llm.engine.runner, "ksplit", None),  # (the WebGPU engine's)
                 "pipeline_record": record}
 
     def start_deferred(self, idle_s: float = 1.0) -> None:

@@ -44,6 +44,8 @@ class EngineOptions:
                                       # each decode block on the count its timings show fastest, cpu/threads.py)
     decode_block: int = 8             # decode steps run on the GPU per read-back when all requests decode (1: off)
     decode_block_ms: float = 50.0     # ... and at most about this long (a slow GPU gets single steps; 0: no cap)
+    gemv_ksplit: int | None = None    # GPU decode GEMVs: lanes per row group (gemv.wgsl KSPLIT; the logits' last bits
+                                      # depend on it); None: kernels/linear.py default_ksplit (1 on a CPU adapter, 8)
 
     @property
     def runner_rows(self) -> int:
@@ -67,7 +69,8 @@ async def load_gpu_runner(package: Package, device, opts: EngineOptions, read=No
     return await GPUModel.load(device, package, num_blocks=kv_blocks(opts.context_tokens, opts.block_size),
                                block_size=opts.block_size, max_batch_tokens=opts.max_batch_tokens,
                                max_seqs=opts.runner_rows, max_model_len=opts.model_len(package.config),
-                               kv_f16=opts.kv_f16, read=read, max_steps=opts.decode_block)
+                               kv_f16=opts.kv_f16, read=read, max_steps=opts.decode_block,
+                               gemv_ksplit=opts.gemv_ksplit)
 
 
 async def load_cpu_runner(package: Package, opts: EngineOptions, host=None):

@@ -159,3 +159,56 @@ def test_concurrent_streams_equal_alone_and_stop_one(served, browser):
     assert r["after"]["ids"] == alone_a
     assert r["tightA"]["ids"] == alone_a and r["tightB"]["ids"] == alone_b and r["rebuilds"] >= n, r["rebuilds"]
     print("concurrent steps", steps_both, "vs", steps_alone, "alone;", json.dumps(r["bothA"]["stats"]["engine"]))
+
+
+# The decode GEMVs with 8 lanes per row group (gemv.wgsl KSPLIT: a real GPU's default, which CI's fallback adapter
+# does not take by itself): Chrome's WGSL compiler must accept its workgroup barriers (uniformity), and the page's
+# ids must be the native engine's with the same layout, alone and beside a second request (the tiles share
+# nothing but the weights). A value outside the list is refused naming the option.
+KSPLIT = """async ([url, a, b]) => {
+    const w = await import("./webinfer.js");
+    let refused = null;
+    try { await w.load(url, {backend: "webgpu", gemvKsplit: 3}); } catch (e) { refused = String(e.message || e); }
+    const engine = await w.load(url, {backend: "webgpu", gemvKsplit: 8});
+    const run = async (req) => (await engine.chat.completions.create(req)).choices[0].token_ids;
+    const alone = await run(a);
+    const [both, other] = await Promise.all([run(a), run(b)]);
+    const ksplit = engine.info.gemv_ksplit;
+    engine.unload();
+    const dflt = await w.load(url, {backend: "webgpu"});  // the fallback adapter's own choice
+    const defaultKsplit = dflt.info.gemv_ksplit;
+    dflt.unload();
+    return {alone, both, other, refused, ksplit, defaultKsplit};
+}"""
+
+
+def _native_ksplit_ids(package, reqs, ksplit):
+    from concurrent.futures import ThreadPoolExecutor
+
+    def go():
+        import asyncio
+
+        import webinfer.factory as factory
+
+        llm = asyncio.run(factory.load(package, options=factory.EngineOptions(gemv_ksplit=ksplit)))
+        assert llm.engine.runner.ksplit == ksplit
+        return [asyncio.run(llm.completions.create(**r))["choices"][0]["token_ids"] for r in reqs]
+
+    with ThreadPoolExecutor(1) as ex:  # (Playwright's sync API keeps an asyncio loop running in this thread)
+        return ex.submit(go).result()
+
+
+def test_gemv_ksplit_in_the_page_equals_native(served, browser, tiny_package):
+    logs: list[str] = []
+    site = json.loads((served.root / "site.json").read_text())
+    a = {"prompt_ids": [298, 5, 17, 42, 101], "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+    b = {"prompt_ids": [7, 200, 12, 55], "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    page = browser.new_page()
+    attach_console(page, logs)
+    page.goto(served.url + "index.html")
+    r = page.evaluate(KSPLIT, [site["models"][0]["manifest"], a, b])
+    assert r["refused"] and "gemvKsplit" in r["refused"], (r, logs)
+    assert (r["ksplit"], r["defaultKsplit"]) == (8, 1), r  # asked for; SwiftShader, a fallback adapter: 1
+    native = [{"prompt": r["prompt_ids"], **{k: v for k, v in r.items() if k != "prompt_ids"}} for r in (a, b)]
+    want_a, want_b = _native_ksplit_ids(tiny_package, native, 8)
+    assert r["alone"] == want_a and r["both"] == want_a and r["other"] == want_b, (r, want_a, want_b, logs)

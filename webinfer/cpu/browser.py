@@ -143,7 +143,7 @@ async def time_backends(dev, host, n: int, k: int, reps: int = 8) -> tuple[float
     (`wi_linear_reps`) in `host`'s memory. Wall clock on both sides, each over `reps` GEMVs after a warm-up."""
     from ..gpu.device import COPY_DST, COPY_SRC, STORAGE, BufferBinding  # noqa: PLC0415
     from ..kernels.library import KernelLibrary  # noqa: PLC0415
-    from ..kernels.linear import Linear, LinearIO, QuantWeight, WeightPart, pack_meta  # noqa: PLC0415
+    from ..kernels.linear import Linear, LinearIO, QuantWeight, WeightPart, default_ksplit, pack_meta  # noqa: PLC0415
 
     k = -(-k // 32) * 32
     # CPU: the weight in a throwaway arena of this host's memory
@@ -166,7 +166,8 @@ async def time_backends(dev, host, n: int, k: int, reps: int = 8) -> tuple[float
     owned.append(y)
     meta = upload(pack_meta("q4a", comps, n))
     weight = QuantWeight("q4a", n, k, 32, (WeightPart(0, n, upload(comps["qweight"]), meta),))
-    lin = Linear(KernelLibrary(dev), weight, LinearIO(upload(x), BufferBinding(y, 0, 4 * n), k, n, step), kernel="gemv")
+    lin = Linear(KernelLibrary(dev), weight, LinearIO(upload(x), BufferBinding(y, 0, 4 * n), k, n, step), kernel="gemv",
+                 ksplit=default_ksplit(dev))  # the layout the model would run
     gpu_ms = 0.0
     for count in (1, reps):  # the first submission builds the pipeline
         cmds = dev.commands()

@@ -58,8 +58,8 @@ from ..gpu.device import COPY_DST, COPY_SRC, STORAGE, UNIFORM, BufferBinding, De
 from ..kernels.attention import AttentionBinding, PagedAttention, SeqStep, pack_step, step_buffers
 from ..kernels.embed import Embed
 from ..kernels.library import KernelLibrary
-from ..kernels.linear import (Epilogue, Linear, LinearIO, QuantWeight, WeightPart, interleave_gate_up, pack_meta,
-                              split_rows, tiles_for)
+from ..kernels.linear import (Epilogue, Linear, LinearIO, QuantWeight, WeightPart, default_ksplit, interleave_gate_up,
+                              pack_meta, split_rows, tiles_for)
 from ..kernels.norm import HeadNorm, RMSNorm
 from ..kernels.rope import Rope, attention_factor, inv_freq, rope_table
 from ..kernels.swiglu import SoftCap, SwiGLU
@@ -157,10 +157,10 @@ class DualLinear:
     io.x, which the model fills with the normalised rows (only needed when there are prefill rows)."""
 
     def __init__(self, lib, weight: QuantWeight, io: LinearIO, *, params, epilogue: Epilogue = Epilogue(),
-                 norm_x=None, label: str = "linear", tiles: tuple[int, ...] | None = None):
+                 norm_x=None, label: str = "linear", tiles: tuple[int, ...] | None = None, ksplit: int = 1):
         dec_io = replace(io, count_index=STEP_DECODE, x=norm_x if epilogue.norm is not None else io.x)
         self.gemv = Linear(lib, weight, dec_io, kernel="gemv", epilogue=epilogue, params=params, label=label,
-                           tiles=tiles)
+                           tiles=tiles, ksplit=ksplit)
         self.gemm = Linear(lib, weight, replace(io, count_index=STEP_PREFILL, start_index=STEP_DECODE),
                            kernel="gemm", epilogue=replace(epilogue, norm=None), params=params, label=label)
 
@@ -182,7 +182,7 @@ class GPUModel:
     async def load(cls, device: Device, package, *, num_blocks: int, block_size: int = 16,
                    max_batch_tokens: int = 256, max_seqs: int = 16, max_model_len: int | None = None,
                    read: ComponentReader | None = None, fuse: bool = True, kv_f16: bool = False,
-                   max_steps: int = 16) -> "GPUModel":
+                   max_steps: int = 16, gemv_ksplit: int | None = None) -> "GPUModel":
         """Upload `package` (webinfer.package.Package) and build the graph.
 
         read(tensor_name, component, binding) -> bytes or an awaitable of bytes (the browser fetches
@@ -191,6 +191,8 @@ class GPUModel:
         different formats are never fused.
         kv_f16=True stores the KV cache in f16 (half the memory; needs shader-f16); all math stays f32.
         max_steps: the longest decode block execute() takes (batch.py StepBatch.steps).
+        gemv_ksplit: lanes per row group of the decode GEMVs and the LM head (gemv.wgsl KSPLIT; the logits' last
+        bits depend on it); default `default_ksplit(device)`: 1 on a CPU or fallback adapter, 8 on a GPU.
         """
         self = cls()
         cfg = package.config
@@ -203,6 +205,7 @@ class GPUModel:
         self.max_tokens, self.max_seqs = max_batch_tokens, max_seqs
         self.max_steps = max(1, max_steps)
         self.tiles = tiles_for(max_seqs)  # decode rows per step <= max_seqs: only the GEMV tiles that can be picked
+        self.ksplit = default_ksplit(device) if gemv_ksplit is None else gemv_ksplit
         self._block_staging, self._block_staging_size = None, 0
         if num_blocks < 2:
             raise ValueError(f"num_blocks={num_blocks}: need the null block plus at least one")
@@ -311,7 +314,7 @@ class GPUModel:
                                   row_map=bf.rows, label="final_norm")
         head = emb if cfg.tie_word_embeddings else await self._weight(["lm_head"])
         self.lm_head = Linear(lib, head, LinearIO(bf.xs, bf.logits, self.d_stride, cfg.vocab_size, step, STEP_SAMPLED),
-                              tiles=self.tiles, params=p, label="lm_head")
+                              tiles=self.tiles, params=p, label="lm_head", ksplit=self.ksplit)
         self.logit_cap = None
         if cfg.final_logit_softcapping is not None:
             self.logit_cap = SoftCap(lib, cfg.vocab_size, cfg.final_logit_softcapping, bf.logits, cfg.vocab_size,
@@ -379,7 +382,7 @@ class GPUModel:
         w = await self._weight(names, gate_up_rows)
         io = LinearIO(x, y, x_stride, y_stride, self.bufs.step, n_offset=n_offset)
         return DualLinear(self.lib, w, io, params=self.arena, epilogue=epilogue, norm_x=self.bufs.r,
-                          tiles=self.tiles, label=label or names[0])
+                          tiles=self.tiles, label=label or names[0], ksplit=self.ksplit)
 
     def _fusable(self, names: list[str], fuse: bool) -> bool:
         """Fuse only tensors of one format, group and K, each in one binding, whose fused components still fit

@@ -91,9 +91,11 @@ def engine_options(args, **kw) -> EngineOptions:
     block = getattr(args, "decode_block", 8)
     if not 1 <= block <= 64:
         raise WebinferError(f"--decode-block must be in 1..64, got {block}")
+    ksplit = getattr(args, "gemv_ksplit", "auto")
     return EngineOptions(speculative=args.speculative, speculative_tokens=args.speculative_tokens,
                          cpu_mode=getattr(args, "cpu_mode", "exact"), decode_block=block,
-                         cpu_threads=cpu_threads(getattr(args, "cpu_threads", "1")), **kw)
+                         cpu_threads=cpu_threads(getattr(args, "cpu_threads", "1")),
+                         gemv_ksplit=None if ksplit == "auto" else int(ksplit), **kw)
 
 
 def cpu_threads(choice: str) -> int:

@@ -89,7 +89,9 @@ def cli_main(args) -> int:
     res = asyncio.run(main())
     res["timings"]["load_s"] = round(load_s, 4)
     if args.json:
-        print(json.dumps({"backend": backend_of(llm), **res}))  # the one auto chose, when it was auto
+        # the backend auto chose, when it was auto; the GPU engine's decode GEMV layout (None on the others)
+        print(json.dumps({"backend": backend_of(llm), "gemv_ksplit": getattr(llm.engine.runner, "ksplit", None),
+                          **res}))
     else:
         sys.stdout.write("\n")
     return 0

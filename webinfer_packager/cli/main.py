@@ -50,6 +50,9 @@ def _add_backend(p: argparse.ArgumentParser, default: str) -> None:
     p.add_argument("--speculative-tokens", type=int, default=4, help="proposals verified per step (default 4)")
     p.add_argument("--decode-block", type=int, default=8,
                    help="decode steps the GPU runs per read-back while every request decodes (1: off; default 8)")
+    p.add_argument("--gemv-ksplit", choices=["auto", "1", "2", "4", "8", "16", "32"], default="auto",
+                   help="GPU backend: lanes per group of 4 weight rows in the decode GEMVs (auto: 1 on a CPU or "
+                        "fallback adapter, 8 on a GPU; the logits' last bits depend on it)")
 
 
 def build_parser() -> argparse.ArgumentParser:
