@@ -17,6 +17,9 @@ order): two files, since the device tool brings back at most 8.
     model    the synthetic SmolLM2-shaped HF folder and its package
     bench    `webinfer bench` on it (kernels, step, host overhead, prefill, decode, blocks, serving, speculative)
              with HF transformers on the same GPU (bf16, model.generate) as the peer
+    ksplit   the decode GEMV's lanes per row group (gemv.wgsl KSPLIT: 1, 8, 32) A/B at 4096x4096 and SmolLM2's
+             shapes beside the copy kernel, and a decode step of the model at each (`bench.gemv --ksplit`): the
+             engine's default on a real GPU (8) is reasoned from coalescing and occupancy, this checks it
     tests    the GPU tests that need no real model, browser or oracle, on this adapter (CI=true: fail, not skip)
     cpu      `webinfer bench --backend cpu --quick` (the wasm engine on this machine's CPU, wasmtime; with 4+ cores also
              4, 8, 16 threads: threads.more_threads)
@@ -107,6 +110,18 @@ def stage_tests(work: Path, args) -> dict:
             "progress_lines": sum(1 for ln in lines if ln[:1] in ".FEsx" and "%]" in ln)}
 
 
+def stage_ksplit(work: Path, args) -> dict:
+    m = json.loads((work / "model.json").read_text())
+    r = subprocess.run([sys.executable, "-m", "webinfer_packager.bench.gemv", "--ksplit", "1,8,32", "--model",
+                        m["package"], "--reps", "3" if args.quick else "7", "--json"], cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                       timeout=args.limit - 10)
+    print(r.stdout + r.stderr)
+    if r.returncode:
+        raise SystemExit(f"bench.gemv --ksplit exited {r.returncode}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
 def stage_cpu(work: Path, args) -> dict:
     m = json.loads((work / "model.json").read_text())
     r = subprocess.run([sys.executable, "-m", "webinfer_packager.cli.main", "bench", m["package"], "--backend", "cpu",
@@ -115,7 +130,7 @@ def stage_cpu(work: Path, args) -> dict:
 
 
 STAGES = {"env": (stage_env, 60), "model": (stage_model, 120), "bench": (stage_bench, 300),
-          "tests": (stage_tests, 240), "cpu": (stage_cpu, 180)}
+          "ksplit": (stage_ksplit, 120), "tests": (stage_tests, 240), "cpu": (stage_cpu, 180)}
 
 
 def main() -> int:

@@ -37,6 +37,7 @@ def test_bench_quick_json(tiny_package, tmp_path, capsys):
         assert k in res, f"missing top-level key {k}"
     assert res["adapter"]["name"] and "timestamp-query" in res["adapter"]["features"]
     assert res["copy_gbps"] > 0
+    assert res["gemv_ksplit"] == 1  # CI's lavapipe is a fallback adapter: the engine's layout there
     names = [g["name"] for g in res["gemv"]]
     assert names[0] == "4096x4096" and "qkv" in names and "lm_head" in names
     for g in res["gemv"]:

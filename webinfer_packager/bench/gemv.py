@@ -4,6 +4,9 @@ Run: XDG_RUNTIME_DIR=/tmp/xdg python -m webinfer_packager.bench.gemv [--reps 5] 
      XDG_RUNTIME_DIR=/tmp/xdg python -m webinfer_packager.bench.gemv --model PKG [--reps 7]: decode step A/B on a package,
      decode tiles (auto) against the same model restricted to tile 1 (one activation row per invocation, the old
      layout), alternating, at 1/4/16 sequences: median GPU ms per step, per-label split, and the copy kernel.
+     XDG_RUNTIME_DIR=/tmp/xdg python -m webinfer_packager.bench.gemv --ksplit 1,8,32 [--model PKG] [--json]: the
+     decode GEMV's lanes per row group (gemv.wgsl KSPLIT) A/B, interleaved rounds: at 4096x4096 and SmolLM2's shapes
+     beside the copy kernel, and with --model a decode step of that package (GPU ms) at each value.
      XDG_RUNTIME_DIR=/tmp/xdg python -m webinfer_packager.bench.gemv --dispatches PKG: dispatches of one decode step
      per layer and in total, at a short and a long context (issue 12: <= 5 per layer + <= 3 after the layers).
 (WEBINFER_DISABLE_SUBGROUPS=1 for the path without subgroupBroadcast)
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
 
 import numpy as np
@@ -97,6 +101,84 @@ def model_ab(path: str, reps: int) -> None:
         print(f"{n:2d} seqs: " + "  ".join(f"{k} {med['tile1'][k]:.1f}->{med['tiles'][k]:.1f}" for k in top))
 
 
+def copy_bandwidth(dev, lib, reps: int) -> tuple[float, float]:
+    """(ms, GB/s read + write) of the copy kernel over 64 MiB."""
+    n_vec4 = (64 << 20) // 16
+    src = GpuArray.upload(dev, np.zeros((n_vec4, 4), np.uint32))
+    dst = GpuArray.empty(dev, (n_vec4, 4), np.uint32)
+    cp = lib.pipeline("copy")
+    bg = dev.create_bind_group(cp, [src.binding, dst.binding, uniform(dev, "<4I", n_vec4, 0, 0, 0)])
+    ms = timed(dev, lambda c: c.dispatch(cp, bg, 4096, n_vec4 // (4096 * 1024), 1, "copy"), reps)
+    return ms, 2 * n_vec4 * 16 / ms / 1e6
+
+
+KSPLIT_SHAPES = [("q4a", 4096, 4096, 1), ("q4k", 4096, 4096, 1), ("q4a", 960, 576, 1), ("q4a", 6144, 576, 1),
+                 ("q4a", 576, 1536, 1), ("q8", 49152, 576, 1), ("q4a", 960, 576, 4)]
+
+
+def ksplit_ab(ksplits: list[int], reps: int, model: str | None = None) -> dict:
+    """The decode GEMV at each KSPLIT, the values interleaved round by round (fastest round of each: a shared
+    machine slows single runs), beside the copy kernel; with `model`, a decode step of that package (1 sequence,
+    context 8) at each value, GPU ms from timestamps. The outputs' bits differ between values (the sum order)."""
+    dev = request_device_sync(limits="browser", timestamps=True)
+    lib = KernelLibrary(dev)
+    copy_ms, copy_gbs = copy_bandwidth(dev, lib, reps)
+    out = {"device": dev.info.name, "copy_gb_s": round(copy_gbs, 2), "shapes": []}
+    print(f"{dev.info.name}; copy 64 MiB: {copy_ms:.2f} ms = {copy_gbs:.1f} GB/s (read+write); fastest of {reps}")
+    rng = np.random.default_rng(0)
+    for dtype, n, k, t in KSPLIT_SHAPES:
+        comps, _ = random_weight(dtype, n, k, seed=n + k)
+        nbytes = sum(v.nbytes for v in comps.values())
+        w = upload_weight(dev, dtype, n, k, comps)
+        x = GpuArray.upload(dev, rng.standard_normal((t, k)).astype(np.float32)).binding
+        y = GpuArray.empty(dev, (t, n)).binding
+        step = GpuArray.upload(dev, np.array([t, 0, 0, 0], np.uint32)).binding
+        lins = {s: Linear(lib, w, LinearIO(x, y, k, n, step, count_index=0, start_index=2), ksplit=s) for s in ksplits}
+        ms = {s: [] for s in ksplits}
+        for r in range(reps + 1):
+            for s in (ksplits if r % 2 else ksplits[::-1]):
+                cmds = dev.commands(timed=True)
+                lins[s].encode(cmds, t)
+                dev.submit(cmds)
+                if r:  # round 0 compiles
+                    ms[s].append(sum(v for _, v in asyncio.run(dev.read_timings(cmds))))
+        row = {"dtype": dtype, "n": n, "k": k, "rows": t,
+               "ms": {s: round(min(v), 4) for s, v in ms.items()},
+               "of_copy": {s: round(nbytes / min(v) / 1e6 / copy_gbs, 3) for s, v in ms.items()}}
+        out["shapes"].append(row)
+        print(f"gemv {dtype:4s} {n:6d}x{k:<5d} T={t}: " + "  ".join(
+            f"ksplit {s}: {row['ms'][s]:.3f} ms ({row['of_copy'][s]:.2f}x copy)" for s in ksplits), flush=True)
+    if model:
+        out["decode_step_ms"] = _model_ksplit(dev, model, ksplits, reps)
+    return out
+
+
+def _model_ksplit(dev, path: str, ksplits: list[int], reps: int) -> dict:
+    from webinfer.engine.batch import SeqChunk, StepBatch
+    from webinfer.engine.gpu_model import GPUModel
+    from webinfer.package import Package
+
+    pkg = Package.open(path)
+    models = {s: asyncio.run(GPUModel.load(dev, pkg, num_blocks=5, block_size=16, max_seqs=1, gemv_ksplit=s))
+              for s in ksplits}
+    prompt = [1, 504, 3458, 2114, 253, 1029, 30, 314]
+    for m in models.values():
+        asyncio.run(m.execute(StepBatch([SeqChunk(0, prompt, 0, [1, 2], True)])))
+    ms = {s: [] for s in ksplits}
+    for r in range(reps + 1):
+        for s in (ksplits if r % 2 else ksplits[::-1]):
+            m = models[s]
+            cmds, rows = m.encode_step(StepBatch([SeqChunk(0, [prompt[-1]], len(prompt), [1, 2], True)]), timed=True)
+            dev.submit(cmds)
+            gpu = sum(v for _, v in asyncio.run(dev.read_timings(cmds)))
+            asyncio.run(m.sampler.read(rows))
+            if r:
+                ms[s].append(gpu)
+    res = {s: round(min(v), 3) for s, v in ms.items()}
+    print("decode step, kernels' GPU ms (fastest): " + "  ".join(f"ksplit {s}: {v}" for s, v in res.items()))
+    return res
+
+
 def dispatches(path: str) -> None:
     from webinfer.engine.batch import SeqChunk, StepBatch
     from webinfer.engine.gpu_model import GPUModel
@@ -120,20 +202,21 @@ def main() -> None:
     ap.add_argument("--model", help="a package folder: decode step A/B (tiles vs tile 1) instead of the shapes")
     ap.add_argument("--formats", help="comma-separated formats to keep (default: all)")
     ap.add_argument("--dispatches", metavar="PKG", help="a package folder: dispatches per decode step")
+    ap.add_argument("--ksplit", help="comma-separated gemv.wgsl KSPLIT values to A/B (e.g. 1,8,32)")
+    ap.add_argument("--json", action="store_true", help="--ksplit: print the results as JSON at the end")
     args = ap.parse_args()
+    if args.ksplit:
+        res = ksplit_ab([int(v) for v in args.ksplit.split(",")], args.reps, args.model)
+        if args.json:
+            print(json.dumps(res))
+        return None
     if args.dispatches:
         return dispatches(args.dispatches)
     if args.model:
         return model_ab(args.model, args.reps)
     dev = request_device_sync(limits="browser", timestamps=True)
     lib = KernelLibrary(dev)
-    n_vec4 = (64 << 20) // 16
-    src = GpuArray.upload(dev, np.zeros((n_vec4, 4), np.uint32))
-    dst = GpuArray.empty(dev, (n_vec4, 4), np.uint32)
-    cp = lib.pipeline("copy")
-    bg = dev.create_bind_group(cp, [src.binding, dst.binding, uniform(dev, "<4I", n_vec4, 0, 0, 0)])
-    copy_ms = timed(dev, lambda c: c.dispatch(cp, bg, 4096, n_vec4 // (4096 * 1024), 1, "copy"), args.reps)
-    copy_gbs = 2 * n_vec4 * 16 / copy_ms / 1e6
+    copy_ms, copy_gbs = copy_bandwidth(dev, lib, args.reps)
     print(f"{dev.info.name}; copy 64 MiB: {copy_ms:.2f} ms = {copy_gbs:.1f} GB/s (read+write)")
     rng = np.random.default_rng(0)
     keep = set(args.formats.split(",")) if args.formats else None

@@ -8,7 +8,8 @@ of one decode step) and with the wall clock where the host is involved (a decode
     adapter              name, backend, adapter type and the features the device got (f16, subgroups, timestamps)
     copy_gbps            shaders/copy.wgsl over a large buffer; bytes read + bytes written per second, median
     gemv                 q4 GEMV (webinfer/kernels/linear.py) at 4096x4096 and at the model's own shapes:
-                         ms, GB/s of weight bytes (qweight + scales) and ratio to copy_gbps
+                         ms, GB/s of weight bytes (qweight + scales) and ratio to copy_gbps, in the layout the
+                         engine runs on this adapter (gemv_ksplit: lanes per row group, 1 on a CPU adapter, 8)
     gemv_formats         the same at 4096x4096 for every weight format (q4 ... q6k), with bits per weight
     attention, sampling  GPU ms of this project's attention (decode, prefill) and sampling kernels alone
     kernels              per-label GPU ms of one timed decode step of the model (summed over layers)
@@ -115,9 +116,10 @@ def random_weight_bytes(dtype: str, n: int, k: int, group_size: int, seed: int) 
 
 def bench_gemv(dev, lib, name: str, n: int, k: int, copy_gbps: float, reps: int, group_size: int = 32,
                dtype: str = "q4") -> dict:
-    """One GEMV (a decode row) of a random `dtype` weight: ms, GB/s of all its component bytes, ratio to copy."""
+    """One GEMV (a decode row) of a random `dtype` weight: ms, GB/s of all its component bytes, ratio to copy. In
+    the layout the engine runs on this device (default_ksplit: lanes per row group)."""
     from webinfer.formats import FORMATS
-    from webinfer.kernels.linear import Linear, LinearIO, QuantWeight, WeightPart, pack_meta
+    from webinfer.kernels.linear import Linear, LinearIO, QuantWeight, WeightPart, default_ksplit, pack_meta
 
     group_size = FORMATS[dtype].fixed_group or group_size
     comps = random_weight_bytes(dtype, n, k, group_size, n * 7 + k)
@@ -136,7 +138,7 @@ def bench_gemv(dev, lib, name: str, n: int, k: int, copy_gbps: float, reps: int,
     part = WeightPart(0, n, upload(comps["qweight"], "bench.w"), upload(pack_meta(dtype, comps, n), "bench.meta"),
                       upload(comps["qhigh"], "bench.qhigh") if "qhigh" in comps else None)
     lin = Linear(lib, QuantWeight(dtype, n, k, group_size, (part,)), LinearIO(x, y, -(-k // 4) * 4, n, step),
-                 label=f"gemv {name}")
+                 label=f"gemv {name}", ksplit=default_ksplit(dev))
     ms = _median_timed(dev, lambda c: lin.encode(c, 1), reps)
     for b in bufs:
         dev.destroy_buffer(b)
@@ -381,6 +383,7 @@ def run_bench(package_path, *, quick: bool = False, skip_hf: bool = False, skip_
     from webinfer.gpu.native import request_device_sync
     from webinfer.formats import QUANT_DTYPES
     from webinfer.kernels.library import KernelLibrary
+    from webinfer.kernels.linear import default_ksplit
     from webinfer.package import Package
 
     dev = device or request_device_sync(limits="browser", timestamps=True)
@@ -394,6 +397,7 @@ def run_bench(package_path, *, quick: bool = False, skip_hf: bool = False, skip_
     res["copy_bytes"] = copy_bytes
     pkg = package_path if isinstance(package_path, Package) else Package.open(Path(package_path))
     shapes = [("4096x4096", 4096, 4096)] + model_shapes(pkg.config)
+    res["gemv_ksplit"] = default_ksplit(dev)  # the GEMVs' layout below and the engine's on this device
     res["gemv"] = [bench_gemv(dev, lib, n_, n, k, res["copy_gbps"], reps) for n_, n, k in shapes]
     fmts = ("q4", "q4k", "q6k") if quick else QUANT_DTYPES
     res["gemv_formats"] = [bench_gemv(dev, lib, "4096x4096", 4096, 4096, res["copy_gbps"], reps, dtype=d) for d in fmts]
@@ -431,7 +435,8 @@ def run_bench(package_path, *, quick: bool = False, skip_hf: bool = False, skip_
 def format_table(r: dict) -> str:
     a = r["adapter"]
     lines = [f"adapter      {a['name']} ({a['backend']}, {a['adapter_type']}) features: {', '.join(a['features'])}",
-             f"copy         {r['copy_gbps']:.2f} GB/s (read + write, {r['copy_bytes'] >> 20} MiB)"]
+             f"copy         {r['copy_gbps']:.2f} GB/s (read + write, {r['copy_bytes'] >> 20} MiB)",
+             f"gemv layout  {r.get('gemv_ksplit', 1)} lanes per row group (gemv.wgsl KSPLIT)"]
     for g in r["gemv"]:
         lines.append(f"gemv q4      {g['name']:<10} {g['shape'][0]:>6}x{g['shape'][1]:<6} {g['ms']:8.3f} ms "
                      f"{g['gbps']:7.2f} GB/s  {g['ratio']:.2f}x copy")
