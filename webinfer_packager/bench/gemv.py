@@ -112,6 +112,18 @@ def copy_bandwidth(dev, lib, reps: int) -> tuple[float, float]:
     return ms, 2 * n_vec4 * 16 / ms / 1e6
 
 
+def _random_problem(dev, rng, dtype: str, n: int, k: int, t: int):
+    """A random `dtype` weight of n x k on the device and the LinearIO of t activation rows: (weight, io, weight
+    bytes). Bindings, not whole buffers: the arrays sit between guard regions (NaN words: as activations or as the
+    row count they would time something else)."""
+    comps, _ = random_weight(dtype, n, k, seed=n + k)
+    x = GpuArray.upload(dev, rng.standard_normal((t, k)).astype(np.float32)).binding
+    y = GpuArray.empty(dev, (t, n)).binding
+    step = GpuArray.upload(dev, np.array([t, 0, 0, 0], np.uint32)).binding
+    return (upload_weight(dev, dtype, n, k, comps), LinearIO(x, y, k, n, step, count_index=0, start_index=2),
+            sum(v.nbytes for v in comps.values()))
+
+
 KSPLIT_SHAPES = [("q4a", 4096, 4096, 1), ("q4k", 4096, 4096, 1), ("q4a", 960, 576, 1), ("q4a", 6144, 576, 1),
                  ("q4a", 576, 1536, 1), ("q8", 49152, 576, 1), ("q4a", 960, 576, 4)]
 
@@ -127,13 +139,8 @@ def ksplit_ab(ksplits: list[int], reps: int, model: str | None = None) -> dict:
     print(f"{dev.info.name}; copy 64 MiB: {copy_ms:.2f} ms = {copy_gbs:.1f} GB/s (read+write); fastest of {reps}")
     rng = np.random.default_rng(0)
     for dtype, n, k, t in KSPLIT_SHAPES:
-        comps, _ = random_weight(dtype, n, k, seed=n + k)
-        nbytes = sum(v.nbytes for v in comps.values())
-        w = upload_weight(dev, dtype, n, k, comps)
-        x = GpuArray.upload(dev, rng.standard_normal((t, k)).astype(np.float32)).binding
-        y = GpuArray.empty(dev, (t, n)).binding
-        step = GpuArray.upload(dev, np.array([t, 0, 0, 0], np.uint32)).binding
-        lins = {s: Linear(lib, w, LinearIO(x, y, k, n, step, count_index=0, start_index=2), ksplit=s) for s in ksplits}
+        w, io, nbytes = _random_problem(dev, rng, dtype, n, k, t)
+        lins = {s: Linear(lib, w, io, ksplit=s) for s in ksplits}
         ms = {s: [] for s in ksplits}
         for r in range(reps + 1):
             for s in (ksplits if r % 2 else ksplits[::-1]):
@@ -223,16 +230,8 @@ def main() -> None:
     for dtype, n, k, t, kernel in (DECODE if args.decode else SHAPES):
         if keep and dtype not in keep:
             continue
-        comps, _ = random_weight(dtype, n, k, seed=n + k)
-        nbytes = sum(v.nbytes for v in comps.values())
-        w = upload_weight(dev, dtype, n, k, comps)
-        # bindings, not whole buffers: the arrays sit between guard regions (NaN words: as activations or as the
-        # row count they would time something else)
-        x = GpuArray.upload(dev, rng.standard_normal((t, k)).astype(np.float32)).binding
-        y = GpuArray.empty(dev, (t, n)).binding
-        step = GpuArray.upload(dev, np.array([t, 0, 0, 0], np.uint32)).binding
-        lin = Linear(lib, w, LinearIO(x, y, k, n, step, count_index=0, start_index=2), kernel=kernel[:4],
-                     tiles=(int(kernel.split("/t")[1]),) if "/t" in kernel else None)
+        w, io, nbytes = _random_problem(dev, rng, dtype, n, k, t)
+        lin = Linear(lib, w, io, kernel=kernel[:4], tiles=(int(kernel.split("/t")[1]),) if "/t" in kernel else None)
         ms = timed(dev, lambda c: lin.encode(c, t), args.reps)
         gbs = nbytes / ms / 1e6
         print(f"{kernel:7s} {dtype:4s} {n:6d}x{k:<5d} T={t:2d}: {ms:7.3f} ms  {gbs:6.2f} GB/s  "
