@@ -454,7 +454,7 @@ async function generate() {
     // (cpu_threads: what the last decode block ran on; with several Workers the engine runs each block on the count
     // its measured speed says, which the load-time "N threads" above cannot say)
     const split = pt ? ` · per token: GPU ${pt.read_wait_ms.toFixed(0)} ms, host ${(pt.python_ms + pt.js_upload_ms
-      + pt.js_submit_ms).toFixed(0)} ms` : ui.engine.info.backend === "cpu" && cpuStep
+      + pt.js_submit_ms + pt.between_steps_ms).toFixed(0)} ms` : ui.engine.info.backend === "cpu" && cpuStep
       ? ` · per step: CPU ${cpuStep.toFixed(1)} ms${nth ? ` on ${nth} thread${nth > 1 ? "s" : ""}` : ""}` : "";
     $("stats").textContent = `TTFT ${first ? (first - t0).toFixed(0) : "–"} ms · ${tps.toFixed(1)} tokens/s · ${n} tokens${split}`;
     msg.stats = `${n} tokens, ${tps.toFixed(1)} tokens/s`;

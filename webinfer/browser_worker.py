@@ -396,9 +396,11 @@ class PageWorker:
         fails with an AbortError. Returns this request's stats; host_ms_per_step is the engine-wide Python time per
         step while it ran."""
         req = json.loads(request_json)
+        emit, should_stop, ffi = _timed_calls(emit, should_stop)
         llm, rebuilt = await self.ensure_llm()
         runner = llm.engine.runner
         host_ms0, steps0, step_ms0 = getattr(runner, "host_ms", 0.0), llm.engine.steps, getattr(runner, "step_ms", 0.0)
+        between0 = llm.engine.between_s
         module_ms0 = getattr(runner, "module_ms", 0.0)
         dev = self.device if self.backend == "webgpu" else None
         dev0 = dict(dev.time_ms) if dev is not None else {}
@@ -422,26 +424,27 @@ class PageWorker:
             out_ids = [t for c in r["choices"] for t in c["token_ids"]]
             return {"response": r,
                     "stats": self._stats(llm, r["id"], out_ids, r["usage"], False, steps0, host_ms0, rebuilt,
-                                         dev, dev0, step_ms0, module_ms0)}
+                                         dev, dev0, step_ms0, module_ms0, ffi[0], between0)}
         stream = await llm.create(kind, req)
         ids: list[int] = []
         last, first, stopped = None, True, False
         try:
             async for c in stream:
                 if not c["choices"]:  # stream_options.include_usage: the usage-only chunk
-                    emit(json.dumps(c))
+                    emit(c)
                     continue
                 if as_chat:
                     c = _as_chat_chunk(c, first)
                 first = False
                 if first_token is None and dev is not None and c["choices"][0].get("token_ids"):
                     first_token = _time_split(dev, dev0, runner.host_ms - host_ms0, 1,
-                                              (time.perf_counter() - t_req) * 1e3)
+                                              (time.perf_counter() - t_req) * 1e3, ffi[0],
+                                              (llm.engine.between_s - between0) * 1e3)
                     first_token.update(steps=llm.engine.steps - steps0,
                                        pipelines_compiled=runner.lib.created_on_use - lazy0)
                 ids += c["choices"][0].get("token_ids") or []
                 last = c
-                emit(json.dumps(c))
+                emit(c)
                 if c["choices"][0]["finish_reason"] is None and should_stop():
                     stopped = True
                     break
@@ -452,19 +455,20 @@ class PageWorker:
         finally:
             await stream.aclose()  # aborts the engine request if it is still running
         if stopped:
-            emit(json.dumps({**last, "choices": [{**last["choices"][0], "delta": {}, "token_ids": [],
-                                                  "finish_reason": "abort"}]}))
+            emit({**last, "choices": [{**last["choices"][0], "delta": {}, "token_ids": [], "finish_reason": "abort"}]})
         stats = self._stats(llm, (last or {}).get("id"), ids, (last or {}).get("usage") or {}, stopped, steps0,
-                            host_ms0, rebuilt, dev, dev0, step_ms0, module_ms0)
+                            host_ms0, rebuilt, dev, dev0, step_ms0, module_ms0, ffi[0], between0)
         stats["first_token"] = first_token
         stats["deferred_pipelines"] = dict(self.deferred_stats)
         return stats
 
     def _stats(self, llm: LLM, rid, ids: list[int], usage: dict, stopped: bool, steps0: int, host_ms0: float,
-               rebuilt, dev=None, dev0=None, step_ms0: float = 0.0, module_ms0: float = 0.0) -> dict:
+               rebuilt, dev=None, dev0=None, step_ms0: float = 0.0, module_ms0: float = 0.0,
+               stream_ms: float = 0.0, between0: float = 0.0) -> dict:
         """A request's stats; dev, dev0: the browser device and its time counters when the request began; step_ms0:
         the CPU runner's summed step time then (cpu_ms_per_step: the wasm step, the CPU backend's per-step cost);
-        module_ms0: the part of it inside the module's calls."""
+        module_ms0: the part of it inside the module's calls; stream_ms: the request's time in emit and should_stop;
+        between0: the engine's between_s when the request began."""
         runner = llm.engine.runner
         tpot = usage.get("time_per_output_token_s")
         steps = llm.engine.steps - steps0
@@ -472,7 +476,8 @@ class PageWorker:
         if dev is not None and len(ids) > 1 and tpot:
             # per decoded token (prefill included: the split is over the whole request)
             split = _time_split(dev, dev0 or {}, getattr(runner, "host_ms", 0.0) - host_ms0, len(ids),
-                                (usage["ttft_s"] + tpot * (len(ids) - 1)) * 1e3)
+                                (usage["ttft_s"] + tpot * (len(ids) - 1)) * 1e3, stream_ms,
+                                (llm.engine.between_s - between0) * 1e3)
         return {"id": rid, "token_ids": ids, "completion_tokens": len(ids),
                 "prompt_tokens": usage.get("prompt_tokens"), "stopped": stopped,
                 "ttft_ms": usage["ttft_s"] * 1e3 if usage.get("ttft_s") is not None else None,
@@ -506,17 +511,45 @@ class PageWorker:
             self.device.device.destroy()  # not device.destroy(): that one marks the loss as intentional
 
 
-def _time_split(dev, dev0: dict, host_ms: float, n: int, wall_ms: float) -> dict:
+def _time_split(dev, dev0: dict, host_ms: float, n: int, wall_ms: float, stream_ms: float = 0.0,
+                between_ms: float = 0.0) -> dict:
     """Where wall_ms (n tokens' worth) went, per token: Python recording the steps (python_ms), the JS FFI calls
     that upload step data (js_upload_ms) and encode + submit (js_submit_ms), waiting for read-backs (read_wait_ms:
     map latency + the GPU's time + shaders compiled on first use, which SwiftShader cannot tell apart without
-    timestamp queries; load timings' readback_latency_ms is an empty read's), and the rest (other_ms: chat
-    template, tokenizer, event loop, worker messages). dev0: dev.time_ms at the start; host_ms: the runner's."""
-    d = {k: dev.time_ms[k] - dev0.get(k, 0.0) for k in ("submit", "read_wait", "write_buffer")}
+    timestamp queries; load timings' readback_latency_ms is an empty read's), the read-back's own JS calls
+    (js_read_ms: staging buffer, copy, submit, map, copy out, apart from the wait), the engine's host time between a
+    step's result and the next step (between_steps_ms: the scheduler, the sampled tokens through the API's
+    streams, the event loop's turns; engine.py between_s), and the rest (other_ms: the request's start and end,
+    the chat template, the tokenizer, the runner's time around its measured calls). stream_ms, the chunks'
+    JSON, emit's postMessage and the should_stop polls, is shown beside them, not in the sum: it runs between
+    steps or while a read-back is awaited. dev0: dev.time_ms at the start; host_ms: the runner's."""
+    d = {k: dev.time_ms[k] - dev0.get(k, 0.0) for k in ("submit", "read_wait", "read_calls", "write_buffer")}
     split = {"wall_ms": wall_ms / n, "python_ms": (host_ms - d["submit"] - d["write_buffer"]) / n,
-             "js_upload_ms": d["write_buffer"] / n, "js_submit_ms": d["submit"] / n, "read_wait_ms": d["read_wait"] / n}
+             "js_upload_ms": d["write_buffer"] / n, "js_submit_ms": d["submit"] / n, "read_wait_ms": d["read_wait"] / n,
+             "js_read_ms": d["read_calls"] / n, "between_steps_ms": between_ms / n}
     split["other_ms"] = max(0.0, split["wall_ms"] - sum(v for k, v in split.items() if k != "wall_ms"))
+    split["stream_ms"] = stream_ms / n
     return split
+
+
+def _timed_calls(emit: Callable[[str], None], should_stop: Callable[[], bool]):
+    """emit (a JS function in the page, taking a chunk's JSON) as emit(chunk dict), and should_stop, each adding its
+    milliseconds (the JSON included) to ms[0]."""
+    ms = [0.0]
+
+    def timed_emit(chunk: dict) -> None:
+        t0 = time.perf_counter()
+        emit(json.dumps(chunk))
+        ms[0] += (time.perf_counter() - t0) * 1e3
+
+    def timed_stop() -> bool:
+        t0 = time.perf_counter()
+        try:
+            return should_stop()
+        finally:
+            ms[0] += (time.perf_counter() - t0) * 1e3
+
+    return timed_emit, timed_stop, ms
 
 
 class AbortError(WebinferError):

@@ -70,6 +70,12 @@ def test_tiny_model_matches_native_and_works_offline(served, browser, tiny_packa
     want = _native_ids(tiny_package, prompt, n)
     assert r["ids"] == want and len(want) == n, (r["ids"], want)  # ignore_eos: exactly n ids, EOS or not
     print("tiny cold", json.dumps(r["info"]["timings"]), json.dumps(r["stats"]))
+    # the per-token split (browser_worker._time_split): every part measured, the chunks' hand-over included
+    pt = r["stats"]["per_token"]
+    assert set(pt) == {"wall_ms", "python_ms", "js_upload_ms", "js_submit_ms", "read_wait_ms", "js_read_ms",
+                       "between_steps_ms", "stream_ms", "other_ms"}, pt
+    assert min(pt["stream_ms"], pt["read_wait_ms"], pt["js_read_ms"], pt["between_steps_ms"]) > 0 and pt["other_ms"] >= 0, pt
+    assert sum(v for k, v in pt.items() if k not in ("wall_ms", "other_ms", "stream_ms")) <= pt["wall_ms"] * 1.001, pt
 
     # offline: the service worker serves the shell, Pyodide and wheels; the loader serves the shards
     page.wait_for_function("navigator.serviceWorker.controller !== null", timeout=30_000)

@@ -94,6 +94,8 @@ class AsyncEngine:
         self._task: asyncio.Task | None = None
         self.steps = 0
         self.blocks = 0                # decode blocks run (each batch.steps steps)
+        self.between_s = 0.0           # host time from a step's result to the next step's start (idle not counted)
+        self._step_end: float | None = None
         self.proposer_errors = 0       # proposer failures (the step went on without proposals)
         self.tokens_generated = 0
         self.requests_aborted = 0
@@ -189,6 +191,7 @@ class AsyncEngine:
     async def _steps(self) -> None:
         while True:
             if not self.scheduler.has_work():
+                self._step_end = None  # waiting for work is not host time between steps
                 self._wake.clear()
                 await self._wake.wait()
                 continue
@@ -199,6 +202,8 @@ class AsyncEngine:
                 await asyncio.sleep(0)
                 continue
             t0 = self.clock()
+            if self._step_end is not None:
+                self.between_s += t0 - self._step_end
             try:
                 sampled = await self.runner.execute(batch)
             except asyncio.CancelledError:
@@ -206,10 +211,11 @@ class AsyncEngine:
                 raise
             except Exception as e:  # one failing step must not kill the engine: fail only its requests
                 self._fail(self.scheduler.step_failed(), e, "the model failed in a step")
+                self._step_end = None
                 continue
             self.steps += batch.steps
             self.blocks += batch.steps > 1
-            now = self.clock()
+            now = self._step_end = self.clock()
             if all(len(c.token_ids) == 1 for c in batch.chunks):
                 dt = (now - t0) / batch.steps
                 self._step_s = dt if self._step_s is None else 0.8 * self._step_s + 0.2 * dt

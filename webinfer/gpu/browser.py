@@ -174,7 +174,7 @@ class BrowserDevice(Device):
         # and in the calls of a step: encoding through the JS FFI + queue.submit, and waiting for a read-back (map
         # latency + the GPU's time), split out per token by the page's stats (browser_worker.chat)
         self.time_ms = {"create_buffer": 0.0, "write_buffer": 0.0, "create_pipeline": 0.0, "submit": 0.0,
-                        "read_wait": 0.0, "create_pipeline_async": 0.0}
+                        "read_wait": 0.0, "read_calls": 0.0, "create_pipeline_async": 0.0}
         self.made_ahead = made_ahead   # JS Map "entry\0WGSL" -> pipeline created before Python ran (or None)
         self.created: list[dict] = []  # every pipeline asked for: {"code", "entry", "label"} (the page's record)
         self.made_ahead_hits = 0
@@ -348,6 +348,7 @@ class BrowserDevice(Device):
         if size == 0:
             self._check()
             return b""
+        t_all, waited = time.perf_counter(), 0.0
         o0 = offset - offset % 4  # copy ranges must be 4-byte aligned: widen, then slice
         n = align(offset + size - o0, 4)
         staging = self.device.createBuffer(size=n, usage=MAP_READ | COPY_DST, label="readback")
@@ -362,13 +363,16 @@ class BrowserDevice(Device):
                 self._check()
                 raise GPUError(f"reading back {n} bytes failed: {e}") from e
             finally:
-                self.time_ms["read_wait"] += (time.perf_counter() - t0) * 1e3
+                waited = (time.perf_counter() - t0) * 1e3
+                self.time_ms["read_wait"] += waited
             self._check()
             out = bytearray(n)
             self._js.Uint8Array.new(staging.getMappedRange()).assign_to(out)
             staging.unmap()
         finally:
             staging.destroy()
+            # the read's own JS calls (staging buffer, copy, submit, map, copy out), apart from the wait for the map
+            self.time_ms["read_calls"] += (time.perf_counter() - t_all) * 1e3 - waited
         return bytes(out[offset - o0: offset - o0 + size])
 
     async def read_timings(self, commands: Commands) -> list[tuple[str, float]]:
