@@ -226,8 +226,37 @@ const BY_ID_TIES = 1u;     // weight [key == tie] (kept), compares id < c      (
 const BY_KEY_MASS = 2u;    // weight e if kept, compares key >= c              (top-p value)
 const BY_ID_MASS = 3u;     // weight e if kept, compares id < c                (inverse CDF)
 
+// Element j's weight, added to the totals of the candidates it satisfies (a step of pass16).
+fn add16(a: Totals, j: u32, mode: u32, c0: vec4<u32>, c1: vec4<u32>, c2: vec4<u32>, c3: vec4<u32>, mx: f32,
+         inv_t: f32, tie: u32, ties_kept: bool) -> Totals {
+    let e = elem(j);
+    let i = e.x;
+    let l = bitcast<f32>(e.y);
+    let k = okey(l);
+    var w = 1.0;
+    var x = vec4<u32>(k);
+    if (mode == BY_ID_TIES) {
+        w = select(0.0, 1.0, k == tie && (!ties_kept || kept(k, i)));
+    } else if (mode != BY_KEY_COUNT) {
+        w = select(0.0, exp((l - mx) * inv_t), kept(k, i));
+    }
+    let wv = vec4<f32>(w);
+    let zero = vec4<f32>(0.0);
+    if (mode == BY_KEY_COUNT || mode == BY_KEY_MASS) {
+        return Totals(a.a + select(zero, wv, x >= c0), a.b + select(zero, wv, x >= c1),
+                      a.c + select(zero, wv, x >= c2), a.d + select(zero, wv, x >= c3));
+    }
+    x = vec4<u32>(i);
+    return Totals(a.a + select(zero, wv, x < c0), a.b + select(zero, wv, x < c1),
+                  a.c + select(zero, wv, x < c2), a.d + select(zero, wv, x < c3));
+}
+
 // One pass over the row: for the 16 candidates c_b = prefix | (b << shift), the total weight of the elements
 // that satisfy the mode's comparison. `tie` is the key whose ties BY_ID_TIES counts; ties_kept: only kept ones.
+// A lane visits its elements j, j + WG, j + 2 WG, ... four per loop iteration (the candidate loops below do the
+// same): llvmpipe ends a shader's loops after 65 535 iterations in all, per invocation (measured: two loops of
+// 40 000 ran 40 000 and 25 534 times), and ~21 passes over a long candidate list (Gemma 3's 262k vocabulary at a
+// high temperature) went past it at one element per iteration and sampled garbage.
 fn pass16(mode: u32, lid: u32, prefix: u32, shift: u32, mx: f32, inv_t: f32, tie: u32,
           ties_kept: bool) -> Totals {
     let sh = vec4<u32>(shift);
@@ -235,38 +264,40 @@ fn pass16(mode: u32, lid: u32, prefix: u32, shift: u32, mx: f32, inv_t: f32, tie
     let c1 = vec4<u32>(prefix) | (B1 << sh);
     let c2 = vec4<u32>(prefix) | (B2 << sh);
     let c3 = vec4<u32>(prefix) | (B3 << sh);
-    var a0 = vec4<f32>(0.0);
-    var a1 = vec4<f32>(0.0);
-    var a2 = vec4<f32>(0.0);
-    var a3 = vec4<f32>(0.0);
     let zero = vec4<f32>(0.0);
-    for (var j = lid; j < n_elems; j += WG) {
-        let e = elem(j);
-        let i = e.x;
-        let l = bitcast<f32>(e.y);
-        let k = okey(l);
-        var w = 1.0;
-        var x = vec4<u32>(k);
-        if (mode == BY_ID_TIES) {
-            w = select(0.0, 1.0, k == tie && (!ties_kept || kept(k, i)));
-        } else if (mode != BY_KEY_COUNT) {
-            w = select(0.0, exp((l - mx) * inv_t), kept(k, i));
-        }
-        let wv = vec4<f32>(w);
-        if (mode == BY_KEY_COUNT || mode == BY_KEY_MASS) {
-            a0 += select(zero, wv, x >= c0);
-            a1 += select(zero, wv, x >= c1);
-            a2 += select(zero, wv, x >= c2);
-            a3 += select(zero, wv, x >= c3);
-        } else {
-            x = vec4<u32>(i);
-            a0 += select(zero, wv, x < c0);
-            a1 += select(zero, wv, x < c1);
-            a2 += select(zero, wv, x < c2);
-            a3 += select(zero, wv, x < c3);
-        }
+    var a = Totals(zero, zero, zero, zero);
+    for (var j = lid; j < n_elems; j += 4u * WG) {
+        a = add16(a, j, mode, c0, c1, c2, c3, mx, inv_t, tie, ties_kept);
+        if (j + WG < n_elems) { a = add16(a, j + WG, mode, c0, c1, c2, c3, mx, inv_t, tie, ties_kept); }
+        if (j + 2u * WG < n_elems) { a = add16(a, j + 2u * WG, mode, c0, c1, c2, c3, mx, inv_t, tie, ties_kept); }
+        if (j + 3u * WG < n_elems) { a = add16(a, j + 3u * WG, mode, c0, c1, c2, c3, mx, inv_t, tie, ties_kept); }
     }
-    return sum16(a0, a1, a2, a3, lid);
+    return sum16(a.a, a.b, a.c, a.d, lid);
+}
+
+// candidate j's mass if it is kept, else 0 (adding 0.0 leaves a sum's bits as they are)
+fn kept_term(j: u32, mx: f32, inv_t: f32) -> f32 {
+    let e = elem(j);
+    let l = bitcast<f32>(e.y);
+    return select(0.0, exp((l - mx) * inv_t), kept(okey(l), e.x));
+}
+
+// this lane's sum of the kept candidates' masses, in the order j, j + WG, ... (as pass16 visits them)
+fn kept_mass(lid: u32, mx: f32, inv_t: f32) -> f32 {
+    var m = 0.0;
+    for (var j = lid; j < n_elems; j += 4u * WG) {
+        m += kept_term(j, mx, inv_t);
+        if (j + WG < n_elems) { m += kept_term(j + WG, mx, inv_t); }
+        if (j + 2u * WG < n_elems) { m += kept_term(j + 2u * WG, mx, inv_t); }
+        if (j + 3u * WG < n_elems) { m += kept_term(j + 3u * WG, mx, inv_t); }
+    }
+    return m;
+}
+
+// the largest kept id among this lane's candidates (0 if none)
+fn kept_last(j: u32) -> u32 {
+    let e = elem(j);
+    return select(0u, e.x, kept(okey(bitcast<f32>(e.y)), e.x));
 }
 
 const GE = 0u;  // candidate satisfies total >= goal
@@ -305,8 +336,14 @@ fn bucket(l: f32, mx: f32, inv_t: f32) -> u32 {
 // Copy every token whose bucket is at or above the cut-off to the candidate list and make the passes walk it.
 // The cut-off bucket: with top-k, the first whose cumulative count reaches top_k (the k-th largest logit lies in
 // it, so every token top-k keeps is at or above it); with top-p alone, the first whose cumulative mass reaches
-// top_p times the total mass, counting each token's mass rounded down to MASS_SHIFT fraction bits (a lower bound,
-// so the top-p prefix lies at or above that bucket; the 1e-5 margin covers f32 summation order).
+// top_p times the total mass, by a lower bound of each bucket's mass (so the top-p prefix lies at or above that
+// bucket; the 1e-5 margin covers f32 summation order). A bucket sums its tokens' masses relative to the bucket's
+// top, e * exp(b / BSCALE) in (0.88, 1], in fixed point with MASS_SHIFT fraction bits (rounded down), and the cut
+// search scales the sum back by exp(-b / BSCALE) less 0.01 % (4x what the f32 exps and sums can err the wrong
+// way, at WGSL's exp accuracy of 3 + 2|x| ULP for |x| <= 32): every token keeps
+// ~13+ significant bits however far below the max it lies. Summing e itself in fixed point (as before) counted
+// every token under 2^-MASS_SHIFT as 0: Gemma 3's 262k vocabulary (13 fraction bits) at T 0.7, top-p 0.95 then
+// never reached the goal and copied the whole vocabulary as candidates, 30 ms of sampling a token on lavapipe.
 // Returns the whole row's mass when top-k is off (else 0): the candidates hold only the top-p prefix and a bit
 // more. (A return value, not a private variable, so that Tint's uniformity analysis sees it is uniform.)
 fn compact_candidates(lid: u32, mx: f32, inv_t: f32, top_k: u32, use_k: bool, top_p: f32) -> f32 {
@@ -325,7 +362,7 @@ fn compact_candidates(lid: u32, mx: f32, inv_t: f32, top_k: u32, use_k: bool, to
             if (!use_k) {
                 let e = exp((l - mx) * inv_t);
                 m += e;
-                atomicAdd(&hmass[b], u32(e * scale));
+                atomicAdd(&hmass[b], u32(min(e * exp(f32(b) / BSCALE), 1.0) * scale));
             }
         } else if (!use_k) {
             m += exp((l - mx) * inv_t);
@@ -336,11 +373,11 @@ fn compact_candidates(lid: u32, mx: f32, inv_t: f32, top_k: u32, use_k: bool, to
     if (lid == 0u) {
         var cut = NB - 1u;
         var cnt = 0u;
-        var lo = 0u;
+        var lo = 0.0;
         for (var b = 0u; b < NB - 1u; b++) {
             cnt += atomicLoad(&hist[b]);
-            lo += atomicLoad(&hmass[b]);
-            if ((use_k && cnt >= top_k) || (!use_k && f32(lo) >= goal)) {
+            lo += f32(atomicLoad(&hmass[b])) * (0.9999 * exp(-f32(b) / BSCALE));
+            if ((use_k && cnt >= top_k) || (!use_k && lo >= goal)) {
                 cut = b;
                 break;
             }
@@ -580,13 +617,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     // mass of the tokens top-k keeps (all of them without top-k: then the histogram pass has summed it)
     var mass = vocab_mass;
     if (use_k) {
-        var m = 0.0;
-        for (var j = lid; j < n_elems; j += WG) {
-            let e = elem(j);
-            let l = bitcast<f32>(e.y);
-            if (kept(okey(l), e.x)) { m += exp((l - mx) * inv_t); }
-        }
-        mass = sum_f(m, lid);
+        mass = sum_f(kept_mass(lid, mx, inv_t), lid);
     }
 
     if (p.top_p < 1.0) {
@@ -610,13 +641,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         t2 = t;
         c2 = x;
-        var m = 0.0;
-        for (var j = lid; j < n_elems; j += WG) {
-            let e = elem(j);
-            let l = bitcast<f32>(e.y);
-            if (kept(okey(l), e.x)) { m += exp((l - mx) * inv_t); }
-        }
-        mass = sum_f(m, lid);
+        mass = sum_f(kept_mass(lid, mx, inv_t), lid);
     }
 
     // inverse CDF in id order: largest x with sum(kept, id < x) <= r, i.e. not > r; then x is the sampled id
@@ -627,9 +652,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     // rounding can leave x past the last kept id (r within an ulp of the total): take the last kept id then
     var last = 0u;
-    for (var j = lid; j < n_elems; j += WG) {
-        let e = elem(j);
-        if (kept(okey(bitcast<f32>(e.y)), e.x)) { last = max(last, e.x); }
+    for (var j = lid; j < n_elems; j += 4u * WG) {
+        last = max(last, kept_last(j));
+        if (j + WG < n_elems) { last = max(last, kept_last(j + WG)); }
+        if (j + 2u * WG < n_elems) { last = max(last, kept_last(j + 2u * WG)); }
+        if (j + 3u * WG < n_elems) { last = max(last, kept_last(j + 3u * WG)); }
     }
     let last_kept = max_u(last, lid);
     finish(row, p, min(x, last_kept), am, lid);

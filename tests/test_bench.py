@@ -102,3 +102,19 @@ def test_hf_peer_runs_the_folder_the_package_was_packed_from(tiny_package):
     assert res["decode_tok_s"] > 0
     assert (res["device"], res["dtype"]) == (("cpu", "float32") if not torch.cuda.is_available() else
                                              (torch.cuda.get_device_name(0), "bfloat16"))
+
+
+def test_sampling_bench_times_every_config_and_checks_ids(tiny_package, tmp_path):
+    """`python -m webinfer_packager.bench.sampling`: the sampler's time per configuration on a package's logits,
+    A/B against another sample.wgsl (here the same file: the two sides must agree on every id), each id checked
+    against the reference sampler."""
+    from webinfer.kernels.library import load_source
+    from webinfer_packager.bench import sampling
+
+    other = tmp_path / "sample.wgsl"
+    other.write_text(load_source("sample"))
+    res = sampling.run(str(tiny_package), 1, str(other))
+    assert [c["config"] for c in res["configs"]] == [name for name, _ in sampling.CONFIGS]
+    for c in res["configs"]:
+        assert c["ms"]["this"] > 0 and c["ms"]["other"] > 0
+        assert c["ids"]["this"] != "WRONG" and c["same_ids"], c

@@ -142,6 +142,26 @@ def test_candidate_cutoff_edges_vocab_49152(gpu_f32, lib):
     _check_rows(gpu_f32, lib, lg, rows, max_unsure=len(rows) // 4)
 
 
+def test_top_p_on_a_262k_vocabulary(gpu_f32, lib):
+    """Gemma 3's vocabulary (262,144: 13 fraction bits for the histogram's fixed-point masses). With a long tail
+    of tokens far below the max, summing each token's own mass in fixed point counted the tail as 0, top-p 0.95
+    never reached its goal and the whole vocabulary became candidates: ~21 passes of 4096 elements a lane, past
+    llvmpipe's 65 535 loop iterations per invocation, and lavapipe sampled id 0 every time. The bound is now taken
+    relative to each bucket, and the candidate passes visit four elements per loop iteration, so a near-1 top-p
+    or a high temperature (a long candidate list) stays within that budget too. Exact ids vs the reference."""
+    rng = np.random.default_rng(262)
+    V = 262144
+    lg = np.empty((2, V), np.float32)
+    lg[0] = rng.standard_normal(V) * 2.5 - 40.0  # real logits' shape: a few strong tokens over a long tail
+    lg[0, rng.integers(0, V, 60)] += rng.uniform(4.0, 9.0, 60).astype(np.float32)
+    lg[1] = rng.standard_normal(V) * 4 - 40.0  # broader: T 2, top-p 0.99 keeps 165k of the tokens
+    rows = []
+    for i, (t, p) in enumerate([(0.7, 0.95), (1.0, 0.95), (0.7, 0.9999), (2.0, 0.99), (1.0, 0.5)]):
+        for row in range(2):
+            rows += [SampleRow(row, t, 0, p, seed=7 + i, index=j) for j in range(2)]
+    _check_rows(gpu_f32, lib, lg, rows, max_unsure=4)  # 3 of these 20 draws land within 1e-5 of a CDF step
+
+
 def test_more_rows_than_out_ids_is_rejected(gpu_f32, lib):
     s = GpuSampler(lib, 257)
     gl = GpuArray.upload(gpu_f32, np.zeros((2, 257), np.float32))
