@@ -79,7 +79,8 @@ def generate_ids(package, prompt_ids: list[int], max_tokens: int, *, runner, ign
     from webinfer.package import Package
 
     pkg = package if isinstance(package, Package) else Package.open(package)
-    llm = llm_for(pkg, runner, EngineOptions(max_seqs=1, max_batch_tokens=runner.max_tokens))
+    # the GPU model's step capacity; the reference runner has none (numpy takes any step)
+    llm = llm_for(pkg, runner, EngineOptions(max_seqs=1, max_batch_tokens=getattr(runner, "max_tokens", 64)))
 
     async def main():
         try:
