@@ -20,6 +20,9 @@ order): two files, since the device tool brings back at most 8.
     ksplit   the decode GEMV's lanes per row group (gemv.wgsl KSPLIT: 1, 8, 32) A/B at 4096x4096 and SmolLM2's
              shapes beside the copy kernel, and a decode step of the model at each (`bench.gemv --ksplit`): the
              engine's default on a real GPU (8) is reasoned from coalescing and occupancy, this checks it
+    sampling the GPU sampler's time per row with and without its argmax scan (`bench.sampling --no-scan`), on a
+             synthetic 262k-token row (Gemma 3's vocabulary) and on the model's 49k: one 64-lane workgroup walking a
+             whole row is latency-bound on a GPU; the scan spreads the first pass over a workgroup per 4096 logits
     tests    the GPU tests that need no real model, browser or oracle, on this adapter (CI=true: fail, not skip)
     cpu      `webinfer bench --backend cpu --quick` (the wasm engine on this machine's CPU, wasmtime; with 4+ cores also
              4, 8, 16 threads: threads.more_threads)
@@ -122,6 +125,21 @@ def stage_ksplit(work: Path, args) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def stage_sampling(work: Path, args) -> dict:
+    m = json.loads((work / "model.json").read_text())
+    out = {}
+    for name, extra in (("vocab_262144", []), ("model", ["--model", m["package"]])):
+        r = subprocess.run([sys.executable, "-m", "webinfer_packager.bench.sampling", "--no-scan", "--reps",
+                            "3" if args.quick else "7", "--json", *extra], cwd=ROOT,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                           timeout=(args.limit - 10) / 2)
+        print(r.stdout + r.stderr)
+        if r.returncode:
+            raise SystemExit(f"bench.sampling exited {r.returncode}")
+        out[name] = json.loads(r.stdout.strip().splitlines()[-1])
+    return out
+
+
 def stage_cpu(work: Path, args) -> dict:
     m = json.loads((work / "model.json").read_text())
     r = subprocess.run([sys.executable, "-m", "webinfer_packager.cli.main", "bench", m["package"], "--backend", "cpu",
@@ -130,7 +148,8 @@ def stage_cpu(work: Path, args) -> dict:
 
 
 STAGES = {"env": (stage_env, 60), "model": (stage_model, 120), "bench": (stage_bench, 300),
-          "ksplit": (stage_ksplit, 120), "tests": (stage_tests, 240), "cpu": (stage_cpu, 180)}
+          "ksplit": (stage_ksplit, 120), "sampling": (stage_sampling, 90), "tests": (stage_tests, 240),
+          "cpu": (stage_cpu, 180)}
 
 
 def main() -> int:

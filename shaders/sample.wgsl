@@ -1,4 +1,5 @@
-// Token sampling on the GPU, so that only token ids come back to the host. One workgroup per row.
+// Token sampling on the GPU, so that only token ids come back to the host. One workgroup per row; for a big
+// vocabulary a scan dispatch first takes each 4096-logit chunk's argmax in a workgroup of its own (SCAN, below).
 //
 // Per-row controls, applied first (rows without them read the logits as they are and pay nothing):
 //   l_i -> l_i / rep (l_i > 0) or l_i * rep (l_i <= 0)  if token i occurred (prompt or output): repetition penalty
@@ -63,22 +64,94 @@ struct RowParams {
 const NONE = 0xffffffffu;
 const LPW = 42u;  // logprob words per row: sampled logprob, n, then n x (id, logprob)
 
+// per row r, at r * (VOCAB + PV) of the scratch buffer `cand`: candidates [0, n): (id, logit bits), ids ascending;
+// then from VOCAB on the processed logits (PV = ceil(VOCAB / 2) entries, two f32 bit patterns each), or, for a
+// row without controls under CHUNKS, the scan's (key, id) of each chunk
+const PV: u32 = (u32(VOCAB) + 1u) / 2u;
+
+var<workgroup> red_u: array<u32, WG>;
+var<workgroup> red_i: array<u32, WG>;
+var<workgroup> res_u: u32;
+var<workgroup> res_i: u32;
+
+// -inf, built at run time: WGSL rejects a constant expression whose value is infinite (Tint: "value -inf cannot be
+// represented as 'f32'"), so the bit pattern sits in a private variable and is bitcast when read.
+var<private> neg_inf_bits: u32 = 0xff800000u;
+
+fn neg_inf() -> f32 {
+    return bitcast<f32>(neg_inf_bits);
+}
+
+// Order-preserving map f32 -> u32: a < b  <=>  okey(a) < okey(b) (for non-NaN values).
+fn okey(x: f32) -> u32 {
+    let b = bitcast<u32>(x);
+    return select(b | 0x80000000u, ~b, (b & 0x80000000u) != 0u);
+}
+
+// (largest key, lowest id among equal keys) over the workgroup's lanes
+fn argmax2(key: u32, id: u32, lid: u32) -> vec2<u32> {
+    red_u[lid] = key;
+    red_i[lid] = id;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if (lid < s) {
+            let k2 = red_u[lid + s];
+            let i2 = red_i[lid + s];
+            if (k2 > red_u[lid] || (k2 == red_u[lid] && i2 < red_i[lid])) {
+                red_u[lid] = k2;
+                red_i[lid] = i2;
+            }
+        }
+        workgroupBarrier();
+    }
+    if (lid == 0u) {
+        res_u = red_u[0];
+        res_i = red_i[0];
+    }
+    return vec2<u32>(workgroupUniformLoad(&res_u), workgroupUniformLoad(&res_i));
+}
+
+fn argmax(key: u32, id: u32, lid: u32) -> u32 {
+    return argmax2(key, id, lid).y;
+}
+
+#ifdef SCAN
+// The scan (a separate dispatch before the sampler, for big vocabularies: kernels/sampling.py SCAN_MIN_VOCAB):
+// workgroup (c, row) takes the argmax of the row's raw logits [c * CHUNK, (c + 1) * CHUNK) (NaN as -inf, as the
+// sampler reads them) and writes its (key, lowest id) at cand[row * (VOCAB + PV) + VOCAB + c]. The sampler then
+// reduces CHUNKS pairs instead of VOCAB logits: the same argmax (the largest key, the lowest id among equal keys,
+// whatever the grouping), computed by CHUNKS workgroups instead of one.
+@group(0) @binding(0) var<storage, read> logits: array<f32>;
+@group(0) @binding(1) var<storage, read> params: array<RowParams>;
+@group(0) @binding(2) var<storage, read_write> cand: array<vec2<u32>>;
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let lb = params[wid.y].logit_row * VOCAB;
+    let i1 = min((wid.x + 1u) * CHUNK, VOCAB);
+    var bk = 0u;
+    var bi = NONE;
+    for (var i = wid.x * CHUNK + lid; i < i1; i += WG) {
+        let v = logits[lb + i];
+        let k = okey(select(neg_inf(), v, v >= neg_inf()));
+        if (k > bk || bi == NONE) { bk = k; bi = i; }  // ids ascend within an invocation: first wins ties
+    }
+    let best = argmax2(bk, bi, lid);
+    if (lid == 0u) {
+        cand[wid.y * (VOCAB + PV) + VOCAB + wid.x] = best;
+    }
+}
+#else
 @group(0) @binding(0) var<storage, read> logits: array<f32>;
 @group(0) @binding(1) var<storage, read> params: array<RowParams>;
 @group(0) @binding(2) var<storage, read_write> out_ids: array<u32>;
-// per row r, at r * (VOCAB + PV): candidates [0, n): (id, logit bits), ids ascending; then from VOCAB on the
-// processed logits (PV = ceil(VOCAB / 2) entries, two f32 bit patterns each)
 @group(0) @binding(3) var<storage, read_write> cand: array<vec2<u32>>;
 @group(0) @binding(4) var<storage, read> aux: array<u32>;                // token masks and logit_bias entries
 @group(0) @binding(5) var<storage, read_write> counts: array<u32>;       // [slot * VOCAB + id]
 @group(0) @binding(6) var<storage, read_write> logprobs: array<u32>;     // [row * LPW + ...]
 
 var<workgroup> red_f: array<f32, WG>;
-var<workgroup> red_u: array<u32, WG>;
-var<workgroup> red_i: array<u32, WG>;
 var<workgroup> res_f: f32;
-var<workgroup> res_u: u32;
-var<workgroup> res_i: u32;
 var<workgroup> red4: array<vec4<f32>, 4 * WG>;
 var<workgroup> res4: array<vec4<f32>, 4>;
 var<workgroup> hist: array<atomic<u32>, NB>;
@@ -92,15 +165,6 @@ var<private> n_elems: u32 = 0u;  // candidates in it
 var<private> use_proc: bool = false;  // read the processed logits instead of the input row
 var<private> thr: f32 = 0.0;  // min_p: logits below thr count as -inf (set in main)
 
-const PV: u32 = (u32(VOCAB) + 1u) / 2u;
-
-// -inf, built at run time: WGSL rejects a constant expression whose value is infinite (Tint: "value -inf cannot be
-// represented as 'f32'"), so the bit pattern sits in a private variable and is bitcast when read.
-var<private> neg_inf_bits: u32 = 0xff800000u;
-
-fn neg_inf() -> f32 {
-    return bitcast<f32>(neg_inf_bits);
-}
 
 // logit i of this row as sampling sees it: the controls applied, then the min_p threshold
 fn lg(i: u32) -> f32 {
@@ -116,12 +180,6 @@ fn lg(i: u32) -> f32 {
 // candidate j of this row: (id, logit bits)
 fn elem(j: u32) -> vec2<u32> {
     return cand[cbase + j];
-}
-
-// Order-preserving map f32 -> u32: a < b  <=>  okey(a) < okey(b) (for non-NaN values).
-fn okey(x: f32) -> u32 {
-    let b = bitcast<u32>(x);
-    return select(b | 0x80000000u, ~b, (b & 0x80000000u) != 0u);
 }
 
 fn fkey(k: u32) -> f32 {
@@ -160,26 +218,6 @@ fn max_u(v: u32, lid: u32) -> u32 {
     }
     if (lid == 0u) { res_u = red_u[0]; }
     return workgroupUniformLoad(&res_u);
-}
-
-// (largest key, lowest id among equal keys) of the row
-fn argmax(key: u32, id: u32, lid: u32) -> u32 {
-    red_u[lid] = key;
-    red_i[lid] = id;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (lid < s) {
-            let k2 = red_u[lid + s];
-            let i2 = red_i[lid + s];
-            if (k2 > red_u[lid] || (k2 == red_u[lid] && i2 < red_i[lid])) {
-                red_u[lid] = k2;
-                red_i[lid] = i2;
-            }
-        }
-        workgroupBarrier();
-    }
-    if (lid == 0u) { res_i = red_i[0]; }
-    return workgroupUniformLoad(&res_i);
 }
 
 // the kept set: key > t1, or key == t1 with id <= c1 (top-k); and the same with (t2, c2) (top-p)
@@ -574,10 +612,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 
     var bk = 0u;
     var bi = 0xffffffffu;
+#ifdef CHUNKS
+    if (!use_proc) {  // the scan's (key, id) per chunk; chunks ascend within an invocation: first wins ties
+        for (var j = lid; j < CHUNKS; j += WG) {
+            let e = cand[pbase + j];
+            if (e.x > bk || bi == 0xffffffffu) { bk = e.x; bi = e.y; }
+        }
+    } else {
+#endif
     for (var i = lid; i < VOCAB; i += WG) {
         let k = okey(lg(i));
         if (k > bk || bi == 0xffffffffu) { bk = k; bi = i; }  // ids ascend within an invocation: first wins ties
     }
+#ifdef CHUNKS
+    }
+#endif
     let am = argmax(bk, bi, lid);
     if (p.temperature <= 0.0 || p.top_k == 1u) {
         finish(row, p, am, am, lid);
@@ -661,3 +710,4 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let last_kept = max_u(last, lid);
     finish(row, p, min(x, last_kept), am, lid);
 }
+#endif

@@ -76,6 +76,24 @@ def test_greedy_matches_argmax_with_ties(gpu_f32, lib, vocab):
     check_op(_sample(gpu_f32, lib, logits, rows), ref, 0, 0, "argmax")
 
 
+def test_big_vocabularies_scan_before_sampling(gpu_f32, lib):
+    """From SCAN_MIN_VOCAB tokens on, a scan dispatch (one workgroup per SCAN_CHUNK logits) takes each chunk's
+    argmax before the sampler: two dispatches, chunks = ceil(vocab / SCAN_CHUNK); below it, one. The ids it gives
+    are checked by the tests at 49152, 50001 and 262144 (ties at the max spread over every chunk)."""
+    from webinfer.kernels.sampling import SCAN_CHUNK, SCAN_MIN_VOCAB
+
+    for vocab, chunks in [(3000, 0), (SCAN_MIN_VOCAB - 1, 0), (SCAN_MIN_VOCAB, 4), (50001, 13), (262144, 64)]:
+        s = GpuSampler(lib, vocab)
+        assert s.chunks == chunks and -(-vocab // SCAN_CHUNK) >= chunks, vocab
+        out = GpuArray.empty(gpu_f32, (2,), np.uint32)
+        b = s.bind(GpuArray.empty(gpu_f32, (2, vocab)).binding, GpuArray.empty(gpu_f32, (2, 16), np.uint32).binding,
+                   out.binding)
+        cmds = gpu_f32.commands()
+        s.encode(cmds, b, 2)
+        grids = [op[3:6] for op in cmds.ops if op[0] == "dispatch"]
+        assert grids == ([(chunks, 2, 1)] if chunks else []) + [(2, 1, 1)], (vocab, grids)
+
+
 def test_sampled_ids_match_reference_inverse_cdf(gpu_f32, lib):
     rng = np.random.default_rng(0)
     V = 3000

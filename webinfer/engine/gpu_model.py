@@ -23,7 +23,8 @@ One step, T tokens of any mix of prefill chunks and decode tokens (rows of every
 Decode rows (GEMV) read r itself and recompute the RMSNorm inside the kernel (gemv.wgsl NORM: cheap at these
 widths), so a decode step has no norm dispatches, and (head_dim % 16 == 0) the attention decode kernel applies
 RoPE and writes the step's K/V itself: 1 + 5 per layer (qkv, attention, o, gate_up, down; + the attention reduce
-when a context passes one split, 128 positions) + 3 (final norm, LM head, sampling). A step with
+when a context passes one split, 128 positions) + 3 (final norm, LM head, sampling; + the sampler's argmax scan
+for vocabularies of 16,384 tokens or more: kernels/sampling.py SCAN_MIN_VOCAB). A step with
 prefill chunks adds the two norms, a GEMM dispatch per matrix and the prefill attention kernel. Unfused q/k/v or
 gate/up add one dispatch per matrix: they stay unfused when their formats differ (a Q4_K_M file mixes q4k, q6k,
 q5_0 and q8 per tensor) or the fused weight would not fit one binding.

@@ -45,6 +45,13 @@ _ROW = "<4I2f4I4f2I"
 _MASK = 0xFFFFFFFF
 NONE = 0xFFFFFFFF
 PROMPT_BIT = 0x80000000  # in a counts slot: the token occurs in the prompt (repetition_penalty)
+# The scan (sample.wgsl SCAN): for a vocabulary of SCAN_MIN_VOCAB tokens or more, one workgroup per SCAN_CHUNK
+# logits takes the argmax of its chunk in a dispatch before the sampler, which then reduces the chunks' results
+# instead of walking the whole row in one workgroup (on a GPU, a 64-lane workgroup reading 262k logits is latency-
+# bound: the first pass of every row, and the only one of a greedy row). Same ids (an argmax does not depend on the
+# grouping); one more dispatch a step, so small vocabularies (the test models) keep the one dispatch.
+SCAN_CHUNK = 4096
+SCAN_MIN_VOCAB = 4 * SCAN_CHUNK
 
 
 @dataclass(frozen=True)
@@ -228,6 +235,7 @@ class SamplerBinding:
     group: Any
     rows: int
     candidates: Any  # the scratch buffer
+    scan: Any = None  # the scan's bind group (vocabularies of SCAN_MIN_VOCAB or more)
 
 
 def _bound_bytes(b) -> int:
@@ -239,9 +247,15 @@ def _bound_bytes(b) -> int:
 class GpuSampler:
     def __init__(self, lib, vocab: int, label: str = "sample"):
         self.lib, self.vocab, self.label = lib, vocab, label
+        self.chunks = -(-vocab // SCAN_CHUNK) if vocab >= SCAN_MIN_VOCAB else 0
         # MASS_SHIFT: fraction bits of the fixed-point bucket masses (vocab tokens of mass <= 1 fit in a u32)
-        self.pipeline = lib.pipeline("sample", defines={"VOCAB": f"{vocab}u", "ID_BITS": f"{vocab.bit_length()}i",
-                                                        "MASS_SHIFT": f"{32 - vocab.bit_length()}u"}, use_f16=False)
+        defines = {"VOCAB": f"{vocab}u", "ID_BITS": f"{vocab.bit_length()}i", "MASS_SHIFT": f"{32 - vocab.bit_length()}u"}
+        self.scan = None
+        if self.chunks:
+            defines["CHUNKS"] = f"{self.chunks}u"
+            self.scan = lib.pipeline("sample", defines={"VOCAB": f"{vocab}u", "SCAN": 1, "CHUNK": f"{SCAN_CHUNK}u"},
+                                     use_f16=False)
+        self.pipeline = lib.pipeline("sample", defines=defines, use_f16=False)
 
     def bind(self, logits, params, out_ids, aux=None, counts=None, logprobs=None) -> SamplerBinding:
         """logits: f32 [rows, vocab]; params: ROW_BYTES per row; out_ids: u32 per row; aux: the packed masks and
@@ -259,13 +273,16 @@ class GpuSampler:
         cand = dev.create_buffer(nbytes, STORAGE, label=f"{self.label}.candidates")
         spare = [dev.create_buffer(16, STORAGE, label=f"{self.label}.unused") if b is None else b
                  for b in (aux, counts, logprobs)]
+        scan = dev.create_bind_group(self.scan, [logits, params, cand]) if self.scan is not None else None
         return SamplerBinding(dev.create_bind_group(self.pipeline, [logits, params, out_ids, cand, *spare]), rows,
-                              cand)
+                              cand, scan)
 
     def encode(self, cmds, binding: SamplerBinding, n_rows: int) -> None:
         if n_rows > binding.rows:
             raise ValueError(f"sampling: {n_rows} rows, but out_ids holds {binding.rows}")
         if n_rows > 0:
+            if self.scan is not None:
+                cmds.dispatch(self.scan, binding.scan, self.chunks, n_rows, 1, f"{self.label}.scan")
             cmds.dispatch(self.pipeline, binding.group, n_rows, 1, 1, self.label)
 
 

@@ -3,6 +3,8 @@
 Run: XDG_RUNTIME_DIR=/tmp/xdg python -m webinfer_packager.bench.sampling [--model PKG] [--reps 5] [--json]
      ... --wgsl OLD.wgsl: A/B against another sample.wgsl (e.g. `git show REV:shaders/sample.wgsl > OLD.wgsl`),
      the two alternating round by round; the fastest round of each is reported, and whether their ids agree.
+     ... --no-scan: A/B against this sampler without its argmax scan (kernels/sampling.py SCAN_MIN_VOCAB: one
+     dispatch, the argmax in the sampler's own workgroup), for a vocabulary that has one.
 Logits: with --model, the package's logits after a short prompt (one decode step on the native device); else a
 synthetic 262,144-token row shaped like real ones (a few strong tokens over a long tail). Every sampled id is also
 checked against the reference sampler's inverse CDF (`ok` / `WRONG`; draws within 1e-5 of a CDF step: `unsure`).
@@ -20,7 +22,7 @@ from tests.gpu.check_op import GpuArray
 from webinfer.gpu.native import request_device_sync
 from webinfer.kernels.library import KernelLibrary, load_source
 from webinfer.kernels.preprocess import preprocess
-from webinfer.kernels.sampling import GpuSampler, SampleRow, pack_rows, uniform
+from webinfer.kernels.sampling import SCAN_CHUNK, GpuSampler, SampleRow, pack_rows, uniform
 from webinfer_packager.reference.model import Sampler
 
 CONFIGS = [("greedy", {}), ("T 1", dict(temperature=1.0)), ("T 0.7 top-k 40", dict(temperature=0.7, top_k=40)),
@@ -57,18 +59,36 @@ def _expected(lg: np.ndarray, row: SampleRow) -> tuple[int, bool]:
 
 
 def _sampler(lib, vocab: int, wgsl: str | None) -> GpuSampler:
+    """This tree's sampler, or (wgsl) the same built from another sample.wgsl: with its scan where that file has one
+    (sample.wgsl SCAN), else as one dispatch."""
     s = GpuSampler(lib, vocab)
     if wgsl:
-        defs = lib.standard_defines(False)
-        defs.update({"VOCAB": f"{vocab}u", "ID_BITS": f"{vocab.bit_length()}i",
-                     "MASS_SHIFT": f"{32 - vocab.bit_length()}u"})
-        code = lib.device.wgsl_enables(False, "SUBGROUPS" in defs) + preprocess(open(wgsl).read(), defs, load_source,
-                                                                              "sample")
-        s.pipeline = lib.device.create_pipeline(code, label="sample.other")
+        src = open(wgsl).read()
+
+        def compile_(defines: dict, label: str):
+            defs = lib.standard_defines(False)
+            defs.update(defines)
+            code = lib.device.wgsl_enables(False, "SUBGROUPS" in defs) + preprocess(src, defs, load_source, "sample")
+            return lib.device.create_pipeline(code, label=label)
+
+        base = {"VOCAB": f"{vocab}u", "ID_BITS": f"{vocab.bit_length()}i", "MASS_SHIFT": f"{32 - vocab.bit_length()}u"}
+        if s.chunks and "#ifdef SCAN" in src:
+            s.pipeline = compile_({**base, "CHUNKS": f"{s.chunks}u"}, "sample.other")
+            s.scan = compile_({"VOCAB": f"{vocab}u", "SCAN": 1, "CHUNK": f"{SCAN_CHUNK}u"}, "sample.other.scan")
+        else:
+            s.pipeline, s.scan = compile_(base, "sample.other"), None
     return s
 
 
-def run(model: str | None, reps: int, wgsl: str | None) -> dict:
+def _without_scan(lib, vocab: int) -> GpuSampler:
+    s = GpuSampler(lib, vocab)
+    s.chunks, s.scan = 0, None
+    s.pipeline = lib.pipeline("sample", defines={"VOCAB": f"{vocab}u", "ID_BITS": f"{vocab.bit_length()}i",
+                                                 "MASS_SHIFT": f"{32 - vocab.bit_length()}u"}, use_f16=False)
+    return s
+
+
+def run(model: str | None, reps: int, wgsl: str | None, no_scan: bool = False) -> dict:
     dev = request_device_sync(limits="browser", timestamps=True)
     lib = KernelLibrary(dev)
     lg = model_logits(dev, model) if model else synthetic_logits()
@@ -76,6 +96,9 @@ def run(model: str | None, reps: int, wgsl: str | None) -> dict:
     sides = {"this": _sampler(lib, vocab, None)}
     if wgsl:
         sides["other"] = _sampler(lib, vocab, wgsl)
+    elif no_scan:
+        sides["other"] = _without_scan(lib, vocab)
+    wgsl = wgsl or ("(no scan)" if no_scan else None)
     logits = GpuArray.upload(dev, lg.reshape(1, vocab))
     out = {"device": dev.info.name, "vocab": vocab, "logits": model or "synthetic", "configs": []}
     print(f"{dev.info.name}; vocab {vocab} ({out['logits']}); fastest of {reps} rounds, ms per row")
@@ -115,9 +138,10 @@ def main() -> None:
     ap.add_argument("--model", help="a package: sample its logits after a short prompt (default: synthetic 262k)")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--wgsl", help="another sample.wgsl to time beside this one")
+    ap.add_argument("--no-scan", action="store_true", help="time this sampler without its argmax scan beside it")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-    res = run(a.model, a.reps, a.wgsl)
+    res = run(a.model, a.reps, a.wgsl, a.no_scan)
     if a.json:
         print(json.dumps(res))
 
