@@ -245,17 +245,19 @@ def _bound_bytes(b) -> int:
 
 
 class GpuSampler:
-    def __init__(self, lib, vocab: int, label: str = "sample"):
+    def __init__(self, lib, vocab: int, label: str = "sample", scan: bool = True):
+        """scan=False: no argmax scan whatever the vocabulary (bench.sampling's A/B)."""
         self.lib, self.vocab, self.label = lib, vocab, label
-        self.chunks = -(-vocab // SCAN_CHUNK) if vocab >= SCAN_MIN_VOCAB else 0
+        self.chunks = -(-vocab // SCAN_CHUNK) if scan and vocab >= SCAN_MIN_VOCAB else 0
         # MASS_SHIFT: fraction bits of the fixed-point bucket masses (vocab tokens of mass <= 1 fit in a u32)
-        defines = {"VOCAB": f"{vocab}u", "ID_BITS": f"{vocab.bit_length()}i", "MASS_SHIFT": f"{32 - vocab.bit_length()}u"}
-        self.scan = None
+        self.defines = {"VOCAB": f"{vocab}u", "ID_BITS": f"{vocab.bit_length()}i",
+                        "MASS_SHIFT": f"{32 - vocab.bit_length()}u"}
+        self.scan_defines = None
         if self.chunks:
-            defines["CHUNKS"] = f"{self.chunks}u"
-            self.scan = lib.pipeline("sample", defines={"VOCAB": f"{vocab}u", "SCAN": 1, "CHUNK": f"{SCAN_CHUNK}u"},
-                                     use_f16=False)
-        self.pipeline = lib.pipeline("sample", defines=defines, use_f16=False)
+            self.defines["CHUNKS"] = f"{self.chunks}u"
+            self.scan_defines = {"VOCAB": f"{vocab}u", "SCAN": 1, "CHUNK": f"{SCAN_CHUNK}u"}
+        self.scan = lib.pipeline("sample", defines=self.scan_defines, use_f16=False) if self.chunks else None
+        self.pipeline = lib.pipeline("sample", defines=self.defines, use_f16=False)
 
     def bind(self, logits, params, out_ids, aux=None, counts=None, logprobs=None) -> SamplerBinding:
         """logits: f32 [rows, vocab]; params: ROW_BYTES per row; out_ids: u32 per row; aux: the packed masks and

@@ -22,8 +22,9 @@ from tests.gpu.check_op import GpuArray
 from webinfer.gpu.native import request_device_sync
 from webinfer.kernels.library import KernelLibrary, load_source
 from webinfer.kernels.preprocess import preprocess
-from webinfer.kernels.sampling import SCAN_CHUNK, GpuSampler, SampleRow, pack_rows, uniform
+from webinfer.kernels.sampling import GpuSampler, SampleRow, pack_rows, uniform
 from webinfer_packager.reference.model import Sampler
+from webinfer_packager.reference.runner import inverse_cdf
 
 CONFIGS = [("greedy", {}), ("T 1", dict(temperature=1.0)), ("T 0.7 top-k 40", dict(temperature=0.7, top_k=40)),
            ("T 0.7 top-p 0.95", dict(temperature=0.7, top_p=0.95)), ("T 1 top-p 0.9", dict(temperature=1.0, top_p=0.9)),
@@ -50,41 +51,31 @@ def synthetic_logits(vocab: int = 262144) -> np.ndarray:
 
 
 def _expected(lg: np.ndarray, row: SampleRow) -> tuple[int, bool]:
+    """(the reference's id, whether f32 cannot land on another one: 1e-5 or more from a CDF step)."""
     if row.temperature == 0:
         return int(np.argmax(lg)), True
-    p = Sampler(row.temperature, row.top_k, row.top_p).probs(lg.astype(np.float64))
-    cdf = np.cumsum(p)
-    x = uniform(row.seed, row.index) * cdf[-1]
-    return min(int(np.searchsorted(cdf, x, side="right")), len(p) - 1), np.min(np.abs(cdf[p > 0] - x)) >= 1e-5
+    i, gap = inverse_cdf(Sampler(row.temperature, row.top_k, row.top_p).probs(lg.astype(np.float64)),
+                         uniform(row.seed, row.index))
+    return i, gap >= 1e-5
 
 
-def _sampler(lib, vocab: int, wgsl: str | None) -> GpuSampler:
-    """This tree's sampler, or (wgsl) the same built from another sample.wgsl: with its scan where that file has one
-    (sample.wgsl SCAN), else as one dispatch."""
-    s = GpuSampler(lib, vocab)
-    if wgsl:
-        src = open(wgsl).read()
+def _sampler(lib, vocab: int, wgsl: str | None = None, scan: bool = True) -> GpuSampler:
+    """This tree's sampler (scan=False: without its argmax scan), or (wgsl) the same built from another sample.wgsl,
+    with its scan where that file has one (sample.wgsl SCAN)."""
+    if not wgsl:
+        return GpuSampler(lib, vocab, scan=scan)
+    src = open(wgsl).read()
+    s = GpuSampler(lib, vocab, scan="#ifdef SCAN" in src)
 
-        def compile_(defines: dict, label: str):
-            defs = lib.standard_defines(False)
-            defs.update(defines)
-            code = lib.device.wgsl_enables(False, "SUBGROUPS" in defs) + preprocess(src, defs, load_source, "sample")
-            return lib.device.create_pipeline(code, label=label)
+    def compile_(defines: dict, label: str):
+        defs = lib.standard_defines(False)
+        defs.update(defines)
+        code = lib.device.wgsl_enables(False, "SUBGROUPS" in defs) + preprocess(src, defs, load_source, "sample")
+        return lib.device.create_pipeline(code, label=label)
 
-        base = {"VOCAB": f"{vocab}u", "ID_BITS": f"{vocab.bit_length()}i", "MASS_SHIFT": f"{32 - vocab.bit_length()}u"}
-        if s.chunks and "#ifdef SCAN" in src:
-            s.pipeline = compile_({**base, "CHUNKS": f"{s.chunks}u"}, "sample.other")
-            s.scan = compile_({"VOCAB": f"{vocab}u", "SCAN": 1, "CHUNK": f"{SCAN_CHUNK}u"}, "sample.other.scan")
-        else:
-            s.pipeline, s.scan = compile_(base, "sample.other"), None
-    return s
-
-
-def _without_scan(lib, vocab: int) -> GpuSampler:
-    s = GpuSampler(lib, vocab)
-    s.chunks, s.scan = 0, None
-    s.pipeline = lib.pipeline("sample", defines={"VOCAB": f"{vocab}u", "ID_BITS": f"{vocab.bit_length()}i",
-                                                 "MASS_SHIFT": f"{32 - vocab.bit_length()}u"}, use_f16=False)
+    s.pipeline = compile_(s.defines, "sample.other")
+    if s.scan is not None:
+        s.scan = compile_(s.scan_defines, "sample.other.scan")
     return s
 
 
@@ -94,10 +85,8 @@ def run(model: str | None, reps: int, wgsl: str | None, no_scan: bool = False) -
     lg = model_logits(dev, model) if model else synthetic_logits()
     vocab = lg.size
     sides = {"this": _sampler(lib, vocab, None)}
-    if wgsl:
-        sides["other"] = _sampler(lib, vocab, wgsl)
-    elif no_scan:
-        sides["other"] = _without_scan(lib, vocab)
+    if wgsl or no_scan:
+        sides["other"] = _sampler(lib, vocab, wgsl, scan=False)
     wgsl = wgsl or ("(no scan)" if no_scan else None)
     logits = GpuArray.upload(dev, lg.reshape(1, vocab))
     out = {"device": dev.info.name, "vocab": vocab, "logits": model or "synthetic", "configs": []}

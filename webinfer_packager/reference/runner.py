@@ -23,6 +23,15 @@ from webinfer.kernels.sampling import uniform
 from webinfer_packager.reference.model import ReferenceModel, Sampler
 
 
+def inverse_cdf(p: np.ndarray, u: float) -> tuple[int, float]:
+    """The GPU sampler's draw from probabilities p [V] at u in [0, 1): the smallest id whose cumulative mass passes
+    u * total; and how far u * total lies from the nearest CDF step (under ~1e-5 the shader's f32 sums may land on
+    the other side)."""
+    cdf = np.cumsum(p)
+    x = u * cdf[-1]
+    return int(min(np.searchsorted(cdf, x, side="right"), p.size - 1)), float(np.min(np.abs(cdf[p > 0] - x)))
+
+
 def sample(logits: np.ndarray, temperature: float, top_p: float, top_k: int, seed: int, sample_index: int, *,
            min_p: float = 0.0, logit_bias=(), mask: bytes | None = None, frequency_penalty: float = 0.0,
            presence_penalty: float = 0.0, repetition_penalty: float = 1.0, prompt_ids=(), output_ids=(),
@@ -41,10 +50,7 @@ def sample(logits: np.ndarray, temperature: float, top_p: float, top_k: int, see
     if temperature == 0.0:
         tok = int(np.argmax(logits))
     else:
-        p = sm.probs(logits)                                              # [V]
-        cdf = np.cumsum(p)
-        u = uniform(seed, sample_index)
-        tok = int(min(np.searchsorted(cdf, u * cdf[-1], side="right"), p.size - 1))
+        tok = inverse_cdf(sm.probs(logits), uniform(seed, sample_index))[0]
     if logprobs is None:
         return tok
     lsm, top = Sampler.logprobs(logits, logprobs)                         # [V], [k]
