@@ -1668,22 +1668,23 @@ static void radix_sort(u32 *ka, u32 *va, u32 *kb, u32 *vb, u32 n) {
     }
 }
 
-// The sampler's head: a logit l with x = (l - max) / T below HEAD_X has expf_(x) < 0.94 * 2^-24. Sorted by logit
-// (descending), every such term comes after the max's, exactly 1, so the running mass is >= 1 and adding one
-// rounds back to the same float (less than half an ulp of it): the mass of any sorted prefix that reaches past the
-// head equals the head's own, bit for bit. So top-p, whose cut lies inside the head when top_p < 1, needs only the
-// head sorted (a few to a few thousand ids of a 262k vocabulary, measured on Gemma 3 at T 0.7), not the vocabulary.
+// The sampler's head: the ids with x = (l - max) / T >= HEAD_X (expf_(x) >= ~2^-24). Top-p's cut (the shortest
+// prefix, by logit descending, whose mass reaches top_p of the kept mass) lies inside it unless the ids below it
+// hold more than 1 - top_p of that mass, so draw() sorts the head alone (a few to a few thousand ids of a 262k
+// vocabulary, measured on Gemma 3 at T 0.7) and sorts every id only when the head's walk ends short of the goal.
 #define HEAD_X (-16.7f)
 static u32 sort_all;  // tests (wi_test_sort_all): draw() sorts every id and sums every term (TINY_X), the rule as
                       // written, to compare with
 
-// A term expf_(x) with x below TINY_X is < 2^-124, under half an ulp of any sum >= 2^-100: added to such a sum it
-// rounds back to the same float. Summing in id order (draw() with every id kept, logprobs_top's log-sum-exp), the
-// sum passes 2^-100 at the max's term (exactly 1) at the latest, so from there such terms are skipped, bit for bit
-// the same sums, without expf_'s subnormal multiplies (slow on x86 cores) for them (docs/cpu-backend.md "Tiny
-// terms").
+// The sampler's sums are doubles: in float, a sum over a 262k vocabulary rounds away every term under half an ulp
+// of the running sum, and at T 1.5 a quarter of Gemma 3's tokens lie there (7.8 % of the mass below p = 1e-5):
+// draws landed hundreds of ids from the reference's (docs/cpu-backend.md "The sampler's sums"). A term expf_(x)
+// with x below TINY_X is < 2^-124, under half an ulp of any double >= 2^-60: added to such a sum it rounds back to
+// the same double. Summing in id order (draw() with every id kept, logprobs_top's log-sum-exp), the sum passes
+// 2^-60 at the max's term (exactly 1) at the latest, so from there such terms are skipped, bit for bit the same
+// sums, without expf_'s subnormal multiplies (slow on x86 cores) for them (docs/cpu-backend.md "Tiny terms").
 #define TINY_X (-87.0f)
-INLINE int tiny_term(float x, float sum) { return x < TINY_X && sum >= 0x1p-100f && !sort_all; }
+INLINE int tiny_term(float x, double sum) { return x < TINY_X && sum >= 0x1p-60 && !sort_all; }
 
 // x[0..3] = (l[i] - mx) * inv_t and t[0..3] = expf_(x[i]) for the lanes with x in [TINY_X, 0], 4 at a time, bit for
 // bit expf_'s arithmetic (there 2^n is a normal f32); the other lanes' t is 0, for the caller to take from expf_ or
@@ -1695,11 +1696,12 @@ INLINE void terms4(const float *l, float mx, float inv_t, float *x, float *t) {
     wasm_v128_store(t, wasm_v128_and(exp4_normal(wasm_v128_and(v, in)), in));  // (other lanes: exp(0), dropped)
 }
 
-// The running sum of every id's term expf_((l[i] - mx) * inv_t) in id order, as one term at a time would give it
-// (tiny_term skipped): the mass (r < 0), or the first id at which it exceeds r (vocab - 1 if none: r within rounding
-// of the total; *id answers)
-static float sum_terms(const float *l, u32 vocab, float mx, float inv_t, float r, u32 *id) {
-    float c = 0.0f, x[4] __attribute__((aligned(16))), t[4] __attribute__((aligned(16)));
+// The running sum (a double) of every id's term expf_((l[i] - mx) * inv_t) in id order, as one term at a time
+// would give it (tiny_term skipped): the mass (r < 0), or the first id at which it exceeds r (vocab - 1 if none: r
+// within rounding of the total; *id answers)
+static double sum_terms(const float *l, u32 vocab, float mx, float inv_t, double r, u32 *id) {
+    double c = 0.0;
+    float x[4] __attribute__((aligned(16))), t[4] __attribute__((aligned(16)));
     u32 i = 0;
     for (; i + 4 <= vocab && !sort_all; i += 4) {  // (tests: sort_all sums one term at a time, every term)
         terms4(l + i, mx, inv_t, x, t);
@@ -1709,13 +1711,13 @@ static float sum_terms(const float *l, u32 vocab, float mx, float inv_t, float r
                 t[j] = expf_(x[j]);
             }
             c += t[j];
-            if (r >= 0.0f && c > r) { *id = i + j; return c; }
+            if (r >= 0.0 && c > r) { *id = i + j; return c; }
         }
     }
     for (; i < vocab; i++) {
         float xi = (l[i] - mx) * inv_t;
         if (!tiny_term(xi, c)) c += expf_(xi);
-        if (r >= 0.0f && c > r) { *id = i; return c; }
+        if (r >= 0.0 && c > r) { *id = i; return c; }
     }
     *id = vocab - 1;
     return c;
@@ -1734,9 +1736,9 @@ static u32 argmax_okey(const float *l, u32 vocab) {
 // The GPU sampler's rule (webinfer/kernels/sampling.py, sample.wgsl) on processed logits l: greedy = argmax, lowest
 // id on ties; else temperature -> min_p (logits below max + T ln(min_p) -> -inf) -> top-k (logit descending, id
 // ascending) -> top-p (shortest prefix of that order whose mass reaches top_p of the kept mass) -> inverse CDF in id
-// order at u * mass, u = uniform(seed, index). proc: where min_p writes (may be l: the kept logits stay as they
-// are). scratch: 17 bytes x vocab (+ 16). With top-k or top-p, only the head (HEAD_X) is sorted where that gives
-// the whole sort's kept set and sums: top_p < 1, or top-k within the head; else every id (the same result).
+// order at u * mass, u = uniform(seed, index); every sum a double (above). proc: where min_p writes (may be l: the
+// kept logits stay as they are). scratch: 17 bytes x vocab (+ 16). Top-k within the head, or a top-p cut inside it,
+// sorts only the head (HEAD_X); else every id (the same result).
 static u32 draw(const float *l, u32 vocab, const SampleParams *p, u8 *scratch, float *proc) {
     u32 best = argmax_okey(l, vocab);
     if (greedy(p)) return best;
@@ -1746,12 +1748,11 @@ static u32 draw(const float *l, u32 vocab, const SampleParams *p, u8 *scratch, f
         for (u32 i = 0; i < vocab; i++) proc[i] = l[i] >= thr ? l[i] : bits_f32(0xff800000u);
         l = proc;
     }
-    float u = (float)(pcg(pcg(p->seed) + p->index) >> 8) * (1.0f / 16777216.0f);
+    double u = (double)(pcg(pcg(p->seed) + p->index) >> 8) * (1.0 / 16777216.0);
     int use_k = p->top_k > 0 && p->top_k < vocab;
-    float mass = 0.0f, c = 0.0f, r;
-    if (!use_k && p->top_p >= 1.0f) {  // every id kept (a tiny term leaves the mass, and c, as they are)
-        u32 id;
-        mass = sum_terms(l, vocab, mx, inv_t, -1.0f, &id);
+    u32 id;
+    if (!use_k && p->top_p >= 1.0f) {  // every id kept
+        double mass = sum_terms(l, vocab, mx, inv_t, -1.0, &id);
         sum_terms(l, vocab, mx, inv_t, u * mass, &id);
         return id;
     }
@@ -1763,30 +1764,41 @@ static u32 draw(const float *l, u32 vocab, const SampleParams *p, u8 *scratch, f
         if (x >= HEAD_X) { ka[h] = ~okey(l[i]); ia[h++] = i; }
         else all |= x != x;  // a NaN (or an infinite max): sort everything
     }
-    if (all || (use_k && p->top_k > h && p->top_p >= 1.0f)) {  // top-k past the head: its order matters
-        for (u32 i = 0; i < vocab; i++) { ka[i] = ~okey(l[i]); ia[i] = i; }
-        h = vocab;
-    }
-    radix_sort(ka, ia, kb, ib, h);
-    u32 n = use_k && p->top_k < h ? p->top_k : h;  // (past the head, top-k's extra ids add nothing to the mass)
-    if (p->top_p < 1.0f) {
-        for (u32 j = 0; j < n; j++) mass += expf_((l[ia[j]] - mx) * inv_t);
-        float goal = p->top_p * mass;
+    all |= use_k && p->top_k > h;  // top-k past the head: its order matters
+    // top-p's goal: top_p x the mass of the ids it chooses among (every id's without top-k, in id order)
+    double goal = !use_k && p->top_p < 1.0f ? (double)p->top_p * sum_terms(l, vocab, mx, inv_t, -1.0, &id) : 0.0;
+    u32 n;
+    for (;;) {
+        if (all) {
+            for (u32 i = 0; i < vocab; i++) { ka[i] = ~okey(l[i]); ia[i] = i; }
+            h = vocab;
+        }
+        radix_sort(ka, ia, kb, ib, h);
+        n = use_k && p->top_k < h ? p->top_k : h;
+        if (!(p->top_p < 1.0f)) break;
+        if (use_k) {  // (top-k's k ids are all sorted here)
+            double kept = 0.0;
+            for (u32 j = 0; j < n; j++) kept += expf_((l[ia[j]] - mx) * inv_t);
+            goal = (double)p->top_p * kept;
+        }
+        double c = 0.0;
         u32 j = 0;
         while (j < n) {
-            c += expf_((l[ia[j]] - mx) * inv_t);
-            j++;
+            c += expf_((l[ia[j++]] - mx) * inv_t);
             if (c >= goal) break;
         }
-        n = j;
-        mass = 0.0f;
-        c = 0.0f;
+        if (c >= goal || all) {  // (every id sorted: the walk reaches the goal but for rounding, or a NaN)
+            n = j;
+            break;
+        }
+        all = 1;  // the ids below the head hold more than 1 - top_p of the mass: the cut lies among them
     }
     // the kept ids (the first n) in id order: the draw walks them so
     for (u32 j = 0; j < n; j++) kb[j] = ib[j] = ia[j];
     radix_sort(kb, ib, ka, ia, n);
+    double mass = 0.0, c = 0.0;
     for (u32 j = 0; j < n; j++) mass += expf_((l[kb[j]] - mx) * inv_t);
-    r = u * mass;
+    double r = u * mass;
     for (u32 j = 0; j < n; j++) {
         c += expf_((l[kb[j]] - mx) * inv_t);
         if (c > r) return kb[j];
@@ -1801,12 +1813,13 @@ static u32 draw(const float *l, u32 vocab, const SampleParams *p, u8 *scratch, f
 static float logprobs_top(const float *l, u32 vocab, u32 n, u32 *lp) {
     u32 mk = okey(l[0]);
     for (u32 i = 1; i < vocab; i++) mk = okey(l[i]) > mk ? okey(l[i]) : mk;
-    float mx = bits_f32(mk & 0x80000000u ? mk & 0x7fffffffu : ~mk), m = 0.0f;
+    float mx = bits_f32(mk & 0x80000000u ? mk & 0x7fffffffu : ~mk);
+    double m = 0.0;
     for (u32 i = 0; i < vocab; i++) {
         float x = l[i] - mx;
         if (!tiny_term(x, m)) m += expf_(x);
     }
-    float lse = mx + logf_(m);
+    float lse = mx + logf_((float)m);
     n = n < 20 ? n : 20;
     n = n < vocab ? n : vocab;
     u32 tk[20], ti[20], cnt = 0;
@@ -2041,63 +2054,29 @@ INLINE float f32_below(double d) {
     return f == 0.0f ? bits_f32(0x80000001u) : bits_f32(f > 0.0f ? b - 1 : b + 1);
 }
 
-// A sampled row that keeps every id: temperature alone (no min_p, top-p or top-k)
-INLINE int temp_alone(const SampleParams *p, u32 vocab) {
-    return !greedy(p) && !(p->min_p > 0.0f) && !(p->top_p < 1.0f) && !(p->top_k > 0 && p->top_k < vocab);
-}
-
-// For a temperature-alone row whose logits row y holds exact values at and above `cut` (head_cut; the max among
-// them) and upper bounds below it: J, an id past which draw()'s running mass is >= 1 before every term. The sum of
-// the terms of y >= cut alone, in id order and with draw()'s own arithmetic, is a lower bound of draw()'s running
-// mass at every id (the other terms are >= 0 and a rounded sum is monotone in its terms), and it reaches 1 at the
-// max's id at the latest. 0 when the cut is NaN (the second pass then made every row exact).
-static u32 head_prefix(const float *y, u32 vocab, float cut, float temperature) {
-    if (cut != cut) return 0;
-    float mx = y[argmax_okey(y, vocab)], inv_t = 1.0f / temperature, h = 0.0f;
-    for (u32 i = 0; i < vocab; i++)
-        if (y[i] >= cut) {
-            h += expf_((y[i] - mx) * inv_t);
-            if (h >= 1.0f) return i + 1;
-        }
-    return vocab;
-}
-
 // The two-pass LM head's cut for one sampled row ("The LM head in two passes"): its second pass computes exactly
 // every group with a row at or above it, the others keep their bounds y = v + B >= e, and sample_row must draw the
 // one-pass head's id from that row. L: the largest v - B (<= the exact maximum mx). NaN: the row needs every logit
 // exact (then the step runs the one-pass head); a NaN L gives NaN (every group again).
 // - greedy: L. A row left out has e <= y < L <= mx: neither the argmax nor tied with it.
-// - min_p: fl(L + c), c = fl(ln(min_p) T) as draw() rounds it (c <= 0). A row left out has e <= y < fl(L + c) <=
-//   fl(mx + c), draw()'s threshold (rounding is monotone): -inf after min_p from either value.
-// - top_p < 1: L + HEAD_X (1 + 2^-8) T, rounded down. A row left out has y - mx < HEAD_X (1 + 2^-8) T, so x = (y -
-//   mx) / T < HEAD_X after draw()'s roundings, and the same from e <= y: outside the sampler's head (draw()), where
-//   neither its value nor its place in the order reaches the kept set or the sums.
-//   With min_p as well, the larger of the two cuts: a row left out by either is -inf or outside the head both ways.
+// - min_p (with or without top-k / top-p): fl(L + c), c = fl(ln(min_p) T) as draw() rounds it (c <= 0). A row left
+//   out has e <= y < fl(L + c) <= fl(mx + c), draw()'s threshold (rounding is monotone): -inf after min_p from
+//   either value, a term of 0 in every sum.
 // - top-k alone (topk_alone): C, a value at least k logits reach (head_topk_floor). A row left out has e <= y < C
-//   <= the k-th largest logit: not among the top k nor tied with the k-th, and its bound y sorts below all of them
+//   <= the k-th largest logit: not among the top k nor tied with the k-th, and its bound sorts below all of them
 //   too, so draw() keeps the same k ids, every one exact. (The callers give C = NaN for any other row.)
-// - temperature alone (temp_alone: every id kept): top-p's cut, and every id below the row's head_prefix exact too
-//   (a third pass): draw() sums every term in id order, and past that prefix its running mass is >= 1, where a term
-//   from outside the head (< 0.94 * 2^-24, from y or from e) rounds away: the same mass, the same walk.
-INLINE float head_cut(const SampleParams *p, u32 vocab, float L, float C) {
+// - top-p without min_p, or temperature alone: NaN. Their sums take every id's term (top-p's goal is a fraction of
+//   the whole mass), and a double sum feels the smallest of them.
+INLINE float head_cut(const SampleParams *p, float L, float C) {
     float T = p->temperature, nan = __builtin_nanf("");
     if (L != L) return nan;
     if (greedy(p)) return L;
     if (!(T < 1e30f && 1.0f / T < 1e30f)) return nan;
-    float cut = -__builtin_inff();
-    int some = 0;
     if (p->min_p > 0.0f) {
         float c = logf_(p->min_p) * p->temperature;
-        if (!(c <= 0.0f)) return nan;  // min_p > 1 (the API refuses it)
-        cut = L + c;
-        some = 1;
+        return c <= 0.0f ? L + c : nan;  // (min_p > 1: the API refuses it)
     }
-    if (p->top_p < 1.0f || temp_alone(p, vocab)) {
-        float h = f32_below((double)L + (double)(HEAD_X * 1.00390625f) * (double)T);
-        cut = h > cut ? h : cut;
-        some = 1;
-    }
-    return some ? cut : C;
+    return p->top_p < 1.0f ? nan : C;
 }
 
 // A row sampled with top-k alone (1 < k < vocab, no min_p, top_p 1): its two passes cut at head_topk_floor
@@ -2137,7 +2116,7 @@ static float head_topk_floor(const float *y, u32 n, u32 k, float bmax) {
 INLINE int head_row_ok(const SampleParams *p, u32 vocab) {
     float C = topk_alone(p, vocab) ? 0.0f : __builtin_nanf("");
     return p->mask_off == NONE && p->bias_n == 0 && p->n_logprobs == NONE && p->freq == 0.0f && p->pres == 0.0f &&
-           p->rep == 1.0f && head_cut(p, vocab, 0.0f, C) == head_cut(p, vocab, 0.0f, C);
+           p->rep == 1.0f && head_cut(p, 0.0f, C) == head_cut(p, 0.0f, C);
 }
 
 // Whether the model and step allow the two passes: an exact packed head without a final soft-cap (whose rounding
@@ -2183,9 +2162,8 @@ static u32 count_ge(const float *y, u32 n, float cut) {
 
 // head_band for the step's sampled rows (thread 0, before sampling: min_p may write over the logits). cuts: each
 // row's cut where the step took two passes (its logits row then holds bounds below the cut), else NULL: the cut at
-// the row's exact maximum (top-k alone: k / vocab). Greedy rows and rows the two passes do not take count 0. A
-// temperature-alone row counts its head_prefix as well (pre: each row's, where the step took two passes).
-static void head_band_update(const Model *m, const Step *s, const float *cuts, const u32 *pre) {
+// the row's exact maximum (top-k alone: k / vocab). Greedy rows and rows the two passes do not take count 0.
+static void head_band_update(const Model *m, const Step *s, const float *cuts) {
     if (!head_step_ok(m, s) || !(m->head_wide > 0.0f)) return;  // (0: no sampled row takes two passes)
     for (u32 j = 0; j < s->n_sampled; j++) {
         const SampleParams *p = s->params + j;
@@ -2200,10 +2178,9 @@ static void head_band_update(const Model *m, const Step *s, const float *cuts, c
         if (!cuts) {
             float mx = y[0];
             for (u32 i = 1; i < m->vocab; i++) mx = y[i] > mx ? y[i] : mx;
-            cut = head_cut(p, m->vocab, mx, __builtin_nanf(""));
+            cut = head_cut(p, mx, __builtin_nanf(""));
         }
-        u32 J = !temp_alone(p, m->vocab) ? 0 : cuts ? pre[j] : head_prefix(y, m->vocab, cut, p->temperature);
-        head_band[j] = (float)(J + count_ge(y + J, m->vocab - J, cut)) / (float)m->vocab;
+        head_band[j] = (float)count_ge(y, m->vocab, cut) / (float)m->vocab;
     }
 }
 
@@ -2391,7 +2368,6 @@ static void step_body(const Ctx *c, const Model *m, const Step *s) {
         rmsnorm(r + s->sample_rows[j] * d, d, m->norm, c->xs + j * d, d, 1, d, m->eps);
     int two = two_pass_head(m, s);
     float cuts[HEAD_ROWS];  // the two passes: each row's cut
-    u32 pre[HEAD_ROWS];     // and its head_prefix (temperature alone; else 0)
     if (two) {  // the first pass on this thread's rows; its lower bounds where every thread reads them
         u32 n0, n1;
         share(c, m->vocab, &n0, &n1);
@@ -2424,29 +2400,12 @@ static void step_body(const Ctx *c, const Model *m, const Step *s) {
                 C = oc != oc || C != C ? __builtin_nanf("") : oc > C ? oc : C;  // (each thread's C holds globally)
             }
 #endif
-            cuts[j] = head_cut(s->params + j, m->vocab, L, C);
+            cuts[j] = head_cut(s->params + j, L, C);
             head_pass(m->lm_head, c->xs + j * d, m->logits + j * m->vocab, c->work, n0, n1, 0, cuts[j], 0);
         }
         SYNC();
-        // The third pass: a temperature-alone row's ids below its head_prefix J, exact (each thread its share).
-        // Every thread finds the same J while others may already rewrite rows below it: a row >= the cut is
-        // rewritten with its own bits, one below it stays below (e <= y < cut).
-        int third = 0;
-        for (u32 j = 0; j < s->n_sampled; j++) {
-            const SampleParams *p = s->params + j;
-            float *y = m->logits + j * m->vocab;
-            pre[j] = temp_alone(p, m->vocab) ? head_prefix(y, m->vocab, cuts[j], p->temperature) : 0;
-            third |= pre[j] > 0;
-        }
-        if (third) {
-            for (u32 j = 0; j < s->n_sampled; j++)
-                if (pre[j] > n0)
-                    head_pass(m->lm_head, c->xs + j * d, m->logits + j * m->vocab, c->work, n0,
-                              pre[j] < n1 ? pre[j] : n1, 0, __builtin_nanf(""), 0);
-            SYNC();
-        }
     }
-    if (t0) head_band_update(m, s, two ? cuts : 0, pre);
+    if (t0) head_band_update(m, s, two ? cuts : 0);
     if (t0)
         for (u32 j = 0; j < s->n_sampled; j++)
             s->out_ids[j] = sample_row(m->logits + j * m->vocab, m->vocab, s->params + j, s->aux, s->counts,
@@ -2559,10 +2518,8 @@ EXPORT(wi_head_two_pass) u32 wi_head_two_pass(const Weight *w, const float *x, f
                                               const SampleParams *p) {
     float bmax = 0.0f, L = head_pass(w, x, y, scratch, 0, w->n, 1, 0.0f, &bmax);
     float C = p && topk_alone(p, w->n) ? head_topk_floor(y, w->n, p->top_k, bmax) : __builtin_nanf("");
-    float cut = p ? head_cut(p, w->n, L, C) : L;
+    float cut = p ? head_cut(p, L, C) : L;
     head_pass(w, x, y, scratch, 0, w->n, 0, cut, 0);
-    u32 J = p && temp_alone(p, w->n) ? head_prefix(y, w->n, cut, p->temperature) : 0;
-    if (J) head_pass(w, x, y, scratch, 0, J, 0, __builtin_nanf(""), 0);
     u32 best = 0;
     for (u32 i = 1; i < w->n; i++)
         if (okey(y[i]) > okey(y[best])) best = i;
@@ -2620,10 +2577,9 @@ EXPORT(wi_softmax_exp) void wi_softmax_exp(const float *x, float *y, u32 n, floa
 
 // counts, logprobs: as the Step's (0: none)
 EXPORT(wi_test_sort_all) void wi_test_sort_all(u32 on) { sort_all = on; }
-EXPORT(wi_test_head_x) float wi_test_head_x(void) { return HEAD_X; }
 EXPORT(wi_test_tiny_x) float wi_test_tiny_x(void) { return TINY_X; }
 // tests: draw()'s sum of every id's term (sum_terms): the mass (r < 0) or the walk's id at r (into *id)
-EXPORT(wi_test_sum_terms) float wi_test_sum_terms(const float *l, u32 vocab, float mx, float inv_t, float r, u32 *id) {
+EXPORT(wi_test_sum_terms) double wi_test_sum_terms(const float *l, u32 vocab, float mx, float inv_t, double r, u32 *id) {
     return sum_terms(l, vocab, mx, inv_t, r, id);
 }
 EXPORT(wi_test_head_band) float wi_test_head_band(u32 j) { return j < HEAD_ROWS ? head_band[j] : -1.0f; }

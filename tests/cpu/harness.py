@@ -88,24 +88,11 @@ def topk_alone(top_k: int, top_p: float, min_p: float) -> bool:
     return top_k > 1 and top_p >= 1 and not min_p
 
 
-def temp_alone(top_k: int, top_p: float, min_p: float, vocab: int) -> bool:
-    """kernels.c temp_alone: a sampled row that keeps every id (no min_p, top-p or top-k)."""
-    return not (0 < top_k < vocab) and top_p >= 1 and not min_p
-
-
-def read_by_draw(exact: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float,
-                 head_x: float) -> np.ndarray:
-    """Which of a sampled row's logits draw() reads exactly (kernels.c head_cut): min_p's kept ones, top-p's head
-    (head_x: kernels.c HEAD_X, wi_test_head_x), with top-k alone the top k, and with temperature alone the head and
-    every id before the one where the running mass (in id order, the max's term 1) reaches 1 (float64 here, a
-    hair early: the set draw()'s f32 sum needs is at least this one)."""
-    alone = temp_alone(top_k, top_p, min_p, len(exact))
-    if topk_alone(top_k, top_p, min_p) and not alone:
+def read_by_draw(exact: np.ndarray, temperature: float, top_k: int, top_p: float, min_p: float) -> np.ndarray:
+    """Which of a sampled row's logits the two-pass LM head must leave exact (kernels.c head_cut): min_p's kept
+    ones, with top-k alone the top k, else every one (top-p's goal and temperature alone's mass take every term)."""
+    if topk_alone(top_k, top_p, min_p) and top_k < len(exact):
         return exact >= np.sort(exact)[-top_k]
-    cut = max(temperature * np.log(min_p) if min_p else -np.inf,
-              temperature * head_x if top_p < 1 or alone else -np.inf)
-    read = exact >= exact.max() + cut
-    if alone:
-        mass = np.cumsum(np.exp((exact.astype(np.float64) - exact.max()) / temperature))
-        read[: int(np.argmax(mass >= 1.0 - 1e-6))] = True
-    return read
+    if min_p:
+        return exact >= exact.max() + temperature * np.log(min_p)
+    return np.ones(exact.shape, bool)

@@ -147,22 +147,26 @@ def test_two_pass_head_leaves_each_drawn_logit_exact(tiny_llama, variant, thread
     """kernels.c's LM head in two passes (exact mode, runner.full_logits off): each sampled row's id and its group
     of 4 carry the full head's bits, every other entry is the exact logit or an upper bound of it (not a logit:
     logits() refuses to read it), and the ids are those of full logits; one greedy row, then three greedy
-    sequences together (three rows), then five rows sampled with top-p, min_p, both, top-k alone and temperature
-    alone (their cuts: head_cut; temperature alone's mass prefix: head_prefix), on 1-3 threads (every thread merges
-    the threads' lower bounds and top-k floors and runs the second and third passes on its share)."""
+    sequences together (three rows), then four rows sampled with min_p, min_p and top-p, top-k alone and min_p with
+    top-k (their cuts: head_cut), on 1-3 threads (every thread merges the threads' lower bounds and top-k floors
+    and runs the second pass on its share). A step with a row sampled with top-p alone or temperature alone takes
+    the one-pass head: every logit exact (their sums take every id's term)."""
     r = _runner(tiny_llama, variant=variant, threads=threads, max_seqs=5)
     V = r.vocab_size
-    head_x = r.host.call("wi_test_head_x")  # draw(): a logit below max + head_x T adds nothing to a top-p draw
     try:
         steps = [[SeqChunk(0, [5, 17, 200, 33], 0, [1, 2], True)],
                  [SeqChunk(i, p, 0, [3 + 2 * i, 4 + 2 * i], True) for i, p in enumerate(([42], [7, 8, 9], [250, 3]))],
                  [SeqChunk(i, p, 0, [3 + 2 * i, 4 + 2 * i], True, seed=i + 3, sample_index=5, **kw)
-                  for i, (p, kw) in enumerate((([42, 9], dict(temperature=0.1, top_p=0.9)),  # (the model's
+                  for i, (p, kw) in enumerate((([42, 9], dict(temperature=0.3, min_p=0.4)),  # (the model's
                                                ([7, 8, 9], dict(temperature=0.5, min_p=0.3)),  # logits: std ~1)
                                                ([250, 3], dict(temperature=0.6, top_p=0.8, min_p=0.2)),
                                                ([11, 12], dict(temperature=1.5, top_k=12)),
-                                               ([30, 31], dict(temperature=0.1))))]]
-        for chunks in steps:
+                                               ([30, 31], dict(temperature=0.8, top_k=20, min_p=0.5))))]]
+        one_pass = [[SeqChunk(i, p, 0, [3 + 2 * i, 4 + 2 * i], True, seed=i + 3, sample_index=5, **kw)
+                     for i, (p, kw) in enumerate((([42, 9], dict(temperature=0.5, min_p=0.3)),
+                                                  ([7, 8, 9], dict(temperature=0.1, top_p=0.9))))],
+                    [SeqChunk(0, [30, 31], 0, [3, 4], True, seed=3, sample_index=5, temperature=0.1)]]
+        for chunks in steps + one_pass:
             n, out = len(chunks), {}
             for full in (False, True):  # the same step twice (its K/V rewritten with the same values)
                 r.full_logits = full
@@ -175,14 +179,17 @@ def test_two_pass_head_leaves_each_drawn_logit_exact(tiny_llama, variant, thread
             assert ids_g == ids_f
             if all(c.temperature == 0 for c in chunks):
                 assert ids_f == [int(i) for i in np.argmax(f, axis=1)]
-            else:  # the draws are not all the argmax (or the sampled rows test little)
+            elif chunks not in one_pass:  # the draws are not all the argmax (or the sampled rows test little)
                 assert ids_f != [int(i) for i in np.argmax(f, axis=1)]
             for j, (i, c) in enumerate(zip(ids_f, chunks)):
                 same = g[j].view(np.uint32) == f[j].view(np.uint32)
                 assert same[i - i % 4: i - i % 4 + 4].all(), f"row {j}: the sampled id's group is not exact"
                 if c.temperature > 0:  # every logit the sampler reads exact (harness.read_by_draw)
-                    read = read_by_draw(f[j], c.temperature, c.top_k, c.top_p, c.min_p, head_x)
+                    read = read_by_draw(f[j], c.temperature, c.top_k, c.top_p, c.min_p)
                     assert same[read].all(), f"row {j}: a logit the sampler reads is a bound"
+                if chunks in one_pass:
+                    assert same.all(), f"row {j}: the step took two passes"
+                    continue
                 assert (~same).any(), "the two-pass head did not run"
                 assert (g[j][~same] > f[j][~same]).all()
     finally:
@@ -192,14 +199,14 @@ def test_two_pass_head_leaves_each_drawn_logit_exact(tiny_llama, variant, thread
 @pytest.mark.parametrize("threads", [1, 2])
 def test_a_wide_band_takes_the_one_pass_head_next(tiny_llama, threads):
     """kernels.c head_band: a sampled row whose cut let more than HEAD_WIDE (0.25) of the rows into the second pass
-    (T 0.12 top-p on the tiny model: its logits' std ~1, the cut 2 below the max, ~30 % of the rows) makes its
-    slot's next step take the one-pass head (every logit exact with full_logits off), and a narrow row (T 0.05)
-    brings the two passes back on the step after; the ids are full logits' all along (a row the prediction was made
-    for, and one it was not: the batch's second row). Top-k alone over half the vocabulary is wide the same way, and
-    temperature alone at T 1 (the head 16.7 below the max)."""
+    (T 1 min_p 0.13 on the tiny model: its logits' std ~1, the cut 2 below the max, ~30 % of the rows) makes its
+    slot's next step take the one-pass head (every logit exact with full_logits off), and a narrow row (T 0.5 min_p
+    0.5) brings the two passes back on the step after; the ids are full logits' all along (a row the prediction was
+    made for, and one it was not: the batch's second row). Top-k alone over half the vocabulary is wide the same way.
+    Temperature alone takes one pass whatever its band (its sums take every term)."""
     r = _runner(tiny_llama, threads=threads)
     V = r.vocab_size
-    wide, narrow = dict(temperature=0.12, top_p=0.95), dict(temperature=0.05, top_p=0.9)
+    wide, narrow = dict(temperature=1.0, min_p=0.13), dict(temperature=0.5, min_p=0.5)
     try:
         def step(kw, n=1, first=42):
             chunks = [SeqChunk(i, [first + i, 9], 0, [3 + 2 * i, 4 + 2 * i], True, seed=5, **kw) for i in range(n)]
@@ -225,21 +232,14 @@ def test_a_wide_band_takes_the_one_pass_head_next(tiny_llama, threads):
         assert step(big_k).all(), "the step after a wide top-k one took the two passes"
         assert r.host.call("wi_test_head_band", 0) == 0.5
         assert step(small_k).all() and not step(small_k).any(), "top-k 5 of 300 does not bring the two passes back"
-        # temperature alone: its band counts the head and the mass prefix (kernels.c head_prefix)
-        hot, cold = dict(temperature=1.0), dict(temperature=0.02)  # (after [51, 9] the tiny model's max is id 0)
-        step(hot)  # (its head covers every row of the tiny model: exact through either head)
-        assert r.host.call("wi_test_head_band", 0) > 0.25
-        assert step(cold, first=51).all(), "the step after a wide temperature-alone one took the two passes"
-        assert not step(cold, first=51).any(), "a narrow temperature brings the two passes back"
-        assert r.host.call("wi_test_head_band", 0) < 0.25
-        step(cold)  # after [42, 9] the max is id 163: a narrow head, but the ids below it count
-        assert r.host.call("wi_test_head_band", 0) > 0.5
+        cold = dict(temperature=0.02)
+        assert step(cold).all() and step(cold).all(), "temperature alone took two passes"
         # the limit is the Model's (CpuRunner.set_head_wide; calibrate_head measures it)
-        r.set_head_wide(0.6)
-        assert not step(cold).any(), "a band under the Model's limit took one pass"
+        r.set_head_wide(0.95)
+        step(wide)
+        assert not step(wide).any(), "a band under the Model's limit took one pass"
         r.set_head_wide(0.0)
-        assert step(cold, first=51).all(), "a band over the Model's limit took two passes"
-        assert step(cold, first=51).all(), "a limit of 0 let a sampled row take two passes"
+        assert step(narrow).all() and step(narrow).all(), "a limit of 0 let a sampled row take two passes"
         assert not step(dict(temperature=0)).all(), "greedy rows take two passes whatever the limit"
     finally:
         r.close()

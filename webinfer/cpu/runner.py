@@ -56,7 +56,7 @@ PARAM_BYTES = 64  # sampling.py's RowParams, as kernels.c's SampleParams reads i
 # (measured: all-int8 cost +1.7 % perplexity on SmolLM2, the down projection's share the largest)
 MODES = {"exact": 0, "fast": 1 | 2 | 4 | 16 | 32}
 FAST_GATE_UP16 = 64  # GeGLU models (Gemma) in fast mode: gate and up take int16 activations too
-# every logit exact: kernels.c's two-pass LM head (exact mode, 1-16 rows, greedy or sampled with top-p, min_p, top-k)
+# every logit exact: kernels.c's two-pass LM head (exact mode, 1-16 rows, greedy, or sampled with min_p or top-k alone)
 # otherwise computes exactly only the logits the sampler reads and leaves bounds elsewhere in the logits row
 # (docs/cpu-backend.md "The greedy LM head", "Sampled rows through the two-pass head")
 FULL_LOGITS = 128
@@ -400,7 +400,7 @@ class CpuRunner:
     @property
     def full_logits(self) -> bool:
         """Whether every step computes every logit exactly (needed by logits()); off, an exact-mode step whose sampled
-        rows (1-16) are all greedy or sampled with top-p / min_p / top-k computes exactly only the logits each row's
+        rows (1-16) are all greedy or sampled with min_p or top-k alone computes exactly only the logits each row's
         draw reads (the same ids, a faster head)."""
         return self._full_logits
 

@@ -111,15 +111,16 @@ def gemv(host, arena, desc: int, k: int, weight_bytes: int, reps: int) -> dict:
 
 def greedy_head(host, arena, desc: int, x_off: int, k: int, n: int, reps: int) -> dict:
     """ms of the LM head in two passes (kernels.c, wi_head_two_pass: what an exact-mode step runs) for a greedy row
-    and for a row sampled at the chat page's defaults (PAGE_SAMPLING: its cut, head_cut, lets more rows into the
-    second pass) against the one-pass exact head (wi_linear) on the same activation row, alternating, medians of 5,
-    and how many logits each second pass recomputed (the candidates' groups)."""
+    and for a sampled row the two passes take (HEAD_SAMPLING: the page's defaults with min_p, whose cut, head_cut,
+    lets more rows into the second pass; top-p alone takes the one-pass head) against the one-pass exact head
+    (wi_linear) on the same activation row, alternating, medians of 5, and how many logits each second pass
+    recomputed (the candidates' groups)."""
     from webinfer.kernels.sampling import SampleRow, pack
 
     y = arena.alloc(4 * n, "bench head y")
     kp = struct.unpack("<4I", host.read(desc, 16))[3]
     scratch = arena.alloc(host.call("wi_linear_scratch_bytes", 1, kp), "bench head scratch")
-    params = arena.put(pack([SampleRow(0, **PAGE_SAMPLING)], n).params, "bench head params")
+    params = arena.put(pack([SampleRow(0, **HEAD_SAMPLING)], n).params, "bench head params")
     times = {"exact_one_pass": [], "exact_greedy": [], "exact_sampled": []}
     for _ in range(5):
         times["exact_one_pass"].append(_time(lambda: host.call("wi_linear_reps", desc, x_off, k, y, n, 1, 0, scratch,
@@ -132,7 +133,7 @@ def greedy_head(host, arena, desc: int, x_off: int, k: int, n: int, reps: int) -
     out = {key: round(statistics.median(v) * 1e3, 3) for key, v in times.items()}
     out["speedup"] = round(out["exact_one_pass"] / out["exact_greedy"], 3)
     out["sampled_speedup"] = round(out["exact_one_pass"] / out["exact_sampled"], 3)
-    out["sampling"] = PAGE_SAMPLING
+    out["sampling"] = HEAD_SAMPLING
     for key, p in (("recomputed_logits", 0), ("sampled_recomputed_logits", params)):
         host.call("wi_head_two_pass", desc, x_off, y, scratch, p)
         out[key] = int((np.frombuffer(host.read(y, 4 * n), np.float32) == full).sum())
@@ -187,8 +188,10 @@ def _weight_bytes(t) -> int:
 PAGE_SAMPLING = {"temperature": 0.7, "top_p": 0.95, "seed": 1}
 # the API's defaults (OpenAI's: temperature 1, top_p 1), seeded: every id kept, the widest head (one pass, mostly)
 API_SAMPLING = {"temperature": 1.0, "seed": 1}
-# what many clients send: a temperature alone (every id kept; two passes where the head and mass prefix are narrow)
+# what many clients send: a temperature alone (every id kept: the one-pass LM head, kernels.c head_cut)
 TEMPERATURE_SAMPLING = {"temperature": 0.7, "seed": 1}
+# a sampled row the LM head's two passes take (min_p's cut; top-p alone and a temperature alone need every logit)
+HEAD_SAMPLING = {**PAGE_SAMPLING, "min_p": 0.05}
 
 
 def decode_speed(runner, n_tokens: int, prompt_len: int = 40, sampling: dict | None = None,
@@ -449,7 +452,7 @@ def run(package_path, quick: bool = False, ppl_text: str | None = None, variant:
         res["decode"][mode] = decode_speed(runner, n_tok)
         per_cpu_s = res["decode"][mode]["decode_tok_per_cpu_s"]
         res["decode"][mode]["of_read_bound"] = round(per_cpu_s / bound, 3) if per_cpu_s else None
-        # the chat page's default sampling beside greedy (exact mode: the two-pass LM head takes both), a
+        # the chat page's default sampling beside greedy (exact mode: the two-pass LM head takes greedy rows), a
         # temperature alone, and the API's defaults (every id kept at T 1: the slowest sampled path)
         for key, sampling in (("sampled", PAGE_SAMPLING), ("sampled_temperature", TEMPERATURE_SAMPLING),
                               ("sampled_api_defaults", API_SAMPLING)):
