@@ -32,7 +32,8 @@
 // lower bound); every token in a bucket at or above the cut-off bucket is copied, in id order, to this row's
 // slice of the candidate buffer (a count pass, a prefix sum, a write pass). The kept set is a subset of the
 // candidates, and the passes only compare keys and ids and sum kept masses, so the answer is the one the full
-// search gives. Temperature alone keeps every token: there one pass of per-lane range sums finds r (sample_plain).
+// search gives. Temperature alone keeps every token: there one pass of per-lane range sums finds r (sample_plain),
+// or, for a big vocabulary, the scan's per-chunk masses do (sample_chunks).
 // Measured on lavapipe (vocab 49152): full-vocabulary passes cost the same per element whatever they compute
 // (every load is a per-lane loop there), so cutting their number from ~30 to 4 (2 without top-k/top-p) is what
 // matters.
@@ -66,7 +67,8 @@ const LPW = 42u;  // logprob words per row: sampled logprob, n, then n x (id, lo
 
 // per row r, at r * (VOCAB + PV) of the scratch buffer `cand`: candidates [0, n): (id, logit bits), ids ascending;
 // then from VOCAB on the processed logits (PV = ceil(VOCAB / 2) entries, two f32 bit patterns each), or, for a
-// row without controls under CHUNKS, the scan's (key, id) of each chunk
+// row without controls under CHUNKS, the scan's (key, id) of each chunk and, for a plain_row, from VOCAB + CHUNKS
+// each chunk's mass (f32 bits in .x)
 const PV: u32 = (u32(VOCAB) + 1u) / 2u;
 
 var<workgroup> red_u: array<u32, WG>;
@@ -115,15 +117,47 @@ fn argmax(key: u32, id: u32, lid: u32) -> u32 {
     return argmax2(key, id, lid).y;
 }
 
+fn fkey(k: u32) -> f32 {
+    return bitcast<f32>(select(~k, k & 0x7fffffffu, (k & 0x80000000u) != 0u));
+}
+
+// A row sampled with a temperature alone and no controls: every id kept, the logits read as they are. Under CHUNKS
+// the scan sums its masses per chunk and the sampler draws from those sums (sample_chunks).
+fn plain_row(p: RowParams) -> bool {
+    return p.temperature > 0.0 && p.top_k != 1u && !(p.top_k > 0u && p.top_k < VOCAB) && p.top_p >= 1.0
+        && !(p.min_p > 0.0) && p.mask_off == NONE && p.bias_n == 0u
+        && !(p.counts_slot != NONE && (p.freq != 0.0 || p.pres != 0.0 || p.rep != 1.0));
+}
+
+#ifdef CHUNKS
+// Lane j's range of chunk c (CHUNK / WG contiguous ids) and its mass relative to the chunk's max m, summed in id
+// order: the scan and the sampler both compute it so, bit for bit, so that the sampler's walk inside a chunk meets
+// the scan's sum at the chunk's end.
+fn range_mass(lb: u32, c: u32, j: u32, m: f32, inv_t: f32) -> f32 {
+    let span = CHUNK / WG;
+    let end = min((c + 1u) * CHUNK, VOCAB);
+    var s = 0.0;
+    for (var i = min(c * CHUNK + j * span, end); i < min(c * CHUNK + (j + 1u) * span, end); i++) {
+        let v = logits[lb + i];
+        s += exp((select(neg_inf(), v, v >= neg_inf()) - m) * inv_t);
+    }
+    return s;
+}
+#endif
+
 #ifdef SCAN
 // The scan (a separate dispatch before the sampler, for big vocabularies: kernels/sampling.py SCAN_MIN_VOCAB):
 // workgroup (c, row) takes the argmax of the row's raw logits [c * CHUNK, (c + 1) * CHUNK) (NaN as -inf, as the
 // sampler reads them) and writes its (key, lowest id) at cand[row * (VOCAB + PV) + VOCAB + c]. The sampler then
 // reduces CHUNKS pairs instead of VOCAB logits: the same argmax (the largest key, the lowest id among equal keys,
-// whatever the grouping), computed by CHUNKS workgroups instead of one.
+// whatever the grouping), computed by CHUNKS workgroups instead of one. For a row sampled with a temperature alone
+// (plain_row) the workgroup also sums its chunk's masses relative to the chunk's max (range_mass, lanes' ranges
+// in lane order) for sample_chunks.
 @group(0) @binding(0) var<storage, read> logits: array<f32>;
 @group(0) @binding(1) var<storage, read> params: array<RowParams>;
 @group(0) @binding(2) var<storage, read_write> cand: array<vec2<u32>>;
+
+var<workgroup> part: array<f32, WG>;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -137,8 +171,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         if (k > bk || bi == NONE) { bk = k; bi = i; }  // ids ascend within an invocation: first wins ties
     }
     let best = argmax2(bk, bi, lid);
+    let base = wid.y * (VOCAB + PV) + VOCAB;
     if (lid == 0u) {
-        cand[wid.y * (VOCAB + PV) + VOCAB + wid.x] = best;
+        cand[base + wid.x] = best;
+    }
+    // a temperature alone: the chunk's mass relative to its max, the lanes' range masses added in lane order
+    let p = params[wid.y];
+    if (plain_row(p)) {
+        let m = fkey(best.x);
+        part[lid] = select(range_mass(lb, wid.x, lid, m, 1.0 / p.temperature), 0.0, m == neg_inf());
+        workgroupBarrier();
+        if (lid == 0u) {
+            var s = 0.0;
+            for (var j = 0u; j < WG; j++) { s += part[j]; }
+            cand[base + CHUNKS + wid.x] = vec2<u32>(bitcast<u32>(s), 0u);
+        }
     }
 }
 #else
@@ -180,10 +227,6 @@ fn lg(i: u32) -> f32 {
 // candidate j of this row: (id, logit bits)
 fn elem(j: u32) -> vec2<u32> {
     return cand[cbase + j];
-}
-
-fn fkey(k: u32) -> f32 {
-    return bitcast<f32>(select(~k, k & 0x7fffffffu, (k & 0x80000000u) != 0u));
 }
 
 // PCG hash (O'Neill's RXS-M-XS output on one LCG step): a bijection on u32.
@@ -497,6 +540,76 @@ fn sample_plain(lid: u32, mx: f32, inv_t: f32, u: f32) -> u32 {
     return workgroupUniformLoad(&res_u);
 }
 
+#ifdef CHUNKS
+var<workgroup> chunk_w: array<f32, CHUNKS>;
+var<workgroup> chunk_s: array<f32, CHUNKS>;
+
+// Temperature alone under CHUNKS (plain_row): the scan left each chunk's mass S_c relative to its max m_c. Chunk c
+// weighs w_c = exp((m_c - mx) / T) * S_c; lane 0 finds the chunk where the running total of the w_c passes r = u *
+// total, the lanes recompute that chunk's range masses as the scan summed them, and lane 0 walks them, then the
+// range, comparing before + exp((m_c - mx) / T) * (running sum) with r: at the chunk's end that is before + w_c
+// exactly, so the crossing found is consistent with the totals. ~3 x 64 steps in one lane instead of sample_plain's
+// two passes of VOCAB / WG per lane (4,096 for Gemma 3's vocabulary) and its walk of one lane's range (as many).
+fn sample_chunks(lid: u32, mx: f32, inv_t: f32, u: f32) -> u32 {
+    for (var c = lid; c < CHUNKS; c += WG) {
+        let s = bitcast<f32>(cand[pbase + CHUNKS + c].x);
+        let scale = exp((fkey(cand[pbase + c].x) - mx) * inv_t);
+        chunk_s[c] = scale;
+        chunk_w[c] = select(scale * s, 0.0, s == 0.0);
+    }
+    workgroupBarrier();
+    if (lid == 0u) {
+        var total = 0.0;
+        for (var c = 0u; c < CHUNKS; c++) { total += chunk_w[c]; }
+        let r = u * total;
+        var before = 0.0;
+        var c = 0u;
+        for (; c < CHUNKS; c++) {
+            if (before + chunk_w[c] > r) { break; }
+            before += chunk_w[c];
+        }
+        res_u = c;
+        res_f = before;
+        red_f[0] = r;
+    }
+    let c = workgroupUniformLoad(&res_u);
+    if (c == CHUNKS) {
+        return VOCAB - 1u;  // r within rounding of the total: the last id, as the other paths do
+    }
+    let m = fkey(cand[pbase + c].x);
+    lane_n[lid] = bitcast<u32>(range_mass(lbase, c, lid, m, inv_t));
+    workgroupBarrier();
+    if (lid == 0u) {
+        let before = res_f;
+        let r = red_f[0];
+        let scale = chunk_s[c];
+        let span = CHUNK / WG;
+        let end = min((c + 1u) * CHUNK, VOCAB);
+        var id = end - 1u;  // (no crossing: rounding; the chunk's last id)
+        var run = 0.0;
+        var j = 0u;
+        for (; j < WG; j++) {
+            let pj = bitcast<f32>(lane_n[j]);
+            if (before + scale * (run + pj) > r) { break; }
+            run += pj;
+        }
+        if (j < WG) {
+            let i0 = c * CHUNK + j * span;
+            for (var i = i0; i < min(i0 + span, end); i++) {
+                let v = logits[lbase + i];
+                run += exp((select(neg_inf(), v, v >= neg_inf()) - m) * inv_t);
+                if (before + scale * run > r) {
+                    id = i;
+                    break;
+                }
+            }
+        }
+        res_u = id;
+    }
+    return workgroupUniformLoad(&res_u);
+}
+#endif
+
 // The controls of the header: penalties and the mask in one pass over the row, then the sparse bias entries.
 fn process(p: RowParams, lid: u32) {
     let penal = p.counts_slot != NONE && (p.freq != 0.0 || p.pres != 0.0 || p.rep != 1.0);
@@ -639,6 +752,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     let use_k = p.top_k > 0u && p.top_k < VOCAB;
     if (!use_k && p.top_p >= 1.0) {
+#ifdef CHUNKS
+        if (plain_row(p)) {  // (the scan summed its chunks)
+            finish(row, p, sample_chunks(lid, mx, inv_t, uniform01(p.seed, p.index)), am, lid);
+            return;
+        }
+#endif
         finish(row, p, sample_plain(lid, mx, inv_t, uniform01(p.seed, p.index)), am, lid);
         return;
     }

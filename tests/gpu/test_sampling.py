@@ -177,6 +177,39 @@ def test_top_p_on_a_262k_vocabulary(gpu_f32, lib):
     _check_rows(gpu_f32, lib, lg, rows, max_unsure=4)  # 3 of these 20 draws land within 1e-5 of a CDF step
 
 
+@pytest.mark.parametrize("vocab", [50001, 262144])
+def test_temperature_alone_draws_from_the_scans_chunk_masses(gpu_f32, lib, vocab):
+    """A temperature alone on a big vocabulary (sample.wgsl sample_chunks): the scan sums each chunk's masses
+    relative to its max, the sampler picks the chunk, then the lane range, then the id. Exact ids vs the reference
+    over rows built for its edges: a long tail (real logits' shape), a spread row, a row whose first, a middle and
+    (at 50001: the partial) last chunk are all -inf, the max in the last chunk, ties at the max in two chunks; T
+    0.5-2; mixed in one dispatch with rows that take other paths (greedy, top-p, a mask: no chunk masses)."""
+    from webinfer.kernels.sampling import SCAN_CHUNK
+
+    rng = np.random.default_rng(vocab)
+    lg = np.empty((5, vocab), np.float32)
+    lg[0] = rng.standard_normal(vocab) * 2.5 - 40.0
+    lg[0, rng.integers(0, vocab, 60)] += rng.uniform(4.0, 9.0, 60).astype(np.float32)
+    lg[1] = rng.standard_normal(vocab) * 5
+    lg[2] = rng.standard_normal(vocab) * 5
+    last = (vocab - 1) // SCAN_CHUNK
+    for c in (0, last // 2, last):
+        lg[2, c * SCAN_CHUNK:(c + 1) * SCAN_CHUNK] = -np.inf
+    lg[3] = rng.standard_normal(vocab) * 3
+    lg[3, vocab - 3] = 16.0  # the max in the last chunk
+    lg[4] = np.round(rng.standard_normal(vocab) * 4, 1)
+    lg[4, [5, vocab // 2]] = 19.0  # tied at the max, chunks apart
+    rows = []
+    for r, temps in enumerate(((1.0, 2.0), (0.5, 1.0), (0.7, 1.0), (0.5, 1.0), (0.5, 1.0))):
+        for i, t in enumerate(temps):
+            rows += [SampleRow(r, t, 0, 1.0, seed=31 + i, index=j) for j in range(3)]
+    rows += [SampleRow(0, 0.0), SampleRow(1, 1.0, 0, 0.9, seed=3), SampleRow(4, 1.0, 0, 1.0, seed=4),
+             SampleRow(3, 0.7, vocab, 1.0, seed=5)]  # (top-k = the vocabulary: every id kept too)
+    # (up to 8 of the 34 draws land within 1e-5 of a CDF step: the f32 sums cannot decide those)
+    _check_rows(gpu_f32, lib, lg, rows, max_unsure=8)
+    assert len({int(g) for g in _sample(gpu_f32, lib, lg, rows).read()}) > 15
+
+
 def test_more_rows_than_out_ids_is_rejected(gpu_f32, lib):
     s = GpuSampler(lib, 257)
     gl = GpuArray.upload(gpu_f32, np.zeros((2, 257), np.float32))

@@ -254,8 +254,8 @@ class GpuSampler:
                         "MASS_SHIFT": f"{32 - vocab.bit_length()}u"}
         self.scan_defines = None
         if self.chunks:
-            self.defines["CHUNKS"] = f"{self.chunks}u"
-            self.scan_defines = {"VOCAB": f"{vocab}u", "SCAN": 1, "CHUNK": f"{SCAN_CHUNK}u"}
+            self.defines.update(CHUNKS=f"{self.chunks}u", CHUNK=f"{SCAN_CHUNK}u")
+            self.scan_defines = {"VOCAB": f"{vocab}u", "SCAN": 1, "CHUNK": f"{SCAN_CHUNK}u", "CHUNKS": f"{self.chunks}u"}
         self.scan = lib.pipeline("sample", defines=self.scan_defines, use_f16=False) if self.chunks else None
         self.pipeline = lib.pipeline("sample", defines=self.defines, use_f16=False)
 
