@@ -1723,6 +1723,33 @@ static double sum_terms(const float *l, u32 vocab, float mx, float inv_t, double
     return c;
 }
 
+// The mass of every id's term, as sum_terms(r < 0) gives it but in four double accumulators (two f64x2 lanes
+// pairs; a term under TINY_X counts 0): the same value within a few ulps of a double, without the one-at-a-time
+// chain of adds. NaN if any x is NaN. The walk (sum_terms) stops where its running sum passes u x this mass; u <
+// 1 - 2^-24 keeps that point inside the sum's end whatever the last ulps. (sort_all: sum_terms itself.)
+static double mass_terms(const float *l, u32 vocab, float mx, float inv_t) {
+    u32 id, i = 0;
+    if (sort_all) return sum_terms(l, vocab, mx, inv_t, -1.0, &id);
+    v128_t a0 = wasm_f64x2_splat(0.0), a1 = a0, nan = wasm_i32x4_splat(0);
+    v128_t m = wasm_f32x4_splat(mx), it = wasm_f32x4_splat(inv_t), lo = wasm_f32x4_splat(TINY_X);
+    for (; i + 4 <= vocab; i += 4) {
+        v128_t x = wasm_f32x4_mul(wasm_f32x4_sub(wasm_v128_load(l + i), m), it);
+        nan = wasm_v128_or(nan, wasm_f32x4_ne(x, x));
+        v128_t in = wasm_v128_and(wasm_f32x4_ge(x, lo), wasm_f32x4_le(x, wasm_f32x4_splat(0.0f)));
+        v128_t t = wasm_v128_and(exp4_normal(wasm_v128_and(x, in)), in);
+        a0 = wasm_f64x2_add(a0, wasm_f64x2_promote_low_f32x4(t));
+        a1 = wasm_f64x2_add(a1, wasm_f64x2_promote_low_f32x4(wasm_i32x4_shuffle(t, t, 2, 3, 0, 1)));
+    }
+    double c = (wasm_f64x2_extract_lane(a0, 0) + wasm_f64x2_extract_lane(a1, 0)) +
+               (wasm_f64x2_extract_lane(a0, 1) + wasm_f64x2_extract_lane(a1, 1));
+    if (wasm_v128_any_true(nan)) return __builtin_nan("");
+    for (; i < vocab; i++) {
+        float xi = (l[i] - mx) * inv_t;
+        if (!tiny_term(xi, c)) c += expf_(xi);
+    }
+    return c;
+}
+
 // the id of l's largest value in okey's order (the lowest id on ties)
 static u32 argmax_okey(const float *l, u32 vocab) {
     u32 best = 0, bk = okey(l[0]);
@@ -1752,8 +1779,7 @@ static u32 draw(const float *l, u32 vocab, const SampleParams *p, u8 *scratch, f
     int use_k = p->top_k > 0 && p->top_k < vocab;
     u32 id;
     if (!use_k && p->top_p >= 1.0f) {  // every id kept
-        double mass = sum_terms(l, vocab, mx, inv_t, -1.0, &id);
-        sum_terms(l, vocab, mx, inv_t, u * mass, &id);
+        sum_terms(l, vocab, mx, inv_t, u * mass_terms(l, vocab, mx, inv_t), &id);
         return id;
     }
     // the ids to sort, in id order, keyed ~okey (ascending = logit descending; the sort is stable: id ascending)
@@ -1766,7 +1792,7 @@ static u32 draw(const float *l, u32 vocab, const SampleParams *p, u8 *scratch, f
     }
     all |= use_k && p->top_k > h;  // top-k past the head: its order matters
     // top-p's goal: top_p x the mass of the ids it chooses among (every id's without top-k, in id order)
-    double goal = !use_k && p->top_p < 1.0f ? (double)p->top_p * sum_terms(l, vocab, mx, inv_t, -1.0, &id) : 0.0;
+    double goal = !use_k && p->top_p < 1.0f ? (double)p->top_p * mass_terms(l, vocab, mx, inv_t) : 0.0;
     u32 n;
     for (;;) {
         if (all) {
@@ -2581,6 +2607,10 @@ EXPORT(wi_test_tiny_x) float wi_test_tiny_x(void) { return TINY_X; }
 // tests: draw()'s sum of every id's term (sum_terms): the mass (r < 0) or the walk's id at r (into *id)
 EXPORT(wi_test_sum_terms) double wi_test_sum_terms(const float *l, u32 vocab, float mx, float inv_t, double r, u32 *id) {
     return sum_terms(l, vocab, mx, inv_t, r, id);
+}
+// tests: draw()'s mass of every id's term in four accumulators (mass_terms)
+EXPORT(wi_test_mass_terms) double wi_test_mass_terms(const float *l, u32 vocab, float mx, float inv_t) {
+    return mass_terms(l, vocab, mx, inv_t);
 }
 EXPORT(wi_test_head_band) float wi_test_head_band(u32 j) { return j < HEAD_ROWS ? head_band[j] : -1.0f; }
 

@@ -645,7 +645,7 @@ def test_sum_terms_four_at_a_time_is_one_at_a_time(mem):
     """draw()'s sum over every id (kernels.c sum_terms: exps 4 at a time where x is in [TINY_X, 0], tiny terms
     skipped) gives the bits of summing every term one at a time with expf_ (wi_test_sort_all), for the mass and for
     the walk's id at 64 points r, over rows of every kind (spread, deep, the max first / last, NaN, -inf, a length
-    not a multiple of 4), temperatures 0.3-2."""
+    not a multiple of 4), temperatures 0.3-2; mass_terms (the mass in four accumulators) agrees within 1e-14."""
     rng = np.random.default_rng(5)
     V = 4099
     rows = [rng.standard_normal(V) * s for s in (0.5, 3, 20, 60)] + [rng.uniform(-300, 0, V)]
@@ -672,6 +672,10 @@ def test_sum_terms_four_at_a_time_is_one_at_a_time(mem):
                     mem.call("wi_test_sort_all", 0)
                 got[every] = mass.view(np.uint64), ids
             assert got[0][0] == got[1][0] and got[0][1] == got[1][1], (t, row[:3])
+            # mass_terms (four double accumulators, the mass draw() walks to): the same mass but for the last ulps
+            quick = mem.call("wi_test_mass_terms", la.off, V, mx, 1.0 / t)
+            whole = got[0][0].view(np.float64)
+            assert (np.isnan(quick) and np.isnan(whole)) or abs(quick - whole) <= 1e-14 * whole, (t, quick, whole)
 
 
 def test_tiny_terms_round_away(mem):
