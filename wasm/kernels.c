@@ -1677,9 +1677,9 @@ static u32 sort_all;  // tests (wi_test_sort_all): draw() sorts every id and sum
                       // written, to compare with
 
 // The sampler's sums are doubles: in float, a sum over a 262k vocabulary rounds away every term under half an ulp
-// of the running sum, and at T 1.5 a quarter of Gemma 3's tokens lie there (7.8 % of the mass below p = 1e-5):
-// draws landed hundreds of ids from the reference's (docs/cpu-backend.md "The sampler's sums"). A term expf_(x)
-// with x below TINY_X is < 2^-124, under half an ulp of any double >= 2^-60: added to such a sum it rounds back to
+// of the running sum, and Gemma 3 at T 1.5 has 7.8 % of its mass in tokens below p = 1e-5: draws landed hundreds
+// of ids from the reference's (docs/cpu-backend.md "The sampler's sums in doubles"). A term expf_(x) with x below
+// TINY_X is < 2^-124, under half an ulp of any double >= 2^-60: added to such a sum it rounds back to
 // the same double. Summing in id order (draw() with every id kept, logprobs_top's log-sum-exp), the sum passes
 // 2^-60 at the max's term (exactly 1) at the latest, so from there such terms are skipped, bit for bit the same
 // sums, without expf_'s subnormal multiplies (slow on x86 cores) for them (docs/cpu-backend.md "Tiny terms").
