@@ -593,12 +593,13 @@ fn sample_chunks(lid: u32, mx: f32, inv_t: f32, u: f32) -> u32 {
             if (before + scale * (run + pj) > r) { break; }
             run += pj;
         }
-        if (j < WG) {
+        if (j < WG) {  // range j's terms re-added from 0 in range_mass's order: at its end, part is its sum
             let i0 = c * CHUNK + j * span;
+            var part = 0.0;
             for (var i = i0; i < min(i0 + span, end); i++) {
                 let v = logits[lbase + i];
-                run += exp((select(neg_inf(), v, v >= neg_inf()) - m) * inv_t);
-                if (before + scale * run > r) {
+                part += exp((select(neg_inf(), v, v >= neg_inf()) - m) * inv_t);
+                if (before + scale * (run + part) > r) {
                     id = i;
                     break;
                 }
