@@ -130,6 +130,13 @@ fn plain_row(p: RowParams) -> bool {
 }
 
 #ifdef CHUNKS
+// id i's mass relative to its chunk's max m (the logit NaN as -inf, as the scan reads it): the one expression the
+// scan's sums and the sampler's walk inside a chunk both take, so that they meet bit for bit
+fn chunk_term(lb: u32, i: u32, m: f32, inv_t: f32) -> f32 {
+    let v = logits[lb + i];
+    return exp((select(neg_inf(), v, v >= neg_inf()) - m) * inv_t);
+}
+
 // Lane j's range of chunk c (CHUNK / WG contiguous ids) and its mass relative to the chunk's max m, summed in id
 // order: the scan and the sampler both compute it so, bit for bit, so that the sampler's walk inside a chunk meets
 // the scan's sum at the chunk's end.
@@ -138,8 +145,7 @@ fn range_mass(lb: u32, c: u32, j: u32, m: f32, inv_t: f32) -> f32 {
     let end = min((c + 1u) * CHUNK, VOCAB);
     var s = 0.0;
     for (var i = min(c * CHUNK + j * span, end); i < min(c * CHUNK + (j + 1u) * span, end); i++) {
-        let v = logits[lb + i];
-        s += exp((select(neg_inf(), v, v >= neg_inf()) - m) * inv_t);
+        s += chunk_term(lb, i, m, inv_t);
     }
     return s;
 }
@@ -597,8 +603,7 @@ fn sample_chunks(lid: u32, mx: f32, inv_t: f32, u: f32) -> u32 {
             let i0 = c * CHUNK + j * span;
             var part = 0.0;
             for (var i = i0; i < min(i0 + span, end); i++) {
-                let v = logits[lbase + i];
-                part += exp((select(neg_inf(), v, v >= neg_inf()) - m) * inv_t);
+                part += chunk_term(lbase, i, m, inv_t);
                 if (before + scale * (run + part) > r) {
                     id = i;
                     break;

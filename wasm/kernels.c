@@ -1731,12 +1731,11 @@ static double mass_terms(const float *l, u32 vocab, float mx, float inv_t) {
     u32 id, i = 0;
     if (sort_all) return sum_terms(l, vocab, mx, inv_t, -1.0, &id);
     v128_t a0 = wasm_f64x2_splat(0.0), a1 = a0, nan = wasm_i32x4_splat(0);
-    v128_t m = wasm_f32x4_splat(mx), it = wasm_f32x4_splat(inv_t), lo = wasm_f32x4_splat(TINY_X);
+    float xs[4] __attribute__((aligned(16))), ts[4] __attribute__((aligned(16)));
     for (; i + 4 <= vocab; i += 4) {
-        v128_t x = wasm_f32x4_mul(wasm_f32x4_sub(wasm_v128_load(l + i), m), it);
+        terms4(l + i, mx, inv_t, xs, ts);  // (terms under TINY_X, and NaN lanes, come back 0)
+        v128_t x = wasm_v128_load(xs), t = wasm_v128_load(ts);
         nan = wasm_v128_or(nan, wasm_f32x4_ne(x, x));
-        v128_t in = wasm_v128_and(wasm_f32x4_ge(x, lo), wasm_f32x4_le(x, wasm_f32x4_splat(0.0f)));
-        v128_t t = wasm_v128_and(exp4_normal(wasm_v128_and(x, in)), in);
         a0 = wasm_f64x2_add(a0, wasm_f64x2_promote_low_f32x4(t));
         a1 = wasm_f64x2_add(a1, wasm_f64x2_promote_low_f32x4(wasm_i32x4_shuffle(t, t, 2, 3, 0, 1)));
     }
