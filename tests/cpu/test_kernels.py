@@ -443,10 +443,9 @@ def test_softmax_exp_vector_and_scalar_agree_and_drop_weights_below_2_to_the_min
         assert a[kept].min() >= 2.0 ** -64 * 0.99  # (nothing kept is subnormal)
 
 
-def _rule(logits, temperature, top_k, top_p, seed, index):
-    """The GPU sampler's rule (webinfer/kernels/sampling.py) in numpy float64."""
-    if temperature <= 0 or top_k == 1:
-        return int(np.argmax(logits))
+def _kept(logits, temperature, top_k, top_p):
+    """The GPU sampler's rule (webinfer/kernels/sampling.py) in numpy float64, up to the draw: every id's term
+    exp((l - max) / T) and which ids top-k and top-p keep."""
     V = logits.size
     e = np.exp((logits.astype(np.float64) - logits.max()) / temperature)
     order = np.lexsort((np.arange(V), -logits))
@@ -456,9 +455,17 @@ def _rule(logits, temperature, top_k, top_p, seed, index):
         keep = keep[: int(np.searchsorted(c, top_p * c[-1])) + 1]
     kept = np.zeros(V, bool)
     kept[keep] = True
+    return e, kept
+
+
+def _rule(logits, temperature, top_k, top_p, seed, index):
+    """The GPU sampler's rule in numpy float64: the inverse CDF in id order over _kept's ids."""
+    if temperature <= 0 or top_k == 1:
+        return int(np.argmax(logits))
+    e, kept = _kept(logits, temperature, top_k, top_p)
     cdf = np.cumsum(np.where(kept, e, 0))
     r = uniform(seed, index) * cdf[-1]
-    return int(min(np.searchsorted(cdf, r, side="right"), keep.max()))
+    return int(min(np.searchsorted(cdf, r, side="right"), np.flatnonzero(kept).max()))
 
 
 def _sample(mem, la, V, rows, counts=None, logprobs=None):
@@ -510,13 +517,7 @@ def test_draws_over_a_262k_vocabulary_are_the_float64_rules(mem):
              (2, 1.0, 0.99999), (2, 1.0, 1.0)]
     rows, want, unsure = [], [], 0
     for i, (r, t, p) in enumerate(cases):
-        e = np.exp((lg[r].astype(np.float64) - lg[r].max()) / t)
-        keep = np.ones(V, bool)
-        if p < 1:  # the shortest prefix by logit (descending, id ascending) whose mass reaches p of the whole
-            order = np.lexsort((np.arange(V), -lg[r]))
-            c = np.cumsum(e[order])
-            keep[:] = False
-            keep[order[: int(np.searchsorted(c, np.float32(p) * c[-1])) + 1]] = True
+        e, keep = _kept(lg[r], t, 0, np.float32(p))  # (top_p as the module reads it)
         prob = np.where(keep, e, 0.0) / e[keep].sum()
         for seed in range(4):
             rows.append(SampleRow(r, t, 0, p, seed=seed, index=9 * i + seed))

@@ -49,7 +49,9 @@ PROMPT_BIT = 0x80000000  # in a counts slot: the token occurs in the prompt (rep
 # logits takes the argmax of its chunk in a dispatch before the sampler, which then reduces the chunks' results
 # instead of walking the whole row in one workgroup (on a GPU, a 64-lane workgroup reading 262k logits is latency-
 # bound: the first pass of every row, and the only one of a greedy row). Same ids (an argmax does not depend on the
-# grouping); one more dispatch a step, so small vocabularies (the test models) keep the one dispatch.
+# grouping); one more dispatch a step, so small vocabularies (the test models) keep the one dispatch. For a row
+# sampled with a temperature alone the scan also sums each chunk's masses, and the sampler draws from those sums
+# (sample.wgsl sample_chunks).
 SCAN_CHUNK = 4096
 SCAN_MIN_VOCAB = 4 * SCAN_CHUNK
 
