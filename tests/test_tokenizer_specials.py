@@ -219,3 +219,32 @@ def test_chat_segments_refuses_rewritten_content():
     upper = "{% for m in messages %}<|im_start|>{{ m['content'] | upper }}<|im_end|>{% endfor %}"
     with pytest.raises(ChatTemplateError, match="rewritten"):
         chat_segments(lambda m: render(upper, m), [{"role": "user", "content": "hi"}])
+
+
+def _decoded_bytes(hf, ours: Tokenizer) -> None:
+    """Every id's token_bytes (what structured output's trie matches) is what the `tokenizers` library decodes
+    for it after a letter (a decoder may strip a text's leading space), and None exactly for special tokens."""
+    special = {i for i, t in hf.get_added_tokens_decoder().items() if t.special}
+    a = hf.token_to_id("a")
+    for i in range(hf.get_vocab_size(with_added_tokens=True)):
+        b = ours.token_bytes(i)
+        if i in special:
+            assert b is None, i
+            continue
+        want = hf.decode([a, i], skip_special_tokens=False)
+        assert want[0] == "a", want
+        want = want[1:]
+        assert b is not None and b.decode("utf-8", errors="replace") == want, (i, b, want)
+
+
+def test_token_bytes_of_text_added_tokens(chatml):
+    """A non-special added token is text: its bytes are its decoded content, so a grammar can emit it (found on
+    Gemma 3, whose "\\n" and "\\n\\n" are such tokens: structured output could not use them)."""
+    hf, ours = chatml
+    _decoded_bytes(hf, ours)
+    assert ours.token_bytes(ours.token_to_id("<tool>")) == b"<tool>"
+    sp = train_sentencepiece()
+    sp.add_tokens([AddedToken("\n", normalized=False), AddedToken("\n\n", normalized=False)])
+    hf, ours = _both(sp)
+    _decoded_bytes(hf, ours)
+    assert ours.token_bytes(ours.token_to_id("\n\n")) == b"\n\n"

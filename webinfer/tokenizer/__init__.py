@@ -37,7 +37,7 @@ class Tokenizer:
             raise err("(root)", f"is a {type(obj).__name__}", "a JSON object")
         self._enc = Encoder(obj)
         self._chain = DecoderChain(obj.get("decoder"))
-        self._byte_level = _is_byte_level(obj.get("decoder"))
+        self.byte_level = _is_byte_level(obj.get("decoder"))  # ByteLevel decoder: tokens spell bytes as characters
         model = self._enc.model
         self.special_ids: frozenset[int] = self._enc.special_ids
         self.vocab_size = 1 + max(max(model.id_to_token), max(self._enc.added_by_id, default=0))
@@ -55,13 +55,15 @@ class Tokenizer:
         return t.content if t is not None else self._enc.model.id_to_token.get(i)
 
     def token_bytes(self, i: int) -> bytes | None:
-        """The bytes token i contributes inside a text (what structured output's token trie matches); None for
-        special (added) tokens and unknown ids. ByteLevel vocabularies map characters back to bytes;
-        SentencePiece-style ones read "\u2581" as a space and "<0xNN>" as byte NN."""
+        """The bytes token i contributes inside a text (what structured output's token trie matches), as the
+        `tokenizers` library decodes it; None for special tokens and unknown ids. An added token that is not
+        special is text (Gemma's "\n" and "\n\n", Qwen's "<tool_call>"): its content goes through the decoder
+        like any token. ByteLevel vocabularies map characters back to bytes; SentencePiece-style ones read
+        "\u2581" as a space and "<0xNN>" as byte NN."""
         s = self.id_to_token(i)
-        if s is None or i in self._enc.added_by_id:
+        if s is None or i in self.special_ids:
             return None
-        if self._byte_level:
+        if self.byte_level:
             try:
                 return bytes(CHAR_TO_BYTE[c] for c in s)
             except KeyError:
