@@ -186,3 +186,29 @@ def test_cpu_sampling_equals_the_reference(gemma_package, transformers_gemma):
             assert got == generate_ids(gemma_package, ids, 16, runner=ref, **kw), kw
     finally:
         runner.close()
+
+
+def test_structured_output_uses_the_newline_tokens(gemma_package):
+    """A JSON schema through the API on the CPU engine (greedy): the output validates, is laid out with Gemma's own
+    "\\n" token (id 107, an added token that is text: before 2026-12-07 the grammar treated every added token as
+    special, so a pretty-printed document had to spell its newlines with byte tokens), holds no blank line, and has
+    the numpy reference backend's ids."""
+    import asyncio
+    import json
+
+    import jsonschema
+
+    from webinfer_packager.cli.backend import open_llm
+
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+                                               "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+              "required": ["name", "age"], "additionalProperties": False}
+    req = dict(messages=[{"role": "user", "content": "Describe a fictional person as JSON with name and age."}],
+               max_tokens=40, temperature=0, response_format={"type": "json_schema", "json_schema": {"schema": schema}})
+    outs = [asyncio.run(open_llm(gemma_package, b).chat.completions.create(**req))["choices"][0]
+            for b in ("cpu", "reference")]
+    text = outs[0]["message"]["content"]
+    jsonschema.validate(json.loads(text), schema)
+    assert outs[0]["finish_reason"] == "stop" and 107 in outs[0]["token_ids"], outs[0]
+    assert "\n\n" not in text and "\n \n" not in text, text
+    assert outs[0]["token_ids"] == outs[1]["token_ids"]

@@ -172,6 +172,21 @@ def test_json_object_any_value():
         assert isinstance(json.loads(random_document(g, rng, 120)), dict)
 
 
+def test_whitespace_fits_any_indentation_but_no_blank_lines():
+    """Between tokens: an optional line break, then up to WS_MAX spaces and tabs. Every indentation json.dumps
+    writes fits; blank lines and trailing runs do not (Gemma 3 270M wrote "  \\n" eight times before its "{" when
+    any mix was allowed)."""
+    doc = {"a": [1, {"b": None, "c": [True, "x"]}], "d": {"e": {"f": {"g": 2.5}}}}
+    for g in (json_object_grammar().compile(), json_schema_grammar({"type": "object", "additionalProperties": True}).compile()):
+        for indent in (None, 0, 1, 2, 4, "\t", "\t\t"):
+            text = json.dumps(doc, indent=indent)
+            for t in (text, "\n" + text + "\n", text.replace("\n", "\r\n"), " " + text + "  "):
+                assert accepts(g, t.encode()), (indent, t)
+        for bad in (b'{\n\n"a": 1}', b'{"a": 1}\n\n', b'\n\n{}', b'{"a":\r\r1}', b'{"a": 1, \n"b": 2}',
+                    b'{"a": 1' + b" " * 25 + b"}"):
+            assert not accepts(g, bad), bad
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.one_of(st.none(), st.integers(-20000, 20000)), st.one_of(st.none(), st.integers(-20000, 20000)),
        st.integers(-30000, 30000))
@@ -448,6 +463,26 @@ def test_tool_call_grammar():
             obj = json.loads(body)
             schema = next(t["function"]["parameters"] for t in tools if t["function"]["name"] == obj["name"])
             jsonschema.validate(obj["arguments"], schema)
+
+
+def test_a_forced_tool_call_can_open_with_the_models_own_tag_token():
+    """Qwen's `<tool_call>` and `</tool_call>` are added tokens that are not special (text, as transformers decodes
+    them): a forced call may start with that one token, as the model was trained to write it, instead of spelling
+    the tag from pieces. Special tokens stay out of every grammar."""
+    tj = tiny_tokenizer_json(300)
+    n = 1 + max(t["id"] for t in tj["added_tokens"])
+    tj["added_tokens"] += [{"id": n + i, "content": c, "single_word": False, "lstrip": False, "rstrip": False,
+                            "normalized": False, "special": False} for i, c in enumerate(["<tool_call>", "</tool_call>"])]
+    tok = Tokenizer.from_json(tj)
+    vocab = TokenVocab.from_tokenizer(tok)
+    tools = [{"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}}]
+    stop = tj["added_tokens"][0]["id"]
+    m = GrammarMatcher(TokenMasks(tool_call_grammar(tools, parallel=False).compile(), vocab), stop_ids=[stop])
+    assert m.mask() >> n & 1 and not m.mask() >> stop & 1
+    ids = tok.encode('<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call>')
+    assert ids[0] == n and ids[-1] == n + 1
+    assert all(m.accept(t) for t in ids + [stop]) and m.is_terminated()
+    assert not any(m.mask() >> t["id"] & 1 for t in tj["added_tokens"] if t["special"])
 
 
 def test_grammar_bench_smoke(tiny_tok):

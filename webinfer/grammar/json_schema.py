@@ -13,7 +13,8 @@ Schema) / format (date, time, date-time, uuid, ipv4; other formats are annotatio
 Choices the grammar makes (a model that writes otherwise is steered back):
   - properties come in the order the schema lists them; optional ones may be left out; keys are never escaped;
   - without additionalProperties, no other properties (as OpenAI's strict mode requires);
-  - whitespace between tokens: up to WS_MAX of space, tab, newline, return (so any indentation style fits);
+  - whitespace between tokens: an optional line break ("\n" or "\r\n") and then up to WS_MAX spaces and tabs (so
+    any indentation style fits, and no run of blank lines);
   - a string matching a pattern holds no escape sequences except for the characters JSON must escape.
 Keywords that would change what validates but cannot be enforced (uniqueItems, multipleOf, not, if/then/else,
 patternProperties, propertyNames, min/maxProperties, dependentRequired, contains, ...) raise GrammarError naming the
@@ -183,7 +184,9 @@ class _Compiler:
         self.root, self.where = root, where
         self.rules: dict[str, tuple] = {}
         self.by_key: dict[str, str] = {}
-        ws = rep(alt(literal(" "), literal("\t"), literal("\n"), literal("\r")), 0, WS_MAX)
+        # one line break at most, then indentation: a model that may write newline after newline fills its
+        # output with blank lines (Gemma 3 270M wrote "  \n" eight times before its "{")
+        ws = seq(opt(seq(opt(literal("\r")), literal("\n"))), rep(alt(literal(" "), literal("\t")), 0, WS_MAX))
         self.rules["ws"] = ws
         self.ws = ("ref", "ws")
         self.rules["string"] = seq(literal('"'), rep(_CHAR, 0, None), literal('"'))
