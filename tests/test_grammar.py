@@ -26,7 +26,9 @@ from webinfer.grammar import (GrammarCache, GrammarError, GrammarMatcher, TokenM
                               grammar_from_response_format, json_object_grammar, json_schema_grammar, regex_grammar,
                               tool_call_grammar)
 from webinfer.grammar.json_schema import int_range
+from webinfer.grammar.expr import alt, byte_range, codepoint_ranges, literal, rep, seq
 from webinfer.grammar.grammar import Grammar
+from webinfer.grammar.matcher import utf8_tail_start
 from webinfer.tokenizer import Tokenizer
 
 
@@ -340,6 +342,81 @@ def test_mask_equals_brute_force(make):
     rng = random.Random(7)
     for _ in range(4):
         check_masks_brute_force(masks, rng)
+
+
+def utf8_vocab(seed: int = 0) -> TokenVocab:
+    """Every single byte plus multi-byte tokens in deep shared-prefix subtrees, as Gemma's and Qwen's vocabularies
+    have: whole characters of 2-4 bytes, characters cut short, lone continuation bytes, overlong forms, surrogates,
+    code points past U+10FFFF, and quotes, backslashes and newlines among them."""
+    rng = random.Random(seed)
+    chars = ["a", "b", " ", "é", "ü", "ß", "中", "文", "€", "😀", "𐍈", "\U0010FFFF", '"', "\\", "\n", "x", "1"]
+    bad = [b"\x80", b"\xbf", b"\xc0\xaf", b"\xc1\xbf", b"\xe0\x80\x80", b"\xed\xa0\x80", b"\xf4\x90\x80\x80",
+           b"\xf5\x80", b"\xff", b"\xe0\x9f", b"\xf0\x8f"]
+    pieces = {bytes([b]) for b in range(256)}
+    stems = ["".join(rng.choice(chars) for _ in range(rng.randint(1, 3))).encode() for _ in range(12)]
+    for _ in range(500):
+        data = rng.choice(stems) + "".join(rng.choice(chars) for _ in range(rng.randint(0, 5))).encode()
+        r = rng.random()
+        if r < 0.2:
+            data = data[:rng.randint(1, len(data))]  # a character cut short, or a lone continuation after a cut
+        elif r < 0.3:
+            data = data[rng.randint(0, len(data) - 1):]
+        elif r < 0.4:
+            k = rng.randint(0, len(data))
+            data = data[:k] + rng.choice(bad) + data[k:]
+        pieces.add(data)
+    # prefixes no random token has, for the grammars below that start with k or q
+    pieces |= {"q", "qx", "qxa", "qa中", "qé", "kü", "kéa", "k中ü", "kaü", "kba"}
+    pieces |= {b"kb\x80", b"k\xc3\xa9\x80", b"k\xc3a", b"ka\xc3a"}
+    return TokenVocab(sorted(p.encode() if isinstance(p, str) else p for p in pieces) + [None, b""])
+
+
+def test_utf8_tail_start_is_the_first_boundary_of_a_valid_tail():
+    import codecs
+
+    def valid(tail: bytes) -> bool:  # valid UTF-8, up to an unfinished last character (CPython's strict decoder)
+        try:
+            codecs.getincrementaldecoder("utf-8")().decode(tail, final=False)
+            return True
+        except UnicodeDecodeError:
+            return False
+
+    for data in utf8_vocab(3).token_bytes[:-2] + [b"", b"\xe0\xa0", b"\xf0\x90\x80", b"a\xc3", b"\xc3\xa9\xa9"]:
+        want = next(k for k in range(len(data) + 1)
+                    if (k == len(data) or not 0x80 <= data[k] < 0xC0) and valid(data[k:]))
+        assert utf8_tail_start(data) == want, data
+
+
+@pytest.mark.parametrize("make", [
+    lambda: json_object_grammar(),
+    lambda: json_schema_grammar({"type": "object", "properties": {"s": {"type": "string"}, "e": {"enum": ["é中", "x"]},
+                                                                  "p": {"type": "string", "pattern": "^é+ü?$"}},
+                                 "required": ["s", "e"]}),
+    lambda: json_schema_grammar({"type": "array", "items": {"type": "string", "pattern": "^.*x$"}}),
+    lambda: regex_grammar("[^a\"]*b"),
+    lambda: regex_grammar("(.|中)*?文"),
+    lambda: regex_grammar("k[a-z中é]*!"),  # some characters loop, the others die
+    lambda: regex_grammar('q[^x][^"]*"'),  # x is read in the loop, not before it
+    # rules that may end inside the loop, where the caller reads on with a byte the rule cannot read there:
+    lambda: Grammar({"root": seq(("ref", "cut"), literal("a")),  # ... after a lead byte
+                     "cut": seq(literal("k"), rep(alt(byte_range(0x61, 0x7A), codepoint_ranges([(0x80, 0x10FFFF)])),
+                                                  0, None), byte_range(0xC2, 0xDF))}),
+    lambda: Grammar({"root": seq(("ref", "cut"), byte_range(0x80, 0x80)),  # ... after any character
+                     "cut": seq(literal("k"), rep(alt(byte_range(0x61, 0x7A), codepoint_ranges([(0x80, 0x10FFFF)])),
+                                                  1, None))}),
+
+    # a loop that also reads a byte UTF-8 does not allow there (no shortcut: the filter would drop its tokens)
+    lambda: Grammar({"root": seq(literal("k"), rep(alt(byte_range(0x61, 0x7A), codepoint_ranges([(0x80, 0x10FFFF)]),
+                                                       byte_range(0x80, 0x80)), 0, None), literal("!"))}),
+])
+def test_masks_over_multibyte_tokens_equal_brute_force(make):
+    """The walk's UTF-8 shortcut (a state reading characters in a loop takes a subtree whole, filtered by its tokens'
+    UTF-8 validity) against reading every token byte by byte, on a vocabulary full of multi-byte and broken tokens."""
+    for seed in range(3):
+        masks = TokenMasks(make().compile(), utf8_vocab(seed))
+        rng = random.Random(seed)
+        for _ in range(3):
+            check_masks_brute_force(masks, rng, 12)
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -33,6 +33,55 @@ _BITS = bytes.maketrans(b"\x00\x01", b"01")
 _DEAD: dict[int, dict[int, int]] = {}  # a set of allowed bytes -> {every other byte: -1}
 # _AT_LEAST[i]: byte v -> "1" when v > i: a chain walk's bytes (1 + level) -> the digits of member i's mask
 _AT_LEAST = [bytes(49 if v > i else 48 for v in range(256)) for i in range(256)]
+
+
+def _utf8_table() -> list[list[int]]:
+    """Strict UTF-8 (no overlongs, no surrogates, <= U+10FFFF) as a DFA over bytes: state 0 is a character boundary,
+    1-7 are inside a character; -1 is invalid. Rows list the next state per byte."""
+    t = [[-1] * 256 for _ in range(8)]
+    for b in range(0x80):
+        t[0][b] = 0
+    for lo, hi, to in ((0xC2, 0xDF, 1), (0xE0, 0xE0, 2), (0xE1, 0xEC, 3), (0xED, 0xED, 4), (0xEE, 0xEF, 3),
+                       (0xF0, 0xF0, 5), (0xF1, 0xF3, 6), (0xF4, 0xF4, 7)):
+        for b in range(lo, hi + 1):
+            t[0][b] = to
+    for state, lo, hi, to in ((1, 0x80, 0xBF, 0), (2, 0xA0, 0xBF, 1), (3, 0x80, 0xBF, 1), (4, 0x80, 0x9F, 1),
+                              (5, 0x90, 0xBF, 3), (6, 0x80, 0xBF, 3), (7, 0x80, 0x8F, 3)):
+        for b in range(lo, hi + 1):
+            t[state][b] = to
+    return t
+
+
+_UTF8 = _utf8_table()
+_VALID_BYTES = [[b for b in (range(0x80, 0x100) if u == 0 else range(256)) if _UTF8[u][b] >= 0] for u in range(8)]
+_VALID = [sum(1 << b for b in range(256) if _UTF8[u][b] >= 0) for u in range(8)]  # what each state may read
+_NON_ASCII = ((1 << 256) - 1) ^ ((1 << 128) - 1)
+_CONTINUATION = range(0x80, 0xC0)
+# _AT_MOST[d]: byte v -> 1 when v <= d (a token whose valid UTF-8 tail starts by offset d)
+_AT_MOST = [bytes(1 if v <= d else 0 for v in range(256)) for d in range(256)]
+
+
+def utf8_tail_start(data: bytes) -> int:
+    """The smallest offset k at a character boundary (k == len(data), or data[k] is not a continuation byte) from
+    which data[k:] is valid UTF-8 up to, possibly, an unfinished last character: what a state that reads any
+    character can read of this token from a boundary inside it."""
+    try:
+        data.decode("utf-8")
+        return 0
+    except UnicodeDecodeError:
+        pass
+    best, state = 0, 0  # the offset where the current run of valid bytes began
+    for k, b in enumerate(data):
+        nxt = _UTF8[state][b]
+        if nxt < 0:  # invalid here: the tail can only start at a later boundary (this byte, if it is a lead byte)
+            state = _UTF8[0][b]
+            best = k if state >= 0 else k + 1
+            state = max(state, 0)
+        else:
+            state = nxt
+    return best
+
+
 FILTER_UNC = 64  # a node whose rule may end at more trie nodes than this: keep only those the caller can go on from
 RULE_CACHE = 32  # rules without calls whose node masks a vocabulary keeps (TokenVocab.rule_store): a maxLength-40
 # string rule holds up to ~20 MB at 152k tokens (a byte per token per chain, a mask per member used), as a grammar did
@@ -50,6 +99,7 @@ class TokenVocab:
         self.size = len(token_bytes)
         self.n_words = (self.size + 31) // 32
         self._gather = None
+        self._tail: bytes | None = None
         self._parents: list[set] | None = None
         self._rules: OrderedDict = OrderedDict()
         self.children: list[dict[int, int]] = [{}]
@@ -106,25 +156,46 @@ class TokenVocab:
         n = max(vocab_size or 0, tok.vocab_size)
         return cls([tok.token_bytes(i) for i in range(n)])
 
+    def dfs_tail(self) -> bytes:
+        """utf8_tail_start of each token in DFS order (capped at 255; the extra last byte 255), once per vocabulary,
+        on first use: the filter of TokenMasks' UTF-8 shortcut."""
+        if self._tail is None:
+            tb = self.token_bytes
+            self._tail = bytes([min(255, utf8_tail_start(tb[t])) for t in self.order] + [255])
+        return self._tail
+
     def ids_to_mask(self, ids) -> int:
         ba = bytearray((self.size + 7) // 8)
         for t in ids:
             ba[t >> 3] |= 1 << (t & 7)
         return int.from_bytes(ba, "little")
 
-    def mask_from(self, spans: list[tuple[int, int]]) -> int:
-        """The mask of the tokens of DFS-order slices order[lo:hi]. Large sets go through a byte per token in DFS
-        order (slices set at C speed) that one precomputed gather puts back in id order."""
-        n = sum(hi - lo for lo, hi in spans)
+    def mask_from(self, spans: list[tuple]) -> int:
+        """The mask of the tokens of DFS-order slices: (lo, hi) is order[lo:hi]; (lo, hi, d) only those whose
+        utf8_tail_start is <= d. Large sets go through a byte per token in DFS order (slices set at C speed) that
+        one precomputed gather puts back in id order."""
+        n = sum(sp[1] - sp[0] for sp in spans)
         if n * 16 < self.size:
             ids: list[int] = []
-            for lo, hi in spans:
-                ids.extend(self.order[lo:hi])
+            for sp in spans:
+                if len(sp) == 2:
+                    ids.extend(self.order[sp[0]:sp[1]])
+                else:
+                    lo, hi, d = sp
+                    tail = self.dfs_tail()
+                    ids.extend(self.order[k] for k in range(lo, hi) if tail[k] <= d)
             return self.ids_to_mask(ids)
         buf = bytearray(len(self.order) + 1)
         one = memoryview(b"\x01" * len(buf))
-        for lo, hi in spans:
-            buf[lo:hi] = one[: hi - lo]
+        filtered = []
+        for sp in spans:
+            if len(sp) == 2:
+                buf[sp[0]:sp[1]] = one[: sp[1] - sp[0]]
+            else:
+                filtered.append(sp)
+        for lo, hi, d in filtered:  # OR, not overwrite: slices may overlap (walks from nested trie nodes)
+            got = self.dfs_tail()[lo:hi].translate(_AT_MOST[d])
+            buf[lo:hi] = (int.from_bytes(buf[lo:hi], "big") | int.from_bytes(got, "big")).to_bytes(hi - lo, "big")
         bits = self.to_id_order(buf)[::-1].translate(_BITS)
         return int(bits, 2)
 
@@ -195,6 +266,7 @@ class TokenMasks:
         self._chains: dict[int, tuple] = {}
         self._groups: dict[int, tuple[int, int]] = {}
         self._composing: set[int] = set()
+        self._utf8: dict[int, int] = {}
         self._stores = {n: vocab.rule_store(e) for n, e in grammar.plain_rules.items()}
         self.warmed = False
 
@@ -228,6 +300,108 @@ class TokenMasks:
             mv = self._mv[sid] = (moves, best[1], best[0])
         return mv
 
+    def _utf8_bytes(self, sid: int) -> int:
+        """The bytes of a state that reads characters in a loop (inside a JSON string, a `.*`), as a 256-bit mask:
+        a set S of states (the loop's, equivalent states of an unminimised DFA included) such that from sid and from
+        every state of S each ASCII byte of the mask and each valid UTF-8 character leads into S, invalid UTF-8
+        dies, and no state of S nor inside a character may end the rule. Then a token whose bytes are all in the
+        mask is readable from sid exactly when they are valid UTF-8 up to a last unfinished character. 0 when sid
+        is not such a state (checked on the DFA, once per state)."""
+        got = self._utf8.get(sid)
+        if got is None:
+            stacks = self.g.states[sid]
+            top = sid
+            if len(stacks) == 1 and len(st := next(iter(stacks))) > 1:
+                # the loop never ends its rule, so the callers below it do not matter: decide on the top alone
+                top = self.g.intern(frozenset([st[-1:]]))
+                got = self._utf8.get(top)
+            if got is None:
+                # most states read no characters, or not all of them: a superset of their bytes says so cheaply
+                if self.g.allowed_bytes(top) & _NON_ASCII != _VALID[0] & _NON_ASCII:
+                    got = 0
+                else:
+                    got = self._check_utf8(top)
+                self._utf8[top] = got
+            self._utf8[sid] = got
+        return got
+
+    def _check_utf8(self, sid: int, max_states: int = 64) -> int:
+        can_end, moves = self.g.state_can_end, self._moves
+        reads: dict[int, dict[int, int]] = {}
+
+        def read(q: int) -> dict[int, int]:  # byte -> next state, every byte q can read
+            r = reads.get(q)
+            if r is None:
+                r = reads[q] = dict((self._mv.get(q) or moves(q))[0])
+            return r
+
+        def bits(r: dict) -> int:
+            m = 0
+            for b in r:
+                m |= 1 << b
+            return m
+
+        first = read(sid)
+        if bits(first) & _NON_ASCII != _VALID[0] & _NON_ASCII:  # most states: no characters, or not all of them
+            return 0
+        ascii_ = 0
+        for b, t in first.items():
+            if b < 0x80 and not can_end[t]:
+                ascii_ |= 1 << b
+        while ascii_:
+            # the states reachable from sid by the ASCII bytes and whole characters. A state that does not read all
+            # those bytes back into the set, or characters as UTF-8 does (a string's escape state), is "short": the
+            # bytes that lead to it from the others (the backslash) are dropped, and the walk starts again
+            todo, short, edges = [sid], {sid: False}, []
+            while todo:
+                q = todo.pop()
+                r = read(q)
+                nxt = []
+                for b in range(0x80):
+                    if ascii_ >> b & 1:
+                        t = r.get(b)
+                        if t is None or can_end[t]:
+                            short[q] = True
+                        else:
+                            nxt.append((t, 1 << b))
+                chars, mids = [(q, 0)], set()
+                while chars:  # the UTF-8 DFA x the grammar's, through one character
+                    q1, u = chars.pop()
+                    r1 = read(q1)
+                    want = _VALID[u] if u else _VALID[0] & _NON_ASCII
+                    if (bits(r1) if u else bits(r1) & _NON_ASCII) != want:
+                        short[q], chars = True, []  # q does not read characters as UTF-8 does
+                        break
+                    for b in _VALID_BYTES[u]:
+                        u2, q2 = _UTF8[u][b], r1[b]
+                        if can_end[q2]:
+                            short[q], chars = True, []
+                            break
+                        if u2 == 0:
+                            nxt.append((q2, 0))
+                        elif (q2, u2) not in mids:
+                            mids.add((q2, u2))
+                            chars.append((q2, u2))
+                for t, by in nxt:
+                    edges.append((q, t, by))
+                    if t not in short:
+                        if len(short) >= max_states:
+                            return 0
+                        short[t] = False
+                        todo.append(t)
+            if not any(short.values()):
+                return ascii_ | _NON_ASCII
+            drop = 0
+            for q, t, by in edges:
+                if short[t] and not short[q]:
+                    if not by:
+                        return 0  # a whole character leads to a short state
+                    drop |= by
+            if short[sid] or not drop:
+                return 0
+            ascii_ &= ~drop
+        return 0
+
     def _walk(self, sid: int, roots, spans: list, unc: list | None) -> None:
         """Walk the trie below each node of `roots` from state sid: tokens readable to their end go to spans (as
         DFS-order slices); with `unc`, the trie nodes (with children) where the state may end go there instead of
@@ -236,30 +410,43 @@ class TokenMasks:
         Two shortcuts keep this fast in Python: a subtree is taken whole (one slice of the DFS order) when, level by
         level down to its depth, all its bytes lead to one shared next state (ordinary characters inside a string,
         bounded or not); and where a state allows fewer bytes than a trie node has children, the allowed bytes are
-        looked up instead of the children being scanned."""
+        looked up instead of the children being scanned. Where a state reads characters in a loop (_utf8_bytes) and a
+        subtree's bytes all stay in it, the subtree is taken whole too, filtered by its tokens' UTF-8 validity
+        (vocabularies of many multi-byte tokens, Gemma's and Qwen's, defeat the first shortcut)."""
         g, v = self.g, self.vocab
         nexts, can_end = g._next, g.state_can_end
-        children, sub_bytes, depth = v.children, v.sub_bytes, v.depth
+        children, sub_bytes, depth, height = v.children, v.sub_bytes, v.depth, v.height
         first, below, end = v.first, v.below, v.end
-        mvs, moves = self._mv, self._moves
+        mvs, moves, utf8 = self._mv, self._moves, self._utf8
         todo = [(t, sid) for t in roots]
         while todo:
             tn, s = todo.pop()
             kids = children[tn]
             mv = mvs.get(s) or moves(s)
-            if unc is not None and can_end[s]:
+            if unc is not None and can_end[s]:  # the rule may end here (the caller reads on) or go on
                 unc.append(tn)
-            elif len(kids) > 1 and mv[1]:
-                sb, cur, d = sub_bytes[tn], s, depth[tn]
-                while d:
-                    m = mvs.get(cur) or moves(cur)
-                    if sb & ~m[1] or (unc is not None and can_end[m[2]]):
-                        break
-                    cur = m[2]
-                    d -= 1
-                if not d:
-                    spans.append((below[tn], end[tn]))
-                    continue
+            elif kids:
+                if len(kids) > 1 and mv[1]:
+                    sb, cur, d = sub_bytes[tn], s, depth[tn]
+                    while d:
+                        m = mvs.get(cur) or moves(cur)
+                        if sb & ~m[1] or (unc is not None and can_end[m[2]]):
+                            break
+                        cur = m[2]
+                        d -= 1
+                    if not d:
+                        spans.append((below[tn], end[tn]))
+                        continue
+                if sub_bytes[tn] >> 128 and height[tn] + depth[tn] < 255:
+                    ub = utf8.get(s)
+                    if ub is None:
+                        ub = self._utf8_bytes(s)
+                    if ub and not sub_bytes[tn] & ~ub:  # the whole subtree reads in a character loop: its tokens
+                        h = height[tn]  # filtered by UTF-8 validity (a child by a continuation byte dies)
+                        for b, c in kids.items():
+                            if not 0x80 <= b < 0xC0:
+                                spans.append((first[c], end[c], h))
+                        continue
             if len(mv[0]) < len(kids):
                 pairs = [(c, t) for b, t in mv[0] if (c := kids.get(b)) is not None]
             else:
