@@ -366,7 +366,7 @@ def utf8_vocab(seed: int = 0) -> TokenVocab:
             data = data[:k] + rng.choice(bad) + data[k:]
         pieces.add(data)
     # prefixes no random token has, for the grammars below that start with k or q
-    pieces |= {"q", "qx", "qxa", "qa中", "qé", "kü", "kéa", "k中ü", "kaü", "kba"}
+    pieces |= {"q", "qx", "qxa", "qa中", "qé", "kü", "kéa", "k中ü", "kaü", "kba", "kbüba"}
     pieces |= {b"kb\x80", b"k\xc3\xa9\x80", b"k\xc3a", b"ka\xc3a"}
     return TokenVocab(sorted(p.encode() if isinstance(p, str) else p for p in pieces) + [None, b""])
 
@@ -405,6 +405,16 @@ def test_utf8_tail_start_is_the_first_boundary_of_a_valid_tail():
                      "cut": seq(literal("k"), rep(alt(byte_range(0x61, 0x7A), codepoint_ranges([(0x80, 0x10FFFF)])),
                                                   1, None))}),
 
+    # bounded repetitions (shift chains): a token's level counts the characters it starts
+    lambda: json_schema_grammar({"type": "array", "items": {"type": "string", "maxLength": 4}}),
+    lambda: json_schema_grammar({"type": "object", "properties": {"a": {"type": "string", "minLength": 2,
+                                                                        "maxLength": 7}}, "required": ["a"]}),
+    lambda: regex_grammar("k.{2,5}!"),
+    lambda: regex_grammar("k[a-z中é]{0,5}!"),
+    lambda: regex_grammar("k.{3}a"),  # the bound's node reads on with a byte the characters used
+    lambda: json_schema_grammar({"type": "string", "maxLength": 300}),  # levels past a chain segment (255)
+    lambda: Grammar({"root": seq(("ref", "cut"), byte_range(0x80, 0x80)),  # a chain that may end anywhere
+                     "cut": seq(literal("k"), rep(codepoint_ranges([(0x20, 0x10FFFF)]), 0, 4))}),
     # a loop that also reads a byte UTF-8 does not allow there (no shortcut: the filter would drop its tokens)
     lambda: Grammar({"root": seq(literal("k"), rep(alt(byte_range(0x61, 0x7A), codepoint_ranges([(0x80, 0x10FFFF)]),
                                                        byte_range(0x80, 0x80)), 0, None), literal("!"))}),

@@ -24,6 +24,7 @@ shared by every grammar on that tokenizer (docs/structured-output.md).
 
 from __future__ import annotations
 
+import bisect
 import operator
 from collections import OrderedDict
 
@@ -53,6 +54,7 @@ def _utf8_table() -> list[list[int]]:
 
 
 _UTF8 = _utf8_table()
+_CONT = bytes(range(0x80, 0xC0))
 _VALID_BYTES = [[b for b in (range(0x80, 0x100) if u == 0 else range(256)) if _UTF8[u][b] >= 0] for u in range(8)]
 _VALID = [sum(1 << b for b in range(256) if _UTF8[u][b] >= 0) for u in range(8)]  # what each state may read
 _NON_ASCII = ((1 << 256) - 1) ^ ((1 << 128) - 1)
@@ -100,6 +102,7 @@ class TokenVocab:
         self.n_words = (self.size + 31) // 32
         self._gather = None
         self._tail: bytes | None = None
+        self._chars: tuple | None = None
         self._parents: list[set] | None = None
         self._rules: OrderedDict = OrderedDict()
         self.children: list[dict[int, int]] = [{}]
@@ -163,6 +166,17 @@ class TokenVocab:
             tb = self.token_bytes
             self._tail = bytes([min(255, utf8_tail_start(tb[t])) for t in self.order] + [255])
         return self._tail
+
+    def dfs_chars(self) -> tuple[bytes, list[int]]:
+        """(each token's count of bytes that start a character (not 0x80-0xBF) in DFS order, capped at 255; the DFS
+        indices of the tokens whose utf8_tail_start is not 0, ascending), once per vocabulary on first use: a chain
+        walk's levels count characters."""
+        if self._chars is None:
+            tb, cont = self.token_bytes, bytes(range(0x80, 0xC0))
+            counts = bytes([min(255, len(tb[t].translate(None, cont))) for t in self.order] + [0])
+            tail = self.dfs_tail()
+            self._chars = (counts, [k for k in range(len(self.order)) if tail[k]])
+        return self._chars
 
     def ids_to_mask(self, ids) -> int:
         ba = bytearray((self.size + 7) // 8)
@@ -267,6 +281,7 @@ class TokenMasks:
         self._groups: dict[int, tuple[int, int]] = {}
         self._composing: set[int] = set()
         self._utf8: dict[int, int] = {}
+        self._chain_utf8s: dict[int, tuple | None] = {}
         self._stores = {n: vocab.rule_store(e) for n, e in grammar.plain_rules.items()}
         self.warmed = False
 
@@ -587,6 +602,27 @@ class TokenMasks:
                     buf[lo:hi] = dfs_len[lo:hi].translate(table)
                     spans.append((lo, hi))
                     continue
+            if kids and sub_bytes[tn] >> 128 and height[tn] + depth[tn] < 255:
+                cu = self._chain_utf8s.get(a, 0)
+                if cu == 0:
+                    cu = self._chain_utf8s[a] = self._chain_utf8(a)
+                if cu is not None and not sub_bytes[tn] & ~cu[0]:
+                    # every token below reads as characters from a: its level is that of the node after as many
+                    # characters as it starts, if it is valid UTF-8 from here (as in _walk's UTF-8 shortcut)
+                    chars, bad = v.dfs_chars()
+                    lo, hi, h = below[tn], end[tn], height[tn]
+                    cp = len(v.token_bytes[v.order[lo]][:h].translate(None, _CONT))  # characters above tn
+                    table = bytearray(256)
+                    for k, lk in enumerate(cu[1]):  # lk: the level after k + 1 characters
+                        if cp + k + 1 < 256:
+                            table[cp + k + 1] = (lk if lk < lv else lv) + 1
+                    buf[lo:hi] = chars[lo:hi].translate(table)
+                    tail = v.dfs_tail()
+                    for k in bad[bisect.bisect_left(bad, lo):bisect.bisect_left(bad, hi)]:
+                        if tail[k] > h:
+                            buf[k] = 0  # not valid UTF-8 from here: no member reads it
+                    spans.append((lo, hi))
+                    continue
             if len(ba) < len(kids):
                 pairs = [(c, t) for b, t in ba.items() if (c := kids.get(b)) is not None]
             else:
@@ -609,7 +645,8 @@ class TokenMasks:
             order = v.order
             for lo, hi in spans:
                 for k in range(lo, hi):
-                    ids[buf[k] - 1].append(order[k])
+                    if buf[k]:  # 0: a token of a UTF-8 subtree that no member reads
+                        ids[buf[k] - 1].append(order[k])
             levels, m = [], 0
             for lv in range(top, -1, -1):
                 m |= v.ids_to_mask(ids[lv]) if ids[lv] else 0
@@ -618,6 +655,68 @@ class TokenMasks:
         else:  # kept as a byte per token id (reversed: the digits' order); members translate it on first use
             levels = v.to_id_order(buf)[::-1]
         return levels, unc_lists[::-1]
+
+    def _chain_utf8(self, a: int) -> tuple[int, list[int]] | None:
+        """For a chain walk's UTF-8 shortcut at plain node a: (a 256-bit mask of bytes: some ASCII and every
+        non-ASCII, levels) when from a each character (the mask's ASCII bytes, valid UTF-8 sequences) leads to one
+        next node, the same for all, and so on from there, until a node that reads none of them: so a token whose
+        bytes are in the mask is read exactly when it is valid UTF-8, and ends at the node after as many characters
+        as it starts (or inside that character, where every node has that node's level). levels[k]: the smallest
+        level (g.level, 0 when absent) from a through the k + 1st character (up to 255 characters). No node on the
+        way may accept (the rule would end inside a token). None when a is not such a node."""
+        g = self.g
+        nbytes, accept, level = g.bytes, g.accept, g.level
+        mask, levels, x, run = 0, [], a, level.get(a, 0)
+        while len(levels) < 255:
+            nb = nbytes[x]
+            lead = 0
+            for b in nb:
+                if b >= 0x80:
+                    lead |= 1 << b
+            if not lead:  # the bound: no character reads on (ASCII bytes of the mask must stop too)
+                if not levels or any(mask >> b & 1 for b in nb):
+                    return None
+                break
+            if lead != _VALID[0] & _NON_ASCII:
+                return None
+            nxt, lows = None, set()
+            todo, seen = [(x, 0)], set()
+            while todo:  # x's characters: the UTF-8 DFA x the rule's, inside one character
+                y, u = todo.pop()
+                for b in _VALID_BYTES[u]:
+                    t, u2 = nbytes[y].get(b), _UTF8[u][b]
+                    if t is None or accept[t]:
+                        return None
+                    if u2 == 0:
+                        if nxt is None:
+                            nxt = t
+                        elif t != nxt:
+                            return None
+                    else:
+                        if (t, u2) not in seen:
+                            seen.add((t, u2))
+                            ny = nbytes[t]
+                            if len(ny) != len(_VALID_BYTES[u2]) or any(b2 not in ny for b2 in _VALID_BYTES[u2]):
+                                return None  # it reads what UTF-8 does not, or not all it does
+                            lows.add(level.get(t, 0))
+                            todo.append((t, u2))
+            asc = 0
+            for b, t in nb.items():
+                if b < 0x80 and t == nxt:
+                    asc |= 1 << b
+            if not levels:
+                mask = asc
+                if not mask:
+                    return None
+            elif mask & ~asc:
+                return None
+            lvl = level.get(nxt, 0)
+            if lows - {lvl}:  # inside a character every node has the level of the node after it
+                return None
+            run = min(run, lvl)
+            levels.append(run)
+            x = nxt
+        return mask | _NON_ASCII, levels
 
     def _group(self, node: int) -> tuple[int, int]:
         """The largest set of bytes that lead from node to one node, and that node ((0, -1) when it reads none)."""
