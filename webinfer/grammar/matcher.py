@@ -164,7 +164,8 @@ class TokenVocab:
         on first use: the filter of TokenMasks' UTF-8 shortcut."""
         if self._tail is None:
             tb = self.token_bytes
-            self._tail = bytes([min(255, utf8_tail_start(tb[t])) for t in self.order] + [255])
+            self._tail = bytes([0 if (d := tb[t]).isascii() else min(255, utf8_tail_start(d)) for t in self.order]
+                               + [255])
         return self._tail
 
     def dfs_chars(self) -> tuple[bytes, list[int]]:
@@ -173,7 +174,8 @@ class TokenVocab:
         walk's levels count characters."""
         if self._chars is None:
             tb, cont = self.token_bytes, bytes(range(0x80, 0xC0))
-            counts = bytes([min(255, len(tb[t].translate(None, cont))) for t in self.order] + [0])
+            counts = bytes([min(255, len(d) if (d := tb[t]).isascii() else len(d.translate(None, cont)))
+                            for t in self.order] + [0])
             tail = self.dfs_tail()
             self._chars = (counts, [k for k in range(len(self.order)) if tail[k]])
         return self._chars
