@@ -367,7 +367,7 @@ def utf8_vocab(seed: int = 0) -> TokenVocab:
         pieces.add(data)
     # prefixes no random token has, for the grammars below that start with k or q
     pieces |= {"q", "qx", "qxa", "qa中", "qé", "kü", "kéa", "k中ü", "kaü", "kba", "kbüba"}
-    pieces |= {b"kb\x80", b"k\xc3\xa9\x80", b"k\xc3a", b"ka\xc3a"}
+    pieces |= {b"kb\x80", b"k\xc3\xa9\x80", b"k\xc3a", b"ka\xc3a", b"kb!\x80", b"kb!\xc3\xa9!\x80"}
     return TokenVocab(sorted(p.encode() if isinstance(p, str) else p for p in pieces) + [None, b""])
 
 
@@ -415,6 +415,10 @@ def test_utf8_tail_start_is_the_first_boundary_of_a_valid_tail():
     lambda: json_schema_grammar({"type": "string", "maxLength": 300}),  # levels past a chain segment (255)
     lambda: Grammar({"root": seq(("ref", "cut"), byte_range(0x80, 0x80)),  # a chain that may end anywhere
                      "cut": seq(literal("k"), rep(codepoint_ranges([(0x20, 0x10FFFF)]), 0, 4))}),
+    # a callee whose loop may be skipped: where it may end, its caller reads on (here a byte UTF-8 does not allow)
+    lambda: Grammar({"root": seq(literal("k"), ("ref", "inner"), byte_range(0x80, 0x80)),
+                     "inner": rep(seq(rep(alt(byte_range(0x61, 0x7A), codepoint_ranges([(0x80, 0x10FFFF)])), 1, None),
+                                      literal("!")), 0, None)}),
     # a loop that also reads a byte UTF-8 does not allow there (no shortcut: the filter would drop its tokens)
     lambda: Grammar({"root": seq(literal("k"), rep(alt(byte_range(0x61, 0x7A), codepoint_ranges([(0x80, 0x10FFFF)]),
                                                        byte_range(0x80, 0x80)), 0, None), literal("!"))}),

@@ -58,7 +58,6 @@ _CONT = bytes(range(0x80, 0xC0))
 _VALID_BYTES = [[b for b in (range(0x80, 0x100) if u == 0 else range(256)) if _UTF8[u][b] >= 0] for u in range(8)]
 _VALID = [sum(1 << b for b in range(256) if _UTF8[u][b] >= 0) for u in range(8)]  # what each state may read
 _NON_ASCII = ((1 << 256) - 1) ^ ((1 << 128) - 1)
-_CONTINUATION = range(0x80, 0xC0)
 # _AT_MOST[d]: byte v -> 1 when v <= d (a token whose valid UTF-8 tail starts by offset d)
 _AT_MOST = [bytes(1 if v <= d else 0 for v in range(256)) for d in range(256)]
 
@@ -173,8 +172,8 @@ class TokenVocab:
         indices of the tokens whose utf8_tail_start is not 0, ascending), once per vocabulary on first use: a chain
         walk's levels count characters."""
         if self._chars is None:
-            tb, cont = self.token_bytes, bytes(range(0x80, 0xC0))
-            counts = bytes([min(255, len(d) if (d := tb[t]).isascii() else len(d.translate(None, cont)))
+            tb = self.token_bytes
+            counts = bytes([min(255, len(d) if (d := tb[t]).isascii() else len(d.translate(None, _CONT)))
                             for t in self.order] + [0])
             tail = self.dfs_tail()
             self._chars = (counts, [k for k in range(len(self.order)) if tail[k]])
@@ -329,9 +328,10 @@ class TokenMasks:
             stacks = self.g.states[sid]
             top = sid
             if len(stacks) == 1 and len(st := next(iter(stacks))) > 1:
-                # the loop never ends its rule, so the callers below it do not matter: decide on the top alone
+                # a loop that never ends its rule never reaches the callers below it: decide on the top alone (a
+                # top that may end here lets the caller read on: not such a loop)
                 top = self.g.intern(frozenset([st[-1:]]))
-                got = self._utf8.get(top)
+                got = 0 if self.g.can_end[st[-1]] else self._utf8.get(top)
             if got is None:
                 # most states read no characters, or not all of them: a superset of their bytes says so cheaply
                 if self.g.allowed_bytes(top) & _NON_ASCII != _VALID[0] & _NON_ASCII:
