@@ -154,7 +154,8 @@ class TokenVocab:
     @classmethod
     def from_tokenizer(cls, tok, vocab_size: int | None = None) -> "TokenVocab":
         """From a webinfer Tokenizer: ByteLevel vocabularies map characters back to bytes; SentencePiece-style ones
-        read "▁" as a space and "<0xNN>" as byte NN. Special (added) tokens get no bytes."""
+        read "▁" as a space and "<0xNN>" as byte NN. Special tokens get no bytes (an added token that is not special
+        is text: Gemma's "\\n", Qwen's "<tool_call>")."""
         n = max(vocab_size or 0, tok.vocab_size)
         return cls([tok.token_bytes(i) for i in range(n)])
 
