@@ -57,7 +57,7 @@ class Tokenizer:
     def token_bytes(self, i: int) -> bytes | None:
         """The bytes token i contributes inside a text (what structured output's token trie matches), as the
         `tokenizers` library decodes it; None for special tokens and unknown ids. An added token that is not
-        special is text (Gemma's "\n" and "\n\n", Qwen's "<tool_call>"): its content goes through the decoder
+        special is text (Gemma's "\\n" and "\\n\\n", Qwen's "<tool_call>"): its content goes through the decoder
         like any token. ByteLevel vocabularies map characters back to bytes; SentencePiece-style ones read
         "\u2581" as a space and "<0xNN>" as byte NN."""
         s = self.id_to_token(i)
