@@ -83,6 +83,33 @@ def utf8_tail_start(data: bytes) -> int:
     return best
 
 
+def _one_character(read, stops, q: int) -> tuple[list[int], set] | None:
+    """Where whole characters lead from q, at a character boundary: (the state after each valid UTF-8 character, the
+    (state, UTF-8 state) pairs inside characters), when q reads exactly the non-ASCII bytes that start a character,
+    every state inside one reads exactly the bytes UTF-8 allows there, and none of them may end the rule
+    (stops(state)); None otherwise. read(state): {byte: next state}. The UTF-8 DFA x the grammar's."""
+    ends, inside, todo = [], set(), [(q, 0)]
+    while todo:
+        y, u = todo.pop()
+        r = read(y)
+        got = 0
+        for b in r:
+            if u or b >= 0x80:
+                got |= 1 << b
+        if got != (_VALID[u] if u else _VALID[0] & _NON_ASCII):
+            return None
+        for b in _VALID_BYTES[u]:
+            t, u2 = r[b], _UTF8[u][b]
+            if stops(t):
+                return None
+            if u2 == 0:
+                ends.append(t)
+            elif (t, u2) not in inside:
+                inside.add((t, u2))
+                todo.append((t, u2))
+    return ends, inside
+
+
 FILTER_UNC = 64  # a node whose rule may end at more trie nodes than this: keep only those the caller can go on from
 RULE_CACHE = 32  # rules without calls whose node masks a vocabulary keeps (TokenVocab.rule_store): a maxLength-40
 # string rule holds up to ~20 MB at 152k tokens (a byte per token per chain, a mask per member used), as a grammar did
@@ -353,17 +380,8 @@ class TokenMasks:
                 r = reads[q] = dict((self._mv.get(q) or moves(q))[0])
             return r
 
-        def bits(r: dict) -> int:
-            m = 0
-            for b in r:
-                m |= 1 << b
-            return m
-
-        first = read(sid)
-        if bits(first) & _NON_ASCII != _VALID[0] & _NON_ASCII:  # most states: no characters, or not all of them
-            return 0
         ascii_ = 0
-        for b, t in first.items():
+        for b, t in read(sid).items():
             if b < 0x80 and not can_end[t]:
                 ascii_ |= 1 << b
         while ascii_:
@@ -382,24 +400,11 @@ class TokenMasks:
                             short[q] = True
                         else:
                             nxt.append((t, 1 << b))
-                chars, mids = [(q, 0)], set()
-                while chars:  # the UTF-8 DFA x the grammar's, through one character
-                    q1, u = chars.pop()
-                    r1 = read(q1)
-                    want = _VALID[u] if u else _VALID[0] & _NON_ASCII
-                    if (bits(r1) if u else bits(r1) & _NON_ASCII) != want:
-                        short[q], chars = True, []  # q does not read characters as UTF-8 does
-                        break
-                    for b in _VALID_BYTES[u]:
-                        u2, q2 = _UTF8[u][b], r1[b]
-                        if can_end[q2]:
-                            short[q], chars = True, []
-                            break
-                        if u2 == 0:
-                            nxt.append((q2, 0))
-                        elif (q2, u2) not in mids:
-                            mids.add((q2, u2))
-                            chars.append((q2, u2))
+                chars = _one_character(read, can_end.__getitem__, q)
+                if chars is None:
+                    short[q] = True
+                else:
+                    nxt += [(t, 0) for t in chars[0]]
                 for t, by in nxt:
                     edges.append((q, t, by))
                     if t not in short:
@@ -672,37 +677,14 @@ class TokenMasks:
         mask, levels, x, run = 0, [], a, level.get(a, 0)
         while len(levels) < 255:
             nb = nbytes[x]
-            lead = 0
-            for b in nb:
-                if b >= 0x80:
-                    lead |= 1 << b
-            if not lead:  # the bound: no character reads on (ASCII bytes of the mask must stop too)
+            if not any(b >= 0x80 for b in nb):  # the bound: no character reads on (ASCII bytes of the mask must stop too)
                 if not levels or any(mask >> b & 1 for b in nb):
                     return None
                 break
-            if lead != _VALID[0] & _NON_ASCII:
+            chars = _one_character(nbytes.__getitem__, accept.__getitem__, x)
+            if chars is None or len(set(chars[0])) != 1:  # every character must lead to one next node
                 return None
-            nxt, lows = None, set()
-            todo, seen = [(x, 0)], set()
-            while todo:  # x's characters: the UTF-8 DFA x the rule's, inside one character
-                y, u = todo.pop()
-                for b in _VALID_BYTES[u]:
-                    t, u2 = nbytes[y].get(b), _UTF8[u][b]
-                    if t is None or accept[t]:
-                        return None
-                    if u2 == 0:
-                        if nxt is None:
-                            nxt = t
-                        elif t != nxt:
-                            return None
-                    else:
-                        if (t, u2) not in seen:
-                            seen.add((t, u2))
-                            ny = nbytes[t]
-                            if len(ny) != len(_VALID_BYTES[u2]) or any(b2 not in ny for b2 in _VALID_BYTES[u2]):
-                                return None  # it reads what UTF-8 does not, or not all it does
-                            lows.add(level.get(t, 0))
-                            todo.append((t, u2))
+            nxt, lows = chars[0][0], {level.get(t, 0) for t, _ in chars[1]}
             asc = 0
             for b, t in nb.items():
                 if b < 0x80 and t == nxt:
