@@ -59,7 +59,7 @@ struct RowParams {
     rep: f32,          // repetition penalty (1 = off)
     min_p: f32,        // 0 = off
     n_logprobs: u32,   // NONE: no logprobs; else the sampled token's logprob and the top n_logprobs (<= 20)
-    _pad: u32,
+    score_id: u32,     // < VOCAB: the logprob reported is this id's, not the sampled one's (prompt logprobs)
 }
 
 const NONE = 0xffffffffu;
@@ -648,7 +648,8 @@ fn process(p: RowParams, lid: u32) {
     workgroupBarrier();
 }
 
-// log-softmax of the processed logits (no temperature, no filters) at the sampled id, and the top n ids and values
+// log-softmax of the processed logits (no temperature, no filters) at the sampled id (or the row's score_id), and
+// the top n ids and values
 // (logit descending, id ascending): each lane keeps its own top n (ids ascend within a lane, so an equal logit
 // never displaces an earlier id), then n rounds of a workgroup argmax over the lanes' heads.
 fn write_logprobs(row: u32, p: RowParams, id: u32, am: u32, lid: u32) {
@@ -694,7 +695,7 @@ fn write_logprobs(row: u32, p: RowParams, id: u32, am: u32, lid: u32) {
         }
     }
     if (lid == 0u) {
-        logprobs[o] = bitcast<u32>(lg(id) - lse);
+        logprobs[o] = bitcast<u32>(lg(select(id, p.score_id, p.score_id < VOCAB)) - lse);
         logprobs[o + 1u] = n;
     }
 }

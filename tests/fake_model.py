@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 
-from webinfer.engine.batch import StepBatch
+from webinfer.engine.batch import Sampled, StepBatch
 from webinfer.tokenizer import Tokenizer
 
 
@@ -32,6 +32,19 @@ def next_token(history: list[int], vocab: int, temperature: float = 0.0, seed: i
     if temperature > 0:
         h.update(f"|{seed}|{sample_index}|{temperature}".encode())
     return int.from_bytes(h.digest()[:8], "little") % vocab
+
+
+def score(history: list[int], target: int) -> tuple[float, list]:
+    """A prompt-logprob row's fake result (batch.py SeqChunk.score_ids): a function of the KV history through the
+    row and the id it scores, so a row scored with the wrong history or the wrong next token gives another value."""
+    h = hashlib.sha256((",".join(map(str, history)) + f"->{target}").encode())
+    return -int.from_bytes(h.digest()[:4], "little") / 2**32, []
+
+
+def prompt_scores(prompt: list[int]) -> list[tuple[float, list]]:
+    """What a request's prompt logprobs must be: every prompt token after the first scored under the prompt before
+    it, as rows of multi-token chunks write it."""
+    return [score(prompt[:i + 1], prompt[i + 1]) for i in range(len(prompt) - 1)]
 
 
 class KVCorruption(AssertionError):
@@ -70,7 +83,7 @@ class FakeRunner:
                 out += ids
             return out
         bs = self.block_size
-        out = []
+        out, lps, scores = [], [], []
         self.steps += 1
         self.now += self.step_cost[0] + self.step_cost[1] * len(batch.chunks)
         if len(batch.chunks) not in self._warm_rows:
@@ -98,9 +111,13 @@ class FakeRunner:
             for i, t in enumerate(fed):
                 p = c.start_pos + i
                 self.slots[(c.block_table[p // bs], p % bs)] = (t, p)
+            scores.append([score(history + fed[:j + 1], t) for j, t in enumerate(c.score_ids)] or None)
             history += fed
             if c.sample:
                 out.append(next_token(history, self.vocab, c.temperature, c.seed, c.sample_index))
+                lps.append(score(history, out[-1]) if c.logprobs is not None else None)
+        if any(scores) or any(lps):
+            return Sampled(out, lps if any(lps) else None, scores if any(scores) else None)
         return out
 
     def clock(self) -> float:

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from tests.fake_model import FakeRunner, generate_alone
+from tests.fake_model import FakeRunner, generate_alone, prompt_scores
 from webinfer.engine.scheduler import Request, Scheduler
 from webinfer.engine.stopping import SamplingParams
 from webinfer.errors import ContextOverflowError
@@ -129,10 +129,11 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @rule(prefix=st.sampled_from([[], [1, 2, 3, 4, 5], [1, 2, 3, 9]]),
           tail=st.lists(st.integers(1, VOCAB - 1), max_size=12), max_tokens=st.integers(1, 10),
-          temperature=st.sampled_from([0.0, 0.9]), seed=st.integers(0, 3), spec=st.sampled_from([0, 0, 2, 4]))
-    def add(self, prefix, tail, max_tokens, temperature, seed, spec):
+          temperature=st.sampled_from([0.0, 0.9]), seed=st.integers(0, 3), spec=st.sampled_from([0, 0, 2, 4]),
+          scored=st.sampled_from([None, None, 2]))
+    def add(self, prefix, tail, max_tokens, temperature, seed, spec, scored):
         self._add(prefix + tail or [7], SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed,
-                                                       speculative_tokens=spec))
+                                                       speculative_tokens=spec, prompt_logprobs=scored))
 
     @precondition(lambda self: self.done)
     @rule(pick=st.integers(0, 10**6), tail=st.lists(st.integers(1, VOCAB - 1), max_size=3),
@@ -214,6 +215,10 @@ class SchedulerMachine(RuleBasedStateMachine):
             want = generate_alone(r.prompt_ids, p.max_tokens, VOCAB, EOS, self.sched.max_len, p.temperature, p.seed,
                                   self.runner.split_paths)
             assert (r.output_ids, r.finish_reason) == want, f"request {r.request_id}"
+            # prompt logprobs: every prompt position scored once its prompt is done, whatever the chunks,
+            # preemptions and prefix hits (which a scoring request must not take: a cached position has no logits)
+            assert r.prompt_logprobs == (prompt_scores(r.prompt_ids) if p.prompt_logprobs is not None else []), \
+                f"request {r.request_id}"
         assert self.sched.kv.pool.num_free == self.initial_free
         assert not self.sched.kv.tables
 

@@ -1629,7 +1629,8 @@ typedef struct {
     u32 mask_off, bias_off, bias_n;  // word offsets into the step's aux words; mask_off NONE: no mask
     u32 counts_slot;
     float freq, pres, rep, min_p;
-    u32 n_logprobs, _pad;
+    u32 n_logprobs;
+    u32 score_id;  // < vocab: the logprob reported is this id's, not the sampled one's (prompt logprobs)
 } SampleParams;
 
 // greedy: the argmax (temperature 0, or top-k 1)
@@ -1903,7 +1904,7 @@ static u32 sample_row(const float *l, u32 vocab, const SampleParams *p, const u3
     float lse = want_lp ? logprobs_top(l, vocab, p->n_logprobs, lp) : 0.0f;
     u32 id = draw(l, vocab, p, scratch, proc);  // (min_p keeps the drawn id's logit as it was)
     if (cnt) cnt[id] += 1;
-    if (want_lp) lp[0] = f32_bits(l[id] - lse);
+    if (want_lp) lp[0] = f32_bits(l[p->score_id < vocab ? p->score_id : id] - lse);
     return id;
 }
 
@@ -2453,6 +2454,24 @@ EXPORT(wi_step) void wi_step(const Model *m, const Step *s) {
     }
 #endif
     step_body(&c, m, s);
+}
+
+// Prompt logprobs (engine/batch.py SeqChunk.score_ids): the final norm, the one-pass LM head (as many rows as a
+// step samples) and the sampler over the Step's sample rows of the residual the last wi_step left, on thread 0
+// alone (scoring a prompt is not the decode loop's hot path). The rows' params carry score_id and logprobs, no
+// counts slot; the head band (two_pass_head's memory of the real sampled rows) is left as it was.
+EXPORT(wi_head) void wi_head(const Model *m, const Step *s) {
+    Ctx c = {0, 1, m->work, 0, m->scores, m->xn, m->xs, m->k, m->v, m->r};
+    u32 d = m->d, V = m->vocab;
+    for (u32 j = 0; j < s->n_sampled; j++)
+        rmsnorm(m->r + s->sample_rows[j] * d, d, m->norm, c.xs + j * d, d, 1, d, m->eps);
+    linear_share(&c, m->lm_head, c.xs, d, m->logits, V, s->n_sampled, 0, (m->fast & FAST_HEAD) != 0, 1);
+    for (u32 j = 0; j < s->n_sampled; j++) {
+        float *y = m->logits + j * V;
+        if (m->final_cap != 0.0f)
+            for (u32 i = 0; i < V; i++) y[i] = softcap(y[i], m->final_cap);
+        s->out_ids[j] = sample_row(y, V, s->params + j, s->aux, 0, s->logprobs + LPW * j, m->work);
+    }
 }
 
 // A decode block (webinfer/engine/batch.py StepBatch.steps = K): the host writes step 0 as a plain step of n

@@ -42,10 +42,10 @@ import time
 from array import array
 
 from ..engine.batch import Sampled, StepBatch
-from ..engine.gpu_model import GPUModel
+from ..engine.gpu_model import GPUModel, group_scores, score_rows
 from ..kernels.rope import attention_factor, inv_freq
 from ..kernels.sampling import (LOGPROB_BYTES, MAX_LOGIT_BIAS, CountsSlots, SampleRow, pack, pack_chunks,
-                                unpack_logprobs)
+                                pack_scores, unpack_logprobs)
 from .wasm import _NTH_WORD, WasmMemoryError, bufs_words, spins_for, team_words
 
 DTYPE_CODES = {"f32": 0, "q4": 1, "q4a": 2, "q8": 3, "q5_0": 4, "q5_1": 5, "q4k": 6, "q5k": 7, "q6k": 8}
@@ -478,13 +478,33 @@ class CpuRunner:
     def _execute_step(self, batch: StepBatch) -> list[int]:
         # the GPU model's validation and row layout (pure host code): same errors, same token rows; the sampling
         # rows and their packing are the GPU sampler's too (masks, logit_bias, min_p)
+        batch.check_scores(self.vocab_size)
         ids, pos, slots, rows, seqs, sampled, _ = GPUModel._prepare(self, batch)
         out = self._run(ids, pos, slots, seqs, rows,
                         pack_chunks(sampled, self.vocab_size, self.counts_slots.assign(sampled)))
-        if all(c.logprobs is None for c in sampled):
-            return out
-        lps = unpack_logprobs(self.host.read(self.logprobs_off, LOGPROB_BYTES * len(out)), len(out))
-        return Sampled(out, [lp if c.logprobs is not None else None for lp, c in zip(lps, sampled)])
+        lps = None
+        if any(c.logprobs is not None for c in sampled):
+            lps = unpack_logprobs(self.host.read(self.logprobs_off, LOGPROB_BYTES * len(out)), len(out))
+            lps = [lp if c.logprobs is not None else None for lp, c in zip(lps, sampled)]
+        srows = score_rows(batch)
+        if not srows:
+            return out if lps is None else Sampled(out, lps)
+        return Sampled(out, lps, group_scores(batch, srows, self._scores(ids, pos, slots, seqs, srows)))
+
+    def _scores(self, ids, pos, slots, seqs, srows) -> list:
+        """Prompt logprobs of the step just run (batch.py SeqChunk.score_ids): its scored token rows in groups of up
+        to max_seqs (the logits scratch's rows), each through kernels.c wi_head (final norm, one-pass LM head, the
+        sampler's logprobs at the row's score id), on thread 0."""
+        out = []
+        for g in range(0, len(srows), self.max_seqs):
+            grp = srows[g:g + self.max_seqs]
+            self._write_step(ids, pos, slots, seqs, [r[1] for r in grp],
+                             pack_scores([(r[2], r[3]) for r in grp], self.vocab_size))
+            t0 = time.perf_counter()
+            self.host.call("wi_head", self.model_off, self.step_off)
+            self.module_ms += (time.perf_counter() - t0) * 1e3
+            out += unpack_logprobs(self.host.read(self.logprobs_off, LOGPROB_BYTES * len(grp)), len(grp))
+        return out
 
     def _execute_block(self, batch: StepBatch) -> list[int]:
         """A decode block (batch.py) in one call: the host writes step 0 and the module runs the K steps, feeding

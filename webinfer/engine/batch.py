@@ -40,6 +40,11 @@ class SeqChunk:
     # the prompt's length, so a runner can (re)build the sequence's token counts when it has none for it
     history: list[int] | None = None
     num_prompt: int = 0
+    # prompt logprobs (a completions request with echo and logprobs): score_ids[j] is the id that follows the
+    # chunk's token j (rows 0 .. len(score_ids) - 1, a prefix of the chunk); the runner returns, per such row, that
+    # id's log-softmax under the row's raw logits and the top `score_top` (0..20) in Sampled.scores
+    score_ids: tuple = ()
+    score_top: int = 0
 
     @property
     def penalized(self) -> bool:
@@ -47,12 +52,15 @@ class SeqChunk:
 
 
 class Sampled(list):
-    """What execute() may return instead of a plain list of ids when some chunk asked for logprobs: the ids, and
-    per id (same order) None or (logprob of the sampled token, [(id, logprob), ...] of the top k, best first)."""
+    """What execute() may return instead of a plain list of ids when some chunk asked for logprobs or scores: the
+    ids, and per id (same order) None or (logprob of the sampled token, [(id, logprob), ...] of the top k, best
+    first); scores: per chunk (batch order) None or, per scored row, (logprob of its score id, top k) as above.
+    A runner must return one when a chunk has score_ids, even if no chunk samples."""
 
-    def __init__(self, ids, logprobs: list | None = None):
+    def __init__(self, ids, logprobs: list | None = None, scores: list | None = None):
         super().__init__(ids)
         self.logprobs = logprobs
+        self.scores = scores
 
 
 @dataclass
@@ -74,8 +82,21 @@ class StepBatch:
                           for c, t in zip(self.chunks, token_ids)])
 
     def check_block(self) -> None:
-        if self.steps > 1 and not all(len(c.token_ids) == 1 and c.sample and c.mask is None for c in self.chunks):
-            raise ValueError("a decode block holds only one-token chunks that sample, without a mask")
+        if self.steps > 1 and not all(len(c.token_ids) == 1 and c.sample and c.mask is None and not c.score_ids
+                                      for c in self.chunks):
+            raise ValueError("a decode block holds only one-token chunks that sample, without a mask or scores")
+
+    def check_scores(self, vocab: int) -> None:
+        """score_ids: a prefix of the chunk's rows (the last row of a sampling chunk is its sample, not a score),
+        ids in the vocabulary, score_top in 0..20."""
+        for c in self.chunks:
+            if not c.score_ids:
+                continue
+            if len(c.score_ids) > len(c.token_ids) - c.sample or not 0 <= c.score_top <= 20:
+                raise ValueError(f"sequence {c.seq_id}: {len(c.score_ids)} score ids for a chunk of "
+                                 f"{len(c.token_ids)} tokens (sample={c.sample}), top {c.score_top}")
+            if any(not 0 <= t < vocab for t in c.score_ids):
+                raise ValueError(f"sequence {c.seq_id}: a score id outside the vocabulary of {vocab}")
 
 
 class ModelRunner(Protocol):

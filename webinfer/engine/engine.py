@@ -47,6 +47,8 @@ class RequestOutput:
     num_proposed: int = 0          # speculative proposals verified so far
     num_accepted: int = 0          # ... and accepted
     logprobs: list | None = None   # params.logprobs set: per token of token_ids, (logprob, [(id, logprob), ...])
+    prompt_logprobs: list | None = None  # params.prompt_logprobs set, on the first output only: per prompt token
+                                         # after the first, (logprob, [(id, logprob), ...]) as logprobs
 
     @property
     def time_per_output_token_s(self) -> float | None:
@@ -285,7 +287,8 @@ class AsyncEngine:
         st = self._streams.get(o.request.request_id)
         if st is None or not o.new_tokens:
             return
-        if st.t_first is None:
+        first = st.t_first is None
+        if first:
             st.t_first = now
         reason = o.finish_reason
         toks, delta, dropped, lps = o.new_tokens, "", 0, o.logprobs
@@ -310,7 +313,8 @@ class AsyncEngine:
         r = st.req
         st.queue.put_nowait(RequestOutput(
             r.request_id, toks, delta, reason, len(r.prompt_ids), len(r.output_ids) - dropped,
-            max(r.num_cached_tokens, 0), st.t_first - st.t0, now - st.t_first, r.num_proposed, r.num_accepted, lps))
+            max(r.num_cached_tokens, 0), st.t_first - st.t0, now - st.t_first, r.num_proposed, r.num_accepted, lps,
+            list(r.prompt_logprobs) if first and r.params.prompt_logprobs is not None else None))
 
     def stats(self) -> dict:
         s = self.scheduler.stats()

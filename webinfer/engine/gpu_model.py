@@ -64,7 +64,7 @@ from ..kernels.linear import (Epilogue, Linear, LinearIO, QuantWeight, WeightPar
 from ..kernels.norm import HeadNorm, RMSNorm
 from ..kernels.rope import Rope, attention_factor, inv_freq, rope_table
 from ..kernels.swiglu import SoftCap, SwiGLU
-from ..kernels.sampling import LOGPROB_BYTES, unpack_logprobs
+from ..kernels.sampling import LOGPROB_BYTES, pack_scores, unpack_logprobs
 from .batch import Sampled, StepBatch
 
 # step[] entries read by the kernels: all token rows, sampled rows, decode rows [0, Td), prefill rows [Td, T)
@@ -170,6 +170,30 @@ class DualLinear:
         self.gemm.encode(cmds, n_prefill)
 
 
+def score_rows(batch: StepBatch) -> list[tuple[int, int, int, int]]:
+    """(chunk index, token row of the step, score id, top k) of every prompt-logprob row (SeqChunk.score_ids), in
+    chunk order: the token rows of GPUModel._prepare (one-token chunks first, then the others, each in order)."""
+    order = [i for i, c in enumerate(batch.chunks) if len(c.token_ids) == 1]
+    order += [i for i, c in enumerate(batch.chunks) if len(c.token_ids) > 1]
+    first, row = {}, 0
+    for i in order:
+        first[i] = row
+        row += len(batch.chunks[i].token_ids)
+    return [(i, first[i] + j, t, c.score_top) for i, c in enumerate(batch.chunks) for j, t in enumerate(c.score_ids)]
+
+
+def group_scores(batch: StepBatch, rows: list, results: list) -> list | None:
+    """Sampled.scores from score_rows' rows and their results (same order): per chunk None or its rows' results."""
+    if not rows:
+        return None
+    out: list = [None] * len(batch.chunks)
+    for (i, *_), r in zip(rows, results):
+        if out[i] is None:
+            out[i] = []
+        out[i].append(r)
+    return out
+
+
 class GPUModel:
     """ModelRunner over one device. Build with `await GPUModel.load(device, package, ...)`."""
 
@@ -208,6 +232,7 @@ class GPUModel:
         self.tiles = tiles_for(max_seqs)  # decode rows per step <= max_seqs: only the GEMV tiles that can be picked
         self.ksplit = default_ksplit(device) if gemv_ksplit is None else gemv_ksplit
         self._block_staging, self._block_staging_size = None, 0
+        self._score_staging = self._score_out = None  # prompt logprobs' upload and read-back (_encode_scores)
         if num_blocks < 2:
             raise ValueError(f"num_blocks={num_blocks}: need the null block plus at least one")
         reader = read or (lambda n, c, b: package.read_component(n, c, b))
@@ -563,13 +588,58 @@ class GPUModel:
         if batch.steps > 1:
             return await self._execute_block(batch)
         t0 = time.perf_counter()
+        batch.check_scores(self.cfg.vocab_size)
         cmds, sampled = self.encode_step(batch)
+        srows = score_rows(batch)
+        if srows:
+            self._encode_scores(cmds, srows, len(sampled))
         self.device.submit(cmds)
         self.host_ms += (time.perf_counter() - t0) * 1e3  # Python encode + submit: the host's share of a step
         self.steps += 1
-        if not sampled:
-            return []
-        return await self.sampler.read(sampled)
+        if not srows:
+            return await self.sampler.read(sampled) if sampled else []
+        ids = await self.sampler.read(sampled, self.block_ids, self.block_logprobs) if sampled else []
+        raw = await self.device.read_buffer(self._score_out, 0, LOGPROB_BYTES * len(srows))
+        return Sampled(ids, getattr(ids, "logprobs", None), group_scores(batch, srows, unpack_logprobs(raw, len(srows))))
+
+    def _encode_scores(self, cmds, srows: list, n_sampled: int) -> None:
+        """Prompt logprobs after the step's own sampling (whose ids and logprobs are first copied aside, to the
+        decode block's read-back buffers): the scored token rows in groups of up to max_seqs, each through the
+        final norm, the LM head (its GEMV tiles: a row's bits do not depend on the group) and the sampler with the
+        row's score id, whose logprob words go to one read-back buffer."""
+        smp, bf, S = self.sampler, self.bufs, self.max_seqs
+        if n_sampled:
+            cmds.copy(smp.ids, 0, self.block_ids, 0, 4 * n_sampled)
+            cmds.copy(smp.logprobs, 0, self.block_logprobs, 0, LOGPROB_BYTES * n_sampled)
+        groups = [srows[g:g + S] for g in range(0, len(srows), S)]
+        blobs = []
+        for grp in groups:
+            blobs += [struct.pack("<4I", 0, len(grp), 0, 0), struct.pack(f"<{len(grp)}I", *(r[1] for r in grp)),
+                      pack_scores([(r[2], r[3]) for r in grp], self.cfg.vocab_size).params]
+        data = b"".join(blobs)
+        self._score_staging = self._grown(self._score_staging, len(data), COPY_SRC | COPY_DST, "score.staging")
+        self._score_out = self._grown(self._score_out, LOGPROB_BYTES * len(srows), COPY_SRC | COPY_DST, "score.out")
+        self.device.write_buffer(self._score_staging, 0, data)
+        off = done = 0
+        for k, grp in enumerate(groups):
+            for blob, dst in zip(blobs[3 * k: 3 * k + 3], (bf.step, bf.rows, smp.params)):
+                cmds.copy(self._score_staging, off, dst, 0, len(blob))
+                off += len(blob)
+            self.final_norm.encode(cmds, len(grp))
+            self.lm_head.encode(cmds, len(grp))
+            if self.logit_cap:
+                self.logit_cap.encode(cmds, len(grp))
+            smp.kernel.encode(cmds, smp.binding, len(grp))
+            cmds.copy(smp.logprobs, 0, self._score_out, LOGPROB_BYTES * done, LOGPROB_BYTES * len(grp))
+            done += len(grp)
+
+    def _grown(self, buf, nbytes: int, usage: int, label: str):
+        """buf, or (when it holds less than nbytes) a new buffer of the next power of two bytes."""
+        if buf is not None and int(buf.size) >= nbytes:
+            return buf
+        if buf is not None:
+            self.device.destroy_buffer(buf)
+        return self.device.create_buffer(max(256, 1 << (nbytes - 1).bit_length()), usage, label=label)
 
     async def _execute_block(self, batch: StepBatch) -> list[int]:
         """A decode block (batch.py): K steps, one submit each and one read-back at the end.
@@ -690,10 +760,11 @@ class _StepSampler:
         if any(c.mask is not None or c.logit_bias for c in sampled):
             self.device.write_buffer(self.aux, 0, packed.aux)
 
-    async def read(self, sampled) -> list[int]:
+    async def read(self, sampled, ids_buf=None, logprobs_buf=None) -> list[int]:
+        """The step's ids (and logprobs) from the sampler's buffers, or from where a step copied them."""
         n = len(sampled)
-        ids = list(struct.unpack(f"<{n}I", await self.device.read_buffer(self.ids, 0, 4 * n)))
+        ids = list(struct.unpack(f"<{n}I", await self.device.read_buffer(ids_buf or self.ids, 0, 4 * n)))
         if all(c.logprobs is None for c in sampled):
             return ids
-        lps = unpack_logprobs(await self.device.read_buffer(self.logprobs, 0, LOGPROB_BYTES * n), n)
+        lps = unpack_logprobs(await self.device.read_buffer(logprobs_buf or self.logprobs, 0, LOGPROB_BYTES * n), n)
         return Sampled(ids, [lp if c.logprobs is not None else None for lp, c in zip(lps, sampled)])

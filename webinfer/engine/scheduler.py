@@ -38,6 +38,12 @@ A runner whose rows have the same bits either way (`rows_match_chunks`: the CPU 
 covered: a budget too small for the first (max_num_batched_tokens < max_num_seqs + 2: a prompt may then go a token
 at a time).
 
+Prompt logprobs (params.prompt_logprobs: a completions request with echo) ride on the prompt's chunks: each chunk
+asks the runner to score its rows whose next token is a prompt token (SeqChunk.score_ids), and update() keeps the
+results by position in `Request.prompt_logprobs`. Until they are complete the request takes no prefix-cache hit
+(a cached position has no logits); a preemption before then scores its prompt again from the start (the same
+bits: a prompt's rows do not depend on its chunks).
+
 A decode block (schedule(max_steps=K)) is the same rule run K times on the GPU without the host in between: when
 every running request is decoding, none waits, and none speculates or is constrained, each gets KV room for K more
 tokens and the runner feeds each step's sampled ids to the next step itself. update() then takes the K tokens of
@@ -73,6 +79,8 @@ class Request:
     matcher: object = None        # structured output: a grammar.GrammarMatcher over this request's output
     num_proposed: int = 0         # proposals verified so far
     num_accepted: int = 0         # ... and accepted
+    # params.prompt_logprobs: entry i is prompt token i + 1's (logprob, top) under the logits of position i
+    prompt_logprobs: list = field(default_factory=list, repr=False)
     # prompt + output, kept up to date by add_output(): the scheduler reads it every step, so it is not rebuilt
     all_token_ids: list[int] = field(default_factory=list, repr=False)
 
@@ -86,6 +94,11 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def scoring(self) -> bool:
+        """Whether the prompt's chunks still have prompt logprobs to compute."""
+        return self.params.prompt_logprobs is not None and len(self.prompt_logprobs) < len(self.prompt_ids) - 1
 
 
 @dataclass
@@ -195,8 +208,12 @@ class Scheduler:
         sample = last == req.num_tokens - 1
         mask = req.matcher.mask_words() if sample and req.matcher is not None else None
         if not rows:
+            score = ()
+            if req.scoring:  # the rows whose next token is a prompt token
+                score = tuple(req.prompt_ids[start + 1:min(start + n, len(req.prompt_ids) - 1) + 1])
             return [SeqChunk(seq_id=req.request_id, token_ids=req.all_token_ids[start:start + n], start_pos=start,
-                             block_table=table, sample=sample, sample_index=len(req.output_ids), mask=mask, **ctl)]
+                             block_table=table, sample=sample, sample_index=len(req.output_ids), mask=mask,
+                             score_ids=score, score_top=p.prompt_logprobs or 0, **ctl)]
         fed = req.all_token_ids[start:start + n] + req.proposal[:k]
         return [SeqChunk(seq_id=req.request_id, token_ids=[t], start_pos=start + j, block_table=table,
                          sample=sample and start + j >= last, sample_index=start + j + 1 - len(req.prompt_ids),
@@ -244,6 +261,8 @@ class Scheduler:
     def _prefix(self, req: Request) -> list[int]:
         """req's prefix-cache hit, short of leaving its prompt one token to compute (which would go down the
         decode path: _prompt_chunk)."""
+        if req.scoring:
+            return []  # its prompt's positions must be computed for their logits
         hit = self.kv.find_prefix(req.request_id, req.all_token_ids, self._key_from(req))
         end = self._prompt_end(req)
         if hit and self.whole_prompt_rows and end is not None and end - len(hit) * self.kv.block_size == 1:
@@ -345,13 +364,18 @@ class Scheduler:
         if len(sampled) != n_sample:
             raise ValueError(f"the runner returned {len(sampled)} token ids for {n_sample} sampling chunks")
         lps = getattr(sampled, "logprobs", None) or [None] * len(sampled)
+        scores = getattr(sampled, "scores", None) or [None] * len(batch.chunks)
+        for c, sc in zip(batch.chunks, scores):
+            if len(sc or ()) != len(c.score_ids):
+                raise ValueError(f"the runner returned {len(sc or ())} scores for {len(c.score_ids)} score ids")
         if batch.steps > 1:  # a block: request i's tokens are sampled[i], sampled[i + n], ...
             n = len(batch.chunks)
             per_req = [(list(sampled[i::n]), lps[i::n]) for i in range(n)]
-        chunks, ids = iter(batch.chunks), iter(zip(sampled, lps))
+        chunks, ids = iter(zip(batch.chunks, scores)), iter(zip(sampled, lps))
         outs = []
         for i, (req, n, k, rows) in enumerate(scheduled):
-            fed = [next(chunks) for _ in range((n if rows else 1) + k)]
+            fed_scores = [next(chunks) for _ in range((n if rows else 1) + k)]
+            fed = [c for c, _ in fed_scores]
             if batch.steps > 1:
                 got, got_lp = per_req[i]
             else:
@@ -359,6 +383,9 @@ class Scheduler:
                 got, got_lp = [t for t, _ in pairs], [lp for _, lp in pairs]
             if req.status != RUNNING:  # aborted while the step ran
                 continue
+            for c, sc in fed_scores:
+                if sc:  # by position: a prompt scored again after a preemption overwrites its own values
+                    req.prompt_logprobs[c.start_pos:c.start_pos + len(sc)] = sc
             new: list[int] = []
             reason = None
             for j, tok in enumerate(got):

@@ -29,6 +29,7 @@ class SamplingParams:
     presence_penalty: float = 0.0    # l -= p * [count > 0]
     repetition_penalty: float = 1.0  # tokens of the prompt or output: l / r if l > 0 else l * r
     logprobs: int | None = None      # None: none; k: each token's logprob and the top k alternatives (0..20)
+    prompt_logprobs: int | None = None  # k: each prompt token's logprob (after the first) and the top k (0..20)
 
     @property
     def penalized(self) -> bool:
@@ -50,6 +51,8 @@ class SamplingParams:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             raise ValueError(f"logprobs must be in 0..20, got {self.logprobs}")
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= 20:
+            raise ValueError(f"prompt_logprobs must be in 0..20, got {self.prompt_logprobs}")
 
 
 def token_stop_reason(token_id: int, num_output: int, num_total: int, params: SamplingParams,

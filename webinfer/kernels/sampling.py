@@ -72,6 +72,8 @@ class SampleRow:
     counts_slot: int | None = None  # the sequence's slice of the counts buffer (needed by the three penalties)
     mask: bytes | None = None  # allowed tokens: ceil(vocab/32) little-endian u32 words (GrammarMatcher.mask_words)
     logprobs: int | None = None  # None: no logprobs; k: the sampled token's logprob and the top k (0..20)
+    score_id: int | None = None  # with logprobs: report this id's logprob instead of the sampled one's (prompt
+                                 # logprobs: the row's next prompt token; the row's sampled id is then unused)
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,8 @@ def _check(r: SampleRow, vocab: int | None) -> None:
         raise ValueError(f"sampling: need 0 <= min_p <= 1 and repetition_penalty > 0; got {r}")
     if r.logprobs is not None and not 0 <= r.logprobs <= MAX_TOP_LOGPROBS:
         raise ValueError(f"sampling: logprobs must be 0..{MAX_TOP_LOGPROBS}, got {r.logprobs}")
+    if r.score_id is not None and (r.logprobs is None or r.score_id < 0 or (vocab is not None and r.score_id >= vocab)):
+        raise ValueError(f"sampling: a score_id needs logprobs and an id in the vocabulary, got {r.score_id}")
     penalized = r.frequency_penalty != 0 or r.presence_penalty != 0 or r.repetition_penalty != 1
     if penalized and r.counts_slot is None:
         raise ValueError("sampling: frequency / presence / repetition penalties need a counts_slot")
@@ -123,7 +127,8 @@ def pack(rows: list[SampleRow], vocab: int | None = None) -> Packed:
         params += struct.pack(_ROW, r.logit_row, r.top_k, r.seed & _MASK, r.index & _MASK, r.temperature, r.top_p,
                               mask_off, bias_off, len(bias), NONE if r.counts_slot is None else r.counts_slot,
                               r.frequency_penalty, r.presence_penalty, r.repetition_penalty, r.min_p,
-                              NONE if r.logprobs is None else r.logprobs, 0)
+                              NONE if r.logprobs is None else r.logprobs,
+                              NONE if r.score_id is None else r.score_id)
     return Packed(bytes(params), bytes(aux or b"\0\0\0\0"))
 
 
@@ -206,6 +211,12 @@ def pack_chunks(sampled, vocab: int, slots=None) -> Packed:
                            repetition_penalty=c.repetition_penalty, logit_bias=c.logit_bias,
                            counts_slot=slots[j], mask=c.mask, logprobs=c.logprobs)
                  for j, c in enumerate(sampled)], vocab)
+
+
+def pack_scores(rows: list[tuple], vocab: int) -> Packed:
+    """The sampling rows of prompt-logprob rows (engine/batch.py SeqChunk.score_ids): (score id, top k) per row,
+    logits row j = row j; no controls, so the logprobs are the raw logits' log-softmax."""
+    return pack([SampleRow(j, logprobs=top, score_id=sid) for j, (sid, top) in enumerate(rows)], vocab)
 
 
 def unpack_logprobs(raw: bytes, n_rows: int) -> list[tuple[float, list[tuple[int, float]]]]:

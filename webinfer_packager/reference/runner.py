@@ -96,7 +96,8 @@ class ReferenceRunner:
     def execute_sync(self, batch: StepBatch) -> list[int]:
         if batch.steps > 1:
             raise ValueError("the reference runner runs single steps (max_steps = 1)")
-        m, out, lps = self.model, [], []
+        batch.check_scores(self.vocab_size)
+        m, out, lps, scores = self.model, [], [], []
         for c in batch.chunks:
             past = self._gather(c.block_table, c.start_pos)                # [2, L, S, Hkv, hd]
             m.k_cache, m.v_cache = list(past[0]), list(past[1])
@@ -104,6 +105,10 @@ class ReferenceRunner:
             new = np.stack([np.stack([k[c.start_pos:] for k in m.k_cache]),
                             np.stack([v[c.start_pos:] for v in m.v_cache])])  # [2, L, T, Hkv, hd]
             self._scatter(c.block_table, c.start_pos, new)
+            scores.append(None)
+            for j, t in enumerate(c.score_ids):  # prompt logprobs: row j's raw log-softmax at the next token
+                lsm, top = Sampler.logprobs(logits[j], c.score_top)               # [V], [k]
+                scores[-1] = (scores[-1] or []) + [(float(lsm[t]), [(int(i), float(lsm[i])) for i in top])]
             if c.sample:
                 hist, n_p = c.history or [], c.num_prompt
                 r = sample(logits[-1], c.temperature, c.top_p, c.top_k, c.seed, c.sample_index, min_p=c.min_p,
@@ -114,6 +119,8 @@ class ReferenceRunner:
                 out.append(tok)
                 lps.append(lp)
         m.reset()
+        if any(sc is not None for sc in scores):
+            return Sampled(out, lps if any(lp is not None for lp in lps) else None, scores)
         return Sampled(out, lps) if any(lp is not None for lp in lps) else out
 
     async def execute(self, batch: StepBatch) -> list[int]:
