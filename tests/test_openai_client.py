@@ -108,7 +108,7 @@ COMPLETION_FIELDS = [
     ("user", "u"),
 ]
 KNOWN = {"max_completion_tokens", "metadata", "seed", "stop", "temperature", "top_p", "user", "parallel_tool_calls",
-         "response_format", "tools", "tool_choice", "n", "logit_bias", "safety_identifier", "prompt_cache_key"}
+         "response_format", "tools", "tool_choice", "n", "logit_bias", "safety_identifier", "prompt_cache_key", "echo"}
 
 
 def _works_or_names(call, field, value, stream):
@@ -201,3 +201,28 @@ def test_smollm2_content_through_the_client(smollm2_package):
         assert chunks[-1].usage.completion_tokens == r.usage.completion_tokens
     finally:
         _stop(p)
+
+
+def test_lm_eval_loglikelihood_requests(client):
+    """What lm-evaluation-harness's local-completions model sends to score a continuation (token-id prompts in an
+    array, echo, logprobs 1, max_tokens 1, of which it drops the last entry), and what scoring tools send
+    (max_tokens 0): the prompt's logprobs in OpenAI's legacy shape, read back by the official client."""
+    ids = [[5, 9, 13, 2, 40, 41, 3], [7, 8, 9]]
+    r = client.completions.create(model="m", prompt=ids, echo=True, logprobs=1, max_tokens=1, temperature=0,
+                                  seed=1234)
+    assert [c.index for c in r.choices] == [0, 1] and r.usage.prompt_tokens == 10
+    for c, p in zip(r.choices, ids):
+        lp = c.logprobs
+        assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(p) + 1
+        assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+        assert all(x <= 0 for x in lp.token_logprobs[1:]) and all(len(t) == 1 for t in lp.top_logprobs[1:])
+        # lm-eval's is_greedy: the token's logprob is the best one's (the last entry is the sampled, greedy token)
+        assert lp.token_logprobs[-1] == max(lp.top_logprobs[-1].values())
+    only = client.completions.create(model="m", prompt=ids[0], echo=True, logprobs=1, max_tokens=0)
+    c = only.choices[0]
+    assert c.logprobs.token_logprobs == r.choices[0].logprobs.token_logprobs[:-1]
+    assert c.finish_reason == "length" and only.usage.completion_tokens == 0 and c.model_extra["token_ids"] == []
+    chunks = list(client.completions.create(model="m", prompt="hello there", echo=True, max_tokens=3, stream=True))
+    whole = client.completions.create(model="m", prompt="hello there", echo=True, max_tokens=3)
+    assert chunks[0].choices[0].text.startswith("hello there")
+    assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == whole.choices[0].text

@@ -37,19 +37,6 @@ def ref_model(package):
         limit_blas_threads(old)
 
 
-@pytest.fixture(scope="module")
-def hf(smollm2_gguf):
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    kw = dict(gguf_file=smollm2_gguf.name, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(str(smollm2_gguf.parent), dtype=torch.float32, **kw).eval()
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield model, AutoTokenizer.from_pretrained(str(smollm2_gguf.parent), **kw)
-    torch.set_num_threads(old)
-
-
 def greedy_with_logits(model, ids: list[int], n: int) -> tuple[list[int], np.ndarray]:
     """Greedy decode through the KV cache (prefill, then one token per step); logits [n, V] of every step."""
     model.reset()
@@ -62,12 +49,12 @@ def greedy_with_logits(model, ids: list[int], n: int) -> tuple[list[int], np.nda
 
 
 @pytest.mark.parametrize("text,chat", PROMPTS)
-def test_greedy_ids_and_logits_match_transformers(package, ref_model, hf, text, chat):
+def test_greedy_ids_and_logits_match_transformers(package, ref_model, smollm2_hf, text, chat):
     import torch
     from webinfer.prompt import Prompter
     from webinfer.tokenizer import Tokenizer
 
-    model, hf_tok = hf
+    model, hf_tok = smollm2_hf
     prompter = Prompter.for_package(package, Tokenizer.from_json(package.tokenizer_json()))
     ids = prompter.chat_ids([{"role": "user", "content": text}]) if chat else prompter.text_ids(text)
     # our prompt building agrees with transformers' tokenizer and apply_chat_template

@@ -55,11 +55,13 @@ class Limits:
     max_top_k: int = 1000
     max_speculative_tokens: int = 16
     max_n: int = 16                 # choices per request
+    max_prompts: int = 32           # prompts in one completions request (an array); prompts x n <= max_choices
+    max_choices: int = 64
 
 
 # OpenAI request fields that ask for something not implemented: accepted only with their neutral values.
 _NEUTRAL: dict[str, tuple] = {
-    "best_of": (1,), "echo": (False,), "suffix": ("",),
+    "best_of": (1,), "suffix": ("",),
     "functions": ([],), "function_call": ("none", "auto"), "audio": (), "modalities": (["text"],),
     "prediction": (), "reasoning_effort": (), "verbosity": (), "web_search_options": (), "store": (False,),
     "service_tier": ("auto", "default"),
@@ -71,7 +73,7 @@ _SAMPLING = ("max_tokens", "max_completion_tokens", "temperature", "top_p", "top
              "response_format", "frequency_penalty", "presence_penalty", "repetition_penalty", "logprobs",
              "top_logprobs", "n")
 CHAT_FIELDS = frozenset(("messages", "tools", "tool_choice", "parallel_tool_calls") + _SAMPLING) | set(_NEUTRAL) | set(_INERT)
-COMPLETION_FIELDS = frozenset(("prompt",) + _SAMPLING) | set(_NEUTRAL) | set(_INERT)
+COMPLETION_FIELDS = frozenset(("prompt", "echo") + _SAMPLING) | set(_NEUTRAL) | set(_INERT)
 
 
 def _num(name: str, v, lo, hi, integer=False):
@@ -174,6 +176,9 @@ class ParsedRequest:
     tools: list | None = None      # checked `tools` (chat), passed to the template
     tool_choice: Any = "none"      # "none" | "auto" | "required" | {"name": ...}
     parallel_tool_calls: bool = True
+    echo: bool = False             # completions: the prompt comes back before the completion (with its logprobs)
+    score_only: bool = False       # completions with echo and max_tokens 0: the prompt's logprobs, no completion
+    batch: bool = False            # completions: `prompt` is an array of prompts (prompts[p]'s choice j: p * n + j)
 
 
 def parse_request(kind: str, req: dict, limits: Limits, speculative_tokens: int = 0) -> ParsedRequest:
@@ -198,7 +203,12 @@ def parse_request(kind: str, req: dict, limits: Limits, speculative_tokens: int 
         raise InvalidRequestError("stream_options", "is only allowed with stream: true")
     mt = g("max_tokens") if g("max_tokens") is not None else g("max_completion_tokens")
     name = "max_tokens" if g("max_tokens") is not None else "max_completion_tokens"
-    mt = 64 if mt is None else _num(name, mt, 1, limits.max_tokens, integer=True)
+    echo = g("echo") or False
+    if not isinstance(echo, bool):
+        raise InvalidRequestError("echo", "must be true or false")
+    # max_tokens 0 with echo: score the prompt only (the engine samples one token, which is dropped)
+    mt = 64 if mt is None else _num(name, mt, 0 if echo else 1, limits.max_tokens, integer=True)
+    score_only = mt == 0
     t = 1.0 if g("temperature") is None else _num("temperature", g("temperature"), *limits.temperature)
     p = 1.0 if g("top_p") is None else _num("top_p", g("top_p"), 0.0, 1.0)
     if p == 0:
@@ -230,9 +240,11 @@ def parse_request(kind: str, req: dict, limits: Limits, speculative_tokens: int 
     pen = {f: float(_num(f, g(f), -2.0, 2.0)) for f in ("frequency_penalty", "presence_penalty") if g(f) is not None}
     if g("repetition_penalty") is not None:
         pen["repetition_penalty"] = float(_num("repetition_penalty", g("repetition_penalty"), 0.01, 10.0))
-    params = SamplingParams(max_tokens=mt, temperature=float(t), top_p=float(p), top_k=k, seed=s, stop=stop,
+    lp = _logprobs(kind, g)
+    params = SamplingParams(max_tokens=max(mt, 1), temperature=float(t), top_p=float(p), top_k=k, seed=s, stop=stop,
                             stop_token_ids=list(stop_ids), ignore_eos=ignore_eos, speculative_tokens=spec,
-                            min_p=float(min_p), logit_bias=bias, logprobs=_logprobs(kind, g), **pen)
+                            min_p=float(min_p), logit_bias=bias, logprobs=lp,
+                            prompt_logprobs=lp if echo else None, **pen)
     n = 1 if g("n") is None else _num("n", g("n"), 1, limits.max_n, integer=True)
     tools = check_tools(g("tools")) if g("tools") else None
     choice = check_tool_choice(g("tool_choice"), tools or [])
@@ -244,15 +256,21 @@ def parse_request(kind: str, req: dict, limits: Limits, speculative_tokens: int 
     if choice not in ("none", "auto"):
         params.speculative_tokens = 0  # the call's grammar mask depends on each accepted token
     extra = dict(n=n, tools=tools, tool_choice=choice, parallel_tool_calls=ptc)
+    batch = False
     if kind == "chat":
         prompt = check_messages(g("messages"), limits)
     else:
         prompt = g("prompt")
-        if isinstance(prompt, str) and len(prompt) > limits.max_prompt_chars:
-            raise InvalidRequestError("prompt", f"at most {limits.max_prompt_chars} characters, got {len(prompt)}")
+        batch = isinstance(prompt, list) and bool(prompt) and all(isinstance(x, (str, list)) for x in prompt)
+        if batch and (len(prompt) > limits.max_prompts or len(prompt) * n > limits.max_choices):
+            raise InvalidRequestError("prompt", f"at most {limits.max_prompts} prompts and {limits.max_choices} "
+                                                f"choices (prompts x n) in one request, got {len(prompt)} x {n}")
+        chars = sum(len(x) for x in prompt if isinstance(x, str)) if batch else len(prompt) if isinstance(prompt, str) else 0
+        if chars > limits.max_prompt_chars:
+            raise InvalidRequestError("prompt", f"at most {limits.max_prompt_chars} characters, got {chars}")
     return ParsedRequest(kind, prompt, params, stream, bool(opts and opts.get("include_usage")),
                          None if rf is None or rf["type"] == "text" else rf, bool(opts and opts.get("continuous_usage_stats")),
-                         **extra)
+                         **extra, echo=echo, score_only=score_only, batch=batch)
 
 
 def choice_seed(seed: int, i: int) -> int:
@@ -310,6 +328,47 @@ def usage_of(lasts: list, n_prompt: int) -> dict:
     return u
 
 
+_END = object()  # _Merged: an iterator ended
+
+
+class _Merged:
+    """The items of async iterators as they come, each as (key, item), and (key, _END) when one ends; iterators may
+    join while it runs. An iterator's exception is raised to the consumer; aclose() cancels and closes them all (a
+    consumer that leaves early aborts its requests at once)."""
+
+    def __init__(self):
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.tasks: list[asyncio.Task] = []
+        self.running = 0
+
+    def add(self, key, gen) -> None:
+        async def pump() -> None:
+            try:
+                async for item in gen:
+                    self.queue.put_nowait((key, item))
+            except Exception as e:
+                self.queue.put_nowait((key, e))
+            finally:
+                await gen.aclose()
+                self.queue.put_nowait((key, _END))
+
+        self.tasks.append(asyncio.get_running_loop().create_task(pump()))
+        self.running += 1
+
+    async def __aiter__(self):
+        while self.running:
+            key, item = await self.queue.get()
+            if isinstance(item, Exception):
+                raise item
+            self.running -= item is _END
+            yield key, item
+
+    async def aclose(self) -> None:
+        for t in self.tasks:
+            t.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
 class LLM:
     """engine: token ids in and out; tokenizer + prompter: text and chat messages <-> ids."""
 
@@ -338,7 +397,18 @@ class LLM:
             close()
 
     def prompt_ids(self, r: ParsedRequest) -> list[int]:
-        return self.prompter.chat_ids(r.prompt, r.tools) if r.kind == "chat" else self.prompter.prompt_ids(r.prompt)
+        """The request's prompt ids; for an array of prompts (r.batch), a list of each one's ids."""
+        if r.kind == "chat":
+            return self.prompter.chat_ids(r.prompt, r.tools)
+        if not r.batch:
+            return self.prompter.prompt_ids(r.prompt)
+        out = []
+        for i, x in enumerate(r.prompt):
+            try:
+                out.append(self.prompter.prompt_ids(x))
+            except InvalidRequestError as e:
+                raise InvalidRequestError(f"prompt[{i}]", e.problem) from None
+        return out
 
     def tool_format(self, r: ParsedRequest):
         """The tool-call format to parse the reply with (None: no tool calls in this request)."""
@@ -354,9 +424,10 @@ class LLM:
         skip = frozenset() if params.ignore_eos else self.engine.eos_ids
         return TextStream(incremental_decoder(self.tokenizer), params.stop, skip)
 
-    def prepare(self, kind: str, request: dict) -> tuple[ParsedRequest, list[int]]:
-        """The checked request and its prompt ids (template rendering and tokenization: the costly, synchronous
-        part, which a server runs in a worker thread)."""
+    def prepare(self, kind: str, request: dict) -> tuple[ParsedRequest, list]:
+        """The checked request and its prompt ids (a list of each prompt's ids for an array of prompts: r.batch)
+        (template rendering and tokenization: the costly, synchronous part, which a server runs in a worker
+        thread)."""
         r = parse_request(kind, request, self.limits, self.speculative_tokens)
         if r.params.speculative_tokens and self.engine.proposer is None:
             raise InvalidRequestError("speculative_tokens", "this engine has no speculative proposer (start it with "
@@ -366,7 +437,8 @@ class LLM:
             raise InvalidRequestError("logit_bias", f"token ids must be in [0, {vocab})")
         self.tool_format(r)  # a 400 before any work when the template has no format we read
         ids = self.prompt_ids(r)
-        self.engine.scheduler.check_prompt(len(ids))  # ContextOverflowError before any output
+        for one in ids if r.batch else [ids]:
+            self.engine.scheduler.check_prompt(len(one))  # ContextOverflowError before any output
         return r, ids
 
     async def create(self, kind: str, request: dict, executor=None):
@@ -378,30 +450,34 @@ class LLM:
             r, ids = self.prepare(kind, request)
         return await self.run(r, ids)
 
-    async def run(self, r: ParsedRequest, ids: list[int]):
+    async def run(self, r: ParsedRequest, ids: list):
         """Generate for a prepared request (see create)."""
         kind = r.kind
         fmt = self.tool_format(r)
         masks = await self._masks(r, fmt)
         rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
-        outs = self._outputs(r, ids, masks)
+        prompts = ids if r.batch else [ids]
+        outs = self._all_outputs(r, prompts, masks)
         head = {"id": rid, "created": int(time.time()), "model": self.model_name}
         if r.stream:
             return self._stream(r, head, outs, ids, fmt)
-        text = [[] for _ in range(r.n)]
-        out_ids = [[] for _ in range(r.n)]
-        lps = [[] for _ in range(r.n)]
-        last: list[RequestOutput | None] = [None] * r.n
+        n = r.n * len(prompts)
+        text = [[] for _ in range(n)]
+        out_ids = [[] for _ in range(n)]
+        lps = [[] for _ in range(n)]
+        prompt_lps: list = [None] * n
+        last: list[RequestOutput | None] = [None] * n
         try:
             async for i, out in outs:
                 text[i].append(out.text)
                 out_ids[i] += out.token_ids
                 lps[i] += out.logprobs or []
+                prompt_lps[i] = out.prompt_logprobs if prompt_lps[i] is None else prompt_lps[i]
                 last[i] = out
         finally:
             await outs.aclose()
         choices = []
-        for i in range(r.n):
+        for i in range(n):
             reason = last[i].finish_reason if last[i] else "abort"
             choice = {"index": i, "finish_reason": reason, "token_ids": out_ids[i]}
             if kind == "chat":
@@ -412,12 +488,19 @@ class LLM:
                         choice["message"] = {"role": "assistant", "content": content or None, "tool_calls": calls}
                         choice["finish_reason"] = "tool_calls" if reason == "stop" else reason
             else:
-                choice["text"] = "".join(text[i])
+                choice["text"] = (self._echo_text(r, prompts, i) if r.echo else "") + "".join(text[i])
             if r.params.logprobs is not None:
-                choice["logprobs"] = self._logprobs(kind, out_ids[i], lps[i])
+                echo = (prompts[i // r.n], prompt_lps[i - i % r.n] or []) if r.echo else None
+                choice["logprobs"] = self._logprobs(kind, out_ids[i], lps[i], echo)
             choices.append(choice)
+        usage = usage_of(last, sum(len(p) for p in prompts))
         return {**head, "object": "chat.completion" if kind == "chat" else "text_completion", "choices": choices,
-                "usage": usage_of(last, len(ids)), "prompt_token_ids": ids}
+                "usage": usage, "prompt_token_ids": ids}
+
+    def _echo_text(self, r: ParsedRequest, prompts: list, i: int) -> str:
+        """Choice i's prompt as echo returns it: the prompt string as sent, or its token ids decoded."""
+        p = r.prompt[i // r.n] if r.batch else r.prompt
+        return p if isinstance(p, str) else self.tokenizer.decode(prompts[i // r.n])
 
     def _token(self, t: int) -> tuple[str, list[int]]:
         """A token's text and bytes as OpenAI's logprobs show them (special tokens: their name)."""
@@ -427,8 +510,9 @@ class LLM:
             return name, list(name.encode())
         return b.decode("utf-8", errors="replace"), list(b)
 
-    def _logprobs(self, kind: str, ids: list[int], lps: list) -> dict:
-        """OpenAI's logprobs object for these tokens: chat's {"content": [...]}, completions' parallel lists."""
+    def _logprobs(self, kind: str, ids: list[int], lps: list, echo: tuple | None = None) -> dict:
+        """OpenAI's logprobs object for these tokens: chat's {"content": [...]}, completions' parallel lists.
+        echo: (prompt ids, their prompt logprobs): the prompt's tokens first, the first one with null logprobs."""
         rows = [(t, lp) for t, lp in zip(ids, lps) if lp is not None]
         if kind == "chat":
             content = []
@@ -437,13 +521,16 @@ class LLM:
                 content.append({"token": text, "logprob": lp, "bytes": b, "top_logprobs": [
                     {"token": (tt := self._token(i))[0], "logprob": v, "bytes": tt[1]} for i, v in top]})
             return {"content": content, "refusal": None}
+        if echo is not None:
+            p_ids, p_lps = echo
+            rows = list(zip(p_ids, [None] + list(p_lps))) + rows
         tokens, offsets, pos = [], [], 0
         for t, _ in rows:
             tokens.append(self._token(t)[0])
             offsets.append(pos)
             pos += len(tokens[-1])
-        return {"tokens": tokens, "token_logprobs": [lp for _, (lp, _) in rows], "text_offset": offsets,
-                "top_logprobs": [{self._token(i)[0]: v for i, v in top} for _, (_, top) in rows]}
+        return {"tokens": tokens, "token_logprobs": [lp[0] if lp else None for _, lp in rows], "text_offset": offsets,
+                "top_logprobs": [{self._token(i)[0]: v for i, v in lp[1]} if lp else None for _, lp in rows]}
 
     async def _masks(self, r: ParsedRequest, fmt):
         """The grammar's TokenMasks for response_format or a forced tool call (None: unconstrained). GrammarError,
@@ -464,6 +551,25 @@ class LLM:
             return get()
         return await asyncio.to_thread(get)
 
+    async def _all_outputs(self, r: ParsedRequest, prompts: list, masks) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """(choice index, output) of every prompt's n choices as they come (prompt p's choice j: p * n + j); the
+        prompts run side by side. A score-only request's one sampled token is dropped here."""
+        def shown(out: RequestOutput) -> RequestOutput:
+            if not r.score_only:
+                return out
+            return dataclasses.replace(out, token_ids=[], text="", logprobs=[], num_output_tokens=0,
+                                       finish_reason="length" if out.finish_reason is not None else None)
+
+        merged = _Merged()
+        try:
+            for p, ids in enumerate(prompts):
+                merged.add(p, self._outputs(r, ids, masks))
+            async for p, item in merged:
+                if item is not _END:
+                    yield p * r.n + item[0], shown(item[1])
+        finally:
+            await merged.aclose()
+
     async def _outputs(self, r: ParsedRequest, ids: list[int], masks) -> AsyncIterator[tuple[int, RequestOutput]]:
         """(choice index, output) of the request's n choices as they come. Choice 0 runs alone until its prompt is
         computed (its first output); the others then start and find the prompt's full blocks in the prefix cache,
@@ -471,56 +577,32 @@ class LLM:
         from webinfer.grammar import GrammarMatcher
 
         def start(i: int):
-            params = r.params if i == 0 else dataclasses.replace(r.params, seed=choice_seed(r.params.seed, i))
+            # (the prompt's logprobs are choice 0's: the others take the prompt from the prefix cache)
+            params = r.params if i == 0 else dataclasses.replace(r.params, seed=choice_seed(r.params.seed, i),
+                                                                 prompt_logprobs=None)
             matcher = GrammarMatcher(masks, stop_ids=self.engine.eos_ids) if masks is not None else None
             return self.engine.generate(ids, params, self.text_stream(params), matcher)
 
-        if r.n == 1:
-            gen = start(0)
-            try:
-                async for out in gen:
-                    yield 0, out
-            finally:
-                await gen.aclose()  # the consumer left: abort now, not at garbage collection
-            return
-        queue: asyncio.Queue = asyncio.Queue()
-
-        async def pump(i: int) -> None:
-            gen = start(i)
-            try:
-                async for out in gen:
-                    queue.put_nowait((i, out))
-            except Exception as e:
-                queue.put_nowait((i, e))
-            finally:
-                await gen.aclose()
-                queue.put_nowait((i, None))
-
-        loop = asyncio.get_running_loop()
-        tasks = [loop.create_task(pump(0))]
-        running = 1
+        merged = _Merged()
         try:
-            while running:
-                i, item = await queue.get()
-                if i == 0 and len(tasks) == 1:  # the prompt is in the cache now (or choice 0 failed / ended)
-                    tasks += [loop.create_task(pump(j)) for j in range(1, r.n)]
-                    running += r.n - 1
-                if item is None:
-                    running -= 1
-                elif isinstance(item, Exception):
-                    raise item
-                else:
+            merged.add(0, start(0))
+            async for i, item in merged:
+                if i == 0 and len(merged.tasks) == 1:  # the prompt is in the cache now (or choice 0 ended)
+                    for j in range(1, r.n):
+                        merged.add(j, start(j))
+                if item is not _END:
                     yield i, item
         finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await merged.aclose()  # the consumer left: abort now, not at garbage collection
 
-    async def _stream(self, r: ParsedRequest, head: dict, outs, prompt_ids: list[int], fmt) -> AsyncIterator[dict]:
+    async def _stream(self, r: ParsedRequest, head: dict, outs, prompt_ids: list, fmt) -> AsyncIterator[dict]:
         chat = r.kind == "chat"
         obj = "chat.completion.chunk" if chat else "text_completion"
-        parsers = [ToolCallParser(fmt) if fmt is not None else None for _ in range(r.n)]
-        started, last = [False] * r.n, [None] * r.n
+        prompts = prompt_ids if r.batch else [prompt_ids]
+        n, n_prompt = r.n * len(prompts), sum(len(p) for p in prompts)
+        parsers = [ToolCallParser(fmt) if fmt is not None else None for _ in range(n)]
+        started, last = [False] * n, [None] * n
+        prompt_lps: dict[int, list] = {}  # prompt p's logprobs, from its choice 0's first output (which comes first)
         n_done = 0
         try:
             async for i, out in outs:
@@ -540,20 +622,23 @@ class LLM:
                         if reason == "stop" and parsers[i].n_calls:
                             c["finish_reason"] = "tool_calls"
                     c["delta"] = delta
-                else:
-                    c["text"] = out.text
+                else:  # (echo: a choice's first chunk starts with its prompt)
+                    c["text"] = (self._echo_text(r, prompts, i) if r.echo and not started[i] else "") + out.text
+                if out.prompt_logprobs is not None:
+                    prompt_lps[i // r.n] = out.prompt_logprobs
                 if r.params.logprobs is not None:
-                    c["logprobs"] = self._logprobs(r.kind, out.token_ids, out.logprobs or [])
+                    echo = (prompts[i // r.n], prompt_lps.get(i // r.n, [])) if r.echo and not started[i] else None
+                    c["logprobs"] = self._logprobs(r.kind, out.token_ids, out.logprobs or [], echo)
                 d = {**head, "object": obj, "choices": [c]}
                 if not any(started):
                     d["prompt_token_ids"] = prompt_ids
                 started[i] = True
                 n_done += reason is not None
-                if n_done == r.n and reason is not None or r.continuous_usage:
-                    d["usage"] = usage_of(last, len(prompt_ids))
+                if n_done == n and reason is not None or r.continuous_usage:
+                    d["usage"] = usage_of(last, n_prompt)
                 yield d
-                if n_done == r.n and reason is not None and r.include_usage:
-                    yield {**head, "object": obj, "choices": [], "usage": usage_of(last, len(prompt_ids))}
+                if n_done == n and reason is not None and r.include_usage:
+                    yield {**head, "object": obj, "choices": [], "usage": usage_of(last, n_prompt)}
         finally:
             await outs.aclose()  # the consumer left: abort now, not at garbage collection
 
