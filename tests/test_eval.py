@@ -60,6 +60,20 @@ def test_eval_smollm2_against_transformers(smollm2_package, smollm2_gguf, capsys
 
 
 @pytest.mark.model
+def test_eval_through_the_cpu_engine_equals_the_numpy_model(smollm2_package, capsys):
+    """--backend cpu: the windows as requests whose prompt logprobs score them (the path `echo` serves). Exact mode:
+    the numpy model's perplexity to float order; fast mode (int8 activations) within 1 % (measured +0.6 %)."""
+    argv = [str(smollm2_package), "--text", EVAL_TEXT, "--max-tokens", "160", "--window", "96", "--stride", "48"]
+    want = run_eval(capsys, *argv)
+    exact = run_eval(capsys, *argv, "--backend", "cpu")
+    fast = run_eval(capsys, *argv, "--backend", "cpu", "--cpu-mode", "fast")
+    assert exact["backend"] == "cpu" and exact["cpu_mode"] == "exact" and fast["cpu_mode"] == "fast"
+    assert exact["tokens_scored"] == fast["tokens_scored"] == want["tokens_scored"] == 159
+    assert abs(exact["nll"] - want["nll"]) < 1e-5 and exact["top1_accuracy"] == want["top1_accuracy"]
+    assert fast["nll"] != exact["nll"] and abs(fast["ppl"] / exact["ppl"] - 1) < 0.01
+
+
+@pytest.mark.model
 @pytest.mark.slow
 def test_eval_rejects_bad_options(smollm2_package, tmp_path, capsys):
     assert main(["eval", str(smollm2_package), "--text", EVAL_TEXT, "--window", "8", "--stride", "8"]) == 2

@@ -1,7 +1,10 @@
-"""`webinfer eval`: perplexity of a package on a text, computed with the numpy reference model.
+"""`webinfer eval`: perplexity of a package on a text, computed with the numpy reference model or, with --backend,
+by an engine (the GPU model, the CPU engine in either mode) through the one path: each window is a request whose
+prompt logprobs (SamplingParams.prompt_logprobs, what `echo` serves) give the scores.
 
     webinfer eval --text examples/data/eval.txt --max-tokens 1024 --json
     webinfer eval PKG --text t.txt --reference-model HF_FOLDER_OR_GGUF   # + the unquantized model's ppl, top-1 agreement
+    webinfer eval PKG --text t.txt --backend cpu --cpu-mode fast          # the page's CPU engine, int8 activations
 
 Sliding windows as in Hugging Face's perplexity guide: each window holds up to `window` tokens, consecutive windows
 start `stride` tokens apart, and only the tokens a window adds beyond the previous one are scored, so each token is
@@ -11,6 +14,7 @@ predicts it).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import time
@@ -96,6 +100,32 @@ def evaluate(package, ids: list[int], window: int, stride: int, hf_model=None) -
     return out
 
 
+def evaluate_engine(llm, ids: list[int], window: int, stride: int) -> dict:
+    """evaluate() through an engine: the same windows and sums, each window's scores from its prompt logprobs."""
+    from webinfer.engine.stopping import SamplingParams
+
+    async def main():
+        nll, n_scored, n_correct = 0.0, 0, 0
+        try:
+            for begin, end, first in windows(len(ids), window, stride):
+                chunk = ids[begin:end]
+                scores = None
+                async for o in llm.engine.generate(chunk, SamplingParams(max_tokens=1, prompt_logprobs=1)):
+                    scores = o.prompt_logprobs if scores is None else scores
+                for j in range(first - begin, end - begin):  # chunk[j], scored by position j - 1
+                    lp, top = scores[j - 1]
+                    nll -= lp
+                    n_correct += top[0][0] == chunk[j]
+                n_scored += end - first
+        finally:
+            await llm.close()
+        return nll, n_scored, n_correct
+
+    nll, n_scored, n_correct = asyncio.run(main())
+    return {"tokens": len(ids), "tokens_scored": n_scored, "windows": len(windows(len(ids), window, stride)),
+            "nll": nll / n_scored, "ppl": math.exp(nll / n_scored), "top1_accuracy": n_correct / n_scored}
+
+
 def cli_main(args) -> int:
     import os
 
@@ -124,8 +154,24 @@ def cli_main(args) -> int:
     if len(ids) < 2:
         raise WebinferError(f"{args.text}: {len(ids)} token(s); perplexity needs at least 2")
     hf = _load_hf(args.reference_model) if args.reference_model else None
+    if hf is not None and args.backend != "numpy":
+        raise WebinferError("--reference-model compares with the numpy model: use it without --backend")
     t0 = time.perf_counter()
-    res = evaluate(package, ids, args.window, args.stride, hf)
+    if args.backend == "numpy":
+        res = evaluate(package, ids, args.window, args.stride, hf)
+    else:
+        from webinfer.factory import EngineOptions
+        from webinfer_packager.cli.backend import backend_of, open_llm
+
+        if args.window + 1 > package.config.max_position_embeddings:
+            raise WebinferError(f"--window {args.window}: an engine needs window + 1 <= the model's context "
+                                f"({package.config.max_position_embeddings} tokens)")
+        opts = EngineOptions(context_tokens=args.window + 32, max_seqs=1, cpu_mode=args.cpu_mode)
+        llm = open_llm(package, args.backend, options=opts)
+        backend = backend_of(llm)
+        t0 = time.perf_counter()
+        res = {"backend": backend, **({"cpu_mode": args.cpu_mode} if backend == "cpu" else {}),
+               **evaluate_engine(llm, ids, args.window, args.stride)}
     res = {"package": str(path), "text": str(args.text), "window": args.window, "stride": args.stride, **res,
            "seconds": round(time.perf_counter() - t0, 2)}
     if args.reference_model:

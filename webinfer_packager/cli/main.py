@@ -114,6 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--window", type=int, default=512, help="tokens per window (default 512)")
     p.add_argument("--stride", type=int, default=256, help="window stride (default 256)")
     p.add_argument("--max-tokens", type=int, default=4096, help="evaluate at most this many tokens")
+    p.add_argument("--backend", choices=("numpy", "auto", "native", "cpu", "reference"), default="numpy",
+                   help="numpy: the reference model directly (default); else the engine on that backend, each "
+                        "window's scores from its prompt logprobs")
+    p.add_argument("--cpu-mode", choices=("exact", "fast"), default="exact", help="--backend cpu: activations")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler="webinfer_packager.cli.eval:cli_main")
 
