@@ -618,29 +618,3 @@ class CpuRunner:
         v = self.vocab_size
         raw = self.host.read(self.logits_off, 4 * v * n_rows)
         return [array("f", raw[4 * v * i: 4 * v * (i + 1)]) for i in range(n_rows)]
-
-    def score_chunk(self, token_ids: list[int], start_pos: int, block_table: list[int]) -> list[array]:
-        """Feed one sequence chunk and return the logits of every fed token (perplexity). At most max_seqs tokens
-        (the logits scratch holds max_seqs rows); the KV cache keeps the chunk as execute() would."""
-        from ..kernels.attention import SeqStep
-
-        n = len(token_ids)
-        if n > self.max_seqs:
-            raise ValueError(f"score_chunk: {n} tokens, but the logits scratch holds {self.max_seqs} rows")
-        batch = StepBatch([_chunk(token_ids, start_pos, block_table)])
-        ids, pos, slots, _, _, _, _ = GPUModel._prepare(self, batch)
-        seqs = [SeqStep(ctx_len=start_pos + n, block_table=list(block_table[: -(-(start_pos + n) // self.block_size)]),
-                        q_row=0, n_q=n)]
-        full = self._full_logits
-        self.full_logits = True
-        try:
-            self._run(ids, pos, slots, seqs, list(range(n)), pack([SampleRow(j) for j in range(n)]))
-            return self.logits(n)
-        finally:
-            self.full_logits = full
-
-
-def _chunk(token_ids, start_pos, block_table):
-    from ..engine.batch import SeqChunk
-
-    return SeqChunk(0, list(token_ids), start_pos, list(block_table), False)

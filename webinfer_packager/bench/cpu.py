@@ -365,24 +365,14 @@ def prefill_speed(runner, lengths=(40, 511), reps: int = 3) -> dict:
     return out
 
 
-def perplexity(runner, ids: list[int], window: int, stride: int) -> dict:
-    """Perplexity over sliding windows (webinfer_packager.cli.eval's windows and scoring), logits from the CPU
-    runner: each window prefilled in chunks of max_seqs tokens whose every row's logits come back."""
-    from webinfer_packager.cli.eval import score, windows
+def perplexity(runner, pkg, ids: list[int], window: int, stride: int) -> dict:
+    """webinfer eval's windows and sums through the engine over this runner: each window a request whose prompt
+    logprobs score it (the path `echo` and `webinfer eval --backend cpu` take)."""
+    from webinfer.factory import EngineOptions, llm_for
+    from webinfer_packager.cli.eval import evaluate_engine
 
-    nll, n = 0.0, 0
-    table = list(range(1, -(-window // runner.block_size) + 1))
-    for begin, end, first in windows(len(ids), window, stride):
-        chunk = ids[begin:end]
-        rows = []
-        for s in range(0, len(chunk), runner.max_seqs):
-            part = chunk[s: s + runner.max_seqs]
-            rows += [np.frombuffer(r, np.float32) for r in runner.score_chunk(part, s, table)]
-        logits = np.stack(rows)[first - 1 - begin: end - 1 - begin]
-        s, _ = score(logits, np.asarray(ids[first:end]))
-        nll += s
-        n += end - first
-    return {"nll": nll / n, "ppl": math.exp(nll / n), "tokens_scored": n}
+    r = evaluate_engine(llm_for(pkg, runner, EngineOptions(max_seqs=1)), ids, window, stride)
+    return {"nll": r["nll"], "ppl": r["ppl"], "tokens_scored": r["tokens_scored"]}
 
 
 def run(package_path, quick: bool = False, ppl_text: str | None = None, variant: str = "auto") -> dict:
@@ -395,7 +385,7 @@ def run(package_path, quick: bool = False, ppl_text: str | None = None, variant:
     long_ctx = 480 if quick else 1000  # decode_long_context's prompt
     mml = min(pkg.config.max_position_embeddings, -(-(long_ctx + 96) // 16) * 16)
     runner = asyncio.run(load_cpu_runner(pkg, mode="exact", num_blocks=8 + mml // 16, max_model_len=mml,
-                                         max_seqs=64 if ppl_text else 16, variant=variant))
+                                         max_seqs=16, variant=variant))
     load_s = time.perf_counter() - t0
     host, arena = runner.host, runner.arena
     head_calibration = runner.calibrate_head()  # as the engine's native load does (webinfer.factory)
@@ -496,7 +486,7 @@ def run(package_path, quick: bool = False, ppl_text: str | None = None, variant:
         for mode in ("exact", "fast"):
             runner.set_mode(mode)
             t0 = time.perf_counter()
-            ppl[mode] = {**perplexity(runner, ids, 256, 128), "seconds": round(time.perf_counter() - t0, 1)}
+            ppl[mode] = {**perplexity(runner, pkg, ids, 256, 128), "seconds": round(time.perf_counter() - t0, 1)}
         ppl["fast_vs_exact_change"] = round(ppl["fast"]["ppl"] / ppl["exact"]["ppl"] - 1, 5)
         ppl["text"], ppl["window"], ppl["stride"] = str(ppl_text), 256, 128
         res["ppl"] = ppl
