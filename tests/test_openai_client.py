@@ -33,12 +33,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _server(pkg: Path):
+def _server(pkg: Path, backend: str = "reference"):
+    """`webinfer serve PKG` in a subprocess, once healthy: (process, an openai client of it)."""
     import httpx
 
     port = _free_port()
     p = subprocess.Popen([sys.executable, "-m", "webinfer_packager.cli.main", "serve", str(pkg), "--backend",
-                          "reference", "--port", str(port), "--no-site"], stdout=subprocess.DEVNULL,
+                          backend, "--port", str(port), "--no-site"], stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     t0 = time.time()
