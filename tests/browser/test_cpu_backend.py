@@ -37,6 +37,15 @@ GENERATE = """async ([url, ids, n, backend, cpuMode, threads, sampling]) => {
 }"""
 
 
+# echo's prompt logprobs (kernels.c wi_head, on the first Worker while the others wait): 19 scored rows, two groups
+SCORE = """async ([url, ids]) => {
+    const w = await import("./webinfer.js");
+    const engine = await w.load(url, {backend: "cpu"});
+    const r = await engine.completions.create({prompt: ids, max_tokens: 0, echo: true, logprobs: 2});
+    const threads = engine.info.timings.wasm_threads;
+    engine.unload();
+    return {logprobs: r.choices[0].logprobs, threads};
+}"""
 PROMPT, N = [298, 5, 17, 42, 101], 6  # the tiny model's request in these tests
 # seeded sampling (the chat page's defaults; sharper ones whose cut leaves rows out of the two-pass LM head's
 # second pass, kernels.c head_cut): the page's ids equal the native engine's here too
@@ -70,6 +79,23 @@ def _native_cpu_ids(package, prompt, n, cpu_mode="exact", sampling=None):
         return r["choices"][0]["token_ids"], r["usage"]
 
     with ThreadPoolExecutor(1) as ex:  # Playwright's sync API keeps an asyncio loop running in this thread
+        return ex.submit(run).result()
+
+
+def _native_cpu_score(package, prompt):
+    """The completions logprobs of an echoed, scored-only prompt on the native CPU engine."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def run():
+        import asyncio
+
+        import webinfer.factory as factory
+
+        llm = factory.open(package, backend="cpu")
+        r = asyncio.run(llm.completions.create(prompt=prompt, max_tokens=0, echo=True, logprobs=2))
+        return r["choices"][0]["logprobs"]
+
+    with ThreadPoolExecutor(1) as ex:
         return ex.submit(run).result()
 
 
@@ -122,6 +148,10 @@ def test_workers_when_cross_origin_isolated(served, browser, tiny_package):
             # the step time splits into the module's calls and the runner's host work around them
             assert 0 < r["stats"]["cpu_module_ms_per_step"] <= r["stats"]["cpu_ms_per_step"], r["stats"]
             print(threads, t["wasm_reason"], json.dumps(r["stats"]))
+        # a prompt scored on two Workers: the native CPU engine's numbers, to the bit
+        ids = [(7 * i + 3) % 300 for i in range(20)]
+        got = page.evaluate(SCORE, [_manifest(served.root), ids])
+        assert got["threads"] == 2 and got["logprobs"] == _native_cpu_score(tiny_package, ids), (got, logs[-5:])
         err = page.evaluate(f"""async () => {{ try {{ await ({GENERATE})([{json.dumps(_manifest(served.root))},
             {PROMPT}, 1, "cpu", "exact", 9]); return null; }} catch (e) {{ return String(e.message || e); }} }}""")
         assert err and "threads=9" in err and "expected 1 to 8" in err, err
