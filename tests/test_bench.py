@@ -66,6 +66,9 @@ def test_bench_quick_json(tiny_package, tmp_path, capsys):
     t40 = res["ttft_40"]  # the quick bench's prompt is 32 tokens: all of it
     assert t40["prompt_tokens"] == 32 and t40["ttft_s"] > 0
     assert t40["decode_steps"] == pytest.approx(t40["ttft_s"] * 1e3 / res["step_ms"], rel=0.02)
+    ps = res["prompt_scoring"]  # the same prompt scored (echo's prompt logprobs) beside its prefill
+    assert ps["prompt_tokens"] == 32 and ps["prefill_s"] > 0 and ps["scored_s"] > 0
+    assert ps["vs_prefill"] == pytest.approx(ps["scored_s"] / ps["prefill_s"], rel=0.01)
     assert res["attention"]["decode"]["ms"] > 0 and res["attention"]["prefill"]["ms"] > 0
     assert res["attention"]["decode"]["queries"] == 4 and res["attention"]["prefill"]["queries"] == 32
     assert res["sampling"]["vocab"] == 300 and res["sampling"]["greedy_ms"] > 0 and res["sampling"]["top_k_top_p_ms"] > 0

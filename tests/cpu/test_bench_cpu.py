@@ -36,6 +36,8 @@ def test_cpu_bench_quick_json(tmp_path, capsys):
         assert alone["sampling"] == {"temperature": 0.7, "seed": 1} and alone["of_greedy"] > 0, alone
         api = res["decode"][mode]["sampled_api_defaults"]  # (OpenAI's defaults: T 1, top_p 1)
         assert api["sampling"] == {"temperature": 1.0, "seed": 1} and api["of_greedy"] > 0, api
+        ps = res["prefill"][mode]["prompt_scoring"]  # (echo's prompt logprobs on the quick bench's 40 tokens)
+        assert ps["prompt_tokens"] == 40 and ps["scored_cpu_s"] > 0 and ps["vs_prefill"] > 0, ps
         long = res["decode_long_context"]
         assert long["context"] == 480 and long[mode]["decode_tok_s"] > 0, long
         assert 0 < long[mode]["of_short_context"] < 2, long  # (at most ~1: a long context costs more a step)

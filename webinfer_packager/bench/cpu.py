@@ -17,7 +17,8 @@ In one process run, so the ratios hold on a busy machine:
                  already in the prefix cache; beside them decode_read_bound, the most one thread could do: read_bw
                  over the weight bytes a step reads (every matrix as the module holds it, packed or not), and each
                  mode's per-CPU-second figure as a fraction of it
-    prefill      CPU seconds to the first token of a 40- and a 511-token prompt, and prompt tok per CPU-second
+    prefill      CPU seconds to the first token of a 40- and a 511-token prompt, and prompt tok per CPU-second;
+                 prompt_scoring: the longest prompt scored (echo's prompt logprobs) beside it
     threads      the same decode on one thread and on two (the threads build), one after the other in each mode,
                  wall clock (what two threads change) with the load average around it, each beside the read
                  bandwidth of that many threads reading at once (two cores share one memory bus), the two-thread step
@@ -348,20 +349,25 @@ def prefill_speed(runner, lengths=(40, 511), reps: int = 3) -> dict:
     """CPU seconds (this process, median of `reps` after a warm-up) of a greedy 1-token request through the engine
     and API per prompt length: the first token's cost (prefill in max_batch_tokens chunks, the LM head of the last
     row, one sampling), and prompt tokens per CPU-second. 511: the longest prompt the bench's max_model_len of 512
-    leaves room for one output token."""
+    leaves room for one output token. prompt_scoring: the longest prompt scored instead (echo's prompt logprobs,
+    max_tokens 0: every position through kernels.c wi_head), beside its prefill."""
     from webinfer.factory import EngineOptions, llm_for
 
     llm = llm_for(runner.package, runner, EngineOptions(max_seqs=1, max_batch_tokens=runner.max_tokens))
     out, seed = {}, iter(range(1, 1 << 20))
 
-    def req(n):  # a new first token each time: no prefix-cache hit
+    def req(n, score=False):  # a new first token each time: no prefix-cache hit
         s = next(seed)
         prompt = [(7 * i + 11 * s) % runner.vocab_size for i in range(n)]
-        asyncio.run(llm.completions.create(prompt=prompt, max_tokens=1, temperature=0))
+        how = {"max_tokens": 0, "echo": True, "logprobs": 1} if score else {"max_tokens": 1}
+        asyncio.run(llm.completions.create(prompt=prompt, temperature=0, **how))
 
     for n in lengths:
         s = _time(lambda: req(n), reps)
         out[str(n)] = {"first_token_cpu_s": round(s, 4), "prefill_tok_per_cpu_s": round(n / s, 1)}
+    scored = _time(lambda: req(lengths[-1], True), reps)
+    out["prompt_scoring"] = {"prompt_tokens": lengths[-1], "scored_cpu_s": round(scored, 4),
+                             "vs_prefill": round(scored / s, 3)}
     return out
 
 

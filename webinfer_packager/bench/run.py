@@ -28,6 +28,7 @@ of one decode step) and with the wall clock where the host is involved (a decode
     ttft_s, prefill_tok_s  a PROMPT_LEN-token prompt (512; 32 with --quick) to its first sampled token
     ttft_40              a 40-token prompt to its first token (median), and over the decode step's wall time
                          (issue 12's target: <= 3 step times)
+    prompt_scoring       the PROMPT_LEN-token prompt scored (echo's prompt logprobs, max_tokens 0) beside its prefill
     decode_tok_s         DECODE_LEN tokens (128; 8 with --quick), greedy, one sequence
     next_turn            a chat's second turn to its first token, the first turn's answer computed as a prompt
                          (what the scheduler does where one-token rows differ from chunk rows: exact) and reused
@@ -254,6 +255,17 @@ def bench_model(dev, package, prompt_len: int, decode_len: int, reps: int) -> di
     ttft_short = statistics.median(
         asyncio.run(llm.completions.create(prompt=short, max_tokens=1, temperature=0))["usage"]["ttft_s"]
         for _ in range(max(2, reps)))
+    # prompt logprobs (echo with max_tokens 0, docs/api.md): the prompt scored at every position against its prefill
+    # to a first token, alternating, median wall seconds of each
+    walls_of = {"prefill": [], "scored": []}
+    for _ in range(max(1, reps // 2)):
+        for k, how in (("prefill", {"max_tokens": 1}), ("scored", {"max_tokens": 0, "echo": True, "logprobs": 1})):
+            t = time.perf_counter()
+            asyncio.run(llm.completions.create(prompt=prompt, temperature=0, **how))
+            walls_of[k].append(time.perf_counter() - t)
+    scoring = {k: round(statistics.median(v), 4) for k, v in walls_of.items()}
+    scoring = {"prompt_tokens": prompt_len, "prefill_s": scoring["prefill"], "scored_s": scoring["scored"],
+               "vs_prefill": round(scoring["scored"] / scoring["prefill"], 3)}
     # one decode step at the end of that context, repeated (same position: it rewrites the same KV slot); the
     # GPU span (timestamps at the start of its first pass and the end of its last) and the wall time of the same
     # step: host overhead = 1 - span / wall, which cannot go below 0
@@ -303,6 +315,7 @@ def bench_model(dev, package, prompt_len: int, decode_len: int, reps: int) -> di
         "prefill_tok_s": round(prompt_len / ttft, 2),
         "ttft_40": {"prompt_tokens": len(short), "ttft_s": round(ttft_short, 4),
                     "decode_steps": round(ttft_short * 1e3 / step_ms, 2)},
+        "prompt_scoring": scoring,
         "decode_tok_s": round(1.0 / tpot, 2) if tpot else None,
         "decode_block": {"steps": block, "tok_s": round(statistics.median(rates[block]), 2),
                          "single_step_tok_s": round(statistics.median(rates[1]), 2),
@@ -460,6 +473,9 @@ def format_table(r: dict) -> str:
     for k, ms in list(r["kernels"].items())[:8]:
         lines.append(f"  {k:<24} {ms:8.3f} ms")
     lines.append(f"prefill      {r['prompt_tokens']} tokens: ttft {r['ttft_s']:.3f} s, {r['prefill_tok_s']:.1f} tok/s")
+    ps = r["prompt_scoring"]
+    lines.append(f"scoring      {ps['prompt_tokens']} tokens (echo, max_tokens 0): {ps['scored_s']:.3f} s, "
+                 f"x{ps['vs_prefill']:.2f} its prefill")
     t40 = r["ttft_40"]
     lines.append(f"first token  {t40['prompt_tokens']}-token prompt: {t40['ttft_s']:.3f} s = {t40['decode_steps']:.2f} "
                  f"decode steps")
