@@ -365,6 +365,8 @@ class Scheduler:
             raise ValueError(f"the runner returned {len(sampled)} token ids for {n_sample} sampling chunks")
         lps = getattr(sampled, "logprobs", None) or [None] * len(sampled)
         scores = getattr(sampled, "scores", None) or [None] * len(batch.chunks)
+        if len(scores) != len(batch.chunks):
+            raise ValueError(f"the runner returned scores for {len(scores)} chunks of {len(batch.chunks)}")
         for c, sc in zip(batch.chunks, scores):
             if len(sc or ()) != len(c.score_ids):
                 raise ValueError(f"the runner returned {len(sc or ())} scores for {len(c.score_ids)} score ids")

@@ -105,10 +105,11 @@ class ReferenceRunner:
             new = np.stack([np.stack([k[c.start_pos:] for k in m.k_cache]),
                             np.stack([v[c.start_pos:] for v in m.v_cache])])  # [2, L, T, Hkv, hd]
             self._scatter(c.block_table, c.start_pos, new)
-            scores.append(None)
+            rows = []
             for j, t in enumerate(c.score_ids):  # prompt logprobs: row j's raw log-softmax at the next token
                 lsm, top = Sampler.logprobs(logits[j], c.score_top)               # [V], [k]
-                scores[-1] = (scores[-1] or []) + [(float(lsm[t]), [(int(i), float(lsm[i])) for i in top])]
+                rows.append((float(lsm[t]), [(int(i), float(lsm[i])) for i in top]))
+            scores.append(rows or None)
             if c.sample:
                 hist, n_p = c.history or [], c.num_prompt
                 r = sample(logits[-1], c.temperature, c.top_p, c.top_k, c.seed, c.sample_index, min_p=c.min_p,
