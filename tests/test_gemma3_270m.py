@@ -130,6 +130,35 @@ def test_native_top_p_sampling_equals_the_reference(gpu, gemma_package, transfor
         assert got == generate_ids(gemma_package, ids, 32, runner=ref, **kw), kw
 
 
+@pytest.mark.gpu
+def test_native_prompt_logprobs_equal_transformers(gpu, gemma_package, transformers_gemma):
+    """echo's prompt logprobs on the GPU model over the 262k vocabulary (the sampler's scan path, score rows in groups
+    of 4): every position of a 16-token prompt (with its BOS) within 5e-4 of transformers' log-softmax, top 3 the
+    same up to near ties."""
+    import asyncio
+
+    import torch
+
+    from tests.gpu_fixtures import load_runner
+    from webinfer.factory import EngineOptions, llm_for
+    from webinfer.package import Package
+
+    runner = load_runner(gemma_package, device=gpu, num_blocks=24, block_size=16, max_batch_tokens=32,
+                         max_model_len=256, max_seqs=4)
+    llm = llm_for(Package.open(gemma_package), runner, EngineOptions(max_seqs=4))
+    ids = transformers_gemma[2][0][0] + transformers_gemma[2][1][0][1:]  # two prompts' ids, one BOS
+    assert len(ids) == 16  # 15 scored rows: 4 groups
+    r = asyncio.run(llm.completions.create(prompt=ids, max_tokens=0, echo=True, logprobs=3))
+    lp = r["choices"][0]["logprobs"]
+    with torch.no_grad():
+        want = torch.log_softmax(transformers_gemma[0](torch.tensor([ids])).logits[0].double(), -1).numpy()
+    assert lp["token_logprobs"][0] is None and len(lp["token_logprobs"]) == len(ids)
+    for i in range(len(ids) - 1):
+        assert abs(lp["token_logprobs"][i + 1] - want[i, ids[i + 1]]) < 5e-4, i
+        third = sorted(want[i])[-3]
+        assert all(v >= third - 5e-4 for v in lp["top_logprobs"][i + 1].values()), i
+
+
 def test_chat_needs_a_template(gemma_gguf, tmp_path):
     """Packed without --chat-template (its GGUF has none), a chat request fails naming the missing template."""
     from webinfer.errors import InvalidRequestError
