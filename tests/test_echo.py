@@ -111,6 +111,19 @@ def test_bad_echo_and_prompt_arrays_are_400s_naming_the_field(req, param):
     assert e.value.param == param, e.value
 
 
+def test_what_one_request_may_keep_of_prompt_logprobs_is_bounded():
+    from webinfer.api import Limits
+    from webinfer.errors import InvalidRequestError
+
+    _, llm = _fake(limits=Limits(max_prompt_logprobs=60))
+    ok = _create(llm, prompt=["abcdefghij", "klmnopqrst"], max_tokens=0, echo=True, logprobs=2)  # 20 x 3
+    assert len(ok["choices"]) == 2
+    with pytest.raises(InvalidRequestError) as e:  # 20 x 4
+        _create(llm, prompt=["abcdefghij", "klmnopqrst"], max_tokens=0, echo=True, logprobs=3)
+    assert e.value.param == "logprobs" and "80" in e.value.problem
+    assert _create(llm, prompt="abcdefghij" * 20, max_tokens=1, logprobs=20)  # (no echo: nothing kept)
+
+
 def test_scoring_survives_preemption_and_skips_the_prefix_cache():
     """A pool so small that the scoring requests preempt each other, beside a request that fills the prefix cache
     with the same prompt: every prompt is still scored whole, each position under its own history."""

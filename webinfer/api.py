@@ -57,6 +57,7 @@ class Limits:
     max_n: int = 16                 # choices per request
     max_prompts: int = 32           # prompts in one completions request (an array); prompts x n <= max_choices
     max_choices: int = 64
+    max_prompt_logprobs: int = 1_000_000  # echo with logprobs k: prompt tokens x (k + 1) entries kept (~100 MB)
 
 
 # OpenAI request fields that ask for something not implemented: accepted only with their neutral values.
@@ -439,6 +440,13 @@ class LLM:
         ids = self.prompt_ids(r)
         for one in ids if r.batch else [ids]:
             self.engine.scheduler.check_prompt(len(one))  # ContextOverflowError before any output
+        k = r.params.prompt_logprobs
+        if k is not None:  # the scores are kept until the prompt's first token: bound what one request holds
+            n = sum(map(len, ids)) if r.batch else len(ids)
+            if n * (k + 1) > self.limits.max_prompt_logprobs:
+                raise InvalidRequestError("logprobs", f"echo with logprobs {k} over {n} prompt tokens keeps "
+                                                      f"{n * (k + 1)} values, more than "
+                                                      f"{self.limits.max_prompt_logprobs}: ask for fewer")
         return r, ids
 
     async def create(self, kind: str, request: dict, executor=None):
