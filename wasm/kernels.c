@@ -1983,7 +1983,8 @@ INLINE int same_layout(const Weight *a, const Weight *b) {
 // Without THREADS (or with team = 0) it is the one-thread step. The host picks nth per step (a decode block may
 // run faster on fewer threads than were started: webinfer/cpu/threads.py); the threads past nth sit that step out.
 #define MAX_THREADS 16
-#define GO_STEP 32  // go = steps started x GO_STEP + that step's nth (one word: a thread reads both at once)
+#define GO_STEP 64  // go = steps started x GO_STEP + GO_HEAD? + that step's nth (one word: a thread reads all at once)
+#define GO_HEAD 32  // the started call is wi_head's (head_body), not a step
 
 typedef struct Bufs {  // a worker thread's own buffers
     u8 *work;          // linear scratch and attention scores (thread 0 uses the Model's work, scores)
@@ -2439,39 +2440,59 @@ static void step_body(const Ctx *c, const Model *m, const Step *s) {
 }
 #undef SYNC
 
+// starts the parked workers on the call thread 0 is about to run (flag: 0 a step, GO_HEAD wi_head's rows)
+static void team_start(Team *t, const Model *m, const Step *s, u32 flag) {
+#ifdef THREADS
+    if (!t) return;
+    t->m = m;
+    t->s = s;
+    u32 go = __atomic_load_n(&t->go, __ATOMIC_RELAXED);
+    __atomic_store_n(&t->go, (go / GO_STEP + 1) * GO_STEP + flag + t->nth, __ATOMIC_RELEASE);
+    __builtin_wasm_memory_atomic_notify((int *)&t->go, ~0u);
+#else
+    (void)t, (void)m, (void)s, (void)flag;
+#endif
+}
+
 // One engine step (thread 0). With a team, its workers (parked in wi_worker) are started on the same step first:
 // threads 1..nth-1 run it with thread 0, the others sit it out.
 EXPORT(wi_step) void wi_step(const Model *m, const Step *s) {
     Team *t = m->team;
     Ctx c = {0, t ? t->nth : 1, m->work, t, m->scores, m->xn, m->xs, m->k, m->v, m->r};
-#ifdef THREADS
-    if (t) {
-        t->m = m;
-        t->s = s;
-        u32 go = __atomic_load_n(&t->go, __ATOMIC_RELAXED);
-        __atomic_store_n(&t->go, (go / GO_STEP + 1) * GO_STEP + t->nth, __ATOMIC_RELEASE);
-        __builtin_wasm_memory_atomic_notify((int *)&t->go, ~0u);
-    }
-#endif
+    team_start(t, m, s, 0);
     step_body(&c, m, s);
 }
 
 // Prompt logprobs (engine/batch.py SeqChunk.score_ids): the final norm, the one-pass LM head (as many rows as a
-// step samples) and the sampler over the Step's sample rows of the residual the last wi_step left, on thread 0
-// alone (scoring a prompt is not the decode loop's hot path). The rows' params carry score_id and logprobs, no
-// counts slot; the head band (two_pass_head's memory of the real sampled rows) is left as it was.
-EXPORT(wi_head) void wi_head(const Model *m, const Step *s) {
-    Ctx c = {0, 1, m->work, 0, m->scores, m->xn, m->xs, m->k, m->v, m->r};
-    u32 d = m->d, V = m->vocab;
+// step samples) and the sampler over the Step's sample rows of the residual the last wi_step left. The head's
+// columns are split among the step's threads as a step's are (every thread norms the rows itself), thread 0
+// samples. The rows' params carry score_id and logprobs, no counts slot; the head band (two_pass_head's memory of
+// the real sampled rows) is left as it was.
+#define SYNC()                          \
+    do {                                \
+        if (team_sync(c)) return;       \
+    } while (0)
+static void head_body(const Ctx *c, const Model *m, const Step *s) {
+    u32 d = m->d, V = m->vocab, n0, n1;
     for (u32 j = 0; j < s->n_sampled; j++)
-        rmsnorm(m->r + s->sample_rows[j] * d, d, m->norm, c.xs + j * d, d, 1, d, m->eps);
-    linear_share(&c, m->lm_head, c.xs, d, m->logits, V, s->n_sampled, 0, (m->fast & FAST_HEAD) != 0, 1);
-    for (u32 j = 0; j < s->n_sampled; j++) {
-        float *y = m->logits + j * V;
-        if (m->final_cap != 0.0f)
-            for (u32 i = 0; i < V; i++) y[i] = softcap(y[i], m->final_cap);
-        s->out_ids[j] = sample_row(y, V, s->params + j, s->aux, 0, s->logprobs + LPW * j, m->work);
-    }
+        rmsnorm(c->r + s->sample_rows[j] * d, d, m->norm, c->xs + j * d, d, 1, d, m->eps);
+    linear_share(c, m->lm_head, c->xs, d, m->logits, V, s->n_sampled, 0, (m->fast & FAST_HEAD) != 0, 1);
+    share(c, V, &n0, &n1);
+    if (m->final_cap != 0.0f)  // this thread's columns
+        for (u32 j = 0; j < s->n_sampled; j++)
+            for (u32 i = n0; i < n1; i++) m->logits[j * V + i] = softcap(m->logits[j * V + i], m->final_cap);
+    SYNC();
+    if (c->tid == 0)
+        for (u32 j = 0; j < s->n_sampled; j++)
+            s->out_ids[j] = sample_row(m->logits + j * V, V, s->params + j, s->aux, 0, s->logprobs + LPW * j, m->work);
+}
+#undef SYNC
+
+EXPORT(wi_head) void wi_head(const Model *m, const Step *s) {
+    Team *t = m->team;
+    Ctx c = {0, t ? t->nth : 1, m->work, t, m->scores, m->xn, m->xs, m->k, m->v, m->r};
+    team_start(t, m, s, GO_HEAD);
+    head_body(&c, m, s);
 }
 
 // A decode block (webinfer/engine/batch.py StepBatch.steps = K): the host writes step 0 as a plain step of n
@@ -2513,13 +2534,16 @@ EXPORT(wi_worker) void wi_worker(Team *t, u32 tid) {
         team_wait(t, &t->go, seen, used ? t->spins : 0);
         if (__atomic_load_n(&t->quit, __ATOMIC_ACQUIRE)) return;
         seen = __atomic_load_n(&t->go, __ATOMIC_ACQUIRE);
-        u32 nth = seen % GO_STEP;  // this step's (thread 0 wrote it with the step: never a later step's)
+        u32 nth = seen % GO_HEAD;  // this step's (thread 0 wrote it with the step: never a later step's)
         used = tid < nth;
         if (!used) continue;
         const Model *m = (const Model *)t->m;
         Bufs *b = t->bufs + (tid - 1);
         Ctx c = {tid, nth, b->work, t, (float *)b->work, b->xn, b->xn, b->k, b->v, m->parts ? b->r : m->r};
-        step_body(&c, m, (const Step *)t->s);
+        if (seen & GO_HEAD)
+            head_body(&c, m, (const Step *)t->s);
+        else
+            step_body(&c, m, (const Step *)t->s);
     }
 }
 

@@ -37,7 +37,7 @@ GENERATE = """async ([url, ids, n, backend, cpuMode, threads, sampling]) => {
 }"""
 
 
-# echo's prompt logprobs (kernels.c wi_head, on the first Worker while the others wait): 19 scored rows, two groups
+# echo's prompt logprobs (kernels.c wi_head, the head split among the Workers): 19 scored rows, two groups
 SCORE = """async ([url, ids]) => {
     const w = await import("./webinfer.js");
     const engine = await w.load(url, {backend: "cpu"});

@@ -124,3 +124,14 @@ def test_more_threads_section(tiny_llama):
     rows = more_threads(runner, 4, runner.host.variant, cores=4)
     assert list(rows) == ["4"] and rows["4"]["read_bw_gb_s"] > 0, rows
     assert rows["4"]["exact"]["decode_tok_s"] > 0 and rows["4"]["fast"]["decode_tok_s"] > 0, rows
+
+
+def test_scoring_bench(tiny_llama, capsys):
+    """`python -m webinfer_packager.bench.scoring`: a prompt's prefill and its scoring (echo, max_tokens 0) timed on
+    the CPU engine's two threads; the JSON line carries both and their ratio."""
+    from webinfer_packager.bench.scoring import main as scoring_main
+
+    scoring_main([str(tiny_llama), "--threads", "2", "--tokens", "40", "--reps", "1", "--json"])
+    r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert r["backend"] == "cpu" and r["threads"] == 2 and r["prompt_tokens"] == 40
+    assert r["prefill_s"] > 0 and r["scored_s"] > 0 and r["vs_prefill"] > 0

@@ -560,3 +560,44 @@ def test_calibrate_head_sets_the_models_band_limit(tiny_llama):
         assert word == pytest.approx(r.head_calibration["head_wide"]) and 0.0 <= word <= 0.5
     finally:
         r.close()
+
+
+def _prompt_scores(pkg, runner, prompts):
+    """Each prompt's prompt logprobs (top 3) through the engine, chunks of 16 and score groups of 4 rows."""
+    from webinfer.engine.stopping import SamplingParams
+    from webinfer.factory import EngineOptions, llm_for
+    from webinfer.package import Package
+
+    llm = llm_for(Package.open(pkg), runner, EngineOptions(max_seqs=4, max_batch_tokens=16,
+                                                           enable_prefix_caching=False))
+
+    async def one(p):
+        async for o in llm.engine.generate(p, SamplingParams(max_tokens=1, prompt_logprobs=3)):
+            return o.prompt_logprobs
+
+    async def main():
+        out = await asyncio.gather(*(one(p) for p in prompts))
+        await llm.close()
+        return out
+
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize("which", ["tiny_llama", "tiny_qwen"])
+def test_prompt_logprobs_on_threads_give_the_bits_of_one(request, which):
+    """Prompt logprobs (kernels.c wi_head: the LM head's columns split among the step's threads, thread 0 samples)
+    on 2 and 3 threads: bit-identical to one thread, which is the numpy reference's within 1e-4 (tiny_llama: the
+    split_k residual each thread keeps)."""
+    import math
+
+    from webinfer_packager.reference.runner import ReferenceRunner
+
+    pkg = request.getfixturevalue(which)
+    prompts = [PROMPTS[2], PROMPTS[0]]  # 37 tokens: 3 chunks, 9 groups of 4 scored rows
+    want = _prompt_scores(pkg, ReferenceRunner.from_package(str(pkg), in_thread=False), prompts)
+    one = _prompt_scores(pkg, _runner(pkg), prompts)
+    for p, w, g in zip(prompts, want, one):
+        assert len(g) == len(p) - 1
+        assert all(math.isclose(lg, lw, abs_tol=1e-4) for (lw, _), (lg, _) in zip(w, g)), (w, g)
+    for threads in (2, 3):
+        assert _prompt_scores(pkg, _runner(pkg, threads=threads), prompts) == one, threads

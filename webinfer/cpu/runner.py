@@ -494,7 +494,7 @@ class CpuRunner:
     def _scores(self, ids, pos, slots, seqs, srows) -> list:
         """Prompt logprobs of the step just run (batch.py SeqChunk.score_ids): its scored token rows in groups of up
         to max_seqs (the logits scratch's rows), each through kernels.c wi_head (final norm, one-pass LM head, the
-        sampler's logprobs at the row's score id), on thread 0."""
+        sampler's logprobs at the row's score id), the head's columns split among the threads as a step's are."""
         out = []
         for g in range(0, len(srows), self.max_seqs):
             grp = srows[g:g + self.max_seqs]

@@ -37,6 +37,7 @@ TEAM_WORDS = 10  # kernels.c Team: nth, spins, go, quit, arrived, gen, m, s, max
 BUFS_WORDS = 5   # kernels.c Bufs (a worker's buffers): work, xn, k, v, r
 MAX_THREADS = 16  # kernels.c MAX_THREADS
 _QUIT_WORD = 3
+_TEAM_CALLS = ("wi_step", "wi_steps", "wi_head")  # the exports the team runs: a worker's failure raises after them
 _NTH_WORD = 0
 # polls of a barrier word before blocking on it (memory.atomic.wait32): enough (~0.3-1 ms) that a thread sleeps
 # only through the host's time between blocks, not between a step's barriers (~30-40 us apart in the page, where
@@ -168,7 +169,7 @@ class WasmtimeHost:
         if f is None:
             f = self._funcs[name] = self._ex[name]
         out = f(self.store, *_i32(args))
-        if self.team and name in ("wi_step", "wi_steps") and self.read(self.team + 4 * _QUIT_WORD, 4) != bytes(4):
+        if self.team and name in _TEAM_CALLS and self.read(self.team + 4 * _QUIT_WORD, 4) != bytes(4):
             failed = [w for w in self._workers if w.error]
             why = f"thread {failed[0].tid} failed: {failed[0].error}" if failed else "a thread has quit"
             raise WebinferError(f"wasm: the step was abandoned: {why}")
@@ -302,7 +303,7 @@ class JsHost:
 
     def call(self, name: str, *args):
         out = getattr(self.exports, name)(*args)
-        if self.team and name in ("wi_step", "wi_steps") and self.read(self.team + 4 * _QUIT_WORD, 4) != bytes(4):
+        if self.team and name in _TEAM_CALLS and self.read(self.team + 4 * _QUIT_WORD, 4) != bytes(4):
             raise WebinferError(f"wasm: the step was abandoned: "
                                 f"{self.worker_error if self.worker_error else 'a thread has quit'}")
         return out
