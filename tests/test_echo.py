@@ -188,3 +188,56 @@ def test_prompt_logprobs_equal_transformers(smollm2_package, smollm2_hf, backend
             assert len(top) == 5 and all(want[i, t] >= fifth - 5e-4 for t, _ in top), (i, top)
             assert all(math.isclose(v, want[i, t], abs_tol=5e-4) for t, v in top)
     print(f"{backend}: largest |logprob - transformers'| {worst:.2e}")
+
+
+def test_vllm_prompt_logprobs_without_echo_on_completions_and_chat():
+    """vLLM's `prompt_logprobs: k` extension: per choice (completions) or on the response (chat) a list with None
+    for the first prompt token, then {id: {logprob, rank, decoded_token}} holding the prompt token; the text is not
+    echoed; each prompt of an array gets its own, every choice of a prompt the same."""
+    _, llm = _fake(max_num_batched_tokens=5, max_num_seqs=2)
+    r = _create(llm, prompt=["hello", "worlds"], max_tokens=2, prompt_logprobs=0, n=2, temperature=0.5, seed=3)
+    for c in r["choices"]:
+        ids = r["prompt_token_ids"][c["index"] // 2]
+        assert len(c["text"]) == 2 and "logprobs" not in c  # (no echo, no completion logprobs asked)
+        want = [None] + [{t: {"logprob": s, "rank": None, "decoded_token": chr(ord("a") + t)}}
+                         for t, (s, _) in zip(ids[1:], prompt_scores(ids))]
+        assert c["prompt_logprobs"] == want, c["index"]
+
+    template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    chat = fake_llm(FakeRunner(block_size=4, vocab=VOCAB, split_paths=False), VOCAB, chat_template=template)
+
+    async def main():
+        return await chat.chat.completions.create(messages=[{"role": "user", "content": "abcabc"}], max_tokens=1,
+                                                  prompt_logprobs=1)
+    r = asyncio.run(main())
+    ids = r["prompt_token_ids"]
+    assert ids == [0, 1, 2, 0, 1, 2] and "prompt_logprobs" not in r["choices"][0]
+    assert r["prompt_logprobs"] == [None] + [{t: {"logprob": s, "rank": None, "decoded_token": chr(ord("a") + t)}}
+                                             for t, (s, _) in zip(ids[1:], prompt_scores(ids))]
+
+
+@pytest.mark.parametrize("req, problem", [
+    (dict(prompt_logprobs=21), "between 0 and 20"), (dict(prompt_logprobs=True), "integer"),
+    (dict(prompt_logprobs=1, stream=True), "stream"),
+])
+def test_bad_prompt_logprobs_are_400s(req, problem):
+    from webinfer.errors import InvalidRequestError
+
+    _, llm = _fake()
+    with pytest.raises(InvalidRequestError) as e:
+        _create(llm, prompt="abc", max_tokens=2, **req)
+    assert e.value.param == "prompt_logprobs" and problem in e.value.problem, e.value
+
+
+def test_prompt_logprobs_count_against_the_bound_under_their_own_name():
+    from webinfer.api import Limits
+    from webinfer.errors import InvalidRequestError
+
+    _, llm = _fake(limits=Limits(max_prompt_logprobs=30))
+    assert _create(llm, prompt="abcdefghij", max_tokens=1, prompt_logprobs=2)  # 10 x 3
+    with pytest.raises(InvalidRequestError) as e:  # 10 x 4
+        _create(llm, prompt="abcdefghij", max_tokens=1, prompt_logprobs=3)
+    assert e.value.param == "prompt_logprobs" and "40" in e.value.problem
+    with pytest.raises(InvalidRequestError) as e:  # echo's the larger: named
+        _create(llm, prompt="abcdefghij", max_tokens=1, prompt_logprobs=1, echo=True, logprobs=3)
+    assert e.value.param == "logprobs"

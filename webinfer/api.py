@@ -72,7 +72,7 @@ _INERT = {"model": str, "user": str, "safety_identifier": str, "prompt_cache_key
 _SAMPLING = ("max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop",
              "stop_token_ids", "ignore_eos", "stream", "stream_options", "speculative_tokens", "min_p", "logit_bias",
              "response_format", "frequency_penalty", "presence_penalty", "repetition_penalty", "logprobs",
-             "top_logprobs", "n")
+             "top_logprobs", "n", "prompt_logprobs")
 CHAT_FIELDS = frozenset(("messages", "tools", "tool_choice", "parallel_tool_calls") + _SAMPLING) | set(_NEUTRAL) | set(_INERT)
 COMPLETION_FIELDS = frozenset(("prompt", "echo") + _SAMPLING) | set(_NEUTRAL) | set(_INERT)
 
@@ -180,6 +180,7 @@ class ParsedRequest:
     echo: bool = False             # completions: the prompt comes back before the completion (with its logprobs)
     score_only: bool = False       # completions with echo and max_tokens 0: the prompt's logprobs, no completion
     batch: bool = False            # completions: `prompt` is an array of prompts (prompts[p]'s choice j: p * n + j)
+    prompt_logprobs: int | None = None  # vLLM's extension: each prompt token's logprob and the top k, in the response
 
 
 def parse_request(kind: str, req: dict, limits: Limits, speculative_tokens: int = 0) -> ParsedRequest:
@@ -242,10 +243,14 @@ def parse_request(kind: str, req: dict, limits: Limits, speculative_tokens: int 
     if g("repetition_penalty") is not None:
         pen["repetition_penalty"] = float(_num("repetition_penalty", g("repetition_penalty"), 0.01, 10.0))
     lp = _logprobs(kind, g)
+    plp = None if g("prompt_logprobs") is None else _num("prompt_logprobs", g("prompt_logprobs"), 0, 20, integer=True)
+    if plp is not None and stream:
+        raise InvalidRequestError("prompt_logprobs", "is not available with stream: true (as in vLLM)")
+    scored = [k for k in (lp if echo else None, plp) if k is not None]  # the engine keeps the larger top list
     params = SamplingParams(max_tokens=max(mt, 1), temperature=float(t), top_p=float(p), top_k=k, seed=s, stop=stop,
                             stop_token_ids=list(stop_ids), ignore_eos=ignore_eos, speculative_tokens=spec,
                             min_p=float(min_p), logit_bias=bias, logprobs=lp,
-                            prompt_logprobs=lp if echo else None, **pen)
+                            prompt_logprobs=max(scored) if scored else None, **pen)
     n = 1 if g("n") is None else _num("n", g("n"), 1, limits.max_n, integer=True)
     tools = check_tools(g("tools")) if g("tools") else None
     choice = check_tool_choice(g("tool_choice"), tools or [])
@@ -271,7 +276,7 @@ def parse_request(kind: str, req: dict, limits: Limits, speculative_tokens: int 
             raise InvalidRequestError("prompt", f"at most {limits.max_prompt_chars} characters, got {chars}")
     return ParsedRequest(kind, prompt, params, stream, bool(opts and opts.get("include_usage")),
                          None if rf is None or rf["type"] == "text" else rf, bool(opts and opts.get("continuous_usage_stats")),
-                         **extra, echo=echo, score_only=score_only, batch=batch)
+                         **extra, echo=echo, score_only=score_only, batch=batch, prompt_logprobs=plp)
 
 
 def choice_seed(seed: int, i: int) -> int:
@@ -444,7 +449,9 @@ class LLM:
         if k is not None:  # the scores are kept until the prompt's first token: bound what one request holds
             n = sum(map(len, ids)) if r.batch else len(ids)
             if n * (k + 1) > self.limits.max_prompt_logprobs:
-                raise InvalidRequestError("logprobs", f"echo with logprobs {k} over {n} prompt tokens keeps "
+                field, what = ("logprobs", "echo with logprobs") if k != r.prompt_logprobs else \
+                    ("prompt_logprobs", "prompt_logprobs")
+                raise InvalidRequestError(field, f"{what} {k} over {n} prompt tokens keeps "
                                                       f"{n * (k + 1)} values, more than "
                                                       f"{self.limits.max_prompt_logprobs}: ask for fewer")
         return r, ids
@@ -498,12 +505,38 @@ class LLM:
             else:
                 choice["text"] = (self._echo_text(r, prompts, i) if r.echo else "") + "".join(text[i])
             if r.params.logprobs is not None:
-                echo = (prompts[i // r.n], prompt_lps[i - i % r.n] or []) if r.echo else None
+                echo = (prompts[i // r.n], self._top(prompt_lps[i - i % r.n] or [], r.params.logprobs)) \
+                    if r.echo else None
                 choice["logprobs"] = self._logprobs(kind, out_ids[i], lps[i], echo)
+            if r.prompt_logprobs is not None and kind != "chat":
+                choice["prompt_logprobs"] = self._prompt_logprobs(prompts[i // r.n], prompt_lps[i - i % r.n] or [],
+                                                                  r.prompt_logprobs)
             choices.append(choice)
         usage = usage_of(last, sum(len(p) for p in prompts))
-        return {**head, "object": "chat.completion" if kind == "chat" else "text_completion", "choices": choices,
-                "usage": usage, "prompt_token_ids": ids}
+        out = {**head, "object": "chat.completion" if kind == "chat" else "text_completion", "choices": choices,
+               "usage": usage, "prompt_token_ids": ids}
+        if r.prompt_logprobs is not None and kind == "chat":  # (vLLM: on the response, the one prompt's)
+            out["prompt_logprobs"] = self._prompt_logprobs(ids, prompt_lps[0] or [], r.prompt_logprobs)
+        return out
+
+    @staticmethod
+    def _top(scores: list, k: int) -> list:
+        """Prompt logprobs with each top list cut to k (the engine computed the larger of echo's and
+        prompt_logprobs' k)."""
+        return [(lp, top[:k]) for lp, top in scores]
+
+    def _prompt_logprobs(self, ids: list[int], scores: list, k: int) -> list:
+        """vLLM's prompt_logprobs: None for the first prompt token, then per token {id: {logprob, rank,
+        decoded_token}} with the prompt token and the top k. rank: 1-based among the vocabulary for the top k;
+        the prompt token's where it is among those the engine listed, else None (not computed)."""
+        out: list = [None]
+        for t, (lp, top) in zip(ids[1:], scores):
+            d = {i: {"logprob": v, "rank": j + 1, "decoded_token": self._token(i)[0]} for j, (i, v) in enumerate(top[:k])}
+            if t not in d:
+                rank = next((j + 1 for j, (i, _) in enumerate(top) if i == t), None)
+                d[t] = {"logprob": lp, "rank": rank, "decoded_token": self._token(t)[0]}
+            out.append(d)
+        return out
 
     def _echo_text(self, r: ParsedRequest, prompts: list, i: int) -> str:
         """Choice i's prompt as echo returns it: the prompt string as sent, or its token ids decoded."""
