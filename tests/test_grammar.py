@@ -694,3 +694,50 @@ def test_node_masks_equal_per_node_walks_with_calls(make, filter_unc, monkeypatc
     for node in range(masks.g.n_nodes):
         assert masks.node_info(node) == masks.walk_node(node), node
     check_masks_brute_force(masks, random.Random(2), 30)
+
+
+def class_vocab() -> TokenVocab:
+    """Every byte, and tokens of letter runs that end in the middle of a pattern's exact repetition, at it, and past
+    it (with the dash after, with a digit, with a quote), the kinds a real vocabulary's word pieces are."""
+    words = ["ab", "abc", "abcd", "abcde", "abcdef", "the", "then", "there", "these", "zz", "zzz", "zzzz"]
+    pieces = {bytes([b]) for b in range(256)} | {w.encode() for w in words}
+    for w in words:
+        pieces |= {(w + tail).encode() for tail in ["-", "-1", "-12", "-1\"", "1", "\"", "A", "-a"]}
+    pieces |= {b"-1", b"-12", b"12", b"12\"", b"\"ab", b"\"abc-", b"\"zzzz-9\""}
+    return TokenVocab(sorted(pieces) + [None, b""])
+
+
+@pytest.mark.parametrize("make", [
+    lambda: regex_grammar("k[a-z]{3}-[0-9]+"),
+    lambda: regex_grammar("[a-z]{4}-[0-9]+!"),
+    lambda: regex_grammar("[a-z]{2}[a-c]{3}-"),  # a run of one class, then another class
+    lambda: regex_grammar("[a-z]{3}"),  # the run's end may end the rule: no shortcut
+    lambda: regex_grammar("x[0-9]{3}[0-9]*y"),  # into a loop of the same class
+    lambda: regex_grammar("[a-z]{5}(-|[0-9])"),  # the state after reads two bytes
+    # a callee that may end after its run (or read an x): its caller reads on from the run's end (no shortcut)
+    lambda: Grammar({"root": seq(("ref", "cut"), literal("-1")),
+                     "cut": seq(literal("t"), rep(byte_range(0x61, 0x7A), 3, 3), rep(literal("x"), 0, 1))}),
+    lambda: json_schema_grammar({"type": "object", "properties": {
+        f"p{j}": {"type": "string", "pattern": f"^[a-z]{{{j}}}-[0-9]+$"} for j in range(1, 6)},
+        "required": ["p1", "p2", "p3", "p4", "p5"]}),
+])
+def test_exact_class_repetitions_equal_brute_force(make):
+    """walk_node's class runs (a node that reads exactly r bytes of one class: TokenMasks._class_run, the
+    vocabulary's class masks) against reading every token byte by byte, in every state a byte at a time reaches
+    (up to 200 states), and on random token walks."""
+    masks = TokenMasks(make().compile(), class_vocab())
+    g, vocab = masks.g, masks.vocab
+    seen, todo = set(), [GrammarMatcher(masks).sid]
+    while todo and len(seen) < 200:
+        sid = todo.pop(0)
+        if sid in seen:
+            continue
+        seen.add(sid)
+        mask = masks.mask(sid)
+        for t, data in enumerate(vocab.token_bytes):
+            viable = bool(data) and g.walk(sid, data) >= 0
+            assert bool(mask >> t & 1) == viable, (t, data, sid)
+            if viable and len(data) == 1:
+                todo.append(g.walk(sid, data))
+    for seed in range(4):
+        check_masks_brute_force(masks, random.Random(seed), 20)
