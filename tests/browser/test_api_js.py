@@ -1,6 +1,6 @@
 """webinfer.js takes the request objects of Python's LLM and returns the same response shapes: one plain chat request,
-one with a forced tool call and n=2, and a completion that echoes its 20-token prompt with logprobs (two groups of
-scored rows on the page's GPU model), whole (not streamed), in Chromium (Pyodide + WebGPU on SwiftShader) against
+one with a forced tool call and n=2, and a completion that echoes its 20-token prompt with logprobs and asks
+vLLM's prompt_logprobs (two groups of scored rows on the page's GPU model), whole (not streamed), in Chromium (Pyodide + WebGPU on SwiftShader) against
 the same requests through the native engine (webinfer.open, wgpu-py on lavapipe): the same keys, token ids, text
 and tool calls, logprobs within 2e-3 as GPU against reference elsewhere (measured: 3.1e-4 at most, SwiftShader
 against lavapipe: two GPUs' exp and log over the same tiny random model). The tool call's stream, assembled as a client does,
@@ -29,7 +29,7 @@ TOOL_N = {"messages": [{"role": "user", "content": "weather?"}], "max_tokens": 4
           "n": 2, "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}],
           "tool_choice": "required", "parallel_tool_calls": False}
 ECHO = {"prompt": [5, 9, 13, 2, 40, 41, 3] + list(range(60, 73)), "max_tokens": 2, "echo": True, "logprobs": 2,
-        "temperature": 0}
+        "temperature": 0, "prompt_logprobs": 3}  # (vLLM's extension too: {id: {logprob, rank, decoded_token}})
 
 RUN = """async ([url, reqs]) => {
     const w = await import("./webinfer.js");
@@ -129,6 +129,15 @@ def test_js_api_returns_what_python_returns(tools_site, browser, tmp_path):
                 assert lj["tokens"] == lp["tokens"] and lj["text_offset"] == lp["text_offset"]
                 assert [list(t or {}) for t in lj["top_logprobs"]] == [list(t or {}) for t in lp["top_logprobs"]]
                 assert all((a is None and b is None) or abs(a - b) < 2e-3 for a, b in zip(_values(lj), _values(lp)))
+            pj, pp = cj.pop("prompt_logprobs", None), cp.pop("prompt_logprobs", None)
+            assert (pj is None) == (pp is None)
+            if pj is not None:  # (JSON object keys: the page's are strings, Python's ints)
+                assert len(pj) == len(pp) == 20 and pj[0] is None and pp[0] is None
+                for dj, dp in zip(pj[1:], pp[1:]):
+                    assert sorted(dj) == sorted(map(str, dp)), (dj, dp)
+                    for k, v in dp.items():
+                        assert dj[str(k)]["rank"] == v["rank"] and dj[str(k)]["decoded_token"] == v["decoded_token"]
+                        assert abs(dj[str(k)]["logprob"] - v["logprob"]) < 2e-3
         js_v["usage"].pop("speculative", None), py_v["usage"].pop("speculative", None)
         assert js_v == py_v, (js_v, py_v, logs)
     echo = r["out"][2]["choices"][0]
