@@ -106,5 +106,5 @@ def test_lm_eval_scores_through_webinfer_serve_as_through_transformers(task, req
             assert abs(ll - ll_hf) < 5e-4 and greedy == greedy_hf, (d, ours[d], theirs[d])
     # the model knows some capitals, not all: the scores decide, not a constant
     picks = [max(range(4), key=lambda j: ours[d][j][0]) for d in sorted(ours)]
-    assert 0 < sum(p == a for p, (_, _, a) in zip(picks, DOCS)) < len(DOCS)
+    assert 0 < sum(pick == a for pick, (_, _, a) in zip(picks, DOCS)) < len(DOCS)
     print(f"{name} on {backend}: largest |loglikelihood - lm-eval hf's| {worst:.2e}")
