@@ -581,7 +581,7 @@ def test_grammar_bench_smoke(tiny_tok):
     from webinfer_packager.bench.grammar import bench_vocab
 
     res = bench_vocab(tiny_tok, quick=True)
-    assert set(res["workloads"]) == {"json_schema", "json_object", "regex", "gbnf"}
+    assert set(res["workloads"]) == {"json_schema", "json_object", "patterns", "regex", "gbnf"}
     assert res["all"]["cold"]["steps"] > 50 and res["all"]["warm"]["p99_ms"] >= 0
 
 

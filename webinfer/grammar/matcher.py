@@ -259,56 +259,58 @@ class TokenVocab:
         return store
 
     def clear_rule_cache(self) -> None:
-        """Forget the shared rule masks (benchmarks measure a grammar whose rules the vocabulary has not seen)."""
+        """Forget the shared rule and class masks (benchmarks measure a grammar whose rules the vocabulary has not
+        seen)."""
         self._rules.clear()
+        self._class_full.clear()
+        self._class_masks.clear()
 
-    def _class_trie(self, cls: int) -> tuple:
-        """(levels, counts, full) of the 256-bit byte class cls, once per class (LRU of 8): levels[h] the set of trie
-        nodes at depth h whose path's bytes are all in cls (h >= 1, up to the deepest), counts[h] how many tokens
-        end at levels 1..h, full[0] a byte per token in DFS order (its length for those tokens, else 0), made on
-        first use. Found by a walk of the trie restricted to the class: its cost is the class's share of the trie
-        (a handful of nodes for digits; most of the word pieces for letters)."""
-        got = self._class_full.get(cls)
-        if got is None:
-            children, first, below = self.children, self.first, self.below
-            levels, counts, frontier = [set()], [0], [0]
-            while frontier and len(levels) < 255:
-                nxt = [c for n in frontier for b, c in children[n].items() if cls >> b & 1]
-                if not nxt:
-                    break
-                levels.append(set(nxt))
-                counts.append(counts[-1] + sum(below[n] - first[n] for n in nxt))
-                frontier = nxt
-            got = self._class_full[cls] = (levels, counts, [None])
+    def _class_trie(self, cls: int, depth: int) -> "_ClassTrie":
+        """The trie nodes spelled by the 256-bit byte class cls (_ClassTrie), found down to `depth` at least, by a
+        walk of the trie restricted to the class and extended on demand: its cost is the class's share of the trie
+        to that depth (a handful of nodes for digits; ~57k for [a-z] and ~280k for [A-Za-z0-9 ] at all depths on
+        Gemma 3). Kept per vocabulary, LRU of 8 classes."""
+        ct = self._class_full.get(cls)
+        if ct is None:
+            ct = self._class_full[cls] = _ClassTrie()
             if len(self._class_full) > 8:
                 self._class_full.popitem(last=False)
         else:
             self._class_full.move_to_end(cls)
-        return got
+        children, first, below, levels = self.children, self.first, self.below, ct.levels
+        while len(levels) <= depth and not ct.done:
+            nxt = [c for n in (levels[-1] if len(levels) > 1 else (0,)) for b, c in children[n].items() if cls >> b & 1]
+            if not nxt:
+                ct.done = True
+                break
+            levels.append(set(nxt))
+            ct.counts.append(ct.counts[-1] + sum(below[n] - first[n] for n in nxt))
+        return ct
 
     def class_prefix_mask(self, cls: int, r: int) -> int:
         """The tokens of 1..r bytes that are all in the byte class cls, as a mask (kept per vocabulary, LRU): few
-        tokens from their DFS slices, many through the class's byte per token and one translate, at C speed."""
+        tokens from their DFS slices, many through the class's byte per token (its length, filled level by level as
+        deeper levels are asked for) and one translate, at C speed."""
         key = (cls, r)
         m = self._class_masks.get(key)
         if m is not None:
             self._class_masks.move_to_end(key)
             return m
-        levels, counts, full = self._class_trie(cls)
-        top = min(r, len(levels) - 1)
-        if counts[top] * 16 < self.size:
+        ct = self._class_trie(cls, r)
+        levels, top = ct.levels, min(r, len(ct.levels) - 1)
+        if ct.counts[top] * 16 < self.size:
             m = self.mask_from([(self.first[n], self.below[n]) for h in range(1, top + 1) for n in levels[h]])
         else:
-            if full[0] is None:
-                buf = bytearray(len(self.order) + 1)
-                for h in range(1, len(levels)):
-                    one = bytes([h]) * 256
-                    for n in levels[h]:
-                        lo, hi = self.first[n], self.below[n]
-                        if lo < hi:
-                            buf[lo:hi] = one[:hi - lo] if hi - lo <= 256 else bytes([h]) * (hi - lo)
-                full[0] = bytes(buf)
-            m = int(self.to_id_order(full[0].translate(_ONE_TO[top]))[::-1].translate(_BITS), 2)
+            if ct.full is None:
+                ct.full = bytearray(len(self.order) + 1)
+            for h in range(ct.covered + 1, top + 1):
+                fill = bytes([h]) * 256
+                for n in levels[h]:
+                    lo, hi = self.first[n], self.below[n]
+                    if lo < hi:
+                        ct.full[lo:hi] = fill[:hi - lo] if hi - lo <= 256 else bytes([h]) * (hi - lo)
+            ct.covered = max(ct.covered, top)
+            m = int(self.to_id_order(ct.full.translate(_ONE_TO[top]))[::-1].translate(_BITS), 2)
         self._class_masks[key] = m
         if len(self._class_masks) > CLASS_CACHE:
             self._class_masks.popitem(last=False)
@@ -320,7 +322,7 @@ class TokenVocab:
         more than 16 bytes."""
         if allowed.bit_count() > 16:
             return None
-        levels = self._class_trie(cls)[0]
+        levels = self._class_trie(cls, r).levels
         if r >= len(levels):
             return []
         parents, level, out = self.parent_sets(), levels[r], set()
@@ -363,6 +365,20 @@ class TokenVocab:
             self._gather = operator.itemgetter(*pos)
         return bytes(self._gather(buf))
 
+
+
+class _ClassTrie:
+    """TokenVocab._class_trie: levels[h] (h >= 1) the trie nodes at depth h whose path's bytes are all in the class,
+    counts[h] the tokens that end at levels 1..h, done once no deeper level exists; full a byte per token in DFS
+    order (its length if it ends at levels 1..covered, else 0), made on first use."""
+    __slots__ = ("levels", "counts", "done", "full", "covered")
+
+    def __init__(self):
+        self.levels: list[set] = [set()]
+        self.counts = [0]
+        self.done = False
+        self.full: bytearray | None = None
+        self.covered = 0
 
 
 def mask_to_words(mask: int, n_words: int) -> bytes:

@@ -6,8 +6,9 @@
 Vocabularies: the package's tokenizer (SmolLM2: 49,152 tokens) and a synthetic 152,000-token byte-level BPE (the
 package's vocabulary plus merges of random token pairs, built as a `tokenizers` BPE model, then read back by
 webinfer's tokenizer: Qwen2.5's vocabulary size). Workloads, per vocabulary:
-    documents   realistic outputs (JSON documents for a schema and for json_object, text for a regex and a GBNF
-                grammar) tokenized and fed token by token: the mask is computed before each token, as decoding does;
+    documents   realistic outputs (JSON documents for a schema, for one of exact-repetition patterns and for
+                json_object, text for a regex and a GBNF grammar) tokenized and fed token by token: the mask is
+                computed before each token, as decoding does;
     random      64 tokens drawn at random among the allowed ones (odd states a real model rarely reaches).
 Each workload runs on a fresh grammar cache, with the vocabulary's shared rule masks cleared ("cold": the first
 request with that grammar; per-state masks are computed on first use, inside the timed step) and again on the same
@@ -60,6 +61,14 @@ DOCS = [
     {"name": "Zoë Ñúñez-García", "age": 42, "role": "user", "score": 12.25,
      "address": {"city": "Zaragoza"}},
 ]
+# exact repetitions of a class (not shift chains: what follows comes after exactly j), the kind of identifier and
+# code patterns schemas carry; 29 such properties took 28 s to compile on Gemma 3 before TokenMasks._class_run
+PATTERNS = {"type": "object", "properties": {
+    **{f"p{j}": {"type": "string", "pattern": f"^[a-z]{{{j}}}-[0-9]+$"} for j in range(1, 13)},
+    "code": {"type": "string", "pattern": "^[A-Z]{3}[0-9]{2}$"},
+    "phone": {"type": "string", "pattern": "^[0-9]{3}-[0-9]{3}-[0-9]{4}$"}}, "additionalProperties": False}
+PATTERN_DOCS = [{**{f"p{j}": "thequickbrown"[:j] + f"-{j}" for j in range(1, 13)}, "code": "ABC12",
+                 "phone": "555-123-4567"}]
 REGEX = r"(\+\d{1,3} )?\(\d{3}\) \d{3}-\d{4}( ext\. \d{1,5})?"
 REGEX_TEXTS = ["+44 (020) 794-6000", "(555) 123-4567 ext. 89"]
 GBNF = r'''
@@ -149,6 +158,8 @@ def bench_vocab(tok: Tokenizer, quick: bool) -> dict:
         ("json_schema", {"type": "json_schema", "json_schema": {"schema": SCHEMA}},
          [json.dumps(d, ensure_ascii=False, indent=i) for d in DOCS for i in (None, 2)]),
         ("json_object", {"type": "json_object"}, [json.dumps(d, ensure_ascii=False) for d in DOCS]),
+        ("patterns", {"type": "json_schema", "json_schema": {"schema": PATTERNS}},
+         [json.dumps(d, indent=i) for d in PATTERN_DOCS for i in (None, 2)]),
         ("regex", {"type": "regex", "regex": REGEX}, REGEX_TEXTS),
         ("gbnf", {"type": "grammar", "grammar": GBNF}, GBNF_TEXTS),
     ]
