@@ -531,7 +531,8 @@ class LLM:
         the prompt token's where it is among those the engine listed, else None (not computed)."""
         out: list = [None]
         for t, (lp, top) in zip(ids[1:], scores):
-            d = {i: {"logprob": v, "rank": j + 1, "decoded_token": self._token(i)[0]} for j, (i, v) in enumerate(top[:k])}
+            d = {i: {"logprob": v, "rank": j + 1, "decoded_token": self._token(i)[0]}
+                 for j, (i, v) in enumerate(top[:k])}
             if t not in d:
                 rank = next((j + 1 for j, (i, _) in enumerate(top) if i == t), None)
                 d[t] = {"logprob": lp, "rank": rank, "decoded_token": self._token(t)[0]}

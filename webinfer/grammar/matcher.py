@@ -133,7 +133,7 @@ class TokenVocab:
         self._chars: tuple | None = None
         self._parents: list[set] | None = None
         self._rules: OrderedDict = OrderedDict()
-        self._class_full: OrderedDict = OrderedDict()
+        self._class_tries: OrderedDict = OrderedDict()
         self._class_masks: OrderedDict = OrderedDict()
         self.children: list[dict[int, int]] = [{}]
         children = self.children
@@ -262,7 +262,7 @@ class TokenVocab:
         """Forget the shared rule and class masks (benchmarks measure a grammar whose rules the vocabulary has not
         seen)."""
         self._rules.clear()
-        self._class_full.clear()
+        self._class_tries.clear()
         self._class_masks.clear()
 
     def _class_trie(self, cls: int, depth: int) -> "_ClassTrie":
@@ -270,13 +270,13 @@ class TokenVocab:
         walk of the trie restricted to the class and extended on demand: its cost is the class's share of the trie
         to that depth (a handful of nodes for digits; ~57k for [a-z] and ~280k for [A-Za-z0-9 ] at all depths on
         Gemma 3). Kept per vocabulary, LRU of 8 classes."""
-        ct = self._class_full.get(cls)
+        ct = self._class_tries.get(cls)
         if ct is None:
-            ct = self._class_full[cls] = _ClassTrie()
-            if len(self._class_full) > 8:
-                self._class_full.popitem(last=False)
+            ct = self._class_tries[cls] = _ClassTrie()
+            if len(self._class_tries) > 8:
+                self._class_tries.popitem(last=False)
         else:
-            self._class_full.move_to_end(cls)
+            self._class_tries.move_to_end(cls)
         children, first, below, levels = self.children, self.first, self.below, ct.levels
         while len(levels) <= depth and not ct.done:
             nxt = [c for n in (levels[-1] if len(levels) > 1 else (0,)) for b, c in children[n].items() if cls >> b & 1]
