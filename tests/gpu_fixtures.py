@@ -91,3 +91,32 @@ def generate_ids(package, prompt_ids: list[int], max_tokens: int, *, runner, ign
             await llm.close()
 
     return asyncio.run(main())
+
+
+def prompt_logprobs_of(package, runner, prompts: list[list[int]], *, budget: int, seqs: int, top: int,
+                       beside: bool = False) -> list:
+    """Each prompt's prompt logprobs (SamplingParams.prompt_logprobs=top) through the one path over `runner`, the
+    prompts running together in chunks of up to `budget` tokens and score groups of `seqs` rows, prefix cache off;
+    beside: with a plain request running next to them."""
+    import asyncio
+
+    from webinfer.engine.stopping import SamplingParams
+    from webinfer.factory import EngineOptions, llm_for
+    from webinfer.package import Package
+
+    pkg = package if isinstance(package, Package) else Package.open(package)
+    llm = llm_for(pkg, runner, EngineOptions(max_seqs=seqs, max_batch_tokens=budget, enable_prefix_caching=False))
+
+    async def one(p):
+        async for o in llm.engine.generate(p, SamplingParams(max_tokens=1, prompt_logprobs=top)):
+            return o.prompt_logprobs
+
+    async def main():
+        jobs = [one(p) for p in prompts]
+        if beside:
+            jobs.append(llm.completions.create(prompt=[7, 8, 9], max_tokens=6, ignore_eos=True))
+        out = await asyncio.gather(*jobs)
+        await llm.close()
+        return out[:len(prompts)]
+
+    return asyncio.run(main())

@@ -564,23 +564,9 @@ def test_calibrate_head_sets_the_models_band_limit(tiny_llama):
 
 def _prompt_scores(pkg, runner, prompts):
     """Each prompt's prompt logprobs (top 3) through the engine, chunks of 16 and score groups of 4 rows."""
-    from webinfer.engine.stopping import SamplingParams
-    from webinfer.factory import EngineOptions, llm_for
-    from webinfer.package import Package
+    from tests.gpu_fixtures import prompt_logprobs_of
 
-    llm = llm_for(Package.open(pkg), runner, EngineOptions(max_seqs=4, max_batch_tokens=16,
-                                                           enable_prefix_caching=False))
-
-    async def one(p):
-        async for o in llm.engine.generate(p, SamplingParams(max_tokens=1, prompt_logprobs=3)):
-            return o.prompt_logprobs
-
-    async def main():
-        out = await asyncio.gather(*(one(p) for p in prompts))
-        await llm.close()
-        return out
-
-    return asyncio.run(main())
+    return prompt_logprobs_of(pkg, runner, prompts, budget=16, seqs=4, top=3)
 
 
 @pytest.mark.parametrize("which", ["tiny_llama", "tiny_qwen"])

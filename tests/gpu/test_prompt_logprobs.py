@@ -8,7 +8,6 @@ Run: python -m pytest tests/gpu/test_prompt_logprobs.py -q
 
 from __future__ import annotations
 
-import asyncio
 import math
 
 import pytest
@@ -29,26 +28,9 @@ def packages(tiny_llama, tmp_path_factory):
 
 def _scores(pkg, runner, prompts, *, budget: int, seqs: int, beside: bool = False):
     """Each prompt's prompt logprobs (top 4) through the engine; beside: with a plain request running next to it."""
-    from webinfer.engine.stopping import SamplingParams
-    from webinfer.factory import EngineOptions, llm_for
-    from webinfer.package import Package
+    from tests.gpu_fixtures import prompt_logprobs_of
 
-    llm = llm_for(Package.open(pkg), runner, EngineOptions(max_seqs=seqs, max_batch_tokens=budget,
-                                                           enable_prefix_caching=False))
-
-    async def one(p):
-        async for o in llm.engine.generate(p, SamplingParams(max_tokens=1, prompt_logprobs=4)):
-            return o.prompt_logprobs
-
-    async def main():
-        jobs = [one(p) for p in prompts]
-        if beside:
-            jobs.append(llm.completions.create(prompt=[7, 8, 9], max_tokens=6, ignore_eos=True))
-        out = await asyncio.gather(*jobs)
-        await llm.close()
-        return out[:len(prompts)]
-
-    return asyncio.run(main())
+    return prompt_logprobs_of(pkg, runner, prompts, budget=budget, seqs=seqs, top=4, beside=beside)
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma2"])

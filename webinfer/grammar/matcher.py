@@ -304,11 +304,8 @@ class TokenVocab:
             if ct.full is None:
                 ct.full = bytearray(len(self.order) + 1)
             for h in range(ct.covered + 1, top + 1):
-                fill = bytes([h]) * 256
                 for n in levels[h]:
-                    lo, hi = self.first[n], self.below[n]
-                    if lo < hi:
-                        ct.full[lo:hi] = fill[:hi - lo] if hi - lo <= 256 else bytes([h]) * (hi - lo)
+                    ct.full[self.first[n]:self.below[n]] = bytes([h]) * (self.below[n] - self.first[n])
             ct.covered = max(ct.covered, top)
             m = int(self.to_id_order(ct.full.translate(_ONE_TO[top]))[::-1].translate(_BITS), 2)
         self._class_masks[key] = m

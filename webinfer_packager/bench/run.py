@@ -53,6 +53,8 @@ import numpy as np
 
 from webinfer.gpu.device import COPY_DST, COPY_SRC, STORAGE, UNIFORM
 
+from .scoring import measure as measure_scoring
+
 
 def _median_timed(dev, record, reps: int) -> float:
     """Median ms of the dispatches `record(cmds)` adds, over `reps` timed submissions (after one warm-up)."""
@@ -257,15 +259,7 @@ def bench_model(dev, package, prompt_len: int, decode_len: int, reps: int) -> di
         for _ in range(max(2, reps)))
     # prompt logprobs (echo with max_tokens 0, docs/api.md): the prompt scored at every position against its prefill
     # to a first token, alternating, median wall seconds of each
-    walls_of = {"prefill": [], "scored": []}
-    for _ in range(max(1, reps // 2)):
-        for k, how in (("prefill", {"max_tokens": 1}), ("scored", {"max_tokens": 0, "echo": True, "logprobs": 1})):
-            t = time.perf_counter()
-            asyncio.run(llm.completions.create(prompt=prompt, temperature=0, **how))
-            walls_of[k].append(time.perf_counter() - t)
-    scoring = {k: round(statistics.median(v), 4) for k, v in walls_of.items()}
-    scoring = {"prompt_tokens": prompt_len, "prefill_s": scoring["prefill"], "scored_s": scoring["scored"],
-               "vs_prefill": round(scoring["scored"] / scoring["prefill"], 3)}
+    scoring = measure_scoring(llm, prompt, max(1, reps // 2))
     # one decode step at the end of that context, repeated (same position: it rewrites the same KV slot); the
     # GPU span (timestamps at the start of its first pass and the end of its last) and the wall time of the same
     # step: host overhead = 1 - span / wall, which cannot go below 0
