@@ -581,7 +581,7 @@ def test_grammar_bench_smoke(tiny_tok):
     from webinfer_packager.bench.grammar import bench_vocab
 
     res = bench_vocab(tiny_tok, quick=True)
-    assert set(res["workloads"]) == {"json_schema", "json_object", "patterns", "regex", "gbnf"}
+    assert set(res["workloads"]) == {"json_schema", "json_object", "patterns", "loops", "regex", "gbnf"}
     assert res["all"]["cold"]["steps"] > 50 and res["all"]["warm"]["p99_ms"] >= 0
 
 
@@ -727,6 +727,70 @@ def test_exact_class_repetitions_equal_brute_force(make):
     (up to 200 states), and on random token walks."""
     masks = TokenMasks(make().compile(), class_vocab())
     g, vocab = masks.g, masks.vocab
+    seen, todo = set(), [GrammarMatcher(masks).sid]
+    while todo and len(seen) < 200:
+        sid = todo.pop(0)
+        if sid in seen:
+            continue
+        seen.add(sid)
+        mask = masks.mask(sid)
+        for t, data in enumerate(vocab.token_bytes):
+            viable = bool(data) and g.walk(sid, data) >= 0
+            assert bool(mask >> t & 1) == viable, (t, data, sid)
+            if viable and len(data) == 1:
+                todo.append(g.walk(sid, data))
+    for seed in range(4):
+        check_masks_brute_force(masks, random.Random(seed), 20)
+
+
+def loop_vocab() -> TokenVocab:
+    """class_vocab's pieces and more that leave a letter run by an exit: a dash, an at sign, a dot, a digit, a
+    quote (the kinds of word pieces a real vocabulary has), and letter runs that start with an underscore or a
+    capital."""
+    words = ["ab", "abc", "the", "then", "zz", "_ab", "_x1", "Ab", "Zz", "com", "e"]
+    pieces = set(class_vocab().token_bytes[:-2])
+    for w in words:
+        pieces |= {(w + tail).encode() for tail in ["-", "-a", "@", "@b.", ".", ".c", ".co\"", "9", "\"", "\",",
+                                                  "\"}", " x", "@x.yz\""]}
+    return TokenVocab(sorted(pieces) + [None, b""])
+
+
+@pytest.mark.parametrize("make, shortcut", [
+    (lambda: regex_grammar("[a-z]+-[0-9]+"), True),
+    (lambda: regex_grammar("x[a-z]*y"), True),
+    (lambda: regex_grammar("[a-z_][a-z0-9_]*!"), True),  # s0 reads part of the class, the loop all of it
+    (lambda: regex_grammar("[a-z]{2,}-"), True),  # two states before the loop
+    (lambda: regex_grammar("[a-z]+"), False),  # the loop may end the rule: no shortcut
+    (lambda: regex_grammar("[a-z]+(-[a-z0-9]+)*\\."), True),  # a loop into a loop by an exit
+    # a callee whose loop is followed by an optional suffix: the caller reads on where it may end
+    (lambda: Grammar({"root": seq(("ref", "word"), literal("-1")),
+                      "word": seq(rep(byte_range(0x61, 0x7A), 1, None), literal("@"), rep(literal("x"), 0, 1))}),
+     True),
+    (lambda: json_schema_grammar({"type": "object", "properties": {
+        "name": {"type": "string", "pattern": "^[A-Za-z ]+$"},
+        "slug": {"type": "string", "pattern": "^[a-z0-9]+(-[a-z0-9]+)*$"},
+        "email": {"type": "string", "pattern": "^[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\\.[A-Za-z]{2,}$"},
+        "id": {"type": "string", "pattern": "^[a-z_][a-z0-9_]*$"}},
+        "required": ["name", "slug", "email", "id"]}), True),
+])
+def test_class_loops_equal_walks_and_brute_force(make, shortcut, monkeypatch):
+    """walk_node's class loops (TokenMasks._class_loop / _loop_tokens, the vocabulary's class split) give every
+    node what the byte-by-byte trie walk gives (mask and the trie nodes where the rule may end), and every mask
+    equals reading every token byte by byte, in every state a byte at a time reaches (up to 200) and on random
+    walks. The vocabulary is tiny, so the shortcut's size threshold is lifted."""
+    from webinfer.grammar import matcher
+
+    monkeypatch.setattr(matcher, "LOOP_MIN_PAIRS", 0)
+    masks = TokenMasks(make().compile(), loop_vocab())
+    masks._stores = {}
+    g, vocab = masks.g, masks.vocab
+    walked = TokenMasks(masks.g, vocab)
+    walked._stores, walked._class_loop = {}, lambda sid: None
+    loops = 0
+    for node in range(g.n_nodes):
+        loops += masks._class_loop(g.intern(frozenset([(node,)]))) is not None
+        assert masks.walk_node(node) == walked.walk_node(node), node
+    assert bool(loops) == shortcut
     seen, todo = set(), [GrammarMatcher(masks).sid]
     while todo and len(seen) < 200:
         sid = todo.pop(0)

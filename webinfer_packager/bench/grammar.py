@@ -6,9 +6,9 @@
 Vocabularies: the package's tokenizer (SmolLM2: 49,152 tokens) and a synthetic 152,000-token byte-level BPE (the
 package's vocabulary plus merges of random token pairs, built as a `tokenizers` BPE model, then read back by
 webinfer's tokenizer: Qwen2.5's vocabulary size). Workloads, per vocabulary:
-    documents   realistic outputs (JSON documents for a schema, for one of exact-repetition patterns and for
-                json_object, text for a regex and a GBNF grammar) tokenized and fed token by token: the mask is
-                computed before each token, as decoding does;
+    documents   realistic outputs (JSON documents for a schema, for one of exact-repetition patterns, for one of
+                class-loop patterns and for json_object, text for a regex and a GBNF grammar) tokenized and fed
+                token by token: the mask is computed before each token, as decoding does;
     random      64 tokens drawn at random among the allowed ones (odd states a real model rarely reaches).
 Each workload runs on a fresh grammar cache, with the vocabulary's shared rule masks cleared ("cold": the first
 request with that grammar; per-state masks are computed on first use, inside the timed step) and again on the same
@@ -69,6 +69,24 @@ PATTERNS = {"type": "object", "properties": {
     "phone": {"type": "string", "pattern": "^[0-9]{3}-[0-9]{3}-[0-9]{4}$"}}, "additionalProperties": False}
 PATTERN_DOCS = [{**{f"p{j}": "thequickbrown"[:j] + f"-{j}" for j in range(1, 13)}, "code": "ABC12",
                  "phone": "555-123-4567"}]
+# patterns that loop over a class (`[a-z]+`), as form schemas carry them: 2.3-2.5 s to compile on Gemma 3 before
+# TokenMasks._class_loop
+LOOPS = {"type": "object", "properties": {
+    "name": {"type": "string", "pattern": "^[A-Za-z ]+$"},
+    "tag": {"type": "string", "pattern": "^[a-z]+$"},
+    "slug": {"type": "string", "pattern": "^[a-z0-9]+(-[a-z0-9]+)*$"},
+    "code": {"type": "string", "pattern": "^[A-Z0-9]+$"},
+    "word": {"type": "string", "pattern": "^[a-z]{2,}$"},
+    "email": {"type": "string", "pattern": "^[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\\.[A-Za-z]{2,}$"},
+    "phone": {"type": "string", "pattern": "^\\+?[0-9 ()-]+$"},
+    "city": {"type": "string", "pattern": "^[A-Z][a-z]+$"},
+    "color": {"type": "string", "pattern": "^#[0-9a-fA-F]+$"},
+    "ident": {"type": "string", "pattern": "^[a-z_][a-z0-9_]*$"}},
+    "required": ["name", "email"], "additionalProperties": False}
+LOOP_DOCS = [{"name": "Ada Lovelace", "tag": "math", "slug": "analytical-engine-2", "code": "AE1843",
+              "word": "engines", "email": "ada.lovelace@analytical.org", "phone": "+44 (20) 7946-0000",
+              "city": "London", "color": "#1a2B3c", "ident": "note_g"},
+             {"name": "Bob", "email": "bob@example.com"}]
 REGEX = r"(\+\d{1,3} )?\(\d{3}\) \d{3}-\d{4}( ext\. \d{1,5})?"
 REGEX_TEXTS = ["+44 (020) 794-6000", "(555) 123-4567 ext. 89"]
 GBNF = r'''
@@ -160,6 +178,8 @@ def bench_vocab(tok: Tokenizer, quick: bool) -> dict:
         ("json_object", {"type": "json_object"}, [json.dumps(d, ensure_ascii=False) for d in DOCS]),
         ("patterns", {"type": "json_schema", "json_schema": {"schema": PATTERNS}},
          [json.dumps(d, indent=i) for d in PATTERN_DOCS for i in (None, 2)]),
+        ("loops", {"type": "json_schema", "json_schema": {"schema": LOOPS}},
+         [json.dumps(d, indent=i) for d in LOOP_DOCS for i in (None, 2)]),
         ("regex", {"type": "regex", "regex": REGEX}, REGEX_TEXTS),
         ("gbnf", {"type": "grammar", "grammar": GBNF}, GBNF_TEXTS),
     ]
