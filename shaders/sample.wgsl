@@ -9,7 +9,8 @@
 // into this row's slice of the scratch buffer, and then min_p (keep p_i >= min_p * p_max after temperature) as a
 // logit threshold. Token counts live on the GPU (a u32 per token per sequence slot: bit 31 = in the prompt, low bits
 // = times sampled) and the kernel adds the sampled id itself. With logprobs requested, the row also gets the
-// log-softmax (no temperature) of the processed logits at the sampled id and the top-n (<= 20) ids and values.
+// log-softmax (no temperature) of the processed logits at the sampled id (or a given score id) with its rank in the
+// vocabulary, and the top-n (<= 20) ids and values.
 // For a row with parameters (logit_row, top_k, seed, index, temperature, top_p) over logits l[0..VOCAB):
 //   greedy (temperature <= 0 or top_k == 1): the argmax, the lowest id among equal maxima.
 //   otherwise, with e_i = exp((l_i - max) / temperature):
@@ -63,7 +64,7 @@ struct RowParams {
 }
 
 const NONE = 0xffffffffu;
-const LPW = 42u;  // logprob words per row: sampled logprob, n, then n x (id, logprob)
+const LPW = 43u;  // logprob words per row: sampled logprob, n, 20 x (id, logprob), the reported id's rank
 
 // per row r, at r * (VOCAB + PV) of the scratch buffer `cand`: candidates [0, n): (id, logit bits), ids ascending;
 // then from VOCAB on the processed logits (PV = ceil(VOCAB / 2) entries, two f32 bit patterns each), or, for a
@@ -648,16 +649,25 @@ fn process(p: RowParams, lid: u32) {
     workgroupBarrier();
 }
 
-// log-softmax of the processed logits (no temperature, no filters) at the sampled id (or the row's score_id), and
-// the top n ids and values
-// (logit descending, id ascending): each lane keeps its own top n (ids ascend within a lane, so an equal logit
-// never displaces an earlier id), then n rounds of a workgroup argmax over the lanes' heads.
+// log-softmax of the processed logits (no temperature, no filters) at the sampled id (or the row's score_id), its
+// rank in the whole vocabulary (1 + the ids before it in the order below: vLLM's prompt_logprobs rank), and the top
+// n ids and values (logit descending, id ascending): each lane keeps its own top n (ids ascend within a lane, so an
+// equal logit never displaces an earlier id), then n rounds of a workgroup argmax over the lanes' heads. The rank is
+// counted in f32 (exact below 2^24 ids) to share the workgroup sum.
 fn write_logprobs(row: u32, p: RowParams, id: u32, am: u32, lid: u32) {
     thr = neg_inf();
     let mx = lg(am);
+    let x = select(id, p.score_id, p.score_id < VOCAB);
+    let lx = lg(x);
     var m = 0.0;
-    for (var i = lid; i < VOCAB; i += WG) { m += exp(lg(i) - mx); }
+    var before = 0.0;
+    for (var i = lid; i < VOCAB; i += WG) {
+        let v = lg(i);
+        m += exp(v - mx);
+        before += select(0.0, 1.0, v > lx || (v == lx && i < x));
+    }
     let lse = mx + log(sum_f(m, lid));
+    let rank = u32(sum_f(before, lid)) + 1u;
     let n = min(min(p.n_logprobs, 20u), VOCAB);
     var tk: array<u32, 20>;
     var ti: array<u32, 20>;
@@ -695,8 +705,9 @@ fn write_logprobs(row: u32, p: RowParams, id: u32, am: u32, lid: u32) {
         }
     }
     if (lid == 0u) {
-        logprobs[o] = bitcast<u32>(lg(select(id, p.score_id, p.score_id < VOCAB)) - lse);
+        logprobs[o] = bitcast<u32>(lx - lse);
         logprobs[o + 1u] = n;
+        logprobs[o + 42u] = rank;
     }
 }
 

@@ -34,14 +34,15 @@ def next_token(history: list[int], vocab: int, temperature: float = 0.0, seed: i
     return int.from_bytes(h.digest()[:8], "little") % vocab
 
 
-def score(history: list[int], target: int) -> tuple[float, list]:
+def score(history: list[int], target: int) -> tuple[float, list, int]:
     """A prompt-logprob row's fake result (batch.py SeqChunk.score_ids): a function of the KV history through the
-    row and the id it scores, so a row scored with the wrong history or the wrong next token gives another value."""
-    h = hashlib.sha256((",".join(map(str, history)) + f"->{target}").encode())
-    return -int.from_bytes(h.digest()[:4], "little") / 2**32, []
+    row and the id it scores, so a row scored with the wrong history or the wrong next token gives another value
+    (the logprob and the rank)."""
+    h = hashlib.sha256((",".join(map(str, history)) + f"->{target}").encode()).digest()
+    return -int.from_bytes(h[:4], "little") / 2**32, [], 2 + h[4] % 40
 
 
-def prompt_scores(prompt: list[int]) -> list[tuple[float, list]]:
+def prompt_scores(prompt: list[int]) -> list[tuple[float, list, int]]:
     """What a request's prompt logprobs must be: every prompt token after the first scored under the prompt before
     it, as rows of multi-token chunks write it."""
     return [score(prompt[:i + 1], prompt[i + 1]) for i in range(len(prompt) - 1)]

@@ -48,7 +48,7 @@ def test_echo_returns_the_prompt_then_the_completion_with_every_prompt_position_
     lp = c["logprobs"]
     assert lp["tokens"] == list(prompt) + [c["text"][len(prompt) + j] for j in range(3)]
     assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
-    assert lp["token_logprobs"][1:len(ids)] == [s for s, _ in prompt_scores(ids)]  # each row, its own history
+    assert lp["token_logprobs"][1:len(ids)] == [s for s, *_ in prompt_scores(ids)]  # each row, its own history
     assert lp["text_offset"] == list(range(len(prompt) + 3))
     # without logprobs: only the text
     plain = _create(llm, prompt=prompt, max_tokens=3, echo=True, temperature=0)["choices"][0]
@@ -60,7 +60,7 @@ def test_max_tokens_0_scores_the_prompt_only():
     r = _create(llm, prompt=[3, 1, 4, 1, 5, 9, 2, 6], max_tokens=0, echo=True, logprobs=0)
     c = r["choices"][0]
     assert c["text"] == "dbebfjcg" and c["token_ids"] == [] and c["finish_reason"] == "length"
-    assert c["logprobs"]["token_logprobs"] == [None] + [s for s, _ in prompt_scores([3, 1, 4, 1, 5, 9, 2, 6])]
+    assert c["logprobs"]["token_logprobs"] == [None] + [s for s, *_ in prompt_scores([3, 1, 4, 1, 5, 9, 2, 6])]
     assert r["usage"]["completion_tokens"] == 0 and r["usage"]["prompt_tokens"] == 8
     with pytest.raises(Exception) as e:  # 0 without echo asks for nothing
         _create(llm, prompt="abc", max_tokens=0)
@@ -74,7 +74,7 @@ def test_an_array_of_prompts_with_n_as_lm_eval_sends_them():
     assert [c["index"] for c in r["choices"]] == list(range(6)) and r["prompt_token_ids"] == prompts
     for c in r["choices"]:
         p = prompts[c["index"] // 2]
-        want = [None] + [s for s, _ in prompt_scores(p)]
+        want = [None] + [s for s, *_ in prompt_scores(p)]
         assert c["logprobs"]["token_logprobs"][:len(p)] == want, c["index"]  # (choice 1: choice 0's, not rescored)
         assert len(c["logprobs"]["token_logprobs"]) == len(p) + 2
     assert r["usage"]["prompt_tokens"] == sum(map(len, prompts)) and r["usage"]["completion_tokens"] == 12
@@ -139,7 +139,7 @@ def test_scoring_survives_preemption_and_skips_the_prefix_cache():
     warm, rs = asyncio.run(main())
     assert llm.engine.scheduler.num_preemptions > 0
     for r, k in zip(rs, (14, 13, 12)):
-        assert r["choices"][0]["logprobs"]["token_logprobs"][:k] == [None] + [s for s, _ in prompt_scores(prompt[:k])]
+        assert r["choices"][0]["logprobs"]["token_logprobs"][:k] == [None] + [s for s, *_ in prompt_scores(prompt[:k])]
         assert r["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
 
 
@@ -176,17 +176,21 @@ def test_prompt_logprobs_equal_transformers(smollm2_package, smollm2_hf, backend
         return outs
 
     got = asyncio.run(main())
-    worst = 0.0
+    worst, ranks = 0.0, []
     for p, scores in zip(prompts, got):
         assert len(scores) == len(p) - 1
         with torch.no_grad():
             want = torch.log_softmax(smollm2_hf[0](torch.tensor([p])).logits[0].double(), -1).numpy()  # [T, V]
-        for i, (lp, top) in enumerate(scores):
+        for i, (lp, top, rank) in enumerate(scores):
             worst = max(worst, abs(lp - want[i, p[i + 1]]))
             assert math.isclose(lp, want[i, p[i + 1]], abs_tol=5e-4), (i, lp, want[i, p[i + 1]])
+            w = want[i, p[i + 1]]  # the rank in the vocabulary, up to tokens within the logprobs' tolerance of it
+            assert 1 + (want[i] > w + 1e-3).sum() <= rank <= 1 + (want[i] > w - 1e-3).sum(), (i, rank)
+            ranks.append(rank)
             fifth = sorted(want[i])[-5]
             assert len(top) == 5 and all(want[i, t] >= fifth - 5e-4 for t, _ in top), (i, top)
             assert all(math.isclose(v, want[i, t], abs_tol=5e-4) for t, v in top)
+    assert min(ranks) == 1 and max(ranks) > 20, ranks  # (the likely tokens and some far down the vocabulary)
     print(f"{backend}: largest |logprob - transformers'| {worst:.2e}")
 
 
@@ -199,8 +203,8 @@ def test_vllm_prompt_logprobs_without_echo_on_completions_and_chat():
     for c in r["choices"]:
         ids = r["prompt_token_ids"][c["index"] // 2]
         assert len(c["text"]) == 2 and "logprobs" not in c  # (no echo, no completion logprobs asked)
-        want = [None] + [{t: {"logprob": s, "rank": None, "decoded_token": chr(ord("a") + t)}}
-                         for t, (s, _) in zip(ids[1:], prompt_scores(ids))]
+        want = [None] + [{t: {"logprob": s, "rank": rank, "decoded_token": chr(ord("a") + t)}}
+                         for t, (s, _, rank) in zip(ids[1:], prompt_scores(ids))]
         assert c["prompt_logprobs"] == want, c["index"]
 
     template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
@@ -212,8 +216,8 @@ def test_vllm_prompt_logprobs_without_echo_on_completions_and_chat():
     r = asyncio.run(main())
     ids = r["prompt_token_ids"]
     assert ids == [0, 1, 2, 0, 1, 2] and "prompt_logprobs" not in r["choices"][0]
-    assert r["prompt_logprobs"] == [None] + [{t: {"logprob": s, "rank": None, "decoded_token": chr(ord("a") + t)}}
-                                             for t, (s, _) in zip(ids[1:], prompt_scores(ids))]
+    assert r["prompt_logprobs"] == [None] + [{t: {"logprob": s, "rank": rank, "decoded_token": chr(ord("a") + t)}}
+                                             for t, (s, _, rank) in zip(ids[1:], prompt_scores(ids))]
 
 
 @pytest.mark.parametrize("req, problem", [

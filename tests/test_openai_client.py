@@ -232,7 +232,8 @@ def test_lm_eval_loglikelihood_requests(client):
 def test_vllm_prompt_logprobs(client):
     """vLLM's prompt_logprobs extension through the official client's extra_body: on the real engine the values are
     echo's (the same rows, the engine computing the larger top list once), the top k ranked 1..k in order, the
-    prompt token among them or ranked null; chat puts the list on the response."""
+    prompt token among them or ranked after them (its rank in the vocabulary); chat puts the list on the
+    response."""
     ids = [5, 9, 13, 2, 40, 41, 3, 17]
     r = client.completions.create(model="m", prompt=ids, echo=True, logprobs=2, max_tokens=1, temperature=0,
                                   extra_body={"prompt_logprobs": 4})
@@ -242,11 +243,13 @@ def test_vllm_prompt_logprobs(client):
     for j, (t, d) in enumerate(zip(ids[1:], plp[1:]), 1):
         d = {int(k): v for k, v in d.items()}  # (JSON object keys are strings)
         assert d[t]["logprob"] == c.logprobs.token_logprobs[j], j
-        top = sorted((v["rank"], k, v["logprob"], v["decoded_token"]) for k, v in d.items()
-                     if v["rank"] is not None and v["rank"] <= 4)
+        top = sorted((v["rank"], k, v["logprob"], v["decoded_token"]) for k, v in d.items() if v["rank"] <= 4)
         assert [x[0] for x in top] == [1, 2, 3, 4] and all(a[2] >= b[2] for a, b in zip(top, top[1:]))
         assert {x[3]: x[2] for x in top[:2]} == c.logprobs.top_logprobs[j]  # echo's top 2 (keyed by token text)
-        assert len(d) == 4 + (d[t]["rank"] is None) and (d[t]["rank"] is None) == (t not in {x[1] for x in top})
+        listed = t in {x[1] for x in top}
+        assert len(d) == 4 + (not listed) and (d[t]["rank"] > 4) == (not listed)
+        if listed:
+            assert d[t]["rank"] == 1 + sum(v["logprob"] > d[t]["logprob"] for v in d.values())
     chat = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi there"}], max_tokens=2,
                                           extra_body={"prompt_logprobs": 0})
     plp = chat.model_extra["prompt_logprobs"]

@@ -1832,7 +1832,7 @@ static u32 draw(const float *l, u32 vocab, const SampleParams *p, u8 *scratch, f
     return n ? kb[n - 1] : 0;  // r within rounding of the total
 }
 
-#define LPW 42u  // logprob words per row (sampling.py LOGPROB_WORDS): sampled logprob, n, then n x (id, logprob)
+#define LPW 43u  // logprob words per row (sampling.py LOGPROB_WORDS): sampled logprob, n, 20 x (id, logprob), rank
 
 // log-sum-exp of l, and the top n (<= 20) ids and log-softmax values (logit descending, id ascending: ids ascend,
 // so an equal logit never displaces an earlier id) into lp[1 ..]; returns the log-sum-exp
@@ -1873,7 +1873,8 @@ static float logprobs_top(const float *l, u32 vocab, u32 n, u32 *lp) {
 // One sampled row as the GPU sampler does it: the row's controls (repetition_penalty on tokens of the prompt or
 // the output, frequency / presence penalties on output counts, the mask's disallowed tokens -> -inf, logit_bias)
 // make the processed logits; draw() picks the id; the id is counted in the row's counts slot; with logprobs, the
-// log-softmax of the processed logits (no temperature, no filters) at the id and the top n go to lp (LPW words).
+// log-softmax of the processed logits (no temperature, no filters) at the id (or the score id) with its rank in the
+// vocabulary, and the top n go to lp (LPW words).
 // aux: the step's mask / bias words; counts: the counts slots (vocab u32 each: bit 31 = in the prompt, low bits =
 // times sampled; sampling.py counts_slot_init) or 0; lp: this row's logprob words or 0. scratch: 21 bytes x vocab
 // (+ 32).
@@ -1904,7 +1905,13 @@ static u32 sample_row(const float *l, u32 vocab, const SampleParams *p, const u3
     float lse = want_lp ? logprobs_top(l, vocab, p->n_logprobs, lp) : 0.0f;
     u32 id = draw(l, vocab, p, scratch, proc);  // (min_p keeps the drawn id's logit as it was)
     if (cnt) cnt[id] += 1;
-    if (want_lp) lp[0] = f32_bits(l[p->score_id < vocab ? p->score_id : id] - lse);
+    if (want_lp) {
+        u32 x = p->score_id < vocab ? p->score_id : id, before = 0;
+        float lx = l[x];
+        for (u32 i = 0; i < vocab; i++) before += l[i] > lx || (l[i] == lx && i < x);
+        lp[0] = f32_bits(lx - lse);
+        lp[LPW - 1] = before + 1;  // x's rank (logit descending, id ascending), as sample.wgsl's
+    }
     return id;
 }
 

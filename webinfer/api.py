@@ -523,18 +523,17 @@ class LLM:
     def _top(scores: list, k: int) -> list:
         """Prompt logprobs with each top list cut to k (the engine computed the larger of echo's and
         prompt_logprobs' k)."""
-        return [(lp, top[:k]) for lp, top in scores]
+        return [(lp, top[:k], rank) for lp, top, rank in scores]
 
     def _prompt_logprobs(self, ids: list[int], scores: list, k: int) -> list:
         """vLLM's prompt_logprobs: None for the first prompt token, then per token {id: {logprob, rank,
-        decoded_token}} with the prompt token and the top k. rank: 1-based among the vocabulary for the top k;
-        the prompt token's where it is among those the engine listed, else None (not computed)."""
+        decoded_token}} with the prompt token and the top k. rank: 1-based in the whole vocabulary (logit
+        descending, id ascending), the prompt token's counted by the sampler."""
         out: list = [None]
-        for t, (lp, top) in zip(ids[1:], scores):
+        for t, (lp, top, rank) in zip(ids[1:], scores):
             d = {i: {"logprob": v, "rank": j + 1, "decoded_token": self._token(i)[0]}
                  for j, (i, v) in enumerate(top[:k])}
             if t not in d:
-                rank = next((j + 1 for j, (i, _) in enumerate(top) if i == t), None)
                 d[t] = {"logprob": lp, "rank": rank, "decoded_token": self._token(t)[0]}
             out.append(d)
         return out
@@ -558,7 +557,7 @@ class LLM:
         rows = [(t, lp) for t, lp in zip(ids, lps) if lp is not None]
         if kind == "chat":
             content = []
-            for t, (lp, top) in rows:
+            for t, (lp, top, _) in rows:
                 text, b = self._token(t)
                 content.append({"token": text, "logprob": lp, "bytes": b, "top_logprobs": [
                     {"token": (tt := self._token(i))[0], "logprob": v, "bytes": tt[1]} for i, v in top]})

@@ -739,8 +739,9 @@ def test_penalties_and_logprobs_match_reference(mem):
                     added[row.counts_slot * V + t] += 1
                 if row.logprobs is not None:
                     lsm, top = ref.Sampler.logprobs(z, row.logprobs)
-                    lp, alts = lps[rows.index(row)]
+                    lp, alts, rank = lps[rows.index(row)]
                     assert lp == pytest.approx(lsm[t], abs=1e-4)
+                    assert rank == ref.Sampler.rank(z, t)
                     assert [i for i, _ in alts] == top.tolist()
                     assert [v for _, v in alts] == pytest.approx(lsm[top].tolist(), abs=1e-4)
             assert np.array_equal(ca.read().astype(np.int64), slots.astype(np.int64) + added)

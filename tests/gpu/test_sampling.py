@@ -274,7 +274,7 @@ V_CTL = 3000
 
 
 def _sample_ctl(dev, lib, logits: np.ndarray, rows: list[SampleRow], counts: np.ndarray | None = None):
-    """Run the sampler with aux / counts / logprobs bound: (ids, counts after, [(logprob, top)] per row)."""
+    """Run the sampler with aux / counts / logprobs bound: (ids, counts after, [(logprob, top, rank)] per row)."""
     logits = np.ascontiguousarray(logits, np.float32).reshape(-1, logits.shape[-1])
     V = logits.shape[1]
     s = GpuSampler(lib, V)
@@ -370,18 +370,23 @@ def test_logprobs_match_numpy(gpu_f32, lib, V):
     allowed[5] = True
     rows = [SampleRow(0, 0.0, logprobs=5), SampleRow(0, 1.0, seed=5, logprobs=20), SampleRow(1, 0.7, 30, 0.9, seed=6,
             logprobs=20), SampleRow(1, 0.0, logprobs=0), SampleRow(0, 1.0, seed=7, logprobs=3, mask=_mask_words(allowed),
-            logit_bias=((5, 30.0),)), SampleRow(1, 0.0)]
+            logit_bias=((5, 30.0),)), SampleRow(1, 0.0),
+            SampleRow(1, 0.0, logprobs=2, score_id=15), SampleRow(0, 0.0, logprobs=1, score_id=V - 1)]
     ids, _, lps = _sample_ctl(gpu_f32, lib, logits, rows)
-    for r, g, (lp, top) in zip(rows, ids, lps):
+    for r, g, (lp, top, rank) in zip(rows, ids, lps):
         if r.logprobs is None:
             continue
         _, z = _reference(r, logits, None)
         lsm, best = Sampler.logprobs(z, r.logprobs)
-        assert abs(lp - lsm[g]) < 1e-4, (r, lp, lsm[g])
+        x = g if r.score_id is None else r.score_id  # the reported id: its logprob and its rank in the vocabulary
+        assert abs(lp - lsm[x]) < 1e-4, (r, lp, lsm[x])
+        assert rank == Sampler.rank(z, x), (r, rank)
         assert [i for i, _ in top] == best.tolist(), r
         assert np.allclose([v for _, v in top], lsm[best], atol=1e-4)
     assert lps[4][1][0][0] == 5 and ids[4] == 5  # a bias of +30 makes token 5 the best by far
     assert all(allowed[i] for i, _ in lps[4][1]), "top_logprobs of a constrained row list only allowed tokens"
+    assert lps[6][2] == 1 + (logits[1, :15] == logits[1].max()).sum() >= 6  # id 15 among the tied maxima: after
+    # the lower ids 10..14 (and the row's own maximum where it was below 15)
 
 
 def test_controls_batch_invariance(gpu_f32, lib):

@@ -46,9 +46,10 @@ class RequestOutput:
     decode_s: float = 0.0          # first token -> this output's token (TPOT = decode_s / (num_output_tokens - 1))
     num_proposed: int = 0          # speculative proposals verified so far
     num_accepted: int = 0          # ... and accepted
-    logprobs: list | None = None   # params.logprobs set: per token of token_ids, (logprob, [(id, logprob), ...])
+    logprobs: list | None = None   # params.logprobs set: per token of token_ids, (logprob, [(id, logprob), ...],
+                                   # rank in the vocabulary)
     prompt_logprobs: list | None = None  # params.prompt_logprobs set, on the first output only: per prompt token
-                                         # after the first, (logprob, [(id, logprob), ...]) as logprobs
+                                         # after the first, (logprob, [(id, logprob), ...], rank) as logprobs
 
     @property
     def time_per_output_token_s(self) -> float | None:

@@ -79,7 +79,7 @@ class Request:
     matcher: object = None        # structured output: a grammar.GrammarMatcher over this request's output
     num_proposed: int = 0         # proposals verified so far
     num_accepted: int = 0         # ... and accepted
-    # params.prompt_logprobs: entry i is prompt token i + 1's (logprob, top) under the logits of position i
+    # params.prompt_logprobs: entry i is prompt token i + 1's (logprob, top, rank) under the logits of position i
     prompt_logprobs: list = field(default_factory=list, repr=False)
     # prompt + output, kept up to date by add_output(): the scheduler reads it every step, so it is not rebuilt
     all_token_ids: list[int] = field(default_factory=list, repr=False)

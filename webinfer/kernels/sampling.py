@@ -39,7 +39,7 @@ ROW_BYTES = 64  # RowParams in sample.wgsl
 SCRATCH_BYTES_PER_TOKEN = 12  # per row: 8 (candidate id + logit) + 4 (processed logit)
 MAX_TOP_LOGPROBS = 20
 MAX_LOGIT_BIAS = 1024  # entries per row (aux_buffer sizes for this many)
-LOGPROB_WORDS = 42  # per row: sampled logprob, n, then 20 x (id, logprob)
+LOGPROB_WORDS = 43  # per row: sampled logprob, n, 20 x (id, logprob), the sampled (or score) id's rank
 LOGPROB_BYTES = 4 * LOGPROB_WORDS
 _ROW = "<4I2f4I4f2I"
 _MASK = 0xFFFFFFFF
@@ -219,14 +219,16 @@ def pack_scores(rows: list[tuple], vocab: int) -> Packed:
     return pack([SampleRow(j, logprobs=top, score_id=sid) for j, (sid, top) in enumerate(rows)], vocab)
 
 
-def unpack_logprobs(raw: bytes, n_rows: int) -> list[tuple[float, list[tuple[int, float]]]]:
-    """Per row: (logprob of the sampled token, [(id, logprob)] of the top n, best first)."""
+def unpack_logprobs(raw: bytes, n_rows: int) -> list[tuple[float, list[tuple[int, float]], int]]:
+    """Per row: (logprob of the sampled token (or the row's score id), [(id, logprob)] of the top n, best first,
+    that token's 1-based rank in the whole vocabulary: logit descending, id ascending, the top list's order)."""
     out = []
     for r in range(n_rows):
         w = raw[r * LOGPROB_BYTES : (r + 1) * LOGPROB_BYTES]
         lp, n = struct.unpack_from("<fI", w, 0)
         top = [struct.unpack_from("<If", w, 8 + 8 * k) for k in range(min(n, MAX_TOP_LOGPROBS))]
-        out.append((lp, [(int(i), float(v)) for i, v in top]))
+        (rank,) = struct.unpack_from("<I", w, 4 * (LOGPROB_WORDS - 1))
+        out.append((lp, [(int(i), float(v)) for i, v in top], int(rank)))
     return out
 
 

@@ -110,12 +110,12 @@ def evaluate_engine(llm, ids: list[int], window: int, stride: int) -> dict:
             for begin, end, first in windows(len(ids), window, stride):
                 chunk = ids[begin:end]
                 scores = None
-                async for o in llm.engine.generate(chunk, SamplingParams(max_tokens=1, prompt_logprobs=1)):
+                async for o in llm.engine.generate(chunk, SamplingParams(max_tokens=1, prompt_logprobs=0)):
                     scores = o.prompt_logprobs if scores is None else scores
                 for j in range(first - begin, end - begin):  # chunk[j], scored by position j - 1
-                    lp, top = scores[j - 1]
+                    lp, _, rank = scores[j - 1]
                     nll -= lp
-                    n_correct += top[0][0] == chunk[j]
+                    n_correct += rank == 1
                 n_scored += end - first
         finally:
             await llm.close()

@@ -422,6 +422,12 @@ class Sampler:
         lsm = z - (m + np.log(np.exp(z - m).sum()))
         return lsm, np.lexsort((np.arange(z.size), -z))[:n]
 
+    @staticmethod
+    def rank(processed: np.ndarray, t: int) -> int:
+        """Token t's 1-based place in the order of logprobs(): logit descending, id ascending."""
+        z = processed
+        return int(1 + (z > z[t]).sum() + (z[:t] == z[t]).sum())
+
 
 # ----------------------------------------------------------------------------------------------------------------
 # utilities: BLAS threads

@@ -36,7 +36,7 @@ def sample(logits: np.ndarray, temperature: float, top_p: float, top_k: int, see
            min_p: float = 0.0, logit_bias=(), mask: bytes | None = None, frequency_penalty: float = 0.0,
            presence_penalty: float = 0.0, repetition_penalty: float = 1.0, prompt_ids=(), output_ids=(),
            logprobs: int | None = None):
-    """logits [V] -> token id (or with logprobs=k: (id, (logprob, [(id, logprob)] of the top k))); mask: allowed
+    """logits [V] -> token id (or with logprobs=k: (id, (logprob, [(id, logprob)] of the top k, rank))); mask: allowed
     tokens as little-endian u32 words (structured output); prompt_ids / output_ids: the history the penalties see."""
     sm = Sampler(temperature, top_k, top_p, seed, min_p=min_p, logit_bias=dict(logit_bias),
                  frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
@@ -54,7 +54,7 @@ def sample(logits: np.ndarray, temperature: float, top_p: float, top_k: int, see
     if logprobs is None:
         return tok
     lsm, top = Sampler.logprobs(logits, logprobs)                         # [V], [k]
-    return tok, (float(lsm[tok]), [(int(t), float(lsm[t])) for t in top])
+    return tok, (float(lsm[tok]), [(int(t), float(lsm[t])) for t in top], Sampler.rank(logits, tok))
 
 
 class ReferenceRunner:
@@ -108,7 +108,7 @@ class ReferenceRunner:
             rows = []
             for j, t in enumerate(c.score_ids):  # prompt logprobs: row j's raw log-softmax at the next token
                 lsm, top = Sampler.logprobs(logits[j], c.score_top)               # [V], [k]
-                rows.append((float(lsm[t]), [(int(i), float(lsm[i])) for i in top]))
+                rows.append((float(lsm[t]), [(int(i), float(lsm[i])) for i in top], Sampler.rank(logits[j], t)))
             scores.append(rows or None)
             if c.sample:
                 hist, n_p = c.history or [], c.num_prompt
