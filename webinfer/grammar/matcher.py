@@ -724,7 +724,9 @@ class TokenMasks:
         ~20-35 ms once per class on a 262k vocabulary)."""
         can_end, nexts, path, cur = self.g.state_can_end, self.g._next, [], sid
         while len(path) < 16 and not can_end[cur] and cur not in path:
-            moves, _, nxt = self._mv.get(cur) or self._moves(cur)
+            moves, shared, nxt = self._mv.get(cur) or self._moves(cur)
+            if path and shared.bit_count() < 2:  # (after s0 every state reads all of cls, >= 2 bytes, to one state)
+                return None
             path.append(cur)
             cls = 0
             for b, t in moves:
