@@ -696,6 +696,26 @@ def test_node_masks_equal_per_node_walks_with_calls(make, filter_unc, monkeypatc
     check_masks_brute_force(masks, random.Random(2), 30)
 
 
+def check_states_brute_force(masks: TokenMasks, limit: int = 200) -> None:
+    """Every state a byte at a time reaches (up to `limit`) and random token walks: each mask equals reading every
+    token byte by byte."""
+    g, vocab = masks.g, masks.vocab
+    seen, todo = set(), [GrammarMatcher(masks).sid]
+    while todo and len(seen) < limit:
+        sid = todo.pop(0)
+        if sid in seen:
+            continue
+        seen.add(sid)
+        mask = masks.mask(sid)
+        for t, data in enumerate(vocab.token_bytes):
+            viable = bool(data) and g.walk(sid, data) >= 0
+            assert bool(mask >> t & 1) == viable, (t, data, sid)
+            if viable and len(data) == 1:
+                todo.append(g.walk(sid, data))
+    for seed in range(4):
+        check_masks_brute_force(masks, random.Random(seed), 20)
+
+
 def class_vocab() -> TokenVocab:
     """Every byte, and tokens of letter runs that end in the middle of a pattern's exact repetition, at it, and past
     it (with the dash after, with a digit, with a quote), the kinds a real vocabulary's word pieces are."""
@@ -725,22 +745,7 @@ def test_exact_class_repetitions_equal_brute_force(make):
     """walk_node's class runs (a node that reads exactly r bytes of one class: TokenMasks._class_run, the
     vocabulary's class masks) against reading every token byte by byte, in every state a byte at a time reaches
     (up to 200 states), and on random token walks."""
-    masks = TokenMasks(make().compile(), class_vocab())
-    g, vocab = masks.g, masks.vocab
-    seen, todo = set(), [GrammarMatcher(masks).sid]
-    while todo and len(seen) < 200:
-        sid = todo.pop(0)
-        if sid in seen:
-            continue
-        seen.add(sid)
-        mask = masks.mask(sid)
-        for t, data in enumerate(vocab.token_bytes):
-            viable = bool(data) and g.walk(sid, data) >= 0
-            assert bool(mask >> t & 1) == viable, (t, data, sid)
-            if viable and len(data) == 1:
-                todo.append(g.walk(sid, data))
-    for seed in range(4):
-        check_masks_brute_force(masks, random.Random(seed), 20)
+    check_states_brute_force(TokenMasks(make().compile(), class_vocab()))
 
 
 def loop_vocab() -> TokenVocab:
@@ -791,17 +796,4 @@ def test_class_loops_equal_walks_and_brute_force(make, shortcut, monkeypatch):
         loops += masks._class_loop(g.intern(frozenset([(node,)]))) is not None
         assert masks.walk_node(node) == walked.walk_node(node), node
     assert bool(loops) == shortcut
-    seen, todo = set(), [GrammarMatcher(masks).sid]
-    while todo and len(seen) < 200:
-        sid = todo.pop(0)
-        if sid in seen:
-            continue
-        seen.add(sid)
-        mask = masks.mask(sid)
-        for t, data in enumerate(vocab.token_bytes):
-            viable = bool(data) and g.walk(sid, data) >= 0
-            assert bool(mask >> t & 1) == viable, (t, data, sid)
-            if viable and len(data) == 1:
-                todo.append(g.walk(sid, data))
-    for seed in range(4):
-        check_masks_brute_force(masks, random.Random(seed), 20)
+    check_states_brute_force(masks)
