@@ -320,39 +320,39 @@ class TokenVocab:
         return m
 
     def class_split(self, cls: int) -> tuple[int, bytes]:
-        """(the tokens whose bytes are all in the 256-bit byte class cls, as a mask; per token id, its first byte
-        outside cls, or cls's lowest byte when it has none or no bytes at all), per vocabulary, LRU of 8 classes.
-        bytes.lstrip does the per-token work at C speed: ~40 ms for Gemma 3's 262k tokens, where a walk of the
-        trie spelled by [A-Za-z ] (280k nodes) takes ~0.7 s in Python."""
+        """(the tokens whose bytes are all in the 256-bit byte class cls (>= 2 bytes), as a mask; per token id, the
+        first byte outside cls of a token that starts in cls, else cls's lowest byte (all in cls) or its second
+        lowest (no bytes, or the first byte outside cls)), per vocabulary, LRU of 8 classes. bytes.lstrip does the
+        per-token work at C speed: ~20-40 ms for Gemma 3's 262k tokens, where a walk of the trie that [A-Za-z ]
+        spells (280k nodes) takes ~0.7 s in Python."""
         got = self._class_splits.get(cls)
         if got is not None:
             self._class_splits.move_to_end(cls)
             return got
         cb = bytes(b for b in range(256) if cls >> b & 1)
-        c0 = cb[0]
-        firsts = bytes([r[0] if (r := (t or b"").lstrip(cb)) else c0 for t in self.token_bytes])
-        if self._with_bytes is None:
-            self._with_bytes = int(bytes(49 if t else 48 for t in reversed(self.token_bytes)), 2)
+        c0, c1 = cb[0], cb[1]
+        firsts = bytes([(r[0] if len(r) < len(t) else c1) if (r := t.lstrip(cb)) else (c0 if t else c1)
+                        for t in (t or b"" for t in self.token_bytes)])
         is_c0 = bytearray(b"0" * 256)
         is_c0[c0] = 49  # "1"
-        only = int(firsts[::-1].translate(is_c0), 2) & self._with_bytes
+        only = int(firsts[::-1].translate(is_c0), 2)
         got = self._class_splits[cls] = (only, firsts)
         if len(self._class_splits) > 8:
             self._class_splits.popitem(last=False)
         return got
 
-    def first_byte_mask(self, bs: int) -> int:
-        """The tokens whose first byte is in the 256-bit mask bs (their first bytes kept once per vocabulary)."""
+    def token_heads(self) -> bytes:
+        """Each token's first byte, by id (0 for a token without bytes), once per vocabulary."""
         if self._heads is None:
-            self._heads = bytes([t[0] if t else 0 for t in reversed(self.token_bytes)])
-        table = bytes(49 if bs >> b & 1 else 48 for b in range(256))
-        return int(self._heads.translate(table), 2) & self._tokens_with_bytes()
+            self._heads = bytes([t[0] if t else 0 for t in self.token_bytes])
+        return self._heads
 
-    def _tokens_with_bytes(self) -> int:
-        """The mask of the tokens in the trie (once per vocabulary)."""
+    def first_byte_mask(self, bs: int) -> int:
+        """The tokens whose first byte is in the 256-bit mask bs."""
         if self._with_bytes is None:
             self._with_bytes = int(bytes(49 if t else 48 for t in reversed(self.token_bytes)), 2)
-        return self._with_bytes
+        table = bytes(49 if bs >> b & 1 else 48 for b in range(256))
+        return int(self.token_heads()[::-1].translate(table), 2) & self._with_bytes
 
     def class_nodes(self, cls: int, r: int, allowed: int) -> list[int] | None:
         """The trie nodes at depth r whose path's bytes are all in the class cls and that have a child by a byte of
@@ -668,14 +668,28 @@ class TokenMasks:
         m = 0
         root_kids = v.children[0]
         for k in eps:
+            into: dict[int, int] = {}  # next node -> the first bytes that lead to it
             for b, t in g.bytes[k].items():
-                c = root_kids.get(b)
-                if c is None:
-                    continue
-                if v.first[c] < v.below[c]:
-                    spans.append((v.first[c], v.below[c]))
-                if v.children[c]:
-                    self._walk(g.intern(frozenset([(t,)])), (c,), spans, unc)
+                into[t] = into.get(t, 0) | 1 << b
+            for t, lead in into.items():
+                st = g.intern(frozenset([(t,)]))
+                loop = self._class_loop(st) if lead.bit_count() > 1 else None
+                if loop is not None and loop[1] == loop[0] and not lead & ~loop[0]:  # (a name's [a-z_] into [a-z0-9_]*)
+                    lm, lu = self._loop_tokens(st, *loop, lead=lead) or (None, None)
+                    if lm is not None:
+                        m |= lm
+                        unc.extend(lu)
+                        continue
+                while lead:
+                    low = lead & -lead
+                    lead ^= low
+                    c = root_kids.get(low.bit_length() - 1)
+                    if c is None:
+                        continue
+                    if v.first[c] < v.below[c]:
+                        spans.append((v.first[c], v.below[c]))
+                    if v.children[c]:
+                        self._walk(st, (c,), spans, unc)
         for (cs, r), (acc, ends) in zip(calls, infos):
             m |= acc
             if ends:
@@ -714,14 +728,16 @@ class TokenMasks:
         self._walk(sid, (0,), spans, unc)
         return self.vocab.mask_from(spans), frozenset(unc)
 
-    def _class_loop(self, sid: int) -> tuple[int, int, int] | None:
-        """(cls, first, exits) when state sid reads bytes of one ASCII class cls through states sid = s0, s1, ... into
-        a state that reads every byte of cls back into itself (a pattern's `[a-z]+`, `[A-Za-z_][A-Za-z0-9_]*`): s0
-        takes the bytes `first` of cls (all of them where s0 is the loop) to s1 and no other byte of cls anywhere,
-        each later state all of cls to the next, none of them may end the rule, and the other bytes they read
-        (exits) are at most 16, all ASCII. None otherwise, and for a class that spells few trie nodes (fewer than
-        LOOP_MIN_PAIRS of two bytes: digits, whitespace), where the walk is cheaper than the class's split (TokenVocab.class_split,
-        ~20-35 ms once per class on a 262k vocabulary)."""
+    def _class_loop(self, sid: int) -> tuple[int, int, int, int] | None:
+        """(cls, first, head exits, exits) when state sid reads bytes of one ASCII class cls through states sid = s0,
+        s1, ... into a state that reads every byte of cls back into itself (a pattern's `[a-z]+`,
+        `[A-Za-z_][A-Za-z0-9_]*`): s0 takes the bytes `first` of cls (all of them where s0 is the loop) to s1 and no
+        other byte of cls anywhere, each later state all of cls to the next, none of them may end the rule, and the
+        other bytes they read are at most 16, all ASCII: s0's (head exits: a token's first byte) and the later
+        states' (exits: after one class byte or more; s0's own where s0 is the loop). None otherwise, and for a
+        class that spells few trie nodes (fewer than LOOP_MIN_PAIRS of two bytes: digits, whitespace), where the
+        walk is cheaper than the class's split (TokenVocab.class_split, ~20-35 ms once per class on a 262k
+        vocabulary)."""
         can_end, nexts, path, cur = self.g.state_can_end, self.g._next, [], sid
         while len(path) < 16 and not can_end[cur] and cur not in path:
             moves, shared, nxt = self._mv.get(cur) or self._moves(cur)
@@ -737,12 +753,16 @@ class TokenMasks:
                     return None
                 cur = nxt
                 continue
-            exits = 0
-            for q in path:
+            heads = exits = 0
+            for i, q in enumerate(path):
                 for b, _ in self._mv[q][0]:
-                    exits |= 1 << b
+                    if i == 0:
+                        heads |= 1 << b
+                    if i or len(path) == 1:
+                        exits |= 1 << b
+            heads &= ~cls
             exits &= ~cls
-            if (cls | exits) >> 128 or exits.bit_count() > 16:
+            if (cls | heads | exits) >> 128 or (heads | exits).bit_count() > 16:
                 return None
             first = cls
             for i, (q, q2) in enumerate(zip(path, path[1:])):
@@ -758,42 +778,52 @@ class TokenMasks:
             levels = self.vocab._class_trie(cls, 2).levels
             if not first or len(levels) < 3 or len(levels[2]) < LOOP_MIN_PAIRS:
                 return None
-            return cls, first, exits
+            return cls, first, heads, exits
         return None
 
-    def _loop_tokens(self, sid: int, cls: int, first: int, exits: int) -> tuple[int, frozenset] | None:
+    def _loop_tokens(self, sid: int, cls: int, first: int, heads: int, exits: int,
+                     lead: int = 0) -> tuple[int, frozenset] | None:
         """walk_node's result for a class loop (_class_loop) without walking the trie its class spells: a token is
         readable exactly when its bytes are all in cls and the first is in `first` (the vocabulary's class masks),
-        or when its first byte outside cls is an exit (found in the vocabulary's per-token first bytes outside
-        the class: few tokens) and its bytes read from sid one by one. None (walk instead) when those are a
-        quarter of the vocabulary."""
+        or when it starts with a head exit, or starts in cls and leaves it by an exit, and its bytes read from sid
+        one by one: few tokens, found in the vocabulary's per-token first bytes (TokenVocab.class_split,
+        token_heads). With `lead` (bytes of cls; first == cls): the tokens that start with one of them and read on
+        from sid after it (_compose: a node's first bytes that lead to sid); s0's exits then come after a class
+        byte. None (walk instead) when those tokens are a quarter of the vocabulary."""
         g, v = self.g, self.vocab
         can_end, nexts, mvs, children = g.state_can_end, g._next, self._mv, v.children
         only, firsts = v.class_split(cls)
-        if first != cls:
-            only &= v.first_byte_mask(first)
+        if first != cls or lead:
+            only &= v.first_byte_mask(lead or first)
+        if lead:
+            exits, heads = exits | heads, 0
+        hits: list[int] = []
+        for where, bs in ((firsts, exits), (v.token_heads(), heads)):
+            if bs:
+                pattern = re.compile(b"[" + b"".join(b"\\x%02x" % b for b in range(128) if bs >> b & 1) + b"]")
+                hits += [m.start() for m in pattern.finditer(where)]
+        if len(hits) * 4 > v.size:
+            return None
         ids: list[int] = []
         unc: set[int] = set()
-        if exits:
-            pattern = re.compile(b"[" + b"".join(b"\\x%02x" % b for b in range(128) if exits >> b & 1) + b"]")
-            hits = [m.start() for m in pattern.finditer(firsts)]
-            if len(hits) * 4 > v.size:
-                return None
-            for t in hits:
-                data, q = v.token_bytes[t], sid
-                for j, b in enumerate(data):
-                    if q not in mvs:
-                        self._moves(q)  # fills nexts[q] for every byte
-                    q = nexts[q][b]
-                    if q < 0:
-                        break
-                    if can_end[q] and j + 1 < len(data):  # the rule may end after j + 1 bytes, inside the token:
-                        n = 0  # the caller reads on from that trie node (as _walk, only nodes with children)
-                        for c in data[:j + 1]:
-                            n = children[n][c]
-                        unc.add(n)
-                else:
-                    ids.append(t)
+        skip = 1 if lead else 0
+        for t in hits:
+            data, q = v.token_bytes[t], sid
+            if not data or (lead and not lead >> data[0] & 1):
+                continue
+            for j in range(skip, len(data)):
+                if q not in mvs:
+                    self._moves(q)  # fills nexts[q] for every byte
+                q = nexts[q][data[j]]
+                if q < 0:
+                    break
+                if can_end[q] and j + 1 < len(data):  # the rule may end after j + 1 bytes, inside the token:
+                    n = 0  # the caller reads on from that trie node (as _walk, only nodes with children)
+                    for c in data[:j + 1]:
+                        n = children[n][c]
+                    unc.add(n)
+            else:
+                ids.append(t)
         return only | v.ids_to_mask(ids), frozenset(unc)
 
     def _class_run(self, sid: int) -> tuple[int, int, int] | None:
