@@ -674,7 +674,7 @@ class TokenMasks:
             for t, lead in into.items():
                 st = g.intern(frozenset([(t,)]))
                 loop = self._class_loop(st) if lead.bit_count() > 1 else None
-                if loop is not None and loop[1] == loop[0] and not lead & ~loop[0]:  # (a name's [a-z_] into [a-z0-9_]*)
+                if loop is not None and loop[1] == loop[0] and not lead & ~loop[0]:  # ([a-z_] into [a-z0-9_]*)
                     lm, lu = self._loop_tokens(st, *loop, lead=lead) or (None, None)
                     if lm is not None:
                         m |= lm
