@@ -731,17 +731,23 @@ class TokenMasks:
     def _class_loop(self, sid: int) -> tuple[int, int, int, int] | None:
         """(cls, first, head exits, exits) when state sid reads bytes of one ASCII class cls through states sid = s0,
         s1, ... into a state that reads every byte of cls back into itself (a pattern's `[a-z]+`,
-        `[A-Za-z_][A-Za-z0-9_]*`): s0 takes the bytes `first` of cls (all of them where s0 is the loop) to s1 and no
-        other byte of cls anywhere, each later state all of cls to the next, none of them may end the rule, and the
-        other bytes they read are at most 16, all ASCII: s0's (head exits: a token's first byte) and the later
-        states' (exits: after one class byte or more; s0's own where s0 is the loop). None otherwise, and for a
-        class that spells few trie nodes (fewer than LOOP_MIN_PAIRS of two bytes: digits, whitespace), where the
+        `[A-Za-z_][A-Za-z0-9_]*`), at most 5 states before the loop: s0 takes the bytes `first` of cls (all of them
+        where s0 is the loop) to s1 and no other byte of cls anywhere, each later state all of cls to the next, none
+        of them may end the rule, and the other bytes they read are at most 16, all ASCII: s0's (head exits: a
+        token's first byte) and the later states' (exits: after one class byte or more; s0's own where s0 is the
+        loop). None otherwise, and for a class that spells few trie nodes (fewer than LOOP_MIN_PAIRS of two bytes: digits, whitespace), where the
         walk is cheaper than the class's split (TokenVocab.class_split, ~20-35 ms once per class on a 262k
         vocabulary)."""
-        can_end, nexts, path, cur = self.g.state_can_end, self.g._next, [], sid
-        while len(path) < 16 and not can_end[cur] and cur not in path:
+        g = self.g
+        can_end, nexts, chain_of, path, cur = g.state_can_end, g._next, g.chain_of, [], sid
+        while len(path) < 6 and not can_end[cur] and cur not in path:
+            # after s0 every state reads all of cls, >= 2 bytes, to one state (allowed_bytes: a cheap superset), and
+            # none is in a bounded repetition (a shift chain: white space, a maxLength string; ~15 states deep)
+            if path and cur not in self._mv and (g.allowed_bytes(cur).bit_count() < 2
+                                                 or any(st[-1] in chain_of for st in g.states[cur])):
+                return None
             moves, shared, nxt = self._mv.get(cur) or self._moves(cur)
-            if path and shared.bit_count() < 2:  # (after s0 every state reads all of cls, >= 2 bytes, to one state)
+            if path and shared.bit_count() < 2:
                 return None
             path.append(cur)
             cls = 0
