@@ -69,7 +69,7 @@ PATTERNS = {"type": "object", "properties": {
     "phone": {"type": "string", "pattern": "^[0-9]{3}-[0-9]{3}-[0-9]{4}$"}}, "additionalProperties": False}
 PATTERN_DOCS = [{**{f"p{j}": "thequickbrown"[:j] + f"-{j}" for j in range(1, 13)}, "code": "ABC12",
                  "phone": "555-123-4567"}]
-# patterns that loop over a class (`[a-z]+`), as form schemas carry them: 2.3-2.5 s to compile on Gemma 3 before
+# patterns that loop over a class (`[a-z]+`), as form schemas carry them: ~2 s to compile on Gemma 3 before
 # TokenMasks._class_loop
 LOOPS = {"type": "object", "properties": {
     "name": {"type": "string", "pattern": "^[A-Za-z ]+$"},
