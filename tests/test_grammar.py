@@ -581,7 +581,7 @@ def test_grammar_bench_smoke(tiny_tok):
     from webinfer_packager.bench.grammar import bench_vocab
 
     res = bench_vocab(tiny_tok, quick=True)
-    assert set(res["workloads"]) == {"json_schema", "json_object", "patterns", "loops", "regex", "gbnf"}
+    assert set(res["workloads"]) == {"json_schema", "json_object", "patterns", "loops", "lengths", "regex", "gbnf"}
     assert res["all"]["cold"]["steps"] > 50 and res["all"]["warm"]["p99_ms"] >= 0
 
 
@@ -817,3 +817,75 @@ def test_class_loops_equal_walks_and_brute_force(make, shortcut, monkeypatch):
         assert masks.node_info(node) == walked.node_info(node), node
     assert (shortcut in used) if shortcut else not used, used
     check_states_brute_force(masks)
+
+
+def _string(**kw) -> Grammar:
+    return json_schema_grammar({"type": "object", "properties": {"s": {"type": "string", **kw}}, "required": ["s"]})
+
+
+@pytest.mark.parametrize("make, shortcut", [
+    (lambda: _string(minLength=2, maxLength=7), {"node", "subtree"}),  # characters that must come, then a chain
+    (lambda: _string(minLength=3), {"node", "loop"}),  # characters that must come, then a loop
+    (lambda: _string(minLength=4, maxLength=4), {"node", "subtree"}),
+    (lambda: _string(), {"node", "loop"}),  # a loop: its subtrees take _walk's UTF-8 loop shortcut
+    (lambda: json_object_grammar(), {"node", "loop"}),
+    (lambda: regex_grammar("k.{2,5}!"), {"node", "subtree"}),
+    (lambda: regex_grammar("k[^!]{3}!"), {"node", "subtree"}),
+    (lambda: regex_grammar("k.{3}a"), set()),  # the bound reads a byte the characters read: no run
+    (lambda: regex_grammar("k[a-z中é]{2,5}!"), set()),  # not every character: no run
+    (lambda: regex_grammar("k[^\"]{2}[^x]{2}!"), set()),  # a later state reads x elsewhere than the first
+    (lambda: regex_grammar("k[^\"!]{2}[^x!]{2}!"), {"node", "subtree"}),  # ... runs only from the third
+    (lambda: regex_grammar("k([^中!\"]|中x){2,3}!"), set()),  # characters that lead to different states
+    # a callee that may end after two characters: no run in its nodes, nor in the caller's walks through them
+    (lambda: Grammar({"root": seq(("ref", "cut"), literal("a")),
+                      "cut": seq(literal("k"), rep(codepoint_ranges([(0x20, 0x10FFFF)]), 2, 4))}), set()),
+    # a rule with calls (runs on its stack-set states, not on its nodes), one of them inside the run: the quote
+    # that starts it is an exit
+    (lambda: Grammar({"root": seq(literal("k"), rep(alt(codepoint_ranges([(0x20, 0x20), (0x23, 0x10FFFF)]),
+                                                        ("ref", "q")), 2, 4), literal("!")),
+                      "q": literal('"q')}), {"node", "subtree"}),
+    # ... that may end after two characters (as the callee above, on stack-set states)
+    (lambda: Grammar({"root": seq(literal("k"), rep(codepoint_ranges([(0x20, 0x10FFFF)]), 2, 4), rep(("ref", "q"), 0, 1)),
+                      "q": literal('"q')}), set()),
+    (lambda: Grammar({"root": seq(literal("k"), rep(seq(codepoint_ranges([(0x20, 0x20), (0x23, 0x10FFFF)]), literal("!")),
+                                                    0, 1), rep(("ref", "q"), 0, 1)),
+                      "q": literal('"q')}), set()),  # ... that may end where a run of one character would start
+])
+def test_character_runs_equal_walks_and_brute_force(make, shortcut):
+    """walk_node's character runs (TokenMasks._char_run / _run_tokens: the tokens of valid UTF-8 and the run's ASCII
+    bytes, of at most k characters, from the vocabulary's masks; those that leave them by a quote or a backslash
+    read byte by byte) and _walk's bounded-run subtrees (filtered by validity and character count) give every node
+    what the byte-by-byte walk gives, mask and the trie nodes where the rule may end, and every state's mask equals
+    reading each token, on vocabularies full of multi-byte, cut and invalid tokens."""
+    for seed in range(2):
+        masks = TokenMasks(make().compile(), utf8_vocab(seed))
+        g = masks.g
+        walked = TokenMasks(g, utf8_vocab(seed))
+        masks._stores = walked._stores = {}
+        walked._char_run = lambda sid: None
+        used = set()
+        run_tokens, mask_from = masks._run_tokens, masks.vocab.mask_from
+        masks._run_tokens = lambda *a: used.add("node") or run_tokens(*a)
+        masks.vocab.mask_from = lambda spans: (used.update("subtree" if len(sp) > 3 else "loop" for sp in spans
+                                                           if len(sp) > 2), mask_from(spans))[1]
+        for node in range(g.n_nodes):
+            assert masks.walk_node(node) == walked.walk_node(node), node
+        assert used == shortcut, used
+        check_states_brute_force(masks, 120)
+
+
+def test_character_runs_longer_than_the_counts():
+    """A string of at least 258 characters: its first node's run is longer than the vocabulary's character counts
+    go (255), so tokens of 255 characters or more are read byte by byte; masks equal reading each token."""
+    vocab = TokenVocab(utf8_vocab(0).token_bytes[:-2] + [b"a" * 257, b"a" * 258, b"a" * 300, "é".encode() * 256,
+                                                         b"a" * 254 + b'"', None, b""])
+    masks = TokenMasks(_string(minLength=258, maxLength=260).compile(), vocab)
+    g = masks.g
+    sid = g.walk(g.initial, b'{"s":"')
+    for prefix in (b"", b"a", "中".encode(), b"a" * 200):
+        q = g.walk(sid, prefix)
+        mask = masks.mask(q)
+        for t, data in enumerate(vocab.token_bytes):
+            assert bool(mask >> t & 1) == (bool(data) and g.walk(q, data) >= 0), (prefix, t, data and data[:8])
+    allowed = [bool(masks.mask(sid) >> t & 1) for t in range(vocab.size - 7, vocab.size - 2)]
+    assert allowed == [True, True, False, True, False]  # 257, 258 characters; not 300; 256; not 254 and the quote

@@ -59,6 +59,8 @@ _CONT = bytes(range(0x80, 0xC0))
 _VALID_BYTES = [[b for b in (range(0x80, 0x100) if u == 0 else range(256)) if _UTF8[u][b] >= 0] for u in range(8)]
 _VALID = [sum(1 << b for b in range(256) if _UTF8[u][b] >= 0) for u in range(8)]  # what each state may read
 _NON_ASCII = ((1 << 256) - 1) ^ ((1 << 128) - 1)
+_ASCII = (1 << 128) - 1
+INF = 1 << 30  # TokenMasks._char_run: the characters a loop reads
 # _AT_MOST[d]: byte v -> 1 when v <= d (a token whose valid UTF-8 tail starts by offset d)
 _AT_MOST = [bytes(1 if v <= d else 0 for v in range(256)) for d in range(256)]
 _ONE_TO = [bytes(1 if 1 <= v <= d else 0 for v in range(256)) for d in range(256)]
@@ -113,6 +115,31 @@ def _one_character(read, stops, q: int) -> tuple[list[int], set] | None:
     return ends, inside
 
 
+def _positions(data: bytes, bs: int) -> list[int]:
+    """The offsets in data of the bytes of the 256-bit mask bs (ASCII bytes only), by one regular-expression scan."""
+    if not bs:
+        return []
+    pattern = re.compile(b"[" + b"".join(b"\\x%02x" % b for b in range(128) if bs >> b & 1) + b"]")
+    return [m.start() for m in pattern.finditer(data)]
+
+
+def _run_step(moves, chars) -> tuple[int, int, int] | None:
+    """TokenMasks._run_step from a state's (byte, next) moves and _one_character's result (None when the state
+    reads no non-ASCII byte)."""
+    if chars is None:
+        return None if any(b >= 0x80 for b, _ in moves) else (0, sum(1 << b for b, _ in moves), -1)
+    if len(set(chars[0])) != 1:
+        return None
+    nxt, asc, other = chars[0][0], 0, 0
+    for b, t in moves:
+        if b < 0x80:
+            if t == nxt:
+                asc |= 1 << b
+            else:
+                other |= 1 << b
+    return asc, other, nxt
+
+
 FILTER_UNC = 64  # a node whose rule may end at more trie nodes than this: keep only those the caller can go on from
 RULE_CACHE = 32  # rules without calls whose node masks a vocabulary keeps (TokenVocab.rule_store): a maxLength-40
 # string rule holds up to ~20 MB at 152k tokens (a byte per token per chain, a mask per member used), as a grammar did
@@ -140,6 +167,8 @@ class TokenVocab:
         self._class_splits: OrderedDict = OrderedDict()
         self._with_bytes: int | None = None
         self._heads: bytes | None = None
+        self._whole: int | None = None
+        self._id_chars: bytes | None = None
         self.children: list[dict[int, int]] = [{}]
         children = self.children
         ends: dict[int, list[int]] = {}  # trie node -> the token ids its path spells (only while building)
@@ -224,8 +253,9 @@ class TokenVocab:
 
     def mask_from(self, spans: list[tuple]) -> int:
         """The mask of the tokens of DFS-order slices: (lo, hi) is order[lo:hi]; (lo, hi, d) only those whose
-        utf8_tail_start is <= d. Large sets go through a byte per token in DFS order (slices set at C speed) that
-        one precomputed gather puts back in id order."""
+        utf8_tail_start is <= d; (lo, hi, d, k) of those only the ones that start at most k characters. Large sets go
+        through a byte per token in DFS order (slices set at C speed) that one precomputed gather puts back in id
+        order."""
         n = sum(sp[1] - sp[0] for sp in spans)
         if n * 16 < self.size:
             ids: list[int] = []
@@ -233,9 +263,13 @@ class TokenVocab:
                 if len(sp) == 2:
                     ids.extend(self.order[sp[0]:sp[1]])
                 else:
-                    lo, hi, d = sp
+                    lo, hi, d = sp[:3]
                     tail = self.dfs_tail()
-                    ids.extend(self.order[k] for k in range(lo, hi) if tail[k] <= d)
+                    if len(sp) > 3:
+                        k, chars = sp[3], self.dfs_chars()[0]
+                        ids.extend(self.order[j] for j in range(lo, hi) if tail[j] <= d and chars[j] <= k)
+                    else:
+                        ids.extend(self.order[j] for j in range(lo, hi) if tail[j] <= d)
             return self.ids_to_mask(ids)
         buf = bytearray(len(self.order) + 1)
         one = memoryview(b"\x01" * len(buf))
@@ -245,9 +279,12 @@ class TokenVocab:
                 buf[sp[0]:sp[1]] = one[: sp[1] - sp[0]]
             else:
                 filtered.append(sp)
-        for lo, hi, d in filtered:  # OR, not overwrite: slices may overlap (walks from nested trie nodes)
-            got = self.dfs_tail()[lo:hi].translate(_AT_MOST[d])
-            buf[lo:hi] = (int.from_bytes(buf[lo:hi], "big") | int.from_bytes(got, "big")).to_bytes(hi - lo, "big")
+        for sp in filtered:  # OR, not overwrite: slices may overlap (walks from nested trie nodes)
+            lo, hi, d = sp[:3]
+            got = int.from_bytes(self.dfs_tail()[lo:hi].translate(_AT_MOST[d]), "big")
+            if len(sp) > 3:
+                got &= int.from_bytes(self.dfs_chars()[0][lo:hi].translate(_AT_MOST[sp[3]]), "big")
+            buf[lo:hi] = (int.from_bytes(buf[lo:hi], "big") | got).to_bytes(hi - lo, "big")
         bits = self.to_id_order(buf)[::-1].translate(_BITS)
         return int(bits, 2)
 
@@ -340,6 +377,30 @@ class TokenVocab:
         if len(self._class_splits) > 8:
             self._class_splits.popitem(last=False)
         return got
+
+    def utf8_whole(self) -> int:
+        """The tokens whose bytes are valid UTF-8 from the first, up to an unfinished last character (what a state
+        that reads any character reads whole), as a mask, once per vocabulary."""
+        if self._whole is None:
+            self._whole = int(self.to_id_order(self.dfs_tail().translate(_AT_MOST[0]))[::-1].translate(_BITS), 2)
+        return self._whole
+
+    def id_chars(self) -> bytes:
+        """Each token's count of bytes that start a character (dfs_chars), by id, once per vocabulary."""
+        if self._id_chars is None:
+            self._id_chars = self.to_id_order(self.dfs_chars()[0])
+        return self._id_chars
+
+    def char_count_mask(self, k: int) -> int:
+        """The tokens that start at most k <= 254 characters (bytes that are not 0x80-0xBF), as a mask (kept per
+        vocabulary with the class masks); tokens without bytes count none."""
+        key = ("chars", k)
+        m = self._class_masks.get(key)
+        if m is None:
+            m = self._class_masks[key] = int(self.id_chars()[::-1].translate(_AT_MOST[k]).translate(_BITS), 2)
+            if len(self._class_masks) > CLASS_CACHE:
+                self._class_masks.popitem(last=False)
+        return m
 
     def token_heads(self) -> bytes:
         """Each token's first byte, by id (0 for a token without bytes), once per vocabulary."""
@@ -437,6 +498,11 @@ class TokenMasks:
         self._composing: set[int] = set()
         self._utf8: dict[int, int] = {}
         self._chain_utf8s: dict[int, tuple | None] = {}
+        self._run_steps: dict[int, tuple | None] = {}
+        self._runs: dict[int, tuple | None] = {}
+        self._node_steps: dict[int, tuple | None] = {}
+        self._node_runs: dict[int, tuple | None] = {}
+        self._char_runs: dict[int, tuple | None] = {}
         self._stores = {n: vocab.rule_store(e) for n, e in grammar.plain_rules.items()}
         self.warmed = False
 
@@ -561,12 +627,13 @@ class TokenMasks:
         bounded or not); and where a state allows fewer bytes than a trie node has children, the allowed bytes are
         looked up instead of the children being scanned. Where a state reads characters in a loop (_utf8_bytes) and a
         subtree's bytes all stay in it, the subtree is taken whole too, filtered by its tokens' UTF-8 validity
-        (vocabularies of many multi-byte tokens, Gemma's and Qwen's, defeat the first shortcut)."""
+        (vocabularies of many multi-byte tokens, Gemma's and Qwen's, defeat the first shortcut); where it reads at
+        most k more characters (_char_run: a minLength string), filtered by their character counts as well."""
         g, v = self.g, self.vocab
         nexts, can_end = g._next, g.state_can_end
         children, sub_bytes, depth, height = v.children, v.sub_bytes, v.depth, v.height
         first, below, end = v.first, v.below, v.end
-        mvs, moves, utf8 = self._mv, self._moves, self._utf8
+        mvs, moves, utf8, runs = self._mv, self._moves, self._utf8, self._char_runs
         todo = [(t, sid) for t in roots]
         while todo:
             tn, s = todo.pop()
@@ -587,15 +654,31 @@ class TokenMasks:
                         spans.append((below[tn], end[tn]))
                         continue
                 if sub_bytes[tn] >> 128 and height[tn] + depth[tn] < 255:
-                    ub = utf8.get(s)
-                    if ub is None:
-                        ub = self._utf8_bytes(s)
-                    if ub and not sub_bytes[tn] & ~ub:  # the whole subtree reads in a character loop: its tokens
-                        h = height[tn]  # filtered by UTF-8 validity (a child by a continuation byte dies)
-                        for b, c in kids.items():
-                            if not 0x80 <= b < 0xC0:
-                                spans.append((first[c], end[c], h))
-                        continue
+                    run = runs.get(s, 0)
+                    if run == 0:
+                        run = runs[s] = self._char_run(s)
+                    if run is not None and run[1] < INF:
+                        # a bounded run (a minLength string; no loop: _utf8_bytes would search 64 states to say so):
+                        # its tokens filtered by validity and by how many characters they start, at most the run's
+                        # k more than the path to tn (children by a continuation byte: the filter drops them too)
+                        if not sub_bytes[tn] & ~(run[0] | _NON_ASCII):
+                            h = height[tn]
+                            top = len(v.token_bytes[v.order[below[tn]]][:h].translate(None, _CONT)) + run[1]
+                            if top < 255:
+                                for b, c in kids.items():
+                                    if not 0x80 <= b < 0xC0:
+                                        spans.append((first[c], end[c], h, top))
+                                continue
+                    else:
+                        ub = utf8.get(s)
+                        if ub is None:
+                            ub = self._utf8_bytes(s)
+                        if ub and not sub_bytes[tn] & ~ub:  # the whole subtree reads in a character loop: its
+                            h = height[tn]  # tokens filtered by UTF-8 validity (a child by a continuation byte dies)
+                            for b, c in kids.items():
+                                if not 0x80 <= b < 0xC0:
+                                    spans.append((first[c], end[c], h))
+                            continue
             if len(mv[0]) < len(kids):
                 pairs = [(c, t) for b, t in mv[0] if (c := kids.get(b)) is not None]
             else:
@@ -709,7 +792,9 @@ class TokenMasks:
         byte-by-byte walk would visit every trie node spelled by the class, ~40 ms a node on Gemma 3's trie. A node
         that reads a class in a loop (`[a-z]+`) takes the class's tokens from the vocabulary's class split and reads
         only the tokens that leave the class by a byte the loop's states read on (_class_loop, _loop_tokens): its
-        walk took 80 ms on Gemma 3 for [A-Za-z ] even with the subtree shortcut."""
+        walk took 80 ms on Gemma 3 for [A-Za-z ] even with the subtree shortcut. A node that reads characters (a
+        JSON string's, bounded by minLength / maxLength or not) does the same with its characters (_char_run,
+        _run_tokens): the walk of a string's node that must read three more characters took 0.7 s on Gemma 3."""
         unc: list[int] = []
         spans: list[tuple[int, int]] = []
         sid = self.g.intern(frozenset([(node,)]))
@@ -723,6 +808,11 @@ class TokenMasks:
         loop = self._class_loop(sid)
         if loop is not None:
             got = self._loop_tokens(sid, *loop)
+            if got is not None:
+                return got
+        chars = self._char_run(sid)
+        if chars is not None:
+            got = self._run_tokens(sid, *chars)
             if got is not None:
                 return got
         self._walk(sid, (0,), spans, unc)
@@ -796,20 +886,24 @@ class TokenMasks:
         token_heads). With `lead` (bytes of cls; first == cls): the tokens that start with one of them and read on
         from sid after it (_compose: a node's first bytes that lead to sid); s0's exits then come after a class
         byte. None (walk instead) when those tokens are a quarter of the vocabulary."""
-        g, v = self.g, self.vocab
-        can_end, nexts, mvs, children = g.state_can_end, g._next, self._mv, v.children
+        v = self.vocab
         only, firsts = v.class_split(cls)
         if first != cls or lead:
             only &= v.first_byte_mask(lead or first)
         if lead:
             exits, heads = exits | heads, 0
-        hits: list[int] = []
-        for where, bs in ((firsts, exits), (v.token_heads(), heads)):
-            if bs:
-                pattern = re.compile(b"[" + b"".join(b"\\x%02x" % b for b in range(128) if bs >> b & 1) + b"]")
-                hits += [m.start() for m in pattern.finditer(where)]
+        hits = _positions(firsts, exits) + _positions(v.token_heads(), heads)
         if len(hits) * 4 > v.size:
             return None
+        ids, unc = self._read_tokens(sid, hits, lead)
+        return only | v.ids_to_mask(ids), frozenset(unc)
+
+    def _read_tokens(self, sid: int, hits, lead: int = 0) -> tuple[list[int], set[int]]:
+        """Read the tokens `hits` from state sid byte by byte (with `lead`: only those whose first byte is in it,
+        read from their second): (the ids read to their end, the trie nodes with children where the rule may end
+        inside one of them)."""
+        v = self.vocab
+        can_end, nexts, mvs, children = self.g.state_can_end, self.g._next, self._mv, v.children
         ids: list[int] = []
         unc: set[int] = set()
         skip = 1 if lead else 0
@@ -830,6 +924,125 @@ class TokenMasks:
                     unc.add(n)
             else:
                 ids.append(t)
+        return ids, unc
+
+    def _run_step(self, q: int) -> tuple[int, int, int] | None:
+        """One state of a character run (_char_run): (asc, other, nxt) when q reads every valid UTF-8 character into
+        one state nxt, the ASCII bytes asc into nxt too and the ASCII bytes other elsewhere, and neither q nor a
+        state inside a character may end the rule; (0, the bytes q reads, -1) when q reads no non-ASCII byte (the
+        run's bound) and may not end the rule; else None. Once per state."""
+        got = self._run_steps.get(q, 0)
+        if got == 0:
+            g, got = self.g, None
+            if not g.state_can_end[q]:
+                moves = (self._mv.get(q) or self._moves(q))[0]
+                chars = None
+                if g.allowed_bytes(q) >> 128:
+                    chars = _one_character(lambda y: dict((self._mv.get(y) or self._moves(y))[0]),
+                                           g.state_can_end.__getitem__, q)
+                got = _run_step(moves, chars)
+            self._run_steps[q] = got
+        return got
+
+    def _node_step(self, a: int) -> tuple[int, int, int] | None:
+        """_run_step of node a of a rule without calls, on the rule's DFA alone (a state of one stack whose top is
+        a reads as a does while no node on the way may end the rule): dict lookups instead of the stack-set
+        states' steps, ~5x cheaper (a 100-character string builds ~3,000 of them)."""
+        got = self._node_steps.get(a, 0)
+        if got == 0:
+            g, got = self.g, None
+            if not g.can_end[a]:
+                nb = g.bytes[a]
+                chars = None
+                if any(b >= 0x80 for b in nb):
+                    chars = _one_character(g.bytes.__getitem__, g.can_end.__getitem__, a)
+                got = _run_step(nb.items(), chars)
+            self._node_steps[a] = got
+        return got
+
+    def _run_summary(self, q: int, step, runs: dict) -> tuple[int, int, int, int] | None:
+        """From q (a state, or a node: step is _run_step or _node_step, runs its memo) along its character run to
+        the bound or around its loop: (the ASCII bytes every state before the bound reads into the run, the ASCII
+        bytes any of them or the bound reads, the bound's bytes (0 in a loop), the characters up to the bound (INF
+        in a loop)), or None when a state on the way is not a run state. Iterative, once per state: a
+        minLength-2000 string is 2000 states long."""
+        path: list[int] = []
+        pos: dict[int, int] = {}
+        x = q
+        while x not in runs:
+            if x in pos:  # around a loop: every state on it reads the same characters, without bound
+                cyc = path[pos[x]:]
+                inter, union = _ASCII, 0
+                for y in cyc:
+                    asc, other, _ = step(y)
+                    inter &= asc
+                    union |= asc | other
+                for y in cyc:
+                    runs[y] = (inter, union, 0, INF)
+                del path[pos[x]:]
+                break
+            got = step(x)
+            if got is None:
+                runs[x] = None
+                break
+            if got[2] < 0:
+                runs[x] = (_ASCII, got[1], got[1], 0)
+                break
+            pos[x] = len(path)
+            path.append(x)
+            x = got[2]
+        for y in reversed(path):
+            asc, other, nxt = step(y)
+            after = runs[nxt]
+            runs[y] = None if after is None else (asc & after[0], asc | other | after[1], after[2],
+                                                  min(INF, after[3] + 1))
+        return runs[q]
+
+    def _char_run(self, sid: int) -> tuple[int, int, int] | None:
+        """(A, K, E) when state sid reads characters (every valid UTF-8 character and the ASCII bytes A) one after
+        the other through states that read them all into the next, at most K of them (INF: a loop) up to a bound
+        that reads none of them, none of these states nor any inside a character able to end the rule, and the
+        other bytes they read are the at most 16 ASCII bytes E (a JSON string's quote and backslash). Then a token
+        whose bytes are all in A or non-ASCII is readable from sid exactly when it is valid UTF-8 up to an
+        unfinished last character and starts at most K characters, and any other token only when its first byte
+        outside them is in E (_run_tokens)."""
+        g = self.g
+        if g.allowed_bytes(sid) & _NON_ASCII != _VALID[0] & _NON_ASCII:  # a cheap superset first
+            return None
+        stacks = g.states[sid]
+        x = next(iter(stacks))[-1] if len(stacks) == 1 else -1
+        if x >= 0 and g.rule_of[x] in g.plain_rules:
+            step, runs = self._node_step, self._node_runs
+        else:
+            step, runs, x = self._run_step, self._runs, sid
+        s = self._run_summary(x, step, runs)
+        if s is None:
+            return None
+        asc, _, nxt = step(x)
+        if nxt < 0:  # x is a bound
+            return None
+        after = runs[nxt]
+        if asc & ~after[0] or asc & after[2]:  # a later state or the bound reads a byte of A elsewhere
+            return None
+        exits = s[1] & ~asc
+        return (asc, s[3], exits) if exits.bit_count() <= 16 else None
+
+    def _run_tokens(self, sid: int, asc: int, k: int, exits: int) -> tuple[int, frozenset] | None:
+        """walk_node's result for a character run (_char_run) without walking the trie: the tokens of valid UTF-8
+        and ASCII bytes of asc, of at most k characters, from the vocabulary's masks (class split, UTF-8 validity,
+        character counts), and the few that leave them by an exit byte, read byte by byte. None (walk instead)
+        when those are a quarter of the vocabulary."""
+        v = self.vocab
+        only, firsts = v.class_split(asc | _NON_ASCII)
+        only &= v.utf8_whole()
+        hits = _positions(firsts, exits) + _positions(v.token_heads(), exits)
+        if k < INF:
+            only &= v.char_count_mask(min(k, 254))
+            if k > 254:  # a token of 255 characters or more (the counts stop at 255): read it byte by byte
+                hits += [m.start() for m in re.finditer(b"\xff", v.id_chars())]
+        if len(hits) * 4 > v.size:
+            return None
+        ids, unc = self._read_tokens(sid, hits)
         return only | v.ids_to_mask(ids), frozenset(unc)
 
     def _class_run(self, sid: int) -> tuple[int, int, int] | None:
