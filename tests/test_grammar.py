@@ -439,6 +439,61 @@ def test_mask_equals_brute_force_hypothesis(schema, seed):
     check_masks_brute_force(TokenMasks(json_schema_grammar(schema).compile(), small_vocab()), random.Random(seed), 20)
 
 
+def test_concurrent_requests_compile_a_schema_once():
+    """The server compiles in threads: two requests that bring the same new schema at once get one compile (the
+    second waits for the first's, then finds it cached), and its masks equal reading each token."""
+    import threading
+
+    cache = GrammarCache(utf8_vocab(0))
+    rf = {"type": "json_schema", "json_schema": {"schema": {"type": "array", "items": {
+        "type": "string", "minLength": 30, "maxLength": 60}}}}
+    start, got = threading.Barrier(2), []
+
+    def get():
+        start.wait()
+        got.append(cache.get(rf))
+
+    threads = [threading.Thread(target=get) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == 2 and got[0] is got[1]
+    check_masks_brute_force(got[0], random.Random(0), 8)
+
+
+def test_masks_are_computed_under_the_vocabulary_lock():
+    """A node's mask and a state's mask are computed holding the vocabulary's lock (its caches are shared with a
+    compile in another thread); a cached mask is read without it."""
+    import threading
+
+    vocab = utf8_vocab(1)
+    masks = TokenMasks(json_object_grammar().compile(), vocab)
+    sid = GrammarMatcher(masks).sid
+    node = next(iter(masks.g.states[sid]))[-1]
+
+    def blocked(f) -> list:
+        out = []
+        with vocab.lock:
+            t = threading.Thread(target=lambda: out.append(f()))
+            t.start()
+            t.join(0.5)
+            assert t.is_alive() and not out  # waits for the lock
+        t.join()
+        return out
+
+    info = blocked(lambda: masks.node_info(node))
+    masks.warm()  # every node's mask now: a state's mask needs only its own walks
+    mask = blocked(lambda: masks.mask(sid))
+    assert info == [masks.node_info(node)] and mask == [masks.mask(sid)]
+    with vocab.lock:  # (held by this thread) cached now, read from another thread without it
+        t = threading.Thread(target=lambda: mask.append(masks.mask(sid)))
+        t.start()
+        t.join(5)
+        assert not t.is_alive() and mask[0] == mask[1]
+    assert all(bool(mask[0] >> i & 1) == (bool(b) and masks.g.walk(sid, b) >= 0) for i, b in enumerate(vocab.token_bytes))
+
+
 def test_accept_rollback_terminate_and_words():
     vocab = small_vocab()
     stop = len(vocab.token_bytes) - 2

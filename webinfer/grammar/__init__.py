@@ -14,6 +14,7 @@ Sources: JSON Schema (json_schema.py), any JSON object, a regular expression (ex
 from __future__ import annotations
 
 import json
+import threading
 from collections import OrderedDict
 
 from .ebnf import ebnf_grammar
@@ -75,6 +76,9 @@ class GrammarCache:
     def __init__(self, vocab: TokenVocab, capacity: int = 32, warm: bool = True):
         self.vocab, self.capacity, self.warm = vocab, capacity, warm
         self._lru: OrderedDict[str, TokenMasks] = OrderedDict()
+        # one compile at a time (the server compiles in threads): two requests with a new schema at once compile it
+        # once, and the vocabulary's shared caches are never filled by two compiles together
+        self._lock = threading.Lock()
 
     def get(self, response_format) -> TokenMasks | None:
         if response_format is None or (isinstance(response_format, dict) and response_format.get("type") == "text"):
@@ -88,14 +92,15 @@ class GrammarCache:
             key = json.dumps(key, sort_keys=True)
         except (TypeError, ValueError):
             raise GrammarError("response_format", "is not JSON-serialisable") from None
-        masks = self._lru.get(key)
-        if masks is None:
-            masks = TokenMasks(build().compile(), self.vocab)
-            if self.warm and masks.g.n_nodes <= WARM_MAX_NODES:  # now, so that no decoding step pays for one
-                masks.warm()
-            self._lru[key] = masks
-            if len(self._lru) > self.capacity:
-                self._lru.popitem(last=False)
-        else:
-            self._lru.move_to_end(key)
-        return masks
+        with self._lock:
+            masks = self._lru.get(key)
+            if masks is None:
+                masks = TokenMasks(build().compile(), self.vocab)
+                if self.warm and masks.g.n_nodes <= WARM_MAX_NODES:  # now, so that no decoding step pays for one
+                    masks.warm()
+                self._lru[key] = masks
+                if len(self._lru) > self.capacity:
+                    self._lru.popitem(last=False)
+            else:
+                self._lru.move_to_end(key)
+            return masks

@@ -27,6 +27,7 @@ from __future__ import annotations
 import bisect
 import operator
 import re
+import threading
 from collections import OrderedDict
 
 from .grammar import MAX_CHAIN, CompiledGrammar
@@ -151,10 +152,15 @@ class TokenVocab:
     """Byte strings of a vocabulary (None for tokens that never appear inside structured output: special / control
     tokens) in a trie: children[node] maps byte -> child node; order[first[node]:below[node]] are the token ids
     spelled by its path. The trie is dicts of ints and flat lists of ints, objects the cyclic garbage collector does not
-    track: at 152k tokens (750k trie nodes) a list per node made each full collection a pause of ~0.5 s."""
+    track: at 152k tokens (750k trie nodes) a list per node made each full collection a pause of ~0.5 s.
+
+    `lock` guards the shared caches (rule stores, class tries, masks and splits, LRUs): TokenMasks computes a node's
+    or a state's mask under it, because the server compiles a grammar in a thread while the engine's loop computes
+    another's masks on the same vocabulary. One node at a time, so a mask waits at most for one node of a compile."""
 
     def __init__(self, token_bytes: list[bytes | None]):
         self.token_bytes = token_bytes
+        self.lock = threading.RLock()
         self.size = len(token_bytes)
         self.n_words = (self.size + 31) // 32
         self._gather = None
@@ -694,6 +700,13 @@ class TokenMasks:
         """(context-independent accepted tokens as a mask, trie nodes where the node's rule may end)."""
         info = self._node.get(node)
         if info is None:
+            with self.vocab.lock:
+                info = self._node_info(node)
+        return info
+
+    def _node_info(self, node: int) -> tuple[int, frozenset]:
+        info = self._node.get(node)
+        if info is None:
             g = self.g
             rule = g.rule_of[node]
             store, local = self._stores.get(rule), node - g.start[rule]
@@ -714,14 +727,15 @@ class TokenMasks:
     def _chain(self, root: int) -> tuple:
         fam = self._chains.get(root)
         if fam is None:
-            rule = self.g.rule_of[root]
-            store, key = self._stores.get(rule), ("chain", root - self.g.start[rule])
-            fam = store.get(key) if store is not None else None
-            if fam is None:
-                fam = self._chain_walk(root)
-                if store is not None:
-                    store[key] = fam
-            self._chains[root] = fam
+            with self.vocab.lock:
+                rule = self.g.rule_of[root]
+                store, key = self._stores.get(rule), ("chain", root - self.g.start[rule])
+                fam = store.get(key) if store is not None else None
+                if fam is None:
+                    fam = self._chain_walk(root)
+                    if store is not None:
+                        store[key] = fam
+                self._chains[root] = fam
         return fam
 
     def _compose(self, node: int) -> tuple[int, frozenset] | None:
@@ -1221,8 +1235,12 @@ class TokenMasks:
     def mask(self, sid: int) -> int:
         """Tokens whose bytes can be read in state sid (end-of-sequence tokens are the matcher's business)."""
         m = self._state.get(sid)
-        if m is not None:
-            return m
+        if m is None:
+            with self.vocab.lock:
+                m = self._mask(sid)
+        return m
+
+    def _mask(self, sid: int) -> int:
         m = 0
         spans: list[tuple[int, int]] = []
         callers: dict[tuple, frozenset] = {}  # stacks that differ only in their top share the caller's walk
