@@ -462,6 +462,41 @@ def test_concurrent_requests_compile_a_schema_once():
     check_masks_brute_force(got[0], random.Random(0), 8)
 
 
+def test_a_slow_compile_does_not_hold_up_other_grammars():
+    """While one grammar compiles (here: held in its build), another compiles and returns; a compile that fails
+    lets the request waiting for it compile (and fail) on its own."""
+    import threading
+
+    cache = GrammarCache(utf8_vocab(0))
+    release, started = threading.Event(), threading.Event()
+
+    def slow():
+        started.set()
+        assert release.wait(10)
+        return json_object_grammar()
+
+    t = threading.Thread(target=lambda: cache.get_grammar("slow", slow))
+    t.start()
+    assert started.wait(10)
+    other = cache.get({"type": "regex", "regex": "ab+"})  # before the slow one ends
+    assert t.is_alive() and other.mask(GrammarMatcher(other).sid)
+    release.set()
+    t.join()
+    assert cache.get_grammar("slow", slow) is cache.get_grammar("slow", slow)
+
+    def bad():
+        raise GrammarError("grammar", "expected something else")
+
+    with pytest.raises(GrammarError):
+        cache.get_grammar("bad", bad)
+    failed = []  # nothing left behind: the next request tries again (in a thread: a leftover would hang it)
+    t = threading.Thread(target=lambda: failed.append(pytest.raises(GrammarError, cache.get_grammar, "bad", bad)),
+                         daemon=True)
+    t.start()
+    t.join(10)
+    assert len(failed) == 1
+
+
 def test_masks_are_computed_under_the_vocabulary_lock():
     """A node's mask and a state's mask are computed holding the vocabulary's lock (its caches are shared with a
     compile in another thread); a cached mask is read without it."""

@@ -76,9 +76,11 @@ class GrammarCache:
     def __init__(self, vocab: TokenVocab, capacity: int = 32, warm: bool = True):
         self.vocab, self.capacity, self.warm = vocab, capacity, warm
         self._lru: OrderedDict[str, TokenMasks] = OrderedDict()
-        # one compile at a time (the server compiles in threads): two requests with a new schema at once compile it
-        # once, and the vocabulary's shared caches are never filled by two compiles together
+        # the server compiles in threads: requests that bring the same new grammar at once compile it once (the
+        # others wait for that compile), different grammars compile side by side (the vocabulary's lock keeps its
+        # shared caches whole, one node at a time)
         self._lock = threading.Lock()
+        self._building: dict[str, threading.Event] = {}
 
     def get(self, response_format) -> TokenMasks | None:
         if response_format is None or (isinstance(response_format, dict) and response_format.get("type") == "text"):
@@ -92,15 +94,27 @@ class GrammarCache:
             key = json.dumps(key, sort_keys=True)
         except (TypeError, ValueError):
             raise GrammarError("response_format", "is not JSON-serialisable") from None
-        with self._lock:
-            masks = self._lru.get(key)
-            if masks is None:
-                masks = TokenMasks(build().compile(), self.vocab)
-                if self.warm and masks.g.n_nodes <= WARM_MAX_NODES:  # now, so that no decoding step pays for one
-                    masks.warm()
+        while True:
+            with self._lock:
+                masks = self._lru.get(key)
+                if masks is not None:
+                    self._lru.move_to_end(key)
+                    return masks
+                busy = self._building.get(key)
+                if busy is None:
+                    done = self._building[key] = threading.Event()
+                    break
+            busy.wait()  # then take its result from the cache, or compile it here if it failed
+        try:
+            masks = TokenMasks(build().compile(), self.vocab)
+            if self.warm and masks.g.n_nodes <= WARM_MAX_NODES:  # now, so that no decoding step pays for one
+                masks.warm()
+            with self._lock:
                 self._lru[key] = masks
                 if len(self._lru) > self.capacity:
                     self._lru.popitem(last=False)
-            else:
-                self._lru.move_to_end(key)
             return masks
+        finally:
+            with self._lock:
+                del self._building[key]
+            done.set()
