@@ -498,8 +498,8 @@ def test_a_slow_compile_does_not_hold_up_other_grammars():
 
 
 def test_masks_are_computed_under_the_vocabulary_lock():
-    """A node's mask and a state's mask are computed holding the vocabulary's lock (its caches are shared with a
-    compile in another thread); a cached mask is read without it."""
+    """A node's mask and a state's mask are computed, and a grammar's rule stores taken, holding the vocabulary's
+    lock (its caches are shared with a compile in another thread); a cached mask is read without it."""
     import threading
 
     vocab = utf8_vocab(1)
@@ -518,6 +518,8 @@ def test_masks_are_computed_under_the_vocabulary_lock():
         return out
 
     info = blocked(lambda: masks.node_info(node))
+    built = blocked(lambda: TokenMasks(masks.g, vocab))  # its rules' stores come from the vocabulary's LRU
+    assert built[0]._stores.keys() == masks._stores.keys() and masks._stores
     masks.warm()  # every node's mask now: a state's mask needs only its own walks
     mask = blocked(lambda: masks.mask(sid))
     assert info == [masks.node_info(node)] and mask == [masks.mask(sid)]

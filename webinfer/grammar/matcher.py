@@ -509,7 +509,8 @@ class TokenMasks:
         self._node_steps: dict[int, tuple | None] = {}
         self._node_runs: dict[int, tuple | None] = {}
         self._char_runs: dict[int, tuple | None] = {}
-        self._stores = {n: vocab.rule_store(e) for n, e in grammar.plain_rules.items()}
+        with vocab.lock:  # (the rule stores' LRU is shared with compiles in other threads)
+            self._stores = {n: vocab.rule_store(e) for n, e in grammar.plain_rules.items()}
         self.warmed = False
 
     def _moves(self, sid: int) -> tuple[list[tuple[int, int]], int, int]:
