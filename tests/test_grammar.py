@@ -22,9 +22,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.synthetic import tiny_tokenizer_json
-from webinfer.grammar import (GrammarCache, GrammarError, GrammarMatcher, TokenMasks, TokenVocab, ebnf_grammar,
-                              grammar_from_response_format, json_object_grammar, json_schema_grammar, regex_grammar,
-                              tool_call_grammar)
+from webinfer.grammar import (GrammarCache, GrammarError, GrammarMatcher, TokenMasks, TokenVocab, cache_key,
+                              ebnf_grammar, grammar_from_response_format, json_object_grammar, json_schema_grammar,
+                              regex_grammar, tool_call_grammar)
 from webinfer.grammar.json_schema import int_range
 from webinfer.grammar.expr import alt, byte_range, codepoint_ranges, literal, rep, seq
 from webinfer.grammar.grammar import Grammar
@@ -495,6 +495,68 @@ def test_a_slow_compile_does_not_hold_up_other_grammars():
     t.start()
     t.join(10)
     assert len(failed) == 1
+
+
+def test_a_compile_past_its_timeout_is_refused_and_leaves_valid_caches():
+    """A compile checks its deadline between nodes: past it, the request gets a GrammarError naming the field, the
+    cache keeps only the refusal (the same grammar is refused without a second compile, a request that waited for
+    the compile gets the refusal too), the refusal expires after FAILED_TTL_S, and what the stopped compile left
+    in the vocabulary's shared caches is valid: the grammar then compiles to masks equal to reading each token."""
+    import threading
+
+    from webinfer.grammar import FAILED_TTL_S
+
+    now = [0.0]
+    cache = GrammarCache(utf8_vocab(2), timeout_s=5.0, clock=lambda: now[0])
+    schema = {"type": "array", "items": {"type": "string", "minLength": 3, "maxLength": 8}}
+    builds, release, started = [], threading.Event(), threading.Event()
+
+    def slow():  # the build "takes" 6 s of the fake clock, held until a second request waits for it
+        builds.append(1)
+        started.set()
+        assert release.wait(10)
+        now[0] += 6.0
+        return json_schema_grammar(schema)
+
+    errors = []
+    first = threading.Thread(target=lambda: errors.append(pytest.raises(GrammarError, cache.get_grammar, "k", slow,
+                                                                        "tools")))
+    first.start()
+    assert started.wait(10)
+    second = threading.Thread(target=lambda: errors.append(pytest.raises(GrammarError, cache.get_grammar, "k", slow,
+                                                                         "tools")))
+    second.start()
+    release.set()
+    first.join(10)
+    second.join(10)
+    assert len(errors) == 2 and len(builds) == 1
+    for e in errors:
+        assert e.value.param == "tools" and "took more than 5 s to compile" in e.value.problem
+    with pytest.raises(GrammarError, match="took more than"):
+        cache.peek(cache_key("k"))  # refused without compiling
+    assert len(builds) == 1
+
+    ticks = iter(range(10**6))  # now a clock that moves one second per reading: the warm-up is cut after 4 nodes
+    cache.clock = lambda: float(next(ticks))
+    rf = {"type": "json_schema", "json_schema": {"schema": schema}}
+    with pytest.raises(GrammarError, match="took more than") as e:
+        cache.get(rf)
+    assert e.value.param == "response_format"
+    masks = TokenMasks(json_schema_grammar(schema).compile(), cache.vocab)  # warm() stops between nodes
+    ticks2 = iter(range(10**6))
+    with pytest.raises(TimeoutError):
+        masks.warm(3.0, lambda: float(next(ticks2)))
+    assert not masks.warmed and 0 < len(masks._node) < masks.g.n_nodes
+
+    frozen = next(ticks) + FAILED_TTL_S + 1  # past the refusal's expiry, and the clock stands still
+    cache.clock = lambda: frozen
+    got = cache.get(rf)
+    assert got is cache.get(rf)
+    check_masks_brute_force(got, random.Random(3), 12)
+    fresh = TokenMasks(json_schema_grammar(schema).compile(), utf8_vocab(2))
+    fresh.warm()
+    for n in range(got.g.n_nodes):
+        assert got.node_info(n) == fresh.node_info(n), n
 
 
 def test_masks_are_computed_under_the_vocabulary_lock():

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import OrderedDict
 
 from .ebnf import ebnf_grammar
@@ -26,7 +27,7 @@ from .matcher import GrammarMatcher, TokenMasks, TokenVocab, mask_to_words
 
 __all__ = ["CompiledGrammar", "Grammar", "GrammarCache", "GrammarError", "GrammarMatcher", "TokenMasks", "TokenVocab",
            "ebnf_grammar", "grammar_from_response_format", "json_object_grammar", "json_schema_grammar",
-           "mask_to_words", "regex_grammar", "tool_call_grammar"]
+           "cache_key", "mask_to_words", "regex_grammar", "response_format_key", "tool_call_grammar"]
 
 
 def regex_grammar(pattern: str, where: str = "response_format.regex") -> Grammar:
@@ -64,6 +65,23 @@ def grammar_from_response_format(rf) -> Grammar | None:
 
 
 WARM_MAX_NODES = 20_000  # bigger grammars (huge repetition counts) compute node masks on first use instead
+FAILED_TTL_S = 60.0  # a grammar that ran out of time is refused at once for this long (a retrying client costs one
+# compile a minute), then tried again (its timeout may have come from a busy machine)
+
+
+def response_format_key(response_format) -> str | None:
+    """The cache key of a response_format (None: unconstrained)."""
+    if response_format is None or (isinstance(response_format, dict) and response_format.get("type") == "text"):
+        return None
+    return cache_key(response_format)
+
+
+def cache_key(key) -> str:
+    """GrammarCache's key for a JSON value (a response_format, a tool-call grammar's inputs)."""
+    try:
+        return json.dumps(key, sort_keys=True)
+    except (TypeError, ValueError):
+        raise GrammarError("response_format", "is not JSON-serialisable") from None
 
 
 class GrammarCache:
@@ -71,11 +89,16 @@ class GrammarCache:
     mask caches, so the second request costs nothing to compile and starts with warm masks. With `warm` (default)
     get() also computes every node's context-independent mask (TokenMasks.warm; shift-chain members get their
     chain's walk, their masks follow on first use): compile time instead of a slow first step; the engine can run
-    get() off the decoding loop."""
+    get() off the decoding loop.
 
-    def __init__(self, vocab: TokenVocab, capacity: int = 32, warm: bool = True):
-        self.vocab, self.capacity, self.warm = vocab, capacity, warm
+    timeout_s bounds a compile (checked between nodes, a node takes milliseconds): past it the request gets a
+    GrammarError (a 400 naming `where`), nothing is cached but the refusal, for FAILED_TTL_S."""
+
+    def __init__(self, vocab: TokenVocab, capacity: int = 32, warm: bool = True, timeout_s: float | None = None,
+                 clock=time.monotonic):
+        self.vocab, self.capacity, self.warm, self.timeout_s, self.clock = vocab, capacity, warm, timeout_s, clock
         self._lru: OrderedDict[str, TokenMasks] = OrderedDict()
+        self._failed: OrderedDict[str, tuple[float, GrammarError]] = OrderedDict()  # key -> (until, refusal)
         # the server compiles in threads: requests that bring the same new grammar at once compile it once (the
         # others wait for that compile), different grammars compile side by side (the vocabulary's lock keeps its
         # shared caches whole, one node at a time)
@@ -83,32 +106,67 @@ class GrammarCache:
         self._building: dict[str, threading.Event] = {}
 
     def get(self, response_format) -> TokenMasks | None:
-        if response_format is None or (isinstance(response_format, dict) and response_format.get("type") == "text"):
+        key = response_format_key(response_format)
+        if key is None:
             return None
-        return self.get_grammar(response_format, lambda: grammar_from_response_format(response_format))
+        return self.compile(key, lambda: grammar_from_response_format(response_format), "response_format")
 
-    def get_grammar(self, key, build) -> TokenMasks:
+    def get_grammar(self, key, build, where: str = "response_format") -> TokenMasks:
         """The masks of the grammar `build()` makes, cached under the JSON of `key` (e.g. a tool-call grammar keyed
-        by its tools and format)."""
-        try:
-            key = json.dumps(key, sort_keys=True)
-        except (TypeError, ValueError):
-            raise GrammarError("response_format", "is not JSON-serialisable") from None
+        by its tools and format); `where` names the request field a timeout is blamed on."""
+        return self.compile(cache_key(key), build, where)
+
+    def peek(self, key: str) -> TokenMasks | None:
+        """The cached masks under `key` (cache_key's JSON), without compiling; None if absent.
+        A refusal still in force is raised, so a caller can skip handing the request to a compile thread."""
+        with self._lock:
+            masks = self._lru.get(key)
+            if masks is not None:
+                self._lru.move_to_end(key)
+                return masks
+            self._refused(key)
+        return None
+
+    def _refused(self, key: str) -> None:
+        failed = self._failed.get(key)
+        if failed is not None:
+            if self.clock() < failed[0]:
+                e = failed[1]
+                raise GrammarError(e.param, e.problem)  # a new error each time: no traceback grows
+            del self._failed[key]
+
+    def compile(self, key: str, build, where: str) -> TokenMasks:
+        """The masks cached under `key` (cache_key's JSON), or those of build()'s grammar, compiled now."""
         while True:
             with self._lock:
                 masks = self._lru.get(key)
                 if masks is not None:
                     self._lru.move_to_end(key)
                     return masks
+                self._refused(key)
                 busy = self._building.get(key)
                 if busy is None:
                     done = self._building[key] = threading.Event()
                     break
             busy.wait()  # then take its result from the cache, or compile it here if it failed
         try:
-            masks = TokenMasks(build().compile(), self.vocab)
-            if self.warm and masks.g.n_nodes <= WARM_MAX_NODES:  # now, so that no decoding step pays for one
-                masks.warm()
+            deadline = None if self.timeout_s is None else self.clock() + self.timeout_s
+            try:
+                g = build().compile()
+                if deadline is not None and self.clock() > deadline:
+                    raise TimeoutError
+                masks = TokenMasks(g, self.vocab)
+                if self.warm and masks.g.n_nodes <= WARM_MAX_NODES:  # now, so that no decoding step pays for one
+                    masks.warm(deadline, self.clock)
+            except TimeoutError:
+                e = GrammarError(where, f"took more than {self.timeout_s:g} s to compile for this model's vocabulary "
+                                        f"and was stopped (the grammar timeout, `webinfer serve --grammar-timeout`); "
+                                        f"large repetition counts (minLength, minItems, {{m,n}}) cost the most")
+                with self._lock:
+                    self._failed[key] = (self.clock() + FAILED_TTL_S, e)
+                    if len(self._failed) > self.capacity:
+                        self._failed.popitem(last=False)
+                raise e from None
             with self._lock:
                 self._lru[key] = masks
                 if len(self._lru) > self.capacity:
