@@ -65,6 +65,40 @@ def test_serve_beyond_loopback_needs_a_key(tiny):
     assert p.returncode == 2 and "API key" in err
 
 
+def test_serve_grammar_timeout(tiny):
+    """--grammar-timeout reaches the API: a schema whose compile passes it is a 400 naming response_format; a
+    timeout that is not a positive number is refused before loading."""
+    p = _serve(tiny, _free_port(), "--no-site", "--grammar-timeout", "0")
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 2 and "--grammar-timeout must be a positive number" in err, err[-2000:]
+    port = _free_port()
+    p = _serve(tiny, port, "--no-site", "--grammar-timeout", "1e-6")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_healthy(p, url)
+        r = httpx.post(url + "/v1/completions", timeout=60, json={"prompt": "hi", "max_tokens": 4, "response_format": {
+            "type": "json_schema", "json_schema": {"schema": {"type": "string", "minLength": 3}}}})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "response_format", r.text
+        assert "took more than 1e-06 s to compile" in r.json()["error"]["message"]
+        r = httpx.post(url + "/v1/completions", timeout=60, json={"prompt": "hi", "max_tokens": 2})
+        assert r.status_code == 200
+    finally:
+        p.kill()
+        p.wait()
+
+
+def _wait_healthy(p, url: str) -> None:
+    t0 = time.time()
+    while True:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        assert p.poll() is None and time.time() - t0 < 120, p.stderr.read() if p.poll() is not None else ""
+        time.sleep(0.2)
+
+
 def test_sigterm_stops_serve_with_renders_queued(tiny, tmp_path):
     """A chat template that spends its whole time budget on every render (the manifest edited after verify), 12
     requests queued behind it: SIGTERM still stops the server within seconds (it froze before)."""
@@ -76,15 +110,7 @@ def test_sigterm_stops_serve_with_renders_queued(tiny, tmp_path):
     p = _serve(pkg, port, "--no-site")
     url = f"http://127.0.0.1:{port}"
     try:
-        t0 = time.time()
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert p.poll() is None and time.time() - t0 < 120, p.stderr.read() if p.poll() is not None else ""
-            time.sleep(0.2)
+        _wait_healthy(p, url)
         codes = []
 
         def ask():

@@ -58,7 +58,8 @@ def make(delay_s=0.002, model_name="fake", **kw):
     runner = PoisonRunner(num_blocks=64, block_size=4, max_model_len=96, vocab=VOCAB, delay_s=delay_s)
     engine = AsyncEngine(runner, eos_ids=EOS, max_num_batched_tokens=32, max_num_seqs=kw.pop("max_num_seqs", 16))
     tok = SlowTokenizer(VOCAB)
-    llm = LLM(engine, tok, Prompter(tok, TEMPLATE, {}, None, EOS, VOCAB), model_name, Limits(max_tokens=64, max_messages=4))
+    limits = kw.pop("limits", None) or Limits(max_tokens=64, max_messages=4)
+    llm = LLM(engine, tok, Prompter(tok, TEMPLATE, {}, None, EOS, VOCAB), model_name, limits)
     app = create_app(llm, max_body_bytes=4096, allowed_origins=ORIGINS, **kw)
     return app, llm
 
@@ -293,6 +294,66 @@ def test_waiting_queue_is_bounded_with_retry_after():
         assert set(codes) <= {200, 503} and codes.count(503) >= 10 and codes.count(200) >= 4, codes
         busy = next(r for r in rs if r.status_code == 503)
         assert int(busy.headers["retry-after"]) > 0 and busy.json()["error"]["type"] == "server_busy"
+
+
+def _schema(n: int) -> dict:
+    return {"type": "json_schema", "json_schema": {"schema": {"type": "string", "maxLength": n}}}
+
+
+def test_grammar_compiles_are_bounded_and_lower_the_switch_interval():
+    """Compiles run in the LLM's threads, at most limits.max_grammar_compiles at once: one more is a 503 with
+    Retry-After while the event loop stays free. While a compile runs, the GIL switch interval is lowered (the
+    engine loop re-takes the GIL after each GPU call; at Python's 5 ms decoding slowed 5-9x beside a compile), and
+    it is restored when the last compile ends."""
+    import sys
+
+    from webinfer.api import COMPILE_SWITCH_INTERVAL_S
+
+    app, llm = make(limits=Limits(max_tokens=64, max_messages=4, max_grammar_compiles=1))
+    before = sys.getswitchinterval()
+    assert before > COMPILE_SWITCH_INTERVAL_S
+    with ServerThread(app) as url:
+        out = []
+        with llm.grammars.vocab.lock:  # the compile thread waits for the vocabulary's lock: a compile under way
+            t = threading.Thread(target=lambda: out.append(httpx.post(url + "/v1/completions", timeout=30, json={
+                "prompt": "ab", "max_tokens": 2, "response_format": _schema(3)})))
+            t.start()
+            t0 = time.time()
+            while llm.compiles != 1:
+                assert time.time() - t0 < 10
+                time.sleep(0.01)
+            assert sys.getswitchinterval() == COMPILE_SWITCH_INTERVAL_S
+            r = httpx.post(url + "/v1/completions", timeout=10, json={
+                "prompt": "ab", "max_tokens": 2, "response_format": _schema(4)})
+            assert r.status_code == 503 and r.json()["error"]["type"] == "server_busy", r.text
+            assert int(r.headers["retry-after"]) > 0
+            assert httpx.get(url + "/health", timeout=5).status_code == 200
+        t.join(30)
+        assert out and out[0].status_code == 200, out
+        t0 = time.time()
+        while llm.compiles:
+            assert time.time() - t0 < 10
+            time.sleep(0.01)
+        assert sys.getswitchinterval() == before
+        r = httpx.post(url + "/v1/completions", timeout=10, json={  # compiled: served from the cache
+            "prompt": "ab", "max_tokens": 2, "response_format": _schema(3)})
+        assert r.status_code == 200 and llm.compiles == 0
+
+
+def test_a_grammar_past_the_compile_timeout_is_a_400_and_refused_again_at_once():
+    from webinfer.grammar import GrammarError, response_format_key
+
+    app, llm = make(limits=Limits(max_tokens=64, max_messages=4, grammar_timeout_s=1e-9))
+    with ServerThread(app) as url:
+        for _ in range(2):
+            r = httpx.post(url + "/v1/completions", timeout=10, json={
+                "prompt": "ab", "max_tokens": 2, "response_format": _schema(5)})
+            err = r.json()["error"]
+            assert r.status_code == 400 and err["param"] == "response_format", r.text
+            assert "took more than 1e-09 s to compile" in err["message"]
+            with pytest.raises(GrammarError, match="took more than"):
+                llm.grammars.peek(response_format_key(_schema(5)))  # the refusal is what the cache holds
+        assert llm.compiles == 0
 
 
 def test_slow_prompt_preparation_does_not_stall_the_event_loop(server):

@@ -30,6 +30,7 @@ import hashlib
 import json
 import re
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -37,7 +38,7 @@ from typing import Any, AsyncIterator
 
 from webinfer.engine.engine import AsyncEngine, RequestOutput
 from webinfer.engine.stopping import SamplingParams, TextStream, incremental_decoder
-from webinfer.errors import InvalidRequestError
+from webinfer.errors import InvalidRequestError, ServerBusyError
 from webinfer.tool_calls import (ToolCallParser, call_grammar, check_tool_choice, check_tools, collect, delta_calls,
                                  grammar_key, template_format)
 
@@ -58,6 +59,38 @@ class Limits:
     max_prompts: int = 32           # prompts in one completions request (an array); prompts x n <= max_choices
     max_choices: int = 64
     max_prompt_logprobs: int = 1_000_000  # echo with logprobs k: prompt tokens x (k + 1) entries kept (~100 MB)
+    grammar_timeout_s: float | None = 30.0  # a schema/regex/grammar compile (costliest measured: ~21 s, Gemma 3)
+    max_grammar_compiles: int = 8   # compiles running or queued at once (threads); more are ServerBusyError
+
+
+# While a grammar compiles in a thread (pure Python, holding the GIL), the engine loop re-takes the GIL after each
+# of its GPU calls and waited up to the default 5 ms switch interval for it: decoding slowed 5-9x (measured on
+# lavapipe, docs/structured-output.md). 0.5 ms while a compile runs keeps the loop's host time close to alone.
+COMPILE_SWITCH_INTERVAL_S = 0.0005
+COMPILE_THREADS = 4
+
+
+class _SwitchInterval:
+    """sys.setswitchinterval lowered while any compile of any LLM in the process runs, restored after the last."""
+
+    def __init__(self):
+        self._lock, self._count, self._saved = threading.Lock(), 0, None
+
+    def lower(self) -> None:
+        with self._lock:
+            if self._count == 0:
+                self._saved = sys.getswitchinterval()
+                sys.setswitchinterval(min(self._saved, COMPILE_SWITCH_INTERVAL_S))
+            self._count += 1
+
+    def restore(self) -> None:
+        with self._lock:
+            self._count -= 1
+            if self._count == 0:
+                sys.setswitchinterval(self._saved)
+
+
+_switch_interval = _SwitchInterval()
 
 
 # OpenAI request fields that ask for something not implemented: accepted only with their neutral values.
@@ -386,6 +419,9 @@ class LLM:
         self.model_name, self.limits = model_name, limits or Limits()
         self.speculative_tokens = speculative_tokens
         self._grammars = None  # grammar.GrammarCache over this tokenizer, built on the first constrained request
+        self._compile_pool = None  # its compile threads (CPython), made on the first compile
+        self.compiles = 0  # compiles running or queued in them
+        self._compiles_lock = threading.Lock()
         self.owns_runner = False  # webinfer.load sets it for the runner it made (close() closes that one)
         self.chat = _Chat(self)
         self.completions = _Completions(self)
@@ -394,10 +430,22 @@ class LLM:
     def max_model_len(self) -> int:
         return self.engine.max_model_len
 
+    @property
+    def grammars(self):
+        """The grammar.GrammarCache over this tokenizer (built on first use: a vocabulary's trie takes a while)."""
+        if self._grammars is None:
+            from webinfer.grammar import GrammarCache, TokenVocab
+
+            self._grammars = GrammarCache(TokenVocab.from_tokenizer(self.tokenizer, self.engine.runner.vocab_size),
+                                          timeout_s=self.limits.grammar_timeout_s)
+        return self._grammars
+
     async def close(self) -> None:
         """End the engine (open streams get EngineStepError); a runner this LLM owns (webinfer.load made it) is
         closed too: the CPU engine's second thread ends. A runner passed in stays its owner's to close."""
         await self.engine.close()
+        if self._compile_pool is not None:
+            self._compile_pool.shutdown(wait=False, cancel_futures=True)
         close = getattr(self.engine.runner, "close", None) if self.owns_runner else None
         if close is not None:
             close()
@@ -575,22 +623,47 @@ class LLM:
 
     async def _masks(self, r: ParsedRequest, fmt):
         """The grammar's TokenMasks for response_format or a forced tool call (None: unconstrained). GrammarError,
-        a 400 naming the field, when it cannot be enforced. Compiling a schema can take seconds: CPython does it in
-        a thread, off the event loop."""
+        a 400 naming the field, when it cannot be enforced or its compile passes limits.grammar_timeout_s;
+        ServerBusyError when limits.max_grammar_compiles are already under way. A cached grammar is returned at
+        once; a new one compiles in a thread (CPython), off the event loop, with the GIL handed over often."""
         if r.response_format is None and r.tool_choice in ("none", "auto"):
             return None
-        from webinfer.grammar import GrammarCache, TokenVocab
+        from webinfer.grammar import cache_key, grammar_from_response_format, response_format_key
 
-        if self._grammars is None:
-            self._grammars = GrammarCache(TokenVocab.from_tokenizer(self.tokenizer, self.engine.runner.vocab_size))
+        cache = self.grammars
         if r.response_format is not None:
-            get = functools.partial(self._grammars.get, r.response_format)
+            key = response_format_key(r.response_format)
+            if key is None:
+                return None
+            build, where = functools.partial(grammar_from_response_format, r.response_format), "response_format"
         else:
-            key = grammar_key(r.tools, r.tool_choice, fmt, r.parallel_tool_calls)
-            get = functools.partial(self._grammars.get_grammar, key, lambda: call_grammar(key))
+            tool_key = grammar_key(r.tools, r.tool_choice, fmt, r.parallel_tool_calls)
+            key, build, where = cache_key(tool_key), functools.partial(call_grammar, tool_key), "tools"
+        masks = cache.peek(key)
+        if masks is not None:
+            return masks
+        get = functools.partial(cache.compile, key, build, where)
         if sys.platform == "emscripten":  # Pyodide: no threads
             return get()
-        return await asyncio.to_thread(get)
+        if self.compiles >= self.limits.max_grammar_compiles:
+            raise ServerBusyError(f"{self.compiles} grammar compiles are under way (the limit); retry later")
+        if self._compile_pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._compile_pool = ThreadPoolExecutor(COMPILE_THREADS, thread_name_prefix="webinfer-grammar")
+        fut = self._compile_pool.submit(get)
+        _switch_interval.lower()
+        with self._compiles_lock:
+            self.compiles += 1
+        # counted until the thread is done with it (or it is dropped from the queue), not until this request
+        # stops waiting: a client that leaves does not free the slot of a compile still running
+        fut.add_done_callback(self._compile_done)  # (in the thread that ends it: no event loop needed)
+        return await asyncio.wrap_future(fut)
+
+    def _compile_done(self, _fut) -> None:
+        with self._compiles_lock:
+            self.compiles -= 1
+        _switch_interval.restore()
 
     async def _all_outputs(self, r: ParsedRequest, prompts: list, masks) -> AsyncIterator[tuple[int, RequestOutput]]:
         """(choice index, output) of every prompt's n choices as they come (prompt p's choice j: p * n + j); the

@@ -57,6 +57,11 @@ class ChatTemplateError(WebinferError, ValueError):
     """A chat template failed to compile, or called raise_exception(...) while rendering (e.g. an unsupported role)."""
 
 
+class ServerBusyError(WebinferError):
+    """A request could be served, but not now: too much of its kind of work is already queued (HTTP 503 with
+    Retry-After)."""
+
+
 class InvalidRequestError(WebinferError, ValueError):
     """A request (API call or HTTP body) breaks a limit or has a bad parameter; param names the field."""
 

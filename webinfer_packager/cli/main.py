@@ -150,6 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1 and /metrics (env WEBINFER_API_KEY; "
                    "required beyond loopback)")
     p.add_argument("--max-waiting", type=int, help="requests that may wait for the engine before 503 (default 64)")
+    p.add_argument("--grammar-timeout", type=float, default=30.0, metavar="S",
+                   help="a structured-output schema, regex or grammar that takes longer to compile is a 400 "
+                        "(default 30)")
     p.set_defaults(handler="webinfer_packager.cli.serve:cli_main")
 
     p = sub.add_parser("site", help="build the static offline chat site")

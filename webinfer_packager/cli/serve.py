@@ -3,7 +3,8 @@ webinfer_packager.cli.backend.open_llm (`--backend auto`: native on a hardware G
 adapter or none).
 
     webinfer serve [PACKAGE] [--host 127.0.0.1] [--port 8000] [--site FOLDER | --no-site] [--backend auto|native|cpu|reference]
-                   [--allow-origin ORIGIN ...] [--api-key KEY] [--max-waiting N] [--speculative prompt-lookup]
+                   [--allow-origin ORIGIN ...] [--api-key KEY] [--max-waiting N] [--grammar-timeout S]
+                   [--speculative prompt-lookup]
 
 Who may ask: pages from other origins are refused unless listed with --allow-origin or WEBINFER_ORIGINS
 (comma-separated; fnmatch patterns such as `chrome-extension://*` allowed, as OLLAMA_ORIGINS); --api-key or
@@ -21,6 +22,7 @@ from webinfer.errors import WebinferError
 def cli_main(args) -> int:
     import os
 
+    from webinfer.api import Limits
     from webinfer.package import Package
     from webinfer_packager.cli.backend import context_for_budget, engine_options, open_llm
     from webinfer_packager.paths import resolve_package
@@ -35,10 +37,14 @@ def cli_main(args) -> int:
                             "WEBINFER_API_KEY")
     if max_waiting < 1:
         raise WebinferError(f"--max-waiting must be at least 1, got {max_waiting}")
+    grammar_timeout = getattr(args, "grammar_timeout", 30.0)
+    if not grammar_timeout > 0:  # (NaN too)
+        raise WebinferError(f"--grammar-timeout must be a positive number of seconds, got {grammar_timeout}")
     path = resolve_package(args.package)
     pkg = Package.open(path)  # every shard is hash-checked as the runner reads it
     site = None if args.no_site else (args.site or default_site(path))
-    llm = open_llm(pkg, args.backend, options=engine_options(args, context_tokens=context_for_budget(pkg, args.kv_budget_mb)))
+    opts = engine_options(args, context_tokens=context_for_budget(pkg, args.kv_budget_mb))
+    llm = open_llm(pkg, args.backend, options=opts, limits=Limits(grammar_timeout_s=grammar_timeout))
     kv = llm.engine.scheduler.kv
     print(f"webinfer serve: {llm.model_name} on http://{args.host}:{args.port}/v1 "
           f"(KV: {kv.pool.num_usable} blocks of {kv.block_size})", file=sys.stderr)

@@ -42,7 +42,7 @@ from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Str
 
 from webinfer.api import LLM
 from webinfer.engine.engine import EngineStepError
-from webinfer.errors import ChatTemplateError, ContextOverflowError, InvalidRequestError, WebinferError
+from webinfer.errors import ChatTemplateError, ContextOverflowError, InvalidRequestError, ServerBusyError, WebinferError
 
 DEFAULT_HOSTS = ("127.0.0.1", "localhost", "::1")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -360,6 +360,8 @@ def create_app(llm: LLM, site: str | Path | None = None, allowed_hosts=DEFAULT_H
             result = await work
         except InvalidRequestError as e:
             return _error(400, str(e), e.param)
+        except ServerBusyError as e:
+            return _error(503, str(e), kind="server_busy", headers={"Retry-After": str(RETRY_AFTER_S)})
         except ContextOverflowError as e:
             return _error(400, str(e), "messages" if chat else "prompt")
         except ChatTemplateError as e:
