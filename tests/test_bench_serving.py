@@ -13,19 +13,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 
 import numpy as np
 import pytest
 
 from tests.fake_model import FakeRunner
-from webinfer.api import LLM
+from webinfer.api import COMPILE_SWITCH_INTERVAL_S, LLM
 from webinfer.engine.engine import AsyncEngine
 from webinfer.prompt import Prompter
 from webinfer.tokenizer import Tokenizer
 from webinfer_packager.bench import serving as bs
 from tests.synthetic import CHATML, tiny_tokenizer_json
 
-SECTIONS = ["context", "step_scaling", "concurrency", "prefix_cache", "mixed", "engine"]
+SECTIONS = ["context", "step_scaling", "concurrency", "prefix_cache", "mixed", "compile", "engine"]
 
 
 class TimedFakeRunner(FakeRunner):
@@ -127,6 +128,10 @@ def test_serving_bench_quick_on_fake_runner_is_json():
     assert m["requests"] == 4 and m["preemptions"] == 0
     assert m["output_tokens"] == sum(k["output_tokens"] for k in m["by_kind"].values())
     assert m["itl"]["n"] == m["output_tokens"] - m["requests"]
+    c = res["compile"]  # the stream beside a compile: alone, lowered interval, Python's default; restored after
+    assert c["alone"]["tokens"] > 0 and c["alone"]["tok_s"] > 0 and c["ratio_default"] is not None
+    assert c["switch_interval_s"] == {"lowered": COMPILE_SWITCH_INTERVAL_S, "default": sys.getswitchinterval()}
+    assert sys.getswitchinterval() > COMPILE_SWITCH_INTERVAL_S
 
 
 # ------------------------------------------------------------------------------------------------------ GPU
@@ -180,3 +185,7 @@ def test_quick_run_on_native_engine(tiny_package):
     # tokens of one decode block arrive together: most gaps are 0, the block boundaries carry the time
     assert m["itl"]["p99_ms"] > 0 and m["itl"]["p99_ms"] >= m["itl"]["p50_ms"] >= 0
     assert m["kv_blocks_used"] > 0
+
+    c = res["compile"]  # a real compile (the tiny model's 300-token vocabulary) beside a real decoding stream
+    assert c["alone"]["tokens"] > 0 and c["alone"]["tok_s"] > 0
+    assert c["lowered"]["window_s"] > 0 and c["default"]["window_s"] > 0

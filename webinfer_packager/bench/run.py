@@ -481,6 +481,11 @@ def format_table(r: dict) -> str:
     if nt:
         lines.append(f"next turn    first token {nt['compute_median_ms']} ms with the answer computed as a prompt "
                      f"(exact), {nt['reuse_median_ms']} ms reusing its decoded KV; medians")
+    cw = r.get("serving", {}).get("compile")
+    if cw:
+        lines.append(f"compiling    one stream {cw['alone']['tok_s']} tok/s alone, {cw['lowered']['tok_s']} while a "
+                     f"schema compiles ({cw['ratio_lowered']}x; at Python's default switch interval "
+                     f"{cw['default']['tok_s']}, {cw['ratio_default']}x)")
     hf = r["hf_transformers"]
     lines.append(f"transformers {hf.get('decode_tok_s')} tok/s" + (f" (ours {hf['ratio']}x)" if hf.get("ratio") else
                                                                   f" ({hf.get('reason', '')})"))

@@ -13,6 +13,9 @@ Sections of the result (every one carries its own context: requests, tokens, KV 
                    second request with the same system prompt and another question (hit), and the cached tokens.
     mixed          chat turns, summaries and long-context requests arriving at seeded random (exponential) gaps:
                    TTFT, TPOT and ITL at p50/p99 and total throughput.
+    compile        one greedy stream's decode tokens/s alone and while a new JSON schema compiles in the LLM's
+                   compile thread, with the GIL switch interval the LLM sets during compiles and with Python's
+                   default (what a compile cost other streams before): the same stream, the same run.
 
 Times are wall-clock on the host (`time.perf_counter`), taken where a consumer of generate() receives a token,
 except TTFT, which the engine itself stamps (RequestOutput.ttft_s); inter-token gaps are the consumer's stamps (the
@@ -27,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import random
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -322,9 +326,9 @@ MIX_QUICK = {"chat": (0.5, (12, 20), (3, 4)), "summary": (0.25, (48, 64), (4, 6)
 # per-section sizes: full run (a few minutes on lavapipe) and quick (well under a minute on the tiny test model)
 SIZES = {
     False: dict(scaling_sizes=(1, 2, 4, 8, 16), scaling_reps=3, conc_prompt=16, conc_tokens=16,
-                system_tokens=420, prefix_reps=2, mixed_n=10, mixed_gap_s=0.5),
+                system_tokens=420, prefix_reps=2, mixed_n=10, mixed_gap_s=0.5, compile_min_length=120),
     True: dict(scaling_sizes=(1, 4, 16), scaling_reps=1, conc_prompt=8, conc_tokens=4,
-               system_tokens=128, prefix_reps=1, mixed_n=4, mixed_gap_s=0.2),
+               system_tokens=128, prefix_reps=1, mixed_n=4, mixed_gap_s=0.2, compile_min_length=30),
 }
 
 
@@ -387,6 +391,63 @@ async def mixed(engine, prompts: Prompts, kv: KVWatch, n: int = 16, mean_gap_s: 
 
 
 # ------------------------------------------------------------------------------------------------------ entry
+# ------------------------------------------------------------------------------------- a compile beside decoding
+async def compile_while_decoding(llm, prompts: Prompts, min_length: int, alone_s: float = 2.0) -> dict:
+    """Decode tokens/s of one greedy stream alone (alone_s after its first token) and while the LLM compiles a new
+    schema, a string of at least `min_length` characters (seconds of pure-Python work on a 49k vocabulary), with the
+    switch interval webinfer.api sets during compiles ("lowered") and with Python's default ("default"). Rates
+    are tokens received over the window (blocks of decode steps arrive together: gaps alone would mislead)."""
+    import webinfer.api as api
+
+    engine = llm.engine
+    max_tokens = max(8, engine.max_model_len - 64)
+
+    async def window(n: int | None, tag: str) -> dict:
+        stamps: list[float] = []
+        first = asyncio.Event()
+
+        async def stream():
+            async for out in engine.generate(prompts.raw(16, tag), _greedy(max_tokens)):
+                stamps.extend([time.perf_counter()] * len(out.token_ids))
+                first.set()
+                if done.is_set():
+                    return
+
+        done = asyncio.Event()
+        task = asyncio.ensure_future(stream())
+        await first.wait()
+        t0 = time.perf_counter()
+        if n is None:
+            await asyncio.sleep(alone_s)
+        else:
+            rf = {"type": "json_schema", "json_schema": {"schema": {"type": "string", "minLength": n}}}
+            await llm.chat.completions.create(messages=[{"role": "user", "content": "hi"}], max_tokens=1,
+                                              response_format=rf)
+        t1 = time.perf_counter()
+        done.set()
+        await task
+        finished = len(stamps) >= max_tokens
+        if finished:  # the stream ended inside the window: rate over the part where it ran
+            t1 = min(t1, stamps[-1])
+        got = sum(t0 < t <= t1 for t in stamps)
+        return {"window_s": _r(t1 - t0, 3), "tokens": got, "tok_s": _r(got / (t1 - t0), 2) if t1 > t0 else None,
+                "stream_finished": finished}
+
+    saved = api.COMPILE_SWITCH_INTERVAL_S
+    alone = await window(None, "alone")
+    lowered = await window(min_length, "lowered")
+    try:
+        api.COMPILE_SWITCH_INTERVAL_S = sys.getswitchinterval()  # the peer: no lowering
+        default = await window(min_length + 1, "default")  # +1: a schema not in the cache
+    finally:
+        api.COMPILE_SWITCH_INTERVAL_S = saved
+    ratio = (lambda w: _r(w["tok_s"] / alone["tok_s"], 3) if alone["tok_s"] and w["tok_s"] is not None else None)
+    return {"schema": f"a JSON string of minLength {min_length} (then {min_length + 1})",
+            "switch_interval_s": {"lowered": saved, "default": sys.getswitchinterval()},
+            "alone": alone, "lowered": lowered, "default": default,
+            "ratio_lowered": ratio(lowered), "ratio_default": ratio(default)}
+
+
 def context(engine, model_name: str) -> dict:
     runner, sch = engine.runner, engine.scheduler
     dev = getattr(runner, "device", None)
@@ -413,6 +474,7 @@ async def serving_bench(llm, *, quick: bool = False) -> dict:
     res["prefix_cache"] = await prefix_cache(engine, prompts, kv, system_tokens=z["system_tokens"],
                                              reps=z["prefix_reps"])
     res["mixed"] = await mixed(engine, prompts, kv, n=z["mixed_n"], mean_gap_s=z["mixed_gap_s"], quick=quick)
+    res["compile"] = await compile_while_decoding(llm, prompts, min_length=z["compile_min_length"])
     res["engine"] = engine.stats()
     res["total_s"] = _r(time.perf_counter() - t_start, 2)
     return res
