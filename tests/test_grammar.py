@@ -559,6 +559,59 @@ def test_a_compile_past_its_timeout_is_refused_and_leaves_valid_caches():
         assert got.node_info(n) == fresh.node_info(n), n
 
 
+@pytest.mark.parametrize("vocab", [small_vocab, utf8_vocab], ids=["small", "utf8"])
+def test_nodes_that_read_alike_for_a_token_length_share_masks(vocab, monkeypatch):
+    """Nodes of a big rule without calls that read the same bytes for as long as the longest token share one
+    mask computation (TokenMasks._rep): every node's node_info equals the one computed without sharing, the masks
+    equal reading each token, and the sharing does happen (far fewer distinct nodes than nodes)."""
+    import webinfer.grammar.matcher as matcher
+
+    v = vocab()
+    sources = [
+        json_schema_grammar({"type": "string", "minLength": 60}),
+        json_schema_grammar({"type": "object", "properties": {"s": {"type": "string", "minLength": 45,
+                                                                     "maxLength": 90}}, "required": ["s"]}),
+        regex_grammar("(ab|c){150}x[0-9]{0,120}"),
+        regex_grammar("[0-9]{3,400}"),  # nodes that differ only in whether the rule may end there
+    ]
+    for gr in sources:
+        v.clear_rule_cache()
+        monkeypatch.setattr(matcher, "MERGE_MIN_NODES", 10**9)
+        alone = TokenMasks(gr.compile(), v)
+        want = [alone.node_info(n) for n in range(alone.g.n_nodes)]
+        monkeypatch.setattr(matcher, "MERGE_MIN_NODES", 256)
+        v.clear_rule_cache()
+        shared = TokenMasks(gr.compile(), v)
+        assert [shared.node_info(n) for n in range(shared.g.n_nodes)] == want
+        reps = [r for rule, r in shared._reps.items() if r]
+        assert reps and sum(len(set(r)) for r in reps) * 2 < sum(map(len, reps)), [len(set(r)) for r in reps]
+        check_masks_brute_force(shared, random.Random(5), 60)
+
+
+def test_a_big_grammar_with_few_distinct_nodes_is_warmed_at_compile(monkeypatch):
+    """A grammar over WARM_MAX_NODES whose nodes share masks down to fewer than that (a long minLength) is warmed at
+    compile after TokenMasks.prepare, so decoding computes no node mask; one with more distinct nodes is left to
+    decoding; prepare checks the deadline between rounds."""
+    import webinfer.grammar as grammar
+
+    rf = {"type": "json_schema", "json_schema": {"schema": {"type": "string", "minLength": 200}}}
+    v = small_vocab()
+    n_nodes = json_schema_grammar({"type": "string", "minLength": 200}).compile().n_nodes
+    left = TokenMasks(json_schema_grammar({"type": "string", "minLength": 200}).compile(), v).prepare()
+    assert left * 4 < n_nodes
+    monkeypatch.setattr(grammar, "WARM_MAX_NODES", left)
+    masks = GrammarCache(v).get(rf)
+    assert masks.warmed and len(masks._node) + len(masks._chains) >= left
+    check_masks_brute_force(masks, random.Random(7), 40)
+    monkeypatch.setattr(grammar, "WARM_MAX_NODES", left - 1)
+    assert not GrammarCache(v).get(rf).warmed
+    ticks = iter(range(10**6))
+    with pytest.raises(TimeoutError):
+        v.clear_rule_cache()
+        TokenMasks(json_schema_grammar({"type": "string", "minLength": 200}).compile(), v).prepare(
+            3.0, lambda: float(next(ticks)))
+
+
 def test_masks_are_computed_under_the_vocabulary_lock():
     """A node's mask and a state's mask are computed, and a grammar's rule stores taken, holding the vocabulary's
     lock (its caches are shared with a compile in another thread); a cached mask is read without it."""

@@ -64,7 +64,8 @@ def grammar_from_response_format(rf) -> Grammar | None:
     raise GrammarError("response_format.type", f"is {kind!r}, expected text, json_object, json_schema, regex or grammar")
 
 
-WARM_MAX_NODES = 20_000  # bigger grammars (huge repetition counts) compute node masks on first use instead
+WARM_MAX_NODES = 20_000  # grammars with more nodes whose masks differ (after TokenMasks.prepare: a minLength of
+# thousands has ~1,250 on Gemma 3) compute node masks on first use instead
 FAILED_TTL_S = 60.0  # a grammar that ran out of time is refused at once for this long (a retrying client costs one
 # compile a minute), then tried again (its timeout may have come from a busy machine)
 
@@ -156,8 +157,10 @@ class GrammarCache:
                 if deadline is not None and self.clock() > deadline:
                     raise TimeoutError
                 masks = TokenMasks(g, self.vocab)
-                if self.warm and masks.g.n_nodes <= WARM_MAX_NODES:  # now, so that no decoding step pays for one
-                    masks.warm(deadline, self.clock)
+                if self.warm:  # now, so that no decoding step pays for one
+                    left = g.n_nodes if g.n_nodes <= WARM_MAX_NODES else masks.prepare(deadline, self.clock)
+                    if left <= WARM_MAX_NODES:
+                        masks.warm(deadline, self.clock)
             except TimeoutError:
                 e = GrammarError(where, f"took more than {self.timeout_s:g} s to compile for this model's vocabulary "
                                         f"and was stopped (the grammar timeout, `webinfer serve --grammar-timeout`); "
