@@ -326,7 +326,7 @@ MIX_QUICK = {"chat": (0.5, (12, 20), (3, 4)), "summary": (0.25, (48, 64), (4, 6)
 # per-section sizes: full run (a few minutes on lavapipe) and quick (well under a minute on the tiny test model)
 SIZES = {
     False: dict(scaling_sizes=(1, 2, 4, 8, 16), scaling_reps=3, conc_prompt=16, conc_tokens=16,
-                system_tokens=420, prefix_reps=2, mixed_n=10, mixed_gap_s=0.5, compile_min_length=120),
+                system_tokens=420, prefix_reps=2, mixed_n=10, mixed_gap_s=0.5, compile_min_length=300),
     True: dict(scaling_sizes=(1, 4, 16), scaling_reps=1, conc_prompt=8, conc_tokens=4,
                system_tokens=128, prefix_reps=1, mixed_n=4, mixed_gap_s=0.2, compile_min_length=30),
 }
