@@ -59,7 +59,7 @@ class Limits:
     max_prompts: int = 32           # prompts in one completions request (an array); prompts x n <= max_choices
     max_choices: int = 64
     max_prompt_logprobs: int = 1_000_000  # echo with logprobs k: prompt tokens x (k + 1) entries kept (~100 MB)
-    grammar_timeout_s: float | None = 30.0  # a schema/regex/grammar compile (costliest measured: ~21 s, Gemma 3)
+    grammar_timeout_s: float | None = 30.0  # a schema/regex/grammar compile (minLength 2000 on Gemma 3: ~9 s)
     max_grammar_compiles: int = 8   # compiles running or queued at once (threads); more are ServerBusyError
 
 

@@ -92,8 +92,8 @@ class GrammarCache:
     chain's walk, their masks follow on first use): compile time instead of a slow first step; the engine can run
     get() off the decoding loop.
 
-    timeout_s bounds a compile (checked between nodes, a node takes milliseconds): past it the request gets a
-    GrammarError (a 400 naming `where`), nothing is cached but the refusal, for FAILED_TTL_S."""
+    timeout_s bounds a compile (checked between nodes and between rounds of TokenMasks.prepare): past it the
+    request gets a GrammarError (a 400 naming `where`), nothing is cached but the refusal, for FAILED_TTL_S."""
 
     def __init__(self, vocab: TokenVocab, capacity: int = 32, warm: bool = True, timeout_s: float | None = None,
                  clock=time.monotonic):
@@ -158,8 +158,7 @@ class GrammarCache:
                     raise TimeoutError
                 masks = TokenMasks(g, self.vocab)
                 if self.warm:  # now, so that no decoding step pays for one
-                    left = g.n_nodes if g.n_nodes <= WARM_MAX_NODES else masks.prepare(deadline, self.clock)
-                    if left <= WARM_MAX_NODES:
+                    if masks.prepare(deadline, self.clock) <= WARM_MAX_NODES:  # (outside the vocabulary's lock)
                         masks.warm(deadline, self.clock)
             except TimeoutError:
                 e = GrammarError(where, f"took more than {self.timeout_s:g} s to compile for this model's vocabulary "

@@ -390,7 +390,6 @@ async def mixed(engine, prompts: Prompts, kv: KVWatch, n: int = 16, mean_gap_s: 
     }
 
 
-# ------------------------------------------------------------------------------------------------------ entry
 # ------------------------------------------------------------------------------------- a compile beside decoding
 async def compile_while_decoding(llm, prompts: Prompts, min_length: int, alone_s: float = 2.0) -> dict:
     """Decode tokens/s of one greedy stream alone (alone_s after its first token) and while the LLM compiles a new
@@ -448,6 +447,7 @@ async def compile_while_decoding(llm, prompts: Prompts, min_length: int, alone_s
             "ratio_lowered": ratio(lowered), "ratio_default": ratio(default)}
 
 
+# ------------------------------------------------------------------------------------------------------ entry
 def context(engine, model_name: str) -> dict:
     runner, sch = engine.runner, engine.scheduler
     dev = getattr(runner, "device", None)
