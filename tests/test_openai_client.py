@@ -12,7 +12,6 @@ import json
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -35,22 +34,14 @@ def _free_port() -> int:
 
 def _server(pkg: Path, backend: str = "reference"):
     """`webinfer serve PKG` in a subprocess, once healthy: (process, an openai client of it)."""
-    import httpx
+    from tests.test_serve_cli import wait_healthy
 
     port = _free_port()
     p = subprocess.Popen([sys.executable, "-m", "webinfer_packager.cli.main", "serve", str(pkg), "--backend",
                           backend, "--port", str(port), "--no-site"], stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
-    t0 = time.time()
-    while True:
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert p.poll() is None and time.time() - t0 < 180, p.stderr.read() if p.poll() is not None else "timeout"
-        time.sleep(0.2)
+    wait_healthy(p, url, 180)
     return p, openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=300)
 
 

@@ -75,7 +75,7 @@ def test_serve_grammar_timeout(tiny):
     p = _serve(tiny, port, "--no-site", "--grammar-timeout", "1e-6")
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_healthy(p, url)
+        wait_healthy(p, url)
         r = httpx.post(url + "/v1/completions", timeout=60, json={"prompt": "hi", "max_tokens": 4, "response_format": {
             "type": "json_schema", "json_schema": {"schema": {"type": "string", "minLength": 3}}}})
         assert r.status_code == 400 and r.json()["error"]["param"] == "response_format", r.text
@@ -87,7 +87,8 @@ def test_serve_grammar_timeout(tiny):
         p.wait()
 
 
-def _wait_healthy(p, url: str) -> None:
+def wait_healthy(p, url: str, timeout_s: float = 120) -> None:
+    """Until the server process p answers /health with 200 (it failing or the time running out fails the test)."""
     t0 = time.time()
     while True:
         try:
@@ -95,7 +96,7 @@ def _wait_healthy(p, url: str) -> None:
                 return
         except httpx.HTTPError:
             pass
-        assert p.poll() is None and time.time() - t0 < 120, p.stderr.read() if p.poll() is not None else ""
+        assert p.poll() is None and time.time() - t0 < timeout_s, p.stderr.read() if p.poll() is not None else "timeout"
         time.sleep(0.2)
 
 
@@ -110,7 +111,7 @@ def test_sigterm_stops_serve_with_renders_queued(tiny, tmp_path):
     p = _serve(pkg, port, "--no-site")
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_healthy(p, url)
+        wait_healthy(p, url)
         codes = []
 
         def ask():

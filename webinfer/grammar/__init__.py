@@ -121,30 +121,29 @@ class GrammarCache:
         """The cached masks under `key` (cache_key's JSON), without compiling; None if absent.
         A refusal still in force is raised, so a caller can skip handing the request to a compile thread."""
         with self._lock:
-            masks = self._lru.get(key)
-            if masks is not None:
-                self._lru.move_to_end(key)
-                return masks
-            self._refused(key)
-        return None
+            return self._cached(key)
 
-    def _refused(self, key: str) -> None:
+    def _cached(self, key: str) -> TokenMasks | None:
+        """(under _lock) The cached masks, or None; the refusal still in force raised."""
+        masks = self._lru.get(key)
+        if masks is not None:
+            self._lru.move_to_end(key)
+            return masks
         failed = self._failed.get(key)
         if failed is not None:
             if self.clock() < failed[0]:
                 e = failed[1]
                 raise GrammarError(e.param, e.problem)  # a new error each time: no traceback grows
             del self._failed[key]
+        return None
 
     def compile(self, key: str, build, where: str) -> TokenMasks:
         """The masks cached under `key` (cache_key's JSON), or those of build()'s grammar, compiled now."""
         while True:
             with self._lock:
-                masks = self._lru.get(key)
+                masks = self._cached(key)
                 if masks is not None:
-                    self._lru.move_to_end(key)
                     return masks
-                self._refused(key)
                 busy = self._building.get(key)
                 if busy is None:
                     done = self._building[key] = threading.Event()
