@@ -567,6 +567,8 @@ class TokenMasks:
                 # most states read no characters, or not all of them: a superset of their bytes says so cheaply
                 if self.g.allowed_bytes(top) & _NON_ASCII != _VALID[0] & _NON_ASCII:
                     got = 0
+                elif self._char_run(top) is not None and (head := self._run_head(top))[0](head[2])[2] != head[2]:
+                    got = 0  # a run of characters through new states (minLength): _char_run's path, not a loop
                 else:
                     got = self._check_utf8(top)
                 self._utf8[top] = got
@@ -1084,12 +1086,7 @@ class TokenMasks:
         g = self.g
         if g.allowed_bytes(sid) & _NON_ASCII != _VALID[0] & _NON_ASCII:  # a cheap superset first
             return None
-        stacks = g.states[sid]
-        x = next(iter(stacks))[-1] if len(stacks) == 1 else -1
-        if x >= 0 and g.rule_of[x] in g.plain_rules:
-            step, runs = self._node_step, self._node_runs
-        else:
-            step, runs, x = self._run_step, self._runs, sid
+        step, runs, x = self._run_head(sid)
         s = self._run_summary(x, step, runs)
         if s is None:
             return None
@@ -1101,6 +1098,16 @@ class TokenMasks:
             return None
         exits = s[1] & ~asc
         return (asc, s[3], exits) if exits.bit_count() <= 16 else None
+
+    def _run_head(self, sid: int) -> tuple:
+        """(step, its memo, the node or state it steps from) for state sid: the rule's DFA node when sid is one node
+        of a rule without calls (dict lookups), the state otherwise."""
+        g = self.g
+        stacks = g.states[sid]
+        x = next(iter(stacks))[-1] if len(stacks) == 1 else -1
+        if x >= 0 and g.rule_of[x] in g.plain_rules:
+            return self._node_step, self._node_runs, x
+        return self._run_step, self._runs, sid
 
     def _run_tokens(self, sid: int, asc: int, k: int, exits: int) -> tuple[int, frozenset] | None:
         """walk_node's result for a character run (_char_run) without walking the trie: the tokens of valid UTF-8
