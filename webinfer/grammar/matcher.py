@@ -567,8 +567,11 @@ class TokenMasks:
                 # most states read no characters, or not all of them: a superset of their bytes says so cheaply
                 if self.g.allowed_bytes(top) & _NON_ASCII != _VALID[0] & _NON_ASCII:
                     got = 0
-                elif self._char_run(top) is not None and (head := self._run_head(top))[0](head[2])[2] != head[2]:
-                    got = 0  # a run of characters through new states (minLength): _char_run's path, not a loop
+                elif (((head := self._run_head(top))[0] == self._node_step or head[2] in head[1])
+                      and self._char_run(top) is not None and head[0](head[2])[2] != head[2]):
+                    # a run of characters through new states (minLength): _char_run's path, not a loop (asked on a
+                    # rule's DFA nodes, or where the run is known already: a stack-set state's run costs ~3 ms)
+                    got = 0
                 else:
                     got = self._check_utf8(top)
                 self._utf8[top] = got
