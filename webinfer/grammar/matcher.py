@@ -567,10 +567,7 @@ class TokenMasks:
                 # most states read no characters, or not all of them: a superset of their bytes says so cheaply
                 if self.g.allowed_bytes(top) & _NON_ASCII != _VALID[0] & _NON_ASCII:
                     got = 0
-                elif (((head := self._run_head(top))[0] == self._node_step or head[2] in head[1])
-                      and self._char_run(top) is not None and head[0](head[2])[2] != head[2]):
-                    # a run of characters through new states (minLength): _char_run's path, not a loop (asked on a
-                    # rule's DFA nodes, or where the run is known already: a stack-set state's run costs ~3 ms)
+                elif self._runs_into_new_states(top):  # (minLength): _char_run's path, not a loop
                     got = 0
                 else:
                     got = self._check_utf8(top)
@@ -743,27 +740,28 @@ class TokenMasks:
         character, and those more than a token's length from the end share their masks (7,559 nodes, ~1,250 masks
         on Gemma 3). Moore's partition refinement, one round per byte of depth; rules without calls only (their
         nodes' futures are fixed by their expression), and big ones only (MERGE_MIN_NODES)."""
-        reps = self._reps.get(rule)
-        if reps is None:
-            store = self._stores[rule]
-            reps = store.get("reps")
-            if reps is None:
-                reps = store["reps"] = self._classes(rule)
-            self._reps[rule] = reps
+        reps = self._reps_of(rule)
         return reps[local] if reps else local
 
     def prepare(self, deadline: float | None = None, clock=time.monotonic) -> int:
         """Find the nodes that share masks (_rep) in every big rule without calls now, outside the vocabulary's lock
         (it reads only the grammar); the number of nodes whose masks remain to compute. TimeoutError past deadline."""
-        for rule, store in self._stores.items():
-            if rule not in self._reps:
-                reps = store.get("reps")
-                if reps is None:
-                    reps = self._classes(rule, deadline, clock)
-                    with self.vocab.lock:
-                        reps = store.setdefault("reps", reps)
-                self._reps[rule] = reps
+        for rule in self._stores:
+            self._reps_of(rule, deadline, clock)
         return self.g.n_nodes - sum(len(r) - len(set(r)) for r in self._reps.values())
+
+    def _reps_of(self, rule: str, deadline: float | None = None, clock=time.monotonic) -> list[int]:
+        """_classes of a rule, once per vocabulary (kept in the rule's store; [] for a small rule)."""
+        reps = self._reps.get(rule)
+        if reps is None:
+            store = self._stores[rule]
+            reps = store.get("reps")
+            if reps is None:
+                reps = self._classes(rule, deadline, clock)
+                with self.vocab.lock:
+                    reps = store.setdefault("reps", reps)
+            self._reps[rule] = reps
+        return reps
 
     def _classes(self, rule: str, deadline: float | None = None, clock=time.monotonic) -> list[int]:
         g = self.g
@@ -1101,6 +1099,12 @@ class TokenMasks:
             return None
         exits = s[1] & ~asc
         return (asc, s[3], exits) if exits.bit_count() <= 16 else None
+
+    def _runs_into_new_states(self, sid: int) -> bool:
+        """sid starts a run of characters (_char_run) whose next state is another one. Asked on a rule's DFA nodes,
+        or where the run is known already: computing a stack-set state's run costs ~3 ms, more than it saves."""
+        step, runs, x = self._run_head(sid)
+        return (step == self._node_step or x in runs) and self._char_run(sid) is not None and step(x)[2] != x
 
     def _run_head(self, sid: int) -> tuple:
         """(step, its memo, the node or state it steps from) for state sid: the rule's DFA node when sid is one node
