@@ -170,9 +170,57 @@ def llamacpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, n // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+# GGUF types gguf-py reads but cannot write: blocks laid out here from ggml's block structs (ggml-common.h), with
+# the codes and scales of webinfer's own encoder (quant.quantize), so transformers, which dequantizes the file
+# with gguf-py, is an independent check of both the layout and the packer's repack
+LOW_BIT = {"Q2_K": "q2k", "Q3_K": "q3k", "IQ4_NL": "iq4nl", "IQ4_XS": "iq4xs"}
+
+
+def gguf_blocks(type_name: str, w: np.ndarray) -> np.ndarray:
+    """float [N, K] -> uint8 [N, row bytes] of GGUF `type_name` blocks (one of LOW_BIT)."""
+    from webinfer.formats import FORMATS
+    from webinfer_packager.pack import quant
+
+    dtype = LOW_BIT[type_name]
+    n, k = w.shape
+    f = quant._unpack(dtype, quant.quantize(dtype, w), n, k, FORMATS[dtype].fixed_group)
+    q = f["q"].reshape(n, -1, 256 if type_name != "IQ4_NL" else 32)
+    nb = q.shape[1]
+
+    def f16(x):
+        return np.ascontiguousarray(x, "<f2").view(np.uint8).reshape(n, nb, 2)
+
+    def shifted(parts, shifts):  # sum of parts[j] << shifts[j] as one byte
+        return sum((p.astype(np.uint8) << np.uint8(s)) for p, s in zip(parts, shifts)).astype(np.uint8)
+
+    if type_name == "IQ4_NL":  # d, qs[16]: element i low nibble of qs[i], element 16 + i its high nibble
+        return np.concatenate([f16(f["scale"]), shifted([q[..., :16], q[..., 16:]], [0, 4])], -1).reshape(n, -1)
+    if type_name == "IQ4_XS":  # d, scales_h (u16), scales_l[4], qs[128]: 8 sub-blocks of 32 like IQ4_NL's
+        ls = (f["scale"].reshape(n, nb, 8).astype(np.int16) + 32).astype(np.uint16)
+        sh = ((ls >> 4) << (2 * np.arange(8, dtype=np.uint16))).sum(-1).astype("<u2").view(np.uint8).reshape(n, nb, 2)
+        sl = shifted([ls[..., 0::2] & 15, ls[..., 1::2] & 15], [0, 4])
+        qs = q.reshape(n, nb, 8, 32)
+        qs = shifted([qs[..., :16], qs[..., 16:]], [0, 4]).reshape(n, nb, 128)
+        return np.concatenate([f16(f["d"]), sh, sl, qs], -1).reshape(n, -1)
+    # Q2_K / Q3_K: the low 2 bits of element 128 h + 32 j + i are bits 2j of qs[32 h + i]
+    q4 = q.reshape(n, nb, 2, 4, 32)
+    qs = shifted([q4[..., j, :] & 3 for j in range(4)], [0, 2, 4, 6]).reshape(n, nb, 64)
+    if type_name == "Q2_K":  # scales[16] (scale | min << 4), qs[64], d, dmin
+        sc = shifted([f["scale"].reshape(n, nb, 16), f["min"].reshape(n, nb, 16)], [0, 4])
+        return np.concatenate([sc, qs, f16(f["d"]), f16(f["dmin"])], -1).reshape(n, -1)
+    # Q3_K: hmask[32] (bit j of hmask[i]: bit 2 of element 32 j + i), qs[64], 12 bytes of 6-bit scales, d
+    q8 = q.reshape(n, nb, 8, 32)
+    hm = shifted([(q8[..., j, :] >> 2) & 1 for j in range(8)], list(range(8)))
+    s6 = (f["scale"].reshape(n, nb, 16).astype(np.int16) + 32).astype(np.uint8)
+    lo = shifted([s6[..., :8] & 15, s6[..., 8:] & 15], [0, 4])
+    hi = shifted([(s6[..., 4 * t:4 * t + 4] >> 4) & 3 for t in range(4)], [0, 2, 4, 6])
+    return np.concatenate([hm, qs, lo, hi, f16(f["d"])], -1).reshape(n, -1)
+
+
 def write_gguf(path: Path, *, types: dict | None = None, seed: int = 0, tied: bool = True, version: int = 3,
                rope_freqs=False, **overrides) -> Path:
-    """A tiny llama GGUF. types: {"linear": "Q4_0"|"Q4_1"|"Q8_0"|"F32"|"F16", "embed": ..., "norm": "F32"}.
+    """A tiny llama GGUF. types: {"linear": "Q4_0"|"Q4_1"|"Q8_0"|"F32"|"F16"|a LOW_BIT type, "embed": ...,
+    "norm": "F32"}, and per projection ("q", "k", "v", "o", "gate", "up", "down") to override "linear".
     rope_freqs: add Llama 3.1's per-frequency RoPE factors tensor (True: 1..8 spread over the frequencies, or
     the values to write)."""
     import gguf
@@ -206,12 +254,15 @@ def write_gguf(path: Path, *, types: dict | None = None, seed: int = 0, tied: bo
     wr.add_chat_template(CHATML)
 
     def put(name, arr, kind):
-        t = types[kind]
+        part = name.split(".")[-2].removeprefix("attn_").removeprefix("ffn_").replace("output", "o")
+        t = types.get(part, types[kind]) if kind == "linear" else types[kind]
         qt = gguf.GGMLQuantizationType[t]
         if t == "F32":
             wr.add_tensor(name, arr.astype(np.float32))
         elif t == "F16":
             wr.add_tensor(name, arr.astype(np.float16))
+        elif t in LOW_BIT:
+            wr.add_tensor(name, gguf_blocks(t, arr.astype(np.float32)), raw_dtype=qt)
         else:
             wr.add_tensor(name, quantize(arr, qt), raw_dtype=qt)
 

@@ -190,17 +190,18 @@ def test_pack_rejects_cleanly(tmp_path, case):
 
 
 def test_unsupported_gguf_quant_type(tmp_path):
-    """IQ4_NL has Q4_0's block size, so retyping one tensor keeps every offset valid: only the type is bad."""
-    p = synthetic.write_gguf(tmp_path / "m.gguf", types={"linear": "Q4_0"})
+    """IQ3_S has Q3_K's block size, so retyping one tensor keeps every offset valid: only the type is bad."""
+    p = synthetic.write_gguf(tmp_path / "m.gguf", types={"linear": "Q4_0", "up": "Q3_K"}, hidden_size=256,
+                             intermediate_size=512, head_dim=64)
     data = bytearray(p.read_bytes())
     name = b"blk.0.ffn_up.weight"
     at = data.index(name) + len(name) + 4 + 2 * 8
-    assert struct.unpack_from("<I", data, at)[0] == 2  # Q4_0
-    struct.pack_into("<I", data, at, 20)  # IQ4_NL
+    assert struct.unpack_from("<I", data, at)[0] == 11  # Q3_K
+    struct.pack_into("<I", data, at, 21)  # IQ3_S
     p.write_bytes(bytes(data))
     with pytest.raises(FormatError) as e:
         pack(p, tmp_path / "out", progress=False)
-    assert e.value.field == "tensor blk.0.ffn_up.weight.type" and "IQ4_NL" in e.value.problem
+    assert e.value.field == "tensor blk.0.ffn_up.weight.type" and "IQ3_S" in e.value.problem
     assert sorted(x.name for x in tmp_path.iterdir()) == ["m.gguf"]
 
 

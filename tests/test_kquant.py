@@ -1,6 +1,6 @@
-"""GGUF Q5_0/Q5_1/Q4_K/Q5_K/Q6_K (and Q4_0/Q4_1/Q8_0) repacked into the formats of webinfer/formats.py, and the
-encoders of those formats. References: gguf.quants.dequantize (bit for bit), real tensors of the Gemma 3 270M Q4_K_M
-GGUF, and `spec_decode`, a second decoder written from the formats.py docstring with u32 word arithmetic (it shares
+"""GGUF Q5_0/Q5_1/Q2_K..Q6_K/IQ4_NL/IQ4_XS (and Q4_0/Q4_1/Q8_0) repacked into the formats of webinfer/formats.py,
+and the encoders of those formats. References: gguf.quants.dequantize (bit for bit), real tensors of the Gemma 3
+270M Q4_K_M GGUF, and `spec_decode`, a second decoder written from the formats.py docstring with u32 word arithmetic (it shares
 no code with quant.py's unpacking).
 
 Run: python -m pytest tests/test_kquant.py -q
@@ -20,10 +20,12 @@ from webinfer.formats import FORMATS, row_bytes
 from webinfer_packager.pack import quant
 
 BLOCK = {"Q4_0": (32, 18), "Q4_1": (32, 20), "Q8_0": (32, 34), "Q5_0": (32, 22), "Q5_1": (32, 24),
-         "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210)}
+         "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210), "Q2_K": (256, 84), "Q3_K": (256, 110),
+         "IQ4_NL": (32, 18), "IQ4_XS": (256, 136)}
 # byte offsets of the f16 fields in each block (d, and dmin / m where the type has one)
 F16_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q8_0": (0,), "Q5_0": (0,), "Q5_1": (0, 2), "Q4_K": (0, 2),
-              "Q5_K": (0, 2), "Q6_K": (208,)}
+              "Q5_K": (0, 2), "Q6_K": (208,), "Q2_K": (80, 82), "Q3_K": (108,), "IQ4_NL": (0,), "IQ4_XS": (0,)}
+KV = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)  # llama.cpp's
 
 
 def group_of(dtype: str) -> int:
@@ -44,19 +46,26 @@ def spec_decode(dtype: str, comps: dict, n: int, k: int) -> np.ndarray:
     qw = words(comps, "qweight", n)
     if dtype == "q8":
         q = ((qw[:, kk // 4] >> (8 * (kk % 4)).astype(np.uint32)) & 0xFF).astype(np.uint8).view(np.int8).astype(np.int32)
+    elif dtype in ("q2k", "q3k"):
+        q = ((qw[:, kk // 16] >> (2 * (kk % 16)).astype(np.uint32)) & 3).astype(np.int32)
     else:
         q = ((qw[:, kk // 8] >> (4 * (kk % 8)).astype(np.uint32)) & 0xF).astype(np.int32)
     if dtype in ("q5_0", "q5_1", "q5k"):
         qh = words(comps, "qhigh", n)
         q |= (((qh[:, kk // 32] >> (kk % 32).astype(np.uint32)) & 1) << 4).astype(np.int32)
+    if dtype == "q3k":
+        qh = words(comps, "qhigh", n)
+        q |= (((qh[:, kk // 32] >> (kk % 32).astype(np.uint32)) & 1) << 2).astype(np.int32)
     if dtype == "q6k":
         qh = words(comps, "qhigh", n)
         q |= (((qh[:, kk // 16] >> (2 * (kk % 16)).astype(np.uint32)) & 3) << 4).astype(np.int32)
     sw = words(comps, "scales", n)
     f32 = np.float32
-    if dtype in ("q4", "q4a", "q8", "q5_0", "q5_1"):
+    if dtype in ("q4", "q4a", "q8", "q5_0", "q5_1", "iq4nl"):
         g = kk // 32
         scale = f16_half(sw[:, g // 2], g % 2 == 1)
+        if dtype == "iq4nl":
+            return scale * KV[q]
         if dtype in ("q4a", "q5_1"):
             mn = f16_half(words(comps, "mins", n)[:, g // 2], g % 2 == 1)
             return scale * q.astype(f32) + mn
@@ -64,11 +73,16 @@ def spec_decode(dtype: str, comps: dict, n: int, k: int) -> np.ndarray:
         return (q - off).astype(f32) * scale
     b = kk // 256
     sup = words(comps, "super", n)
-    if dtype == "q6k":
-        s = kk // 16
+    if dtype in ("q6k", "q3k", "iq4xs"):
+        s = kk // (32 if dtype == "iq4xs" else 16)
         sc = ((sw[:, s // 4] >> (8 * (s % 4)).astype(np.uint32)) & 0xFF).astype(np.uint8).view(np.int8).astype(f32)
         d = f16_half(sup[:, b // 2], b % 2 == 1)
-        return (d * sc) * (q - 32).astype(f32)
+        return (d * sc) * (KV[q] if dtype == "iq4xs" else (q - (32 if dtype == "q6k" else 4)).astype(f32))
+    if dtype == "q2k":
+        s = kk // 16
+        byte = (sw[:, s // 4] >> (8 * (s % 4)).astype(np.uint32)) & 0xFF
+        d, dmin = f16_half(sup[:, b], False), f16_half(sup[:, b], True)
+        return (d * (byte & 15).astype(f32)) * q.astype(f32) - (dmin * (byte >> 4).astype(f32))
     s = kk // 32
     sc = ((sw[:, s // 4] >> (8 * (s % 4)).astype(np.uint32)) & 0xFF).astype(f32)
     mn = ((words(comps, "mins", n)[:, s // 4] >> (8 * (s % 4)).astype(np.uint32)) & 0xFF).astype(f32)
@@ -112,6 +126,15 @@ def random_blocks(type_name: str, n: int, k: int, seed: int, edge: bool) -> np.n
     if edge and type_name == "Q6_K":
         raw[0, :, 192:208] = 0x80  # every sub-block scale at -128
         raw[1, :, 0:192] = 0xFF  # every code at 63
+    if edge and type_name == "Q3_K":
+        raw[0, :, 96:108] = 0x00  # every sub-block scale at -32
+        raw[1, :, 96:108] = 0xFF  # ... at 31
+        raw[2, :, 0:32] = 0x00  # every high bit clear: codes -4..-1
+    if edge and type_name == "Q2_K":
+        raw[0, :, 0:16] = 0xFF  # scale and min at 15
+    if edge and type_name == "IQ4_XS":
+        raw[0, :, 2:8] = 0x00  # every sub-block scale at -32
+        raw[1, :, 2:8] = 0xFF  # ... at 31
     return raw.reshape(n, -1)
 
 
@@ -205,7 +228,8 @@ def test_every_gemma_tensor_repacks_bit_identically(gemma_tensors):
 # encoders
 
 
-ERR = {"q4": 0.125, "q4a": 0.095, "q5_0": 0.062, "q5_1": 0.046, "q4k": 0.095, "q5k": 0.047, "q6k": 0.026, "q8": 0.009}
+ERR = {"q4": 0.125, "q4a": 0.095, "q5_0": 0.062, "q5_1": 0.046, "q4k": 0.095, "q5k": 0.047, "q6k": 0.026, "q8": 0.009,
+       "iq4nl": 0.10, "iq4xs": 0.10, "q3k": 0.205, "q2k": 0.33}
 
 
 def gaussian_with_outliers(n: int, k: int, seed: int) -> np.ndarray:
@@ -233,7 +257,7 @@ def test_quantize_layout_error_and_padding(dtype, k):
 
 
 @pytest.mark.parametrize("ours,ref", [("q4", "Q4_0"), ("q4a", "Q4_1"), ("q5_0", "Q5_0"), ("q5_1", "Q5_1"),
-                                      ("q4k", "Q4_1"), ("q5k", "Q5_1")])
+                                      ("q4k", "Q4_1"), ("q5k", "Q5_1"), ("iq4nl", "Q4_0"), ("iq4xs", "Q4_0")])
 def test_search_beats_max_abs_rule(ours, ref):
     """The error-minimizing scale search against gguf's own (max-abs / min-max) quantizers of the same bit width:
     lower error weighted like the search (|x| + rms), and no worse in plain rms."""

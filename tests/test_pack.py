@@ -100,6 +100,21 @@ def test_hf_pack_q4k_m_mix(tmp_path):
     assert pkg.quantization["quant"] == "q4k_m"
 
 
+@pytest.mark.parametrize("quant_name,err", [("q3k", 0.2), ("q2k", 0.33), ("iq4xs", 0.1), ("iq4nl", 0.1)])
+def test_hf_pack_below_4_5_bits(tmp_path, quant_name, err):
+    """Float weights requantized to the low-bit formats; q6k for the embedding; rows of K % 256 != 0 (TINY's
+    hidden 64 below) take llama.cpp's IQ4_NL fallback."""
+    src = synthetic.write_hf(tmp_path / "hf", tied=False, **KQ)
+    pkg = Package.open(pack(src, tmp_path / "pkg", quant=quant_name, progress=False))
+    w = synthetic.hf_weights({**synthetic.TINY, **KQ}, tied=False)
+    assert (pkg.tensors["embed"].dtype, pkg.tensors["layers.1.down"].dtype) == ("q6k", quant_name)
+    e = quant.error_stats(w["model.layers.1.mlp.down_proj.weight"], tensor(pkg, "layers.1.down"))
+    assert e["rms_rel"] < err and e["rms_rel"] == pytest.approx(pkg.tensors["layers.1.down"].error["rms_rel"], rel=1e-6)
+    small = Package.open(pack(synthetic.write_hf(tmp_path / "hf64"), tmp_path / "p64", quant=quant_name,
+                              progress=False))
+    assert small.tensors["layers.0.q"].dtype == "iq4nl"
+
+
 def test_embedding_option_overrides_a_gguf_embedding(tmp_path):
     src = synthetic.write_gguf(tmp_path / "m.gguf", types={"linear": "Q5_0", "embed": "Q8_0"})
     pkg = Package.open(pack(src, tmp_path / "pkg", embedding="q4", progress=False))

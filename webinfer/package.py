@@ -525,8 +525,8 @@ def check_tokenizer(tok: dict, cfg: ModelConfig, file: str) -> None:
 
 
 # f16 components, per format (webinfer/formats.py); f32 tensors hold f32 `data`
-_F16_COMPONENTS = {"scales": ("q4", "q4a", "q8", "q5_0", "q5_1"), "mins": ("q4a", "q5_1"),
-                   "super": ("q4k", "q5k", "q6k")}
+_F16_COMPONENTS = {"scales": ("q4", "q4a", "q8", "q5_0", "q5_1", "iq4nl"), "mins": ("q4a", "q5_1"),
+                   "super": ("q4k", "q5k", "q6k", "q3k", "q2k", "iq4xs")}
 # high byte of a little-endian f16 -> 1 when its exponent bits are all ones (infinity or NaN)
 _F16_NONFINITE = bytes(1 if (b & 0x7C) == 0x7C else 0 for b in range(256))
 

@@ -65,13 +65,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", help="output folder (default: $WEBINFER_HOME/packages/NAME: the default "
                    "model's name, or --name, or the source file's or folder's name)")
     # kept equal to pack.build.QUANT_CHOICES / DEFAULT_QUANT by tests/test_pack.py (listed here: no numpy at parse)
-    p.add_argument("--quant", choices=["q4", "q4a", "q4k", "q5k", "q6k", "q8", "q4k_m"], default=None,
-                   help="format of requantized tensors (F16/BF16/F32 sources); GGUF Q4_0/Q4_1/Q8_0/Q5_0/Q5_1/Q4_K/"
-                        "Q5_K/Q6_K tensors are always kept losslessly. q4k_m = llama.cpp's Q4_K_M mix (default q5k)")
+    p.add_argument("--quant", choices=["q4", "q4a", "q4k", "q5k", "q6k", "q8", "q4k_m", "q3k", "q2k", "iq4xs", "iq4nl"],
+                   default=None,
+                   help="format of requantized tensors (F16/BF16/F32 sources); GGUF Q4_0/Q4_1/Q8_0/Q5_0/Q5_1/"
+                        "Q2_K..Q6_K/IQ4_NL/IQ4_XS tensors are always kept losslessly. q4k_m = llama.cpp's Q4_K_M "
+                        "mix (default q5k)")
     p.add_argument("--group-size", type=int, default=32, choices=[32, 64, 128],
                    help="scale group of q4/q4a/q8 (default 32; the other formats have fixed groups)")
     p.add_argument("--asymmetric", action="store_true", help="same as --quant q4a")
-    p.add_argument("--embedding", choices=["q4", "q4a", "q8", "q5_0", "q5_1", "q4k", "q5k", "q6k"], default=None,
+    p.add_argument("--embedding", choices=["q4", "q4a", "q8", "q5_0", "q5_1", "q4k", "q5k", "q6k", "q3k", "q2k",
+                                           "iq4nl", "iq4xs"], default=None,
                    help="format of a requantized embedding / output head (default: q8 for q4/q4a/q8, q6k otherwise)")
     p.add_argument("--shard-mb", type=int, default=32, help="largest shard in MiB (default 32)")
     p.add_argument("--name", help="model name in the manifest")

@@ -55,12 +55,13 @@ def open_source(source: Path):
 # `--quant` choices for tensors that are requantized (GGUF tensors in a format of formats.FORMATS are kept as they
 # are). "q4k_m" is llama.cpp's Q4_K_M recipe: q4k, with q6k for the output head and for attn_v / ffn_down in the
 # layers where llama.cpp spends more bits (first and last eighth, every third in between).
-QUANT_CHOICES = ("q4", "q4a", "q4k", "q5k", "q6k", "q8", "q4k_m")
+QUANT_CHOICES = ("q4", "q4a", "q4k", "q5k", "q6k", "q8", "q4k_m", "q3k", "q2k", "iq4xs", "iq4nl")
 # Chosen by measurement (docs/package-format.md, "Requantization quality"): on SmolLM2-135M requantized from f32,
 # the smallest choice within 5 % of the unquantized perplexity (q4 +20 %, q4k +5.7 %, q5k +0.6 %).
 DEFAULT_QUANT = "q5k"
-# A K-quant needs K % 256 == 0; otherwise llama.cpp's fallback of similar precision with 32-element groups
-_K_FALLBACK = {"q4k": "q5_0", "q5k": "q5_1", "q6k": "q8"}
+# A K-quant needs K % 256 == 0; otherwise llama.cpp's fallback with 32-element groups (its own choice for the
+# formats below 4.5 bits is IQ4_NL too)
+_K_FALLBACK = {"q4k": "q5_0", "q5k": "q5_1", "q6k": "q8", "q3k": "iq4nl", "q2k": "iq4nl", "iq4xs": "iq4nl"}
 
 
 def _more_bits(layer: int, n_layers: int) -> bool:
@@ -78,7 +79,7 @@ def requant_dtype(name: str, k: int, quant_name: str, embedding: str | None, n_l
         more = part in ("v", "down") and _more_bits(int(name.split(".")[1]), n_layers)
         dtype = "q6k" if is_embed or more else "q4k"
     elif is_embed:
-        dtype = "q6k" if quant_name in ("q4k", "q5k") else "q8" if quant_name in ("q4", "q4a") else quant_name
+        dtype = "q8" if quant_name in ("q4", "q4a") else "q6k" if quant_name != "q8" else quant_name
     else:
         dtype = quant_name
     if FORMATS[dtype].fixed_group == quant.QK_K and k % quant.QK_K:
@@ -247,8 +248,8 @@ def pack(source: Path, out: Path, *, quant: str | None = None, group_size: int =
          progress: bool = True, chat_template: str | None = None) -> Path:
     """Pack SOURCE (GGUF file or HF folder) into the package folder OUT; returns OUT.
 
-    GGUF tensors in Q4_0/Q4_1/Q8_0/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K are repacked losslessly in their own type; the rest
-    (F32/F16/BF16, other GGUF types) are requantized to `quant` (QUANT_CHOICES; `asymmetric` is the old spelling
+    GGUF tensors in Q4_0/Q4_1/Q8_0/Q5_0/Q5_1/Q2_K..Q6_K/IQ4_NL/IQ4_XS are repacked losslessly in their own type;
+    the rest (F32/F16/BF16) are requantized to `quant` (QUANT_CHOICES; `asymmetric` is the old spelling
     of quant="q4a"). `group_size` applies to q4/q4a/q8; `embedding` overrides the format of embed / lm_head.
     chat_template: jinja2 source stored instead of the source's own (e.g. for a GGUF that carries none)."""
     source, out = Path(source), Path(out)

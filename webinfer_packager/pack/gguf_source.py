@@ -519,9 +519,9 @@ class GGUFSource:
             rows = unpermute_rows(shape[0], n_head)
         type_name = t.tensor_type.name
         if type_name not in ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K",
-                             "Q5_K", "Q6_K"):
+                             "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"):
             raise FormatError(self.path, f"tensor {gname}.type", f"{type_name} is not supported",
-                              "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 or a K-quant")
+                              "F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, a K-quant (Q2_K..Q6_K), IQ4_NL or IQ4_XS")
         data = t.data if len(shape) == 2 else t.data.reshape(shape[0], -1)
         return SourceTensor(gname, type_name, shape, data, rows, t.tensor_type)
 

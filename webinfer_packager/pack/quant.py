@@ -3,10 +3,11 @@
 The layouts and the value formulas are specified once, in `webinfer/formats.py` (docstring and FORMATS table);
 this module only implements them. Every format goes through one intermediate form, "fields":
 
-    q       uint8 [N, Kp]  the element's unsigned code (q8: the int8 code's bytes)
-    scale   q4/q4a/q8/q5_0/q5_1: f16 [N, G];  q4k/q5k: uint8 [N, Kp/32];  q6k: int8 [N, Kp/16]
-    min     q4a/q5_1: f16 [N, G];  q4k/q5k: uint8 [N, Kp/32]
-    d       K-quants: f16 [N, Kp/256] super-block scale;   dmin: q4k/q5k f16 [N, Kp/256]
+    q       uint8 [N, Kp]  the element's unsigned code (q8: the int8 code's bytes; iq4nl/iq4xs: a codebook index)
+    scale   q4/q4a/q8/q5_0/q5_1/iq4nl: f16 [N, G];  q4k/q5k: uint8 [N, Kp/32];  q6k/q3k: int8 [N, Kp/16];
+            q2k: uint8 [N, Kp/16] (0..15);  iq4xs: int8 [N, Kp/32]
+    min     q4a/q5_1: f16 [N, G];  q4k/q5k: uint8 [N, Kp/32];  q2k: uint8 [N, Kp/16] (0..15)
+    d       K-quants, iq4xs: f16 [N, Kp/256] super-block scale;   dmin: q4k/q5k/q2k f16 [N, Kp/256]
 
 `quantize` (float weights, scales chosen by minimizing a weighted squared reconstruction error) and
 `repack_gguf` (GGUF blocks re-laid, no arithmetic) produce fields; `_pack` lays them out as components;
@@ -19,14 +20,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from webinfer.formats import FORMATS, GROUP_SIZES, QUANT_DTYPES, components, k_padded, row_bytes  # noqa: F401
+from webinfer.formats import FORMATS, GROUP_SIZES, IQ4_KV, QUANT_DTYPES, components, k_padded, row_bytes  # noqa: F401
 
 DTYPES = tuple(FORMATS)
 k_padded_for = k_padded  # the name callers (kernel tests, benches) use
 components_of = components
 QK_K = 256  # K-quant super-block
 GGUF_BLOCK = 32  # Q4_0/Q4_1/Q8_0/Q5_0/Q5_1 block length along K
-_LEVELS = {"q4": 16, "q4a": 16, "q5_0": 32, "q5_1": 32, "q4k": 16, "q5k": 32, "q6k": 64}
+_LEVELS = {"q4": 16, "q4a": 16, "q5_0": 32, "q5_1": 32, "q4k": 16, "q5k": 32, "q6k": 64, "q3k": 8, "q2k": 4}
+_KV = np.array(IQ4_KV, np.float32)
+TWO_BIT = ("q2k", "q3k")  # qweight holds 2 bits per element
+D_PAIRS = ("q6k", "q3k", "iq4xs")  # super: two f16 d per word
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -59,6 +63,17 @@ def _unpack_nibbles(raw: np.ndarray, n: int) -> np.ndarray:
     return q
 
 
+def _pack_crumbs(q: np.ndarray) -> np.ndarray:
+    """uint8 q [N, Kp] -> bytes [N, Kp/4]: low 2 bits of element k = bits 2*(k%4) of byte k/4 (of u32 k/16)."""
+    c = (q & np.uint8(3)).reshape(q.shape[0], -1, 4)
+    return (c[..., 0] | (c[..., 1] << np.uint8(2)) | (c[..., 2] << np.uint8(4)) | (c[..., 3] << np.uint8(6)))
+
+
+def _unpack_crumbs(raw: np.ndarray, n: int) -> np.ndarray:
+    b = np.ascontiguousarray(raw).view(np.uint8).reshape(n, -1, 1)
+    return ((b >> np.array([0, 2, 4, 6], np.uint8)) & np.uint8(3)).reshape(n, -1)
+
+
 def _as_u8(x) -> np.ndarray:
     if isinstance(x, np.ndarray):
         return np.ascontiguousarray(x).view(np.uint8).reshape(-1)
@@ -69,15 +84,20 @@ def _pack(dtype: str, f: dict) -> dict[str, np.ndarray]:
     """Fields -> components, each uint8 [N, row_bytes]."""
     q = f["q"]
     n, kp = q.shape
-    out = {"qweight": np.ascontiguousarray(q) if dtype == "q8" else _pack_nibbles(q)}
-    if dtype in ("q5_0", "q5_1", "q5k"):  # bit 4 of element k = bit k%32 of word k/32
-        out["qhigh"] = np.packbits((q >> np.uint8(4)) & np.uint8(1), axis=-1, bitorder="little")
+    out = {"qweight": np.ascontiguousarray(q) if dtype == "q8" else _pack_crumbs(q) if dtype in TWO_BIT
+           else _pack_nibbles(q)}
+    if dtype in ("q5_0", "q5_1", "q5k", "q3k"):  # bit 4 (q3k: 2) of element k = bit k%32 of word k/32
+        out["qhigh"] = np.packbits((q >> np.uint8(2 if dtype == "q3k" else 4)) & np.uint8(1), axis=-1,
+                                   bitorder="little")
     elif dtype == "q6k":  # bits 4-5 of element k = bits 2*(k%16).. of word k/16, i.e. bits 2*(k%4) of byte k/4
         h = ((q >> np.uint8(4)) & np.uint8(3)).reshape(n, kp // 4, 4)
         out["qhigh"] = h[..., 0] | (h[..., 1] << np.uint8(2)) | (h[..., 2] << np.uint8(4)) | (h[..., 3] << np.uint8(6))
-    if dtype in ("q4k", "q5k", "q6k"):
+    if dtype == "q2k":  # scale and min of a sub-block in one byte (as GGUF)
+        out["scales"] = (f["scale"] & np.uint8(15)) | (f["min"] << np.uint8(4))
+        out["super"] = np.stack([f["d"], f["dmin"]], axis=-1).astype("<f2").view(np.uint8).reshape(n, -1)
+    elif dtype in ("q4k", "q5k") + D_PAIRS:
         out["scales"] = np.ascontiguousarray(f["scale"]).view(np.uint8)
-        if dtype == "q6k":
+        if dtype in D_PAIRS:
             out["super"] = _pack_f16_pairs(f["d"])
         else:
             out["mins"] = np.ascontiguousarray(f["min"]).view(np.uint8)
@@ -92,11 +112,13 @@ def _pack(dtype: str, f: dict) -> dict[str, np.ndarray]:
 def _unpack(dtype: str, comps: dict, n: int, kp: int, group_size: int) -> dict:
     if dtype == "q8":
         q = _as_u8(comps["qweight"]).reshape(n, kp)
+    elif dtype in TWO_BIT:
+        q = _unpack_crumbs(_as_u8(comps["qweight"]), n)
     else:
         q = _unpack_nibbles(_as_u8(comps["qweight"]), n)
-    if dtype in ("q5_0", "q5_1", "q5k"):
+    if dtype in ("q5_0", "q5_1", "q5k", "q3k"):
         hi = np.unpackbits(_as_u8(comps["qhigh"]).reshape(n, -1), axis=-1, bitorder="little")
-        q = q | (hi << np.uint8(4))
+        q = q | (hi << np.uint8(2 if dtype == "q3k" else 4))
     elif dtype == "q6k":
         b = _as_u8(comps["qhigh"]).reshape(n, -1, 1) >> np.array([0, 2, 4, 6], np.uint8)
         q = q | ((b & np.uint8(3)).reshape(n, kp) << np.uint8(4))
@@ -107,9 +129,14 @@ def _unpack(dtype: str, comps: dict, n: int, kp: int, group_size: int) -> dict:
         f["min"] = _as_u8(comps["mins"]).reshape(n, kp // 32)
         sup = _as_u8(comps["super"]).view("<f2").reshape(n, nb, 2)
         f["d"], f["dmin"] = sup[..., 0], sup[..., 1]
-    elif dtype == "q6k":
-        f["scale"] = _as_u8(comps["scales"]).view(np.int8).reshape(n, kp // 16)
+    elif dtype in D_PAIRS:
+        f["scale"] = _as_u8(comps["scales"]).view(np.int8).reshape(n, kp // FORMATS[dtype].sub_block)
         f["d"] = _unpack_f16_pairs(_as_u8(comps["super"]), n, nb)
+    elif dtype == "q2k":
+        b = _as_u8(comps["scales"]).reshape(n, kp // 16)
+        f["scale"], f["min"] = b & np.uint8(15), b >> np.uint8(4)
+        sup = _as_u8(comps["super"]).view("<f2").reshape(n, nb, 2)
+        f["d"], f["dmin"] = sup[..., 0], sup[..., 1]
     else:
         g = kp // group_size
         f["scale"] = _unpack_f16_pairs(_as_u8(comps["scales"]), n, g)
@@ -122,18 +149,23 @@ def _values(dtype: str, f: dict, group_size: int) -> np.ndarray:
     """Fields -> float32 [N, Kp], with gguf.quants.dequantize's float32 operations in its order."""
     q = f["q"]
     n, kp = q.shape
-    if dtype in ("q4k", "q5k", "q6k"):
+    if FORMATS[dtype].fixed_group == QK_K:
         sub = FORMATS[dtype].sub_block
         d = f["d"].astype(np.float32)[:, :, None]  # [N, nb, 1]
         ds = (d * f["scale"].astype(np.float32).reshape(n, -1, QK_K // sub)).reshape(n, -1, 1)  # per sub-block
-        if dtype == "q6k":
-            qf = (q.astype(np.int8) - np.int8(32)).astype(np.float32).reshape(n, -1, sub)
+        if dtype in ("q6k", "q3k"):
+            qf = (q.astype(np.int8) - np.int8(_LEVELS[dtype] // 2)).astype(np.float32).reshape(n, -1, sub)
             return (ds * qf).reshape(n, kp)
-        dm = (f["dmin"].astype(np.float32)[:, :, None] * f["min"].astype(np.float32).reshape(n, -1, 8)).reshape(n, -1, 1)
+        if dtype == "iq4xs":
+            return (ds * _KV[q].reshape(n, -1, sub)).reshape(n, kp)
+        dmin = f["dmin"].astype(np.float32)[:, :, None]
+        dm = (dmin * f["min"].astype(np.float32).reshape(n, -1, QK_K // sub)).reshape(n, -1, 1)
         return (ds * q.astype(np.float32).reshape(n, -1, sub) - dm).reshape(n, kp)
     scale = f["scale"].astype(np.float32)[:, :, None]
     qg = q.reshape(n, -1, group_size)
-    if dtype == "q8":
+    if dtype == "iq4nl":
+        w = scale * _KV[qg]
+    elif dtype == "q8":
         w = scale * qg.view(np.int8).astype(np.float32)
     elif dtype in ("q4", "q5_0"):
         w = scale * (qg.astype(np.int8) - np.int8(_LEVELS[dtype] // 2)).astype(np.float32)
@@ -164,7 +196,8 @@ def dequantize(dtype: str, components: dict, shape: list[int], group_size: int |
 # lossless repacking of GGUF blocks (rows of raw block bytes, [N, K/block * block_bytes])
 
 GGUF_REPACK = {f.gguf: f.name for f in FORMATS.values() if f.gguf and f.name != "f32"}
-_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34, "Q5_0": 22, "Q5_1": 24, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
+_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34, "Q5_0": 22, "Q5_1": 24, "Q4_K": 144, "Q5_K": 176, "Q6_K": 210,
+                "Q2_K": 84, "Q3_K": 110, "IQ4_NL": 18, "IQ4_XS": 136}
 
 
 def _f16(b: np.ndarray) -> np.ndarray:
@@ -191,7 +224,7 @@ def repack_gguf(type_name: str, raw: np.ndarray, n: int, k: int) -> dict[str, np
     """GGUF rows of `type_name` blocks -> components of the same-named format, decoding to identical float32."""
     dtype = GGUF_REPACK[type_name]
     bb = _BLOCK_BYTES[type_name]
-    per = QK_K if type_name.endswith("_K") else GGUF_BLOCK
+    per = QK_K if type_name.endswith("_K") or type_name == "IQ4_XS" else GGUF_BLOCK
     b = np.ascontiguousarray(raw).view(np.uint8).reshape(n, k // per, bb)
     f = {}
     if type_name == "Q8_0":
@@ -223,6 +256,34 @@ def repack_gguf(type_name: str, raw: np.ndarray, n: int, k: int) -> dict[str, np
         f["q"] = (ql | (qh << np.uint8(4))).reshape(n, k)
         f["scale"] = np.ascontiguousarray(b[..., 192:208]).view(np.int8).reshape(n, -1)
         f["d"] = _f16(b[..., 208:210])
+    elif type_name in ("Q2_K", "Q3_K"):
+        qs = b[..., 16:80] if type_name == "Q2_K" else b[..., 32:96]
+        # element 128*h + 32*j + i: bits 2j of qs[32*h + i]
+        q = (qs.reshape(n, -1, 2, 1, 32) >> np.array([0, 2, 4, 6], np.uint8)[:, None]) & np.uint8(3)
+        q = q.reshape(n, -1, QK_K)
+        if type_name == "Q2_K":  # scales[16] qs[64] d dmin; a scales byte is (min << 4) | scale, as ours
+            f["scale"], f["min"] = b[..., 0:16] & np.uint8(15), b[..., 0:16] >> np.uint8(4)
+            f["d"], f["dmin"] = _f16(b[..., 80:82]), _f16(b[..., 82:84])
+        else:  # hmask[32] qs[64] scales[12] d; element 32*j + i has its bit 2 at bit j of hmask[i]
+            hi = (b[..., 0:32, None] >> np.arange(8, dtype=np.uint8)) & np.uint8(1)  # [N, nb, 32 (i), 8 (j)]
+            q = q | (hi.swapaxes(-1, -2).reshape(n, -1, QK_K) << np.uint8(2))
+            s = b[..., 96:108]  # 16 6-bit scales: low 4 bits from bytes 0-7 (two nibbles), high 2 from 8-11
+            lo = np.concatenate([s[..., 0:8] & np.uint8(15), s[..., 0:8] >> np.uint8(4)], axis=-1)
+            hs = np.concatenate([(s[..., 8:12] >> np.uint8(2 * t)) & np.uint8(3) for t in range(4)], axis=-1)
+            f["scale"] = ((lo | (hs << np.uint8(4))).astype(np.int8) - np.int8(32)).reshape(n, -1)
+            f["d"] = _f16(b[..., 108:110])
+        f["q"] = q.reshape(n, k)
+        f.update({c: f[c].reshape(n, -1) for c in ("scale", "min") if c in f})
+    elif type_name == "IQ4_NL":  # d qs[16]
+        f["scale"] = _f16(b[..., 0:2])
+        f["q"] = _gguf_nibbles(b[..., 2:], 32).reshape(n, k)
+    elif type_name == "IQ4_XS":  # d, scales_h (u16), scales_l[4], qs[128] in 8 sub-blocks of 32
+        f["d"] = _f16(b[..., 0:2])
+        sh = np.ascontiguousarray(b[..., 2:4]).view("<u2")  # [N, nb, 1]: bits 2j..2j+1 = high bits of scale j
+        lo = ((b[..., 4:8, None] >> np.array([0, 4], np.uint8)) & np.uint8(15)).reshape(n, -1, 8)
+        hs = ((sh >> (2 * np.arange(8, dtype=np.uint16))) & 3).astype(np.uint8)
+        f["scale"] = ((lo | (hs << np.uint8(4))).astype(np.int8) - np.int8(32)).reshape(n, -1)
+        f["q"] = _gguf_nibbles(b[..., 8:], 32).reshape(n, k)
     else:
         raise ValueError(f"no lossless repack for GGUF {type_name} (have {', '.join(GGUF_REPACK)})")
     return _pack(dtype, f)
@@ -311,6 +372,36 @@ def _codes(x: np.ndarray, step: np.ndarray, offset: np.ndarray | float, lo: int,
     return np.clip(lv, lo, hi)
 
 
+_KV_MID = (_KV[1:] + _KV[:-1]) / 2
+
+
+def _kv_codes(x: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """Index of the codebook entry nearest x / step (step broadcast; 0 gives the entry nearest 0)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        v = np.where(step == 0, 0, x / np.where(step == 0, 1, step))
+    return np.searchsorted(_KV_MID, v).astype(np.uint8)
+
+
+def _fit_codebook(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Scale per row of x [M, n] for value = scale * KV[L] (llama.cpp's IQ4_NL search): candidates map the signed
+    extreme to KV[0] +- t (t in -7..7); each candidate's nearest-entry codes get the weighted least-squares scale,
+    and the one with the least error wins."""
+    ext = np.take_along_axis(x, np.abs(x).argmax(axis=-1)[:, None], axis=-1)[:, 0]
+    safe = np.where(ext == 0, 1, ext)
+    wx = w * x
+    best = np.zeros(x.shape[0], np.float32)
+    best_score = np.full(x.shape[0], -1.0, np.float32)
+    for t in range(-7, 8):
+        kv = _KV[_kv_codes(x, (safe / (_KV[0] + t)).astype(np.float32)[:, None])]
+        sumlx, suml2 = _rowdot(wx, kv), _rowdot(w * kv, kv)
+        ok = suml2 > 0
+        score = np.where(ok, sumlx * sumlx / np.where(ok, suml2, 1), 0)
+        better = ok & (score > best_score)
+        best = np.where(better, sumlx / np.where(ok, suml2, 1), best)
+        best_score = np.where(better, score, best_score)
+    return np.where(ext == 0, 0, best).astype(np.float32)
+
+
 def _importance(g: np.ndarray) -> np.ndarray:
     """llama.cpp's error weights without an importance matrix: sqrt(mean x^2) + |x| (mean over the last axis).
     Measured on gaussian rows with outliers, against weights 1 and x^2: within 1 % of the least plain rms error
@@ -337,30 +428,46 @@ def _quantize_fields(dtype: str, w: np.ndarray, group_size: int) -> dict:
         d, m16 = s.astype(np.float16), m.astype(np.float16)
         q = _codes(g, d.astype(np.float32)[:, None], m16.astype(np.float32)[:, None], 0, levels - 1)
         return {"q": q.astype(np.uint8).reshape(n, kp), "scale": d.reshape(n, -1), "min": m16.reshape(n, -1)}
+    if dtype == "iq4nl":
+        g = w.reshape(-1, group_size)
+        d = _fit_codebook(g, _importance(g)).astype(np.float16)
+        q = _kv_codes(g, d.astype(np.float32)[:, None])
+        return {"q": q.reshape(n, kp), "scale": d.reshape(n, -1)}
     nb = kp // QK_K
-    if dtype in ("q4k", "q5k"):  # 8 sub-blocks of 32 per super-block; 6-bit scale and min per sub-block
-        g = w.reshape(n, nb, 8, 32)
+    if dtype in ("q4k", "q5k", "q2k"):  # sub-blocks of 32 (q2k: 16); a 6-bit (q2k: 4-bit) scale and min each
+        sub = FORMATS[dtype].sub_block
+        top = 15 if dtype == "q2k" else 63
+        g = w.reshape(n, nb, QK_K // sub, sub)
         imp = np.sqrt(np.mean(w.reshape(n, nb, 1, QK_K) ** 2, axis=-1, keepdims=True)) + np.abs(g)
-        s, m = _fit_affine(g.reshape(-1, 32), imp.reshape(-1, 32), levels - 1, min_le_zero=True)
-        s, m = np.maximum(s, 0).reshape(n, nb, 8), (-m).reshape(n, nb, 8)
-        d = (s.max(-1) / 63).astype(np.float16)
-        dmin = (m.max(-1) / 63).astype(np.float16)
-        sc = _codes(s, d.astype(np.float32)[..., None], 0.0, 0, 63).astype(np.uint8)
-        mn = _codes(m, dmin.astype(np.float32)[..., None], 0.0, 0, 63).astype(np.uint8)
+        s, m = _fit_affine(g.reshape(-1, sub), imp.reshape(-1, sub), levels - 1, min_le_zero=True)
+        s, m = np.maximum(s, 0).reshape(n, nb, -1), (-m).reshape(n, nb, -1)
+        d = (s.max(-1) / top).astype(np.float16)
+        dmin = (m.max(-1) / top).astype(np.float16)
+        sc = _codes(s, d.astype(np.float32)[..., None], 0.0, 0, top).astype(np.uint8)
+        mn = _codes(m, dmin.astype(np.float32)[..., None], 0.0, 0, top).astype(np.uint8)
         step = (d.astype(np.float32)[..., None] * sc.astype(np.float32))[..., None]
         off = -(dmin.astype(np.float32)[..., None] * mn.astype(np.float32))[..., None]
         q = _codes(g, step, off, 0, levels - 1)
         return {"q": q.astype(np.uint8).reshape(n, kp), "scale": sc.reshape(n, -1), "min": mn.reshape(n, -1),
                 "d": d, "dmin": dmin}
-    if dtype == "q6k":  # 16 sub-blocks of 16; int8 scale per sub-block (llama.cpp quantize_row_q6_K)
+    if dtype in ("q6k", "q3k"):  # 16 sub-blocks of 16; int8 scale per sub-block (llama.cpp quantize_row_q6_K)
+        half, smax = levels // 2, 128 if dtype == "q6k" else 32
         g = w.reshape(n, nb, 16, 16)
-        s = _fit_symmetric(g.reshape(-1, 16), _importance(g.reshape(-1, 16)), 32).reshape(n, nb, 16)
+        s = _fit_symmetric(g.reshape(-1, 16), _importance(g.reshape(-1, 16)), half).reshape(n, nb, 16)
         ext = np.take_along_axis(s, np.abs(s).argmax(-1)[..., None], axis=-1)[..., 0]
-        d = (ext / -128).astype(np.float16)  # the largest sub-block scale becomes -128
-        sc = _codes(s, d.astype(np.float32)[..., None], 0.0, -128, 127).astype(np.int8)
+        d = (ext / -smax).astype(np.float16)  # the largest sub-block scale becomes -128 (q3k: -32)
+        sc = _codes(s, d.astype(np.float32)[..., None], 0.0, -smax, smax - 1).astype(np.int8)
         step = (d.astype(np.float32)[..., None] * sc.astype(np.float32))[..., None]
-        q = _codes(g, step, 0.0, -32, 31) + 32
+        q = _codes(g, step, 0.0, -half, half - 1) + half
         return {"q": q.astype(np.uint8).reshape(n, kp), "scale": sc.reshape(n, -1), "d": d}
+    if dtype == "iq4xs":  # 8 sub-blocks of 32 with a codebook scale each, as an int8 multiple of d
+        g = w.reshape(n, nb, 8, 32)
+        s = _fit_codebook(g.reshape(-1, 32), _importance(g.reshape(-1, 32))).reshape(n, nb, 8)
+        ext = np.take_along_axis(s, np.abs(s).argmax(-1)[..., None], axis=-1)[..., 0]
+        d = (ext / -32).astype(np.float16)
+        sc = _codes(s, d.astype(np.float32)[..., None], 0.0, -32, 31).astype(np.int8)
+        step = (d.astype(np.float32)[..., None] * sc.astype(np.float32))[..., None]
+        return {"q": _kv_codes(g, step).reshape(n, kp), "scale": sc.reshape(n, -1), "d": d}
     raise ValueError(f"unknown dtype {dtype!r} (known: {', '.join(DTYPES)})")
 
 
