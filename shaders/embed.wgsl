@@ -8,7 +8,7 @@
 
 struct Params {
     k: u32,           // hidden size
-    gs: u32,          // scale group (q4 q4a q8 q5_0 q5_1)
+    gs: u32,          // scale group (q4 q4a q8 q5_0 q5_1 iq4nl)
     w_stride4: u32,   // vec4<u32> per qweight row
     s_stride: u32,    // u32 words per scales (and mins) row
     out_stride: u32,  // f32 per output row

@@ -11,7 +11,7 @@
 // Batch invariance, bit for bit: every activation row has its own accumulators and runs the same code in the
 // same order whatever the tile holds (linear_common.wgsl); the tile shares only the loaded weights and scales.
 //
-// Defines: TILE (1, 4 or 8), DTYPE (+ QHIGH, MINS, KQUANT), BIAS, ACCUMULATE (y += Wx: the residual epilogue),
+// Defines: TILE (1, 4 or 8), DTYPE (+ its quant_unpack.wgsl flags), BIAS, ACCUMULATE (y += Wx: the residual epilogue),
 // SWIGLU (weight rows gate/up interleaved in blocks of 4: rows 8j..8j+3 gate, 8j+4..8j+7 up; y[t, 4j + r] =
 // silu(gate) * up), NORM: x is the un-normalised residual and y = W (rmsnorm(x) * wn), the RMSNorm folded in:
 // each subgroup recomputes its rows' inverse RMS (each lane sums 1/8 of the row, partial sums combined in lane

@@ -6,6 +6,8 @@
 //     q4a   s * dot(q, x) + m * sum(x)            q5_1  the same
 //     q8    s * dot(q, x)                         q4k, q5k   s * dot(q, x) - m * sum(x)
 //     q6k   s * (dot16(q, x) - 32 * sum16(x)) + s2 * (dot16'(q, x) - 32 * sum16'(x))   (the chunk's two halves)
+//     q3k   as q6k with 4 for 32                  iq4nl, iq4xs   s * dot(KV[q], x)
+//     q2k   (s * dot16(q, x) - m * sum16(x)) + (s2 * dot16'(q, x) - m2 * sum16'(x))
 // (q = the codes of quant_unpack.wgsl, s/s2/m its Scales), then the elements of a partial last chunk one by one
 // (value_at * x), then the epilogue. The order depends only on the row, never on the tile or the other rows.
 //
@@ -17,7 +19,7 @@
 struct Params {
     n: u32,            // output rows of this weight binding
     k: u32,            // logical reduction length (only k < K contributes)
-    gs: u32,           // scale group (q4 q4a q8 q5_0 q5_1)
+    gs: u32,           // scale group (q4 q4a q8 q5_0 q5_1 iq4nl)
     w_stride4: u32,    // vec4<u32> per qweight row
     s_stride: u32,     // u32 words per scales (and mins) row
     x_stride4: u32,    // vec4<f32> per activation row
@@ -68,9 +70,9 @@ fn dot32(q: W8, xs: W8) -> f32 {
 }
 
 // the activation sums a chunk formula needs, computed once per activation row and chunk: (sum of the 32, 0), or
-// for q6k (sum of the first 16, sum of the last 16)
+// for SUB16 (sum of the first 16, sum of the last 16)
 fn xsum(xs: W8) -> vec2<f32> {
-#if DTYPE == q6k
+#ifdef SUB16
     let a = (xs[0] + xs[1]) + (xs[2] + xs[3]);
     let b = (xs[4] + xs[5]) + (xs[6] + xs[7]);
     return vec2<f32>((a.x + a.y) + (a.z + a.w), (b.x + b.y) + (b.z + b.w));
@@ -80,7 +82,7 @@ fn xsum(xs: W8) -> vec2<f32> {
 #endif
 }
 
-#if DTYPE == q6k
+#ifdef SUB16
 fn dot16(q: W8, xs: W8, h: u32) -> f32 {
     return dot(q[h], xs[h]) + dot(q[h + 1u], xs[h + 1u]) + dot(q[h + 2u], xs[h + 2u]) + dot(q[h + 3u], xs[h + 3u]);
 }
@@ -88,12 +90,23 @@ fn dot16(q: W8, xs: W8, h: u32) -> f32 {
 
 // the chunk formula for the block's 4 rows and one activation row (sx = xsum(xs))
 fn apply(bl: Block, xs: W8, sx: vec2<f32>) -> vec4<f32> {
-#if DTYPE == q6k
+#ifdef SUB16
     let lo = vec4<f32>(dot16(bl.a, xs, 0u), dot16(bl.b, xs, 0u), dot16(bl.c, xs, 0u), dot16(bl.d, xs, 0u));
     let hi = vec4<f32>(dot16(bl.a, xs, 4u), dot16(bl.b, xs, 4u), dot16(bl.c, xs, 4u), dot16(bl.d, xs, 4u));
+#if DTYPE == q6k
     return bl.sc.s * (lo - 32.0 * sx.x) + bl.sc.s2 * (hi - 32.0 * sx.y);
 #else
+#if DTYPE == q3k
+    return bl.sc.s * (lo - 4.0 * sx.x) + bl.sc.s2 * (hi - 4.0 * sx.y);
+#else
+    return (bl.sc.s * lo - bl.sc.m * sx.x) + (bl.sc.s2 * hi - bl.sc.m2 * sx.y);  // q2k
+#endif
+#endif
+#else
     let d = vec4<f32>(dot32(bl.a, xs), dot32(bl.b, xs), dot32(bl.c, xs), dot32(bl.d, xs));
+#ifdef IQ4
+    return bl.sc.s * d;
+#else
 #ifdef KQUANT
     return bl.sc.s * d - bl.sc.m * sx.x;
 #else
@@ -107,6 +120,7 @@ fn apply(bl: Block, xs: W8, sx: vec2<f32>) -> vec4<f32> {
     return bl.sc.s * (d - 16.0 * sx.x);
 #else
     return bl.sc.s * (d - 8.0 * sx.x);
+#endif
 #endif
 #endif
 #endif

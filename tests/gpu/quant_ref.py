@@ -12,12 +12,13 @@ from __future__ import annotations
 import numpy as np
 
 from tests.gpu.check_op import GpuArray
-from webinfer.formats import FORMATS, k_padded
+from webinfer.formats import FORMATS, IQ4_KV, k_padded
 from webinfer.kernels.linear import QuantWeight, WeightPart, pack_meta
 
-FORMAT_NAMES = ("q4", "q4a", "q8", "q5_0", "q5_1", "q4k", "q5k", "q6k")
-KQUANTS = ("q4k", "q5k", "q6k")
+FORMAT_NAMES = ("q4", "q4a", "q8", "q5_0", "q5_1", "q4k", "q5k", "q6k", "q3k", "q2k", "iq4nl", "iq4xs")
+KQUANTS = ("q4k", "q5k", "q6k", "q3k", "q2k", "iq4xs")  # group (super-block) 256
 f32 = np.float32
+KV = np.array(IQ4_KV, f32)
 
 
 def group_size_of(dtype: str, gs: int = 32) -> int:
@@ -52,11 +53,18 @@ def _f16_words_to(words: np.ndarray, count: int) -> np.ndarray:
 
 
 def codes_of(dtype: str, comps: dict[str, np.ndarray], kp: int) -> np.ndarray:
-    """The element codes [n, kp] as formats.py lays them out: unsigned with the high bits (q8: signed)."""
+    """The element codes [n, kp] as formats.py lays them out: unsigned with the high bits (q8: signed; iq4nl/iq4xs:
+    the codebook index)."""
     w = comps["qweight"]
     n = w.shape[0]
     if dtype == "q8":
         return np.ascontiguousarray(w).view(np.int8).reshape(n, kp).astype(np.int64)
+    if dtype in ("q2k", "q3k"):
+        q = ((w[:, :, None] >> (2 * np.arange(16, dtype=np.uint32))) & 3).reshape(n, kp).astype(np.int64)
+        if dtype == "q3k":
+            h = comps["qhigh"]
+            q |= (((h[:, :, None] >> np.arange(32, dtype=np.uint32)) & 1).reshape(n, kp).astype(np.int64)) << 2
+        return q
     q = ((w[:, :, None] >> (4 * np.arange(8, dtype=np.uint32))) & 15).reshape(n, kp).astype(np.int64)
     if dtype in ("q5_0", "q5_1", "q5k"):
         h = comps["qhigh"]
@@ -82,10 +90,24 @@ def decode(dtype: str, comps: dict[str, np.ndarray], k: int, gs: int = 32) -> np
         s = np.repeat(d, 8, axis=1) * sc  # d * scales[s] in f32
         m = np.repeat(dmin, 8, axis=1) * mn
         vals = np.repeat(s, 32, axis=1) * qf - np.repeat(m, 32, axis=1)
-    elif dtype == "q6k":
+    elif dtype in ("q6k", "q3k"):
         sc = np.ascontiguousarray(comps["scales"]).view(np.int8).astype(f32)
         d = _f16_words_to(comps["super"], kp // 256)
-        vals = np.repeat(np.repeat(d, 16, axis=1) * sc, 16, axis=1) * (qf - f32(32))
+        vals = np.repeat(np.repeat(d, 16, axis=1) * sc, 16, axis=1) * (qf - f32(32 if dtype == "q6k" else 4))
+    elif dtype == "q2k":
+        sc = np.ascontiguousarray(comps["scales"]).view(np.uint8)
+        sup = comps["super"]
+        d = (sup & 0xFFFF).astype(np.uint16).view(np.float16).astype(f32)
+        dmin = (sup >> 16).astype(np.uint16).view(np.float16).astype(f32)
+        s = np.repeat(d, 16, axis=1) * (sc & 15).astype(f32)  # d * (scales[s] & 15)
+        m = np.repeat(dmin, 16, axis=1) * (sc >> 4).astype(f32)
+        vals = np.repeat(s, 16, axis=1) * qf - np.repeat(m, 16, axis=1)
+    elif dtype == "iq4xs":
+        sc = np.ascontiguousarray(comps["scales"]).view(np.int8).astype(f32)
+        d = _f16_words_to(comps["super"], kp // 256)
+        vals = np.repeat(np.repeat(d, 8, axis=1) * sc, 32, axis=1) * KV[codes_of(dtype, comps, kp)]
+    elif dtype == "iq4nl":
+        vals = np.repeat(_f16_words_to(comps["scales"], kp // 32), 32, axis=1) * KV[codes_of(dtype, comps, kp)]
     else:
         s = np.repeat(_f16_words_to(comps["scales"], kp // gs), gs, axis=1)
         if dtype in ("q4a", "q5_1"):
@@ -105,6 +127,10 @@ def random_weight(dtype: str, n: int, k: int, gs: int = 32, seed: int = 0) -> tu
     comps: dict[str, np.ndarray] = {}
     if dtype == "q8":
         comps["qweight"] = _bytes_words(rng.integers(-127, 128, (n, kp)).astype(np.int8))
+    elif dtype in ("q2k", "q3k"):
+        comps["qweight"] = _pack_bits(rng.integers(0, 4, (n, kp)), 2)
+        if dtype == "q3k":
+            comps["qhigh"] = _pack_bits(rng.integers(0, 2, (n, kp)), 1)
     else:
         comps["qweight"] = _pack_bits(rng.integers(0, 16, (n, kp)), 4)
         if dtype in ("q5_0", "q5_1", "q5k"):
@@ -121,9 +147,19 @@ def random_weight(dtype: str, n: int, k: int, gs: int = 32, seed: int = 0) -> tu
     elif dtype == "q6k":
         comps["scales"] = _bytes_words(rng.integers(-128, 128, (n, kp // 16)).astype(np.int8))
         comps["super"] = _halves((rng.uniform(0.5, 1.0, (n, kp // 256)) / (64 * 32)).astype(np.float16))
+    elif dtype in ("q3k", "iq4xs"):  # 6-bit signed scales as GGUF's; |q - 4| <= 4, |KV[q]| <= 127
+        sub = 16 if dtype == "q3k" else 32
+        comps["scales"] = _bytes_words(rng.integers(-32, 32, (n, kp // sub)).astype(np.int8))
+        comps["super"] = _halves((rng.uniform(0.5, 1.0, (n, kp // 256)) / (32 * (4 if dtype == "q3k" else 127))
+                                  ).astype(np.float16))
+    elif dtype == "q2k":  # a byte per 16: scale | min << 4
+        comps["scales"] = _bytes_words(rng.integers(0, 256, (n, kp // 16)).astype(np.uint8))
+        d = (rng.uniform(0.5, 1.0, (n, kp // 256)) / (15 * 3)).astype(np.float16)
+        dmin = (rng.uniform(0.5, 1.0, (n, kp // 256)) / 15).astype(np.float16)
+        comps["super"] = d.view(np.uint16).astype(np.uint32) | (dmin.view(np.uint16).astype(np.uint32) << 16)
     else:
         g = kp // gs
-        scale = {"q4": 0.25, "q4a": 0.15, "q8": 0.01, "q5_0": 0.1, "q5_1": 0.07}[dtype]
+        scale = {"q4": 0.25, "q4a": 0.15, "q8": 0.01, "q5_0": 0.1, "q5_1": 0.07, "iq4nl": 0.01}[dtype]
         comps["scales"] = _halves((rng.uniform(0.5, 1.5, (n, g)) * rng.choice([-1, 1], (n, g)) * scale
                                    ).astype(np.float16))
         if dtype in ("q4a", "q5_1"):
@@ -134,7 +170,10 @@ def random_weight(dtype: str, n: int, k: int, gs: int = 32, seed: int = 0) -> tu
     return comps, decode(dtype, comps, k, gs)
 
 
-GGUF_TYPES = {"Q8_0": "q8", "Q5_0": "q5_0", "Q4_K": "q4k", "Q6_K": "q6k"}
+GGUF_TYPES = {"Q8_0": "q8", "Q5_0": "q5_0", "Q4_K": "q4k", "Q6_K": "q6k", "Q3_K": "q3k", "Q2_K": "q2k",
+              "IQ4_NL": "iq4nl", "IQ4_XS": "iq4xs"}
+GGUF_BLOCK_BYTES = {"Q8_0": 34, "Q5_0": 22, "Q4_K": 144, "Q6_K": 210, "Q3_K": 110, "Q2_K": 84, "IQ4_NL": 18,
+                    "IQ4_XS": 136}
 
 
 def from_gguf(gguf_type: str, raw: np.ndarray, k: int) -> dict[str, np.ndarray]:
@@ -144,10 +183,46 @@ def from_gguf(gguf_type: str, raw: np.ndarray, k: int) -> dict[str, np.ndarray]:
 
     rows = raw.shape[0]
     dtype = GGUF_TYPES[gguf_type]
-    bb = {"Q8_0": 34, "Q5_0": 22, "Q4_K": 144, "Q6_K": 210}[gguf_type]
-    blocks = np.ascontiguousarray(raw).reshape(-1, bb)
+    blocks = np.ascontiguousarray(raw).reshape(-1, GGUF_BLOCK_BYTES[gguf_type])
     nb = blocks.shape[0]
     comps: dict[str, np.ndarray] = {}
+    if gguf_type in ("Q2_K", "Q3_K"):
+        # ggml's 2-bit planes: per 128 elements, element 32j + l of them = bits 2j of qs[l] (32 bytes)
+        if gguf_type == "Q2_K":  # block_q2_K: scales[16], qs[64], d, dmin
+            sc, qs, d, dmin = np.hsplit(blocks, [16, 80, 82])
+            comps["scales"] = _bytes_words(sc.reshape(rows, k // 16))  # already scale | min << 4
+            comps["super"] = (d.copy().view(np.uint16).astype(np.uint32)
+                              | (dmin.copy().view(np.uint16).astype(np.uint32) << 16)).reshape(rows, k // 256)
+        else:  # block_q3_K: hmask[32], qs[64], scales[12] (16 x 6 bits), d
+            hmask, qs, sc, d = np.hsplit(blocks, [32, 96, 108])
+            # high bit of element e = bit e / 32 of hmask[e % 32]; ggml subtracts 4 where it is 0: q - 4
+            hb = (hmask[:, None, :] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1
+            comps["qhigh"] = _pack_bits(hb.reshape(rows, k), 1)
+            i = np.arange(16)
+            low = (sc[:, i % 8] >> (4 * (i // 8)).astype(np.uint8)) & 15  # scale i: a nibble of bytes 0-7
+            high = (sc[:, 8 + i % 4] >> (2 * (i // 4)).astype(np.uint8)) & 3  # and 2 bits of bytes 8-11
+            comps["scales"] = _bytes_words(((low | (high << 4)).astype(np.int16) - 32).astype(np.int8)
+                                          .reshape(rows, k // 16))
+            comps["super"] = _halves(d.copy().view(np.float16).reshape(rows, k // 256))
+        lo = (qs.reshape(nb, 2, 1, 32) >> (2 * np.arange(4, dtype=np.uint8)).reshape(1, 1, 4, 1)) & 3
+        comps["qweight"] = _pack_bits(lo.reshape(rows, k), 2)
+        return {c: comps[c] for c in FORMATS[dtype].components}
+    if gguf_type in ("IQ4_NL", "IQ4_XS"):
+        # per 32 elements 16 bytes: element l = low nibble of byte l, element 16 + l = its high nibble
+        if gguf_type == "IQ4_NL":  # block_iq4_nl: d, qs[16]
+            d, qs = np.hsplit(blocks, [2])
+            comps["scales"] = _halves(d.copy().view(np.float16).reshape(rows, k // 32))
+        else:  # block_iq4_xs: d, scales_h (u16: 2 bits per sub-block), scales_l[4] (a nibble per sub-block), qs[128]
+            d, sh, sl, qs = np.hsplit(blocks, [2, 4, 8])
+            ib = np.arange(8)
+            low = (sl[:, ib // 2] >> (4 * (ib % 2)).astype(np.uint8)) & 15
+            high = (sh.copy().view(np.uint16) >> (2 * ib).astype(np.uint16)) & 3
+            comps["scales"] = _bytes_words(((low | (high << 4)).astype(np.int16) - 32).astype(np.int8)
+                                          .reshape(rows, k // 32))
+            comps["super"] = _halves(d.copy().view(np.float16).reshape(rows, k // 256))
+        q = (qs.reshape(-1, 1, 16) >> np.array([0, 4], np.uint8).reshape(1, 2, 1)) & 15
+        comps["qweight"] = _pack_bits(q.reshape(rows, k), 4)
+        return {c: comps[c] for c in FORMATS[dtype].components}
     if gguf_type == "Q8_0":
         d, qs = np.hsplit(blocks, [2])
         comps["qweight"] = _bytes_words(qs.reshape(rows, k))
@@ -177,6 +252,25 @@ def from_gguf(gguf_type: str, raw: np.ndarray, k: int) -> dict[str, np.ndarray]:
     if hb is not None:
         comps["qhigh"] = _pack_bits(hb.reshape(rows, k), 2 if gguf_type == "Q6_K" else 1)
     return {c: comps[c] for c in FORMATS[dtype].components}
+
+
+# where the f16 fields of a block are (byte offsets) and the factor that keeps values of unit size with them
+_GGUF_F16 = {"Q2_K": ((80, 82), 1 / 45), "Q3_K": ((108,), 1 / 128), "IQ4_NL": ((0,), 1 / 127),
+             "IQ4_XS": ((0,), 1 / (32 * 127))}
+
+
+def random_gguf(gguf_type: str, rows: int, k: int, seed: int = 0) -> np.ndarray:
+    """[rows, row_bytes] uint8 GGUF blocks of `gguf_type` (Q2_K, Q3_K, IQ4_NL, IQ4_XS): random bytes, with the f16
+    fields (d, dmin) finite, of either sign, such that values are of unit size."""
+    rng = np.random.default_rng(seed)
+    bb = GGUF_BLOCK_BYTES[gguf_type]
+    nb = rows * k // (32 if gguf_type == "IQ4_NL" else 256)
+    blocks = rng.integers(0, 256, (nb, bb), dtype=np.uint8)
+    offsets, scale = _GGUF_F16[gguf_type]
+    for off in offsets:
+        d = (rng.uniform(0.3, 1.0, nb) * rng.choice([-1, 1], nb) * scale).astype(np.float16)
+        blocks[:, off : off + 2] = d.view(np.uint8).reshape(nb, 2)
+    return blocks.reshape(rows, -1)
 
 
 def upload_weight(dev, dtype: str, n: int, k: int, comps: dict[str, np.ndarray], gs: int = 32,

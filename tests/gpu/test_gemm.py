@@ -96,7 +96,7 @@ def test_gemm_rows_choice():
     assert [gemm_rows(w(n)) for n in (576, 960, 1536, 64)] == [4, 8, 8, 4]
 
 
-@pytest.mark.parametrize("dtype", ["q4", "q4k", "q6k"])
+@pytest.mark.parametrize("dtype", ["q4", "q4k", "q6k", "q2k", "iq4xs"])
 def test_gemm_batch_invariance_bitwise(gpu, kernels, dtype):
     comps, _ = random_weight(dtype, 100, 576, seed=5)
     x = np.random.default_rng(6).standard_normal((40, 576)).astype(np.float32)

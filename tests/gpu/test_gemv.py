@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.gpu.check_op import GpuArray, check_op, run
-from tests.gpu.quant_ref import FORMAT_NAMES, interleave, random_weight, upload_weight
+from tests.gpu.quant_ref import FORMAT_NAMES, KQUANTS, interleave, random_weight, upload_weight
 from webinfer.kernels.linear import Epilogue, Linear, LinearIO, LinearKey, linear_variant
 
 pytestmark = pytest.mark.gpu
@@ -85,12 +85,12 @@ def test_gemv_epilogues_f32_and_without_subgroups(gpu_f32, lib_nosg, dtype):
     for the 32-chunk formats."""
     from webinfer.kernels.library import KernelLibrary
 
-    k = 300 if dtype not in ("q4k", "q5k", "q6k") else 512
+    k = 300 if dtype not in KQUANTS else 512
     lib32 = KernelLibrary(gpu_f32)
     cases = [(lib32, dict(bias=True)), (lib32, dict(accumulate=True)), (lib32, dict(swiglu=True)),
              (lib32, dict(norm=True, swiglu=True)), (lib32, dict(norm=True, bias=True)),
              (lib_nosg, dict(accumulate=True))]
-    if dtype in ("q4a", "q5_0", "q6k"):
+    if dtype in ("q4a", "q5_0", "q6k", "q3k", "iq4xs"):
         cases.append((lib_nosg, dict(norm=True, bias=True)))
     for lib, kw in cases:
         out, ref = run_linear(lib.device, lib, dtype, 72, k, 3, seed=len(kw), tiles=(8,), **kw)
@@ -117,7 +117,9 @@ def _bits(a):
 
 @pytest.mark.parametrize("dtype,n,k,swiglu", [("q4a", 96, 576, True), ("q4", 70, 200, False), ("q8", 45, 77, False),
                                               ("q6k", 48, 300, True), ("q4k", 45, 512, False),
-                                              ("q5_0", 45, 77, False)])
+                                              ("q5_0", 45, 77, False), ("q3k", 48, 300, True),
+                                              ("q2k", 45, 512, False), ("iq4nl", 45, 77, False),
+                                              ("iq4xs", 48, 300, True)])
 def test_gemv_decode_tile_row_alone_vs_among_15_bitwise(gpu, kernels, dtype, n, k, swiglu):
     """Decode tiles share the unpacked weights only: a row alone (tile 1 variant) and the same row in slot 7 or 12
     of a 16-row step (tile 8 variant, two tiles), or among 17 rows, give identical bits; with the folded RMSNorm,
@@ -158,15 +160,19 @@ def test_gemv_ksplit_matches_numpy(gpu, kernels, lib_nosg, ksplit):
     """KSPLIT lanes per row group (a GPU's layout): every format family, the epilogues (bias, accumulate, the
     folded RMSNorm with swiglu), K with a tail and fewer chunks than lanes (77: 2 chunks), N not a multiple of 4,
     partial tiles of 1, 4 and 8 rows, a tile past the row count (9 rows in tiles of 8: the second tile half empty),
-    and once without subgroups."""
+    and once without subgroups. The 2-bit and codebook formats: K of several super-blocks (1100: 5, and 34
+    chunks, so the lanes of KSPLIT 8 and 32 cross scale epochs and super-blocks at different chunks)."""
     cases = [("q4a", 130, 576, 9, {}), ("q4", 37, 77, 1, {}), ("q6k", 72, 512, 3, dict(norm=True, swiglu=True)),
              ("q4k", 70, 512, 5, dict(bias=True)), ("q8", 45, 300, 17, dict(accumulate=True, norm=True)),
-             ("q5_0", 21, 200, 4, {})]
+             ("q5_0", 21, 200, 4, {}), ("q3k", 45, 1100, 2, dict(bias=True)),
+             ("q2k", 72, 600, 3, dict(norm=True, swiglu=True)), ("iq4nl", 37, 77, 1, {}),
+             ("iq4xs", 21, 1100, 9, dict(accumulate=True))]
     for dtype, n, k, t, kw in cases:
         out, ref = run_linear(gpu, kernels, dtype, n, k, t, seed=n, ksplit=ksplit, **kw)
         check_op(out, ref, *tol(k) if not kw.get("swiglu") else (2e-3, 1e-4), name=f"ksplit {ksplit} {dtype} {kw}")
-    out, ref = run_linear(lib_nosg.device, lib_nosg, "q4a", 70, 300, 3, seed=5, ksplit=ksplit, norm=True, bias=True)
-    check_op(out, ref, *tol(300), name=f"ksplit {ksplit} without subgroups")
+    for dtype in ("q4a", "q2k"):
+        out, ref = run_linear(lib_nosg.device, lib_nosg, dtype, 70, 300, 3, seed=5, ksplit=ksplit, norm=True, bias=True)
+        check_op(out, ref, *tol(300), name=f"ksplit {ksplit} {dtype} without subgroups")
 
 
 @pytest.mark.parametrize("dtype,n,k,swiglu", [("q4a", 96, 576, True), ("q5k", 45, 300, False)])
@@ -212,16 +218,45 @@ def test_gemv_every_tile_matches_numpy(gpu_f32, dtype, tile):
     check_op(out, ref, *tol(99), name=f"tile {tile}")
 
 
-def test_gemv_several_bindings(gpu, kernels):
-    """A weight split by rows into 3 bindings (the package's bindings): one dispatch each, one output."""
+@pytest.mark.parametrize("dtype", ["q6k", "q3k", "q2k", "iq4xs"])
+def test_gemv_several_bindings(gpu, kernels, dtype):
+    """A weight split by rows into 3 bindings (the package's bindings): one dispatch each, one output; each
+    binding's meta holds its own rows' scales and super words (pack_meta offsets)."""
     n, k, t = 203, 256, 2
-    comps, wref = random_weight("q6k", n, k, seed=21)
+    comps, wref = random_weight(dtype, n, k, seed=21)
     x = np.random.default_rng(22).standard_normal((t, k)).astype(np.float32)
     out = GpuArray.empty(gpu, (t, n))
-    lin = Linear(kernels, upload_weight(gpu, "q6k", n, k, comps, splits=(64, 150)),
+    lin = Linear(kernels, upload_weight(gpu, dtype, n, k, comps, splits=(64, 150)),
                  LinearIO(GpuArray.upload(gpu, x).binding, out.binding, k, n, step_buf(gpu, t)))
     run(gpu, lambda c: lin.encode(c, t))
-    check_op(out, (x.astype(np.float64) @ wref.T).astype(np.float32), *tol(k), "3 bindings")
+    check_op(out, (x.astype(np.float64) @ wref.T).astype(np.float32), *tol(k), f"{dtype} 3 bindings")
+
+
+@pytest.mark.parametrize("gguf_type,k", [("Q2_K", 768), ("Q3_K", 768), ("IQ4_NL", 800), ("IQ4_XS", 768)])
+def test_gemv_random_gguf_blocks_match_gguf_dequantize(gpu, kernels, gguf_type, k):
+    """Random GGUF blocks (random bytes, moderate f16 d / dmin) re-laid by quant_ref.from_gguf (written from
+    ggml's block layouts, not the packer's converter): formats.py decoding is bit-identical to
+    gguf.quants.dequantize, and the GEMV reproduces dequantize(blocks) @ x (odd super-block / group counts: the
+    last f16 word half padding)."""
+    from gguf.constants import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    from tests.gpu.quant_ref import GGUF_TYPES, decode, from_gguf, random_gguf
+
+    n, t = 37, 3
+    raw = random_gguf(gguf_type, n, k, seed=k)
+    want = dequantize(raw, GGMLQuantizationType[gguf_type]).astype(np.float32)
+    dtype = GGUF_TYPES[gguf_type]
+    comps = from_gguf(gguf_type, raw, k)
+    assert np.array_equal(decode(dtype, comps, k).view(np.uint32), want.view(np.uint32))
+    x = np.random.default_rng(1).standard_normal((t, k)).astype(np.float32)
+    out = GpuArray.empty(gpu, (t, n))
+    lin = Linear(kernels, upload_weight(gpu, dtype, n, k, comps),
+                 LinearIO(GpuArray.upload(gpu, x).binding, out.binding, k, n, step_buf(gpu, t)))
+    run(gpu, lambda c: lin.encode(c, t))
+    w = want.astype(np.float64)
+    bound = (np.abs(x) @ np.abs(w).T).max()  # f32 sums of K products: error well under 1e-5 of sum |w x|
+    check_op(out, (x @ w.T).astype(np.float32), 1e-5 * bound, 1e-4, f"{gguf_type} blocks")
 
 
 def test_gemv_tile_choice_by_row_count(gpu, kernels):
@@ -251,7 +286,15 @@ def test_linear_variant_decisions():
     with pytest.raises(ValueError, match="gemv kernel only"):
         linear_variant(LinearKey("gemm", "q4", 8, norm=True))
     with pytest.raises(ValueError, match="unsupported weight dtype"):
-        linear_variant(LinearKey("gemv", "q3k", 8))
+        linear_variant(LinearKey("gemv", "q3", 8))
+    # the new formats' feature defines (quant_unpack.wgsl): q3k is the only 2-bit format with a qhigh binding
+    flags = ("QHIGH", "MINS", "KQUANT", "SUB16", "D2", "BITS2", "IQ4")
+    got = {dt: tuple(f for f in flags if f in dict(linear_variant(LinearKey("gemv", dt, 1)).defines))
+           for dt in ("q6k", "q3k", "q2k", "iq4nl", "iq4xs", "q4k")}
+    assert got == {"q6k": ("QHIGH", "KQUANT", "SUB16", "D2"), "q3k": ("QHIGH", "KQUANT", "SUB16", "D2", "BITS2"),
+                   "q2k": ("KQUANT", "SUB16", "BITS2"), "iq4nl": ("IQ4",), "iq4xs": ("KQUANT", "D2", "IQ4"),
+                   "q4k": ("MINS", "KQUANT")}
+    assert linear_variant(LinearKey("gemv", "q3k", 1)).bindings[6:] == ("qhigh",)
     # KSPLIT: lanes per row group, so the grid holds rows / 4 * ksplit lanes (576 rows: 144 -> 1152 lanes)
     assert linear_variant(LinearKey("gemv", "q4a", 1)).grid_x(576) == 3
     v8 = linear_variant(LinearKey("gemv", "q4a", 1, ksplit=8))

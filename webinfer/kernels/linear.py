@@ -16,7 +16,7 @@ Decide, then bind (ggml-webgpu's get_X_pipeline pattern):
 row count itself from the per-step buffer, so the same bind groups serve every step.
 
 A weight on the device (`QuantWeight`) is split by rows into storage bindings (`WeightPart`s, the package's
-bindings), each holding qweight, qhigh (q5/q6 formats) and one `meta` buffer: its scales, then mins, then
+bindings), each holding qweight, qhigh (q5/q6/q3k formats) and one `meta` buffer: its scales, then mins, then
 super-block words (`pack_meta`; each row padded to whole vec4s), so a q5k GEMV with a folded norm and a bias stays within 8 storage bindings.
 
 Pure Python (it runs in Pyodide): parameters are packed with `struct`.
@@ -69,6 +69,14 @@ def format_defines(dtype: str) -> dict[str, object]:
         d["MINS"] = 1
     if "super" in comps:
         d["KQUANT"] = 1
+    if FORMATS[dtype].sub_block == 16:
+        d["SUB16"] = 1  # two scales per 32-element chunk
+    if dtype in ("q6k", "q3k", "iq4xs"):
+        d["D2"] = 1  # two f16 d per super-block word, no dmin
+    if dtype in ("q2k", "q3k"):
+        d["BITS2"] = 1  # 2-bit qweight
+    if dtype in ("iq4nl", "iq4xs"):
+        d["IQ4"] = 1  # codes index the codebook formats.IQ4_KV
     return d
 
 
@@ -125,7 +133,7 @@ class WeightPart:
     rows: int
     qweight: Any  # BufferBinding or buffer
     meta: Any
-    qhigh: Any = None  # q5_0, q5_1, q5k, q6k
+    qhigh: Any = None  # q5_0, q5_1, q5k, q6k, q3k
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ of one decode step) and with the wall clock where the host is involved (a decode
     gemv                 q4 GEMV (webinfer/kernels/linear.py) at 4096x4096 and at the model's own shapes:
                          ms, GB/s of weight bytes (qweight + scales) and ratio to copy_gbps, in the layout the
                          engine runs on this adapter (gemv_ksplit: lanes per row group, 1 on a CPU adapter, 8)
-    gemv_formats         the same at 4096x4096 for every weight format (q4 ... q6k), with bits per weight
+    gemv_formats         the same at 4096x4096 for every weight format (q4 ... iq4xs), with bits per weight
     attention, sampling  GPU ms of this project's attention (decode, prefill) and sampling kernels alone
     kernels              per-label GPU ms of one timed decode step of the model (summed over layers)
     prefill_kernels      the same for one prefill chunk (min(prompt, max_batch_tokens) tokens)
@@ -99,6 +99,7 @@ def bench_copy(dev, lib, nbytes: int, reps: int) -> float:
 def random_weight_bytes(dtype: str, n: int, k: int, group_size: int, seed: int) -> dict[str, bytes]:
     """Every component of an [n, k] weight in `dtype` as bytes, for timing: random codes and scale bytes, f16
     scales / super words a fixed 1/64 (finite, no denormals: values do not change the kernel's work)."""
+    from webinfer.formats import FORMATS
     from webinfer.kernels.linear import WeightLayout
 
     lay = WeightLayout(dtype, k, group_size)
@@ -109,7 +110,8 @@ def random_weight_bytes(dtype: str, n: int, k: int, group_size: int, seed: int) 
         words = n * lay.words(c)
         if not words:
             continue
-        f16 = c == "super" or (c in ("scales", "mins") and dtype not in ("q4k", "q5k", "q6k"))
+        # f16 scales in the group formats; the super-block formats hold byte scales (and f16 super words)
+        f16 = c == "super" or (c in ("scales", "mins") and FORMATS[dtype].fixed_group != 256)
         data = np.full(words, f16_words, np.uint32) if f16 else rng.integers(0, 2**32, size=words, dtype=np.uint32)
         if c in ("scales", "mins") and dtype in ("q4k", "q5k"):
             data &= np.uint32(0x3F3F3F3F)  # 6-bit sub-block scales
