@@ -1,6 +1,6 @@
 """The quantized Linear kernels (webinfer/kernels/linear.py: gemv.wgsl for decode rows, gemm.wgsl for prefill
 rows) on the browser's WebGPU device (Chromium, SwiftShader, through Pyodide), against numpy, for the INT4/INT8
-formats and the GGUF K-quant and Q5 layouts: weights from random codes (tests/gpu/quant_ref.py), the reference is
+formats and the GGUF K-quant, Q5 and IQ4 layouts: weights from random codes (tests/gpu/quant_ref.py), the reference is
 their formats.py values times x in float64. A guard region after y must come back untouched, and padding columns
 of x are NaN so reading past K would show.
 
@@ -20,7 +20,8 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 CASES = [("q4", "gemv", 72, 320, 3), ("q4", "gemv", 37, 77, 1), ("q4a", "gemv", 40, 576, 2),
          ("q8", "gemv", 24, 96, 1), ("q4", "gemm", 64, 256, 5), ("q4a", "gemm", 36, 100, 7),
          ("q4k", "gemv", 40, 512, 2), ("q6k", "gemv", 24, 300, 1), ("q5_0", "gemv", 37, 96, 3),
-         ("q5k", "gemm", 36, 256, 6)]
+         ("q5k", "gemm", 36, 256, 6), ("q3k", "gemv", 40, 512, 2), ("q2k", "gemm", 36, 256, 6),
+         ("iq4nl", "gemv", 37, 96, 3), ("iq4xs", "gemm", 24, 300, 5)]
 GUARD = b"\xab" * 256
 
 
