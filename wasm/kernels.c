@@ -70,12 +70,17 @@ static float expf_(float x) {
 
 // ------------------------------------------------------------------------------------------------ weights
 
-enum { F_F32 = 0, F_Q4 = 1, F_Q4A = 2, F_Q8 = 3, F_Q5_0 = 4, F_Q5_1 = 5, F_Q4K = 6, F_Q5K = 7, F_Q6K = 8 };
+enum { F_F32 = 0, F_Q4 = 1, F_Q4A = 2, F_Q8 = 3, F_Q5_0 = 4, F_Q5_1 = 5, F_Q4K = 6, F_Q5K = 7, F_Q6K = 8, F_Q3K = 9,
+       F_Q2K = 10, F_IQ4NL = 11, F_IQ4XS = 12 };
 // q6k after wi_repack: q8's packed layout with a scale per 16-element half (codes q - 32). Not a package format:
 // the kernels' name for it.
-#define F_Q8H 9u
+#define F_Q8H 13u
 // q5_1 and q5k after wi_repack: q8's packed layout holding the codes (0 .. 31) and a (a, b) pair per unit
-#define F_Q8B 10u
+#define F_Q8B 14u
+// q2k after wi_repack: q4a's packed layout (nibble codes 0 .. 3) with an (a, b) pair per 16-element half
+#define F_Q4H 15u
+// q3k after wi_repack: q4's packed layout (nibble codes 0 .. 7) with a scale per 16-element half, value (q - 4) a
+#define F_Q4Z 16u
 
 // One weight matrix [n, k] in a package encoding; component addresses are 0 when the format has none.
 typedef struct {
@@ -85,14 +90,20 @@ typedef struct {
     u32 packed;         // 1: repacked by wi_repack into the PACKED layout at qweight (scales, mins, qhigh unused)
 } Weight;
 
-INLINE u32 row_bytes_q(const Weight *w) { return w->dtype == F_Q8 ? w->kp : w->kp / 2; }
+INLINE u32 row_bytes_q(const Weight *w) {
+    return w->dtype == F_Q8 ? w->kp : w->dtype == F_Q2K || w->dtype == F_Q3K ? w->kp / 4 : w->kp / 2;
+}
 
-// Codes of unit u (elements [32u, 32u + 32)) of a row as two u8x16 vectors (q8: i8x16) v0, v1, each to be
-// multiplied with 16 activations of the unit's (ordered) activation block xb: v0 . xb[0..16) + v1 . xb[16..32).
+// the formats whose unit_codes are signed bytes: q8, and the iq4 formats' codebook values KV[q] (-127 .. 113)
+#define SIGNED_CODES(dt) ((dt) == F_Q8 || (dt) == F_IQ4NL || (dt) == F_IQ4XS)
+
+// Codes of unit u (elements [32u, 32u + 32)) of a row as two u8x16 vectors (SIGNED_CODES: i8x16) v0, v1, each to
+// be multiplied with 16 activations of the unit's (ordered) activation block xb: v0 . xb[0..16) + v1 . xb[16..32).
 //   q8: natural order, xb = x (v0: half 0, v1: half 1).
-//   nibble formats: v0 = the low nibbles (even elements 0, 2, .., 30), v1 = the high nibbles (odd elements), so
-//   no shuffles: the activations are permuted instead (ODD_EVEN, once per call), xb = x[0], x[2], .., x[30], x[1],
-//   x[3], .., x[31]. Lanes 0-7 of either vector belong to half 0 (elements < 16), lanes 8-15 to half 1.
+//   the others: v0 = the even elements 0, 2, .., 30 (the nibble formats' low nibbles), v1 = the odd ones (the
+//   high nibbles), so no shuffles: the activations are permuted instead (ODD_EVEN, once per call), xb = x[0],
+//   x[2], .., x[30], x[1], x[3], .., x[31]. Lanes 0-7 of either vector belong to half 0 (elements < 16), lanes
+//   8-15 to half 1.
 #define ODD_EVEN(dt) ((dt) != F_Q8 && (dt) != F_F32)
 INLINE void unit_codes(u32 dt, const u8 *qrow, const u8 *hrow, u32 u, v128_t *c0, v128_t *c1) {
     if (dt == F_Q8) {
@@ -100,18 +111,34 @@ INLINE void unit_codes(u32 dt, const u8 *qrow, const u8 *hrow, u32 u, v128_t *c0
         *c1 = wasm_v128_load(qrow + 32 * u + 16);
         return;
     }
-    v128_t b = wasm_v128_load(qrow + 16 * u);  // byte i: element 2i (low nibble), 2i + 1 (high nibble)
-    v128_t m = wasm_i8x16_splat(0x0f);
-    v128_t v0 = wasm_v128_and(b, m), v1 = wasm_v128_and(wasm_u16x8_shr(b, 4), m);
-    if (dt == F_Q5_0 || dt == F_Q5_1 || dt == F_Q5K) {
-        // bit 4 of element e = bit e % 32 of the unit's word: lane i (elements 2i, 2i + 1) reads byte i / 4
+    v128_t m = wasm_i8x16_splat(0x0f), v0, v1;
+    if (dt == F_Q2K || dt == F_Q3K) {
+        // 2-bit codes: byte i of the unit's 8 holds elements 4i .. 4i + 3 at bits 2 (e % 4). Its nibbles interleaved
+        // put elements 2l, 2l + 1 in lane l's bits 0-1 and 2-3
+        v128_t b = wasm_v128_load64_zero(qrow + 8 * u), m3 = wasm_i8x16_splat(3);
+        v128_t n = wasm_i8x16_shuffle(wasm_v128_and(b, m), wasm_v128_and(wasm_u16x8_shr(b, 4), m), 0, 16, 1, 17, 2,
+                                      18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+        v0 = wasm_v128_and(n, m3);
+        v1 = wasm_v128_and(wasm_u16x8_shr(n, 2), m3);
+    } else {
+        v128_t b = wasm_v128_load(qrow + 16 * u);  // byte i: element 2i (low nibble), 2i + 1 (high nibble)
+        v0 = wasm_v128_and(b, m);
+        v1 = wasm_v128_and(wasm_u16x8_shr(b, 4), m);
+    }
+    if (dt == F_Q5_0 || dt == F_Q5_1 || dt == F_Q5K || dt == F_Q3K) {
+        // bit 4 (q3k: bit 2) of element e = bit e % 32 of the unit's word: lane i (elements 2i, 2i + 1) reads
+        // byte i / 4
         v128_t h = wasm_i8x16_swizzle(wasm_v128_load32_splat(hrow + 4 * u),
                                       wasm_i8x16_const(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3));
         v128_t be = wasm_i8x16_const(1, 4, 16, 64, 1, 4, 16, 64, 1, 4, 16, 64, 1, 4, 16, 64);
         v128_t bo = wasm_i8x16_const(2, 8, 32, -128, 2, 8, 32, -128, 2, 8, 32, -128, 2, 8, 32, -128);
-        v128_t x10 = wasm_i8x16_splat(0x10);
+        v128_t x10 = wasm_i8x16_splat(dt == F_Q3K ? 0x04 : 0x10);
         v0 = wasm_v128_or(v0, wasm_v128_and(wasm_i8x16_eq(wasm_v128_and(h, be), be), x10));
         v1 = wasm_v128_or(v1, wasm_v128_and(wasm_i8x16_eq(wasm_v128_and(h, bo), bo), x10));
+    } else if (dt == F_IQ4NL || dt == F_IQ4XS) {  // index -> codebook value (formats.py IQ4_KV), as signed bytes
+        v128_t kv = wasm_i8x16_const(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
+        v0 = wasm_i8x16_swizzle(kv, v0);
+        v1 = wasm_i8x16_swizzle(kv, v1);
     } else if (dt == F_Q6K) {
         // bits 4-5 of element e = bits 2 (e % 16) .. +1 of word e / 16, i.e. of byte e / 4 of the unit's 8 bytes
         // at bit 2 (e % 4): lane i (elements 2i, 2i + 1) reads byte i / 2
@@ -143,9 +170,12 @@ INLINE RowCoefs row_coefs(u32 d, const Weight *w, u32 row) {
         c.sc = w->scales + row * (w->kp / 32);
         c.mn = w->mins + row * (w->kp / 32);
         c.sup = w->super + row * (w->kp / 256) * 4;
-    } else if (d == F_Q6K) {
-        c.sc = w->scales + row * (w->kp / 16);
+    } else if (d == F_Q6K || d == F_Q3K || d == F_IQ4XS) {  // a byte per sub-block (iq4xs: of 32), two d a word
+        c.sc = w->scales + row * (w->kp / (d == F_IQ4XS ? 32 : 16));
         c.sup = w->super + row * ((w->kp / 256 + 1) / 2) * 4;
+    } else if (d == F_Q2K) {  // a byte per 16-element sub-block, a (d, dmin) word per super-block
+        c.sc = w->scales + row * (w->kp / 16);
+        c.sup = w->super + row * (w->kp / 256) * 4;
     } else if (d != F_F32) {
         u32 bytes = (w->kp / w->gs + 1) / 2 * 4;  // f16 per group, two per word
         c.sc = w->scales + row * bytes;
@@ -165,13 +195,28 @@ INLINE void unit_coefs(u32 d, const RowCoefs *c, u32 u, float *a0, float *b0, fl
         *b0 = *b1 = b;
         return;
     }
-    if (d == F_Q6K) {
-        float dd = f16_to_f32(((const u16 *)c->sup)[u / 8]);
+    if (d == F_Q6K || d == F_Q3K) {
+        float dd = f16_to_f32(((const u16 *)c->sup)[u / 8]), z = d == F_Q6K ? -32.0f : -4.0f;
         const i8 *sc = (const i8 *)c->sc + 2 * u;
         *a0 = dd * (float)sc[0];
         *a1 = dd * (float)sc[1];
-        *b0 = -32.0f * *a0;
-        *b1 = -32.0f * *a1;
+        *b0 = z * *a0;
+        *b1 = z * *a1;
+        return;
+    }
+    if (d == F_Q2K) {  // scale in the low nibble, min in the high one
+        u32 sup = ((const u32 *)c->sup)[u / 8];
+        float dd = f16_to_f32(sup & 0xffff), dm = f16_to_f32(sup >> 16);
+        const u8 *sc = c->sc + 2 * u;
+        *a0 = dd * (float)(sc[0] & 15);
+        *a1 = dd * (float)(sc[1] & 15);
+        *b0 = -(dm * (float)(sc[0] >> 4));
+        *b1 = -(dm * (float)(sc[1] >> 4));
+        return;
+    }
+    if (d == F_IQ4XS) {
+        *a0 = *a1 = f16_to_f32(((const u16 *)c->sup)[u / 8]) * (float)((const i8 *)c->sc)[u];
+        *b0 = *b1 = 0.0f;
         return;
     }
     u32 g = u >> c->gshift;
@@ -199,6 +244,8 @@ INLINE const u8 *qhigh_row(const Weight *w, u32 row) {
 //     q8:                       128 code bytes, then f32 a[4]
 //     q6k (F_Q8H):              q8's 128 code bytes (q - 32), then f32 a0[4] (elements 0-15), a1[4] (16-31)
 //     q5_1, q5k (F_Q8B):        q8's 128 code bytes (q), then f32 a[4] and f32 b[4]
+//     q2k (F_Q4H):              q4a's 64 code bytes (q), then f32 a0[4], a1[4], b0[4], b1[4] (per half, as F_Q8H)
+//     q3k (F_Q4Z):              q4a's 64 code bytes (q), then f32 a0[4], a1[4] (b = -4 a per half)
 // Code bytes come in 16-byte vectors whose byte 4r + j belongs to row r of the group: nibble vector t (0..3) holds
 // element 8t + j in its low nibble and element 8t + 4 + j in its high nibble; q8 vector t (0..7) holds element
 // 4t + j. Against activations broadcast per 4 elements, one byte or i16 dot product then sums 4 elements of 4 rows
@@ -214,15 +261,24 @@ INLINE const u8 *qhigh_row(const Weight *w, u32 row) {
 // as Gemma 3's 640). Their per-row kernels decoded scales per unit in scalar code: Gemma 3 270M's q5_0 and q4k
 // GEMVs read 4-7 GB/s, its q6k one 2 GB/s (a byte per code already), where the packed q8 and q4a ones read 13-20
 // (docs/cpu-backend.md, "Weight formats").
-#define PACKED_AS(dt) \
-    ((dt) == F_Q4K ? F_Q4A : (dt) == F_Q5_0 ? F_Q8 : (dt) == F_Q6K ? F_Q8H : (dt) == F_Q5_1 || (dt) == F_Q5K ? F_Q8B : (dt))
-#define PACKABLE(dt, w) \
-    ((((dt) == F_Q4 || (dt) == F_Q4A || (dt) == F_Q8 || (dt) == F_Q5_0 || (dt) == F_Q5_1) && (w)->gs == 32) || \
-     (dt) == F_Q4K || (dt) == F_Q5K || (dt) == F_Q6K)
+// The low-bit GGUF formats likewise: iq4nl and iq4xs as q8 (codes KV[q], a = s or d * sc: 36 bytes against 18
+// and 17), q2k as F_Q4H (its (a, b) change every 16 elements: 32 bytes against 10.5), q3k as F_Q4Z (a = d * sc
+// per half: 24 bytes against 13.75). Both keep nibble codes, which the relaxed build's byte dots read; q3k as
+// F_Q8H (codes q - 4) took 40 bytes and its fast GEMV 1.4x the time (docs/cpu-backend.md).
+#define PACKED_AS(dt)                                                                                      \
+    ((dt) == F_Q4K ? F_Q4A : (dt) == F_Q5_0 || (dt) == F_IQ4NL || (dt) == F_IQ4XS ? F_Q8                   \
+     : (dt) == F_Q6K ? F_Q8H : (dt) == F_Q5_1 || (dt) == F_Q5K ? F_Q8B : (dt) == F_Q2K ? F_Q4H              \
+     : (dt) == F_Q3K ? F_Q4Z : (dt))
+#define PACKABLE(dt, w)                                                                                            \
+    ((((dt) == F_Q4 || (dt) == F_Q4A || (dt) == F_Q8 || (dt) == F_Q5_0 || (dt) == F_Q5_1 || (dt) == F_IQ4NL) &&    \
+      (w)->gs == 32) ||                                                                                            \
+     (dt) == F_Q4K || (dt) == F_Q5K || (dt) == F_Q6K || (dt) == F_Q3K || (dt) == F_Q2K || (dt) == F_IQ4XS)
 #define BYTE_PACKED(dt) ((dt) == F_Q8 || (dt) == F_Q8H || (dt) == F_Q8B)  // a byte per code, read as signed
-#define HAS_B(dt) ((dt) != F_Q8 && (dt) != F_Q8H)  // a b term (mins: the second f32[4] of a block)
+// a b term (mins: the second f32[4] of a block; F_Q4H: the 3rd and 4th; F_Q4Z: -4 a, no f32 of its own)
+#define HAS_B(dt) ((dt) != F_Q8 && (dt) != F_Q8H)
+#define HALVES(dt) ((dt) == F_Q8H || (dt) == F_Q4H || (dt) == F_Q4Z)  // coefficients per 16-element half
 #define PCODES(dt) (BYTE_PACKED(dt) ? 128u : 64u)
-#define PBLK(dt) ((dt) == F_Q8 ? 144u : (dt) == F_Q8H || (dt) == F_Q8B ? 160u : 96u)
+#define PBLK(dt) ((dt) == F_Q8 ? 144u : (dt) == F_Q8H || (dt) == F_Q8B ? 160u : (dt) == F_Q4H ? 128u : 96u)
 
 // one unit of one row in element order: codes (q8: as i8) and the row's (a, b) of each half: ab = a0, b0, a1, b1
 static void unit_elements(const Weight *w, u32 row, u32 u, u8 *codes, float *ab) {
@@ -247,7 +303,8 @@ EXPORT(wi_repack_bytes) u32 wi_repack_bytes(const Weight *w) {
 // from column 32 u0, and describes it in *out: a packed matrix of its own (no bias).
 static void repack_units(const Weight *w, u8 *dst, u32 u0, u32 u1, Weight *out) {
     u32 dt = PACKED_AS(w->dtype), nu = u1 - u0, nc = PCODES(dt);
-    // q5_0's and q6k's codes as signed bytes: q - 16, q - 32 (their b = -16 a, -32 a then vanishes)
+    // q5_0's and q6k's codes as signed bytes: q - 16, q - 32 (their b = -16 a, -32 a then vanishes); the iq4
+    // formats' are KV[q] already
     u8 zero = w->dtype == F_Q5_0 ? 16 : w->dtype == F_Q6K ? 32 : 0;
     u8 codes[32];
     for (u32 g = 0; g < (w->n + 3) / 4; g++)
@@ -263,8 +320,12 @@ static void repack_units(const Weight *w, u8 *dst, u32 u0, u32 u1, Weight *out) 
                         blk[16 * t + 4 * r + j] = BYTE_PACKED(dt) ? (u8)(codes[4 * t + j] - zero)
                                                                     : (u8)(codes[8 * t + j] | codes[8 * t + 4 + j] << 4);
                 coef[r] = ab[0];
-                if (dt == F_Q8H) coef[4 + r] = ab[2];
+                if (HALVES(dt)) coef[4 + r] = ab[2];
                 else if (HAS_B(dt)) coef[4 + r] = ab[1];
+                if (dt == F_Q4H) {
+                    coef[8 + r] = ab[1];
+                    coef[12 + r] = ab[3];
+                }
             }
         }
     Weight v = {dt, w->n, (w->k < 32 * u1 ? w->k : 32 * u1) - 32 * u0, 32 * nu, 32, dst, 0, 0, 0, 0, 0, 1};
@@ -292,7 +353,7 @@ static void dequant_packed_row(const Weight *w, u32 row, float *out) {
         const u8 *blk = w->qweight + ((row / 4) * nu + u) * PBLK(dt);
         const float *coef = (const float *)(blk + PCODES(dt));
         for (u32 i = 0; i < 32 && 32 * u + i < w->k; i++) {
-            float v, a = coef[dt == F_Q8H && i >= 16 ? 4 + r : r];
+            float v, a = coef[HALVES(dt) && i >= 16 ? 4 + r : r];
             if (dt == F_Q8B) {
                 v = a * (float)blk[16 * (i / 4) + 4 * r + i % 4] + coef[4 + r];
             } else if (BYTE_PACKED(dt)) {
@@ -300,7 +361,8 @@ static void dequant_packed_row(const Weight *w, u32 row, float *out) {
             } else {
                 u8 byte = blk[16 * (i / 8) + 4 * r + i % 4];
                 float q = (float)(i % 8 < 4 ? byte & 15 : byte >> 4);
-                v = dt == F_Q4 ? (q - 8.0f) * a : a * q + coef[4 + r];
+                v = dt == F_Q4 ? (q - 8.0f) * a : dt == F_Q4Z ? (q - 4.0f) * a
+                  : a * q + coef[(dt == F_Q4H ? (i < 16 ? 8 : 12) : 4) + r];
             }
             out[32 * u + i] = v;
         }
@@ -332,13 +394,14 @@ static void dequant_row(const Weight *w, u32 row, float *out) {
         unit_coefs(dt, &rc, u, &a0, &b0, &a1, &b1);
         for (u32 i = 0; i < 32 && 32 * u + i < w->k; i++) {
             u32 ci = ODD_EVEN(w->dtype) ? (i % 2) * 16 + i / 2 : i;  // where element i sits in codes[]
-            float q = w->dtype == F_Q8 ? (float)(i8)codes[ci] : (float)codes[ci];
+            float q = SIGNED_CODES(w->dtype) ? (float)(i8)codes[ci] : (float)codes[ci];
             float a = i < 16 ? a0 : a1;
             u32 d = w->dtype;
             float v;
-            if (d == F_Q4 || d == F_Q5_0 || d == F_Q6K) v = (q - (d == F_Q4 ? 8.0f : d == F_Q5_0 ? 16.0f : 32.0f)) * a;
-            else if (d == F_Q8) v = q * a;
-            else v = a * q + (i < 16 ? b0 : b1);  // q4a/q5_1: q * s + m; q4k/q5k: (d sc) q - (dmin m)
+            if (d == F_Q4 || d == F_Q5_0 || d == F_Q6K || d == F_Q3K)
+                v = (q - (d == F_Q4 ? 8.0f : d == F_Q5_0 ? 16.0f : d == F_Q6K ? 32.0f : 4.0f)) * a;
+            else if (SIGNED_CODES(d)) v = q * a;  // (iq4: q = KV[index])
+            else v = a * q + (i < 16 ? b0 : b1);  // q4a/q5_1: q * s + m; q4k/q5k/q2k: (d sc) q - (dmin m)
             out[32 * u + i] = v;
         }
     }
@@ -358,6 +421,7 @@ typedef struct {
     float *xs32;  // [rows, kp / 32]: sums of whole units (the 4-unit path's offset term)
     i16 *xl;      // [rows, kp]: exact mode's low halves (EXACT_INT)
     u32 n0, n1;   // the output rows this call computes: [0, n), or a thread's share (n0 a multiple of 4)
+    float *xs16;  // [rows, kp / 16]: the packed layout's sums of halves (F_Q4H's and F_Q4Z's b terms)
 } Acts;
 
 // linear()'s activation modes: f32, int8 / int16 codes per 32-block (fast mode), and exact mode's integer form for
@@ -486,17 +550,19 @@ INLINE v128_t f16x4(const u8 *p) {
     return wasm_v128_or(sign, mag);
 }
 
+INLINE v128_t code_f32(u32 dt, v128_t c, int part) { return SIGNED_CODES(dt) ? i8_f32(c, part) : u8_f32(c, part); }
+
 // sum of q * x over one unit for activation row ri, as 4 f32 partial sums per half (h0: elements < 16)
 INLINE void unit_dot_f32(u32 dt, v128_t c0, v128_t c1, const float *x, v128_t *h0, v128_t *h1) {
     if (ODD_EVEN(dt)) {
-        *h0 = wasm_f32x4_add(wasm_f32x4_add(wasm_f32x4_mul(u8_f32(c0, 0), wasm_v128_load(x)),
-                                            wasm_f32x4_mul(u8_f32(c0, 1), wasm_v128_load(x + 4))),
-                             wasm_f32x4_add(wasm_f32x4_mul(u8_f32(c1, 0), wasm_v128_load(x + 16)),
-                                            wasm_f32x4_mul(u8_f32(c1, 1), wasm_v128_load(x + 20))));
-        *h1 = wasm_f32x4_add(wasm_f32x4_add(wasm_f32x4_mul(u8_f32(c0, 2), wasm_v128_load(x + 8)),
-                                            wasm_f32x4_mul(u8_f32(c0, 3), wasm_v128_load(x + 12))),
-                             wasm_f32x4_add(wasm_f32x4_mul(u8_f32(c1, 2), wasm_v128_load(x + 24)),
-                                            wasm_f32x4_mul(u8_f32(c1, 3), wasm_v128_load(x + 28))));
+        *h0 = wasm_f32x4_add(wasm_f32x4_add(wasm_f32x4_mul(code_f32(dt, c0, 0), wasm_v128_load(x)),
+                                            wasm_f32x4_mul(code_f32(dt, c0, 1), wasm_v128_load(x + 4))),
+                             wasm_f32x4_add(wasm_f32x4_mul(code_f32(dt, c1, 0), wasm_v128_load(x + 16)),
+                                            wasm_f32x4_mul(code_f32(dt, c1, 1), wasm_v128_load(x + 20))));
+        *h1 = wasm_f32x4_add(wasm_f32x4_add(wasm_f32x4_mul(code_f32(dt, c0, 2), wasm_v128_load(x + 8)),
+                                            wasm_f32x4_mul(code_f32(dt, c0, 3), wasm_v128_load(x + 12))),
+                             wasm_f32x4_add(wasm_f32x4_mul(code_f32(dt, c1, 2), wasm_v128_load(x + 24)),
+                                            wasm_f32x4_mul(code_f32(dt, c1, 3), wasm_v128_load(x + 28))));
     } else {
         *h0 = half_dot_f32(c0, x, dt == F_Q8);
         *h1 = half_dot_f32(c1, x + 16, dt == F_Q8);
@@ -507,15 +573,15 @@ INLINE void unit_dot_f32(u32 dt, v128_t c0, v128_t c1, const float *x, v128_t *h
 INLINE v128_t unit_dot_i8(u32 dt, v128_t c0, v128_t c1, const Acts *A, u32 ri, u32 kp, u32 u, int wide) {
     const i8 *xq = A->xq + ri * kp + 32 * u;
     const i16 *xw = A->xw + ri * kp + 32 * u;
-    return wasm_i32x4_add(half_dot_i8(c0, xq, xw, dt == F_Q8, wide),
-                          half_dot_i8(c1, xq + 16, xw + 16, dt == F_Q8, wide));
+    return wasm_i32x4_add(half_dot_i8(c0, xq, xw, SIGNED_CODES(dt), wide),
+                          half_dot_i8(c1, xq + 16, xw + 16, SIGNED_CODES(dt), wide));
 }
 
 // integer sum of q * xq over one unit as an i32x4 whose lane sum is the exact total (lane layout differs between
 // the builds; only the total is used). Relaxed: two byte dots (codes < 64 are the i7 operand; q8's signed
 // weights and the int16 activations take the i16 path).
 INLINE v128_t unit_idot(u32 dt, v128_t c0, v128_t c1, const i8 *xq, const i16 *xw, int wide) {
-    int sgn = dt == F_Q8;
+    int sgn = SIGNED_CODES(dt);
 #ifdef RELAXED
     // i16 lanes: |x| <= 127 and codes <= 31, so each pair sum and the two halves' sum stay < 2^15 (no saturation,
     // whatever the engine's choice)
@@ -654,7 +720,8 @@ INLINE void row_dot(u32 dt, const Weight *w, u32 row, const Acts *A, u32 r0, int
                 float d = A->xd[ri * nu + u], ad0 = a0 * d, ad1 = a1 * d;
                 const i16 *xl = A->xl + ri * kp + 32 * u;
                 v128_t sh = unit_dot_i8(dt, c0, c1, A, ri, kp, u, 1);
-                v128_t sl = wasm_i32x4_add(half_dot_i8(c0, 0, xl, dt == F_Q8, 1), half_dot_i8(c1, 0, xl + 16, dt == F_Q8, 1));
+                v128_t sl = wasm_i32x4_add(half_dot_i8(c0, 0, xl, SIGNED_CODES(dt), 1),
+                                           half_dot_i8(c1, 0, xl + 16, SIGNED_CODES(dt), 1));
                 v128_t t = wasm_f32x4_add(wasm_f32x4_mul(wasm_f32x4_convert_i32x4(sh), wasm_f32x4_splat(32768.0f)),
                                           wasm_f32x4_convert_i32x4(sl));
                 acc[r] = wasm_f32x4_add(acc[r], wasm_f32x4_mul(t, wasm_f32x4_make(ad0, ad0, ad1, ad1)));
@@ -805,6 +872,8 @@ static void prepare_packed(Acts *A, u32 rows, u32 k, u32 kp, int mode, int i8cod
                 }
             }
             A->xs32[r * (kp / 32) + b] = s0 + s1;
+            A->xs16[r * (kp / 16) + 2 * b] = s0;
+            A->xs16[r * (kp / 16) + 2 * b + 1] = s1;
             float D = amax / (mode == ACT_I8 ? 127.0f : mode == ACT_I16 ? 32767.0f : (float)EXACT_X);
             double id = D > 0.0f ? 1.0 / (double)D : 0.0;  // exact mode: x / D in f64, so X rounds once
             float fid = D > 0.0f ? 1.0f / D : 0.0f;
@@ -910,17 +979,20 @@ INLINE void exact3_sums(const v128_t *s, v128_t *is, v128_t *il) {
 
 // One unit of a packed group against R (1 or 4) activation rows: is[r] (and exact mode's low halves il[r]) = the
 // exact integer sum of codes x activation codes, lane i = weight row i of the group: the GEMV's (R = 1) and the
-// int16 tile's (R = 4); F_Q8H's two halves apart, the second at is[R + r]. Integer sums are exact: gemm_unit's
+// int16 tile's (R = 4); HALVES' two halves apart, the second at is[R + r]. Integer sums are exact: gemm_unit's
 // other grouping gives the same sums.
 // hi_only (a constant after inlining): exact mode's sums against the high digits only, il = 0 (head_bounds)
 INLINE void packed_unit(u32 dt, const u8 *blk, const Acts *A, u32 r0, int R, int mode, u32 kp, u32 u, v128_t *is,
                         v128_t *il, int hi_only) {
     v128_t z = wasm_i32x4_splat(0);
+    // HALVES: the first half's code vectors (F_Q8H: 0-3, F_Q4H and F_Q4Z: 0-1) hold elements 0-15, the others 16-31
+    const u32 nh = HALVES(dt) ? 2 : 1, nt = PCODES(dt) / 16 / nh;
     if (mode == EXACT_I8) {
 #ifdef RELAXED
         // exact mode's three digits (|d| <= 128, codes <= 15: 8 byte dots stay below 2^15 per i16 lane, as below)
-        v128_t s[4][3];
-        for (int r = 0; r < R; r++) s[r][0] = s[r][1] = s[r][2] = z;
+        v128_t s[2][4][3];
+        for (u32 h = 0; h < nh; h++)
+            for (int r = 0; r < R; r++) s[h][r][0] = s[h][r][1] = s[h][r][2] = z;
         for (u32 t = 0; t < 4; t++) {
             v128_t v = wasm_v128_load(blk + 16 * t), m = wasm_i8x16_splat(0x0f);
             v128_t lo = wasm_v128_and(v, m), hi = wasm_v128_and(wasm_u16x8_shr(v, 4), m);
@@ -929,18 +1001,21 @@ INLINE void packed_unit(u32 dt, const u8 *blk, const Acts *A, u32 r0, int R, int
                 for (u32 p = 0; p < (hi_only ? 2u : 3u); p++) {
                     v128_t d0 = wasm_i16x8_relaxed_dot_i8x16_i7x16(wasm_v128_load(xb + p * kp * 4), lo);
                     v128_t d1 = wasm_i16x8_relaxed_dot_i8x16_i7x16(wasm_v128_load(xb + p * kp * 4 + 16), hi);
-                    s[r][p] = wasm_i16x8_add(s[r][p], wasm_i16x8_add(d0, d1));
+                    s[t / nt][r][p] = wasm_i16x8_add(s[t / nt][r][p], wasm_i16x8_add(d0, d1));
                 }
             }
         }
-        for (int r = 0; r < R; r++) exact3_sums(s[r], is + r, il + r);
+        for (u32 h = 0; h < nh; h++)
+            for (int r = 0; r < R; r++) exact3_sums(s[h][r], is + h * R + r, il + h * R + r);
 #endif
         return;
     }
     if (packed_i8(dt, mode)) {
 #ifdef RELAXED
         // i16 lanes: |x| <= 127 and codes <= 15, so 8 byte dots (2 products each) stay below 2^15
-        v128_t s[4] = {z, z, z, z};
+        v128_t s[2][4];
+        for (u32 h = 0; h < nh; h++)
+            for (int r = 0; r < R; r++) s[h][r] = z;
         for (u32 t = 0; t < 4; t++) {
             v128_t v = wasm_v128_load(blk + 16 * t), m = wasm_i8x16_splat(0x0f);
             v128_t lo = wasm_v128_and(v, m), hi = wasm_v128_and(wasm_u16x8_shr(v, 4), m);
@@ -948,15 +1023,14 @@ INLINE void packed_unit(u32 dt, const u8 *blk, const Acts *A, u32 r0, int R, int
                 const i8 *xb = A->xq + (r0 + r) * kp * 4 + 4 * (32 * u + 8 * t);
                 v128_t d0 = wasm_i16x8_relaxed_dot_i8x16_i7x16(wasm_v128_load(xb), lo);
                 v128_t d1 = wasm_i16x8_relaxed_dot_i8x16_i7x16(wasm_v128_load(xb + 16), hi);
-                s[r] = wasm_i16x8_add(s[r], wasm_i16x8_add(d0, d1));
+                s[t / nt][r] = wasm_i16x8_add(s[t / nt][r], wasm_i16x8_add(d0, d1));
             }
         }
-        for (int r = 0; r < R; r++) is[r] = wasm_i32x4_extadd_pairwise_i16x8(s[r]);
+        for (u32 h = 0; h < nh; h++)
+            for (int r = 0; r < R; r++) is[h * R + r] = wasm_i32x4_extadd_pairwise_i16x8(s[h][r]);
 #endif
         return;
     }
-    // F_Q8H: vectors 0-3 hold elements 0-15 (the first scale), 4-7 elements 16-31
-    const u32 nh = dt == F_Q8H ? 2 : 1, nt = PCODES(dt) / 16 / nh;
     for (u32 half = 0; half < nh; half++) {
         v128_t a01[4] = {z, z, z, z}, a23[4] = {z, z, z, z}, l01[4] = {z, z, z, z}, l23[4] = {z, z, z, z};
         for (u32 t = half * nt; t < half * nt + nt; t++) {
@@ -986,7 +1060,8 @@ INLINE void packed_unit(u32 dt, const u8 *blk, const Acts *A, u32 r0, int R, int
 
 // A unit's float step for one activation row (o: the row's unit index into xd and xs32), the one arithmetic of the
 // GEMV and the GEMM (batch invariance): acc += sums * (unit scales * xd), bacc += unit mins * xs32. F_Q8H: each
-// half's sums (the second at is[hs], il[hs]) times its scale, the first half's step first.
+// half's sums (the second at is[hs], il[hs]) times its scale, the first half's step first; F_Q4H and F_Q4Z as
+// F_Q8H, then each half's b times its half's sum of x (xs16).
 INLINE v128_t unit_sums(v128_t is, v128_t il, int mode) {
     v128_t t = wasm_f32x4_convert_i32x4(is);
     if (mode == EXACT_INT || mode == EXACT_I8)
@@ -999,11 +1074,18 @@ INLINE void unit_step(u32 dt, const u8 *blk, const v128_t *is, const v128_t *il,
     v128_t xd = wasm_v128_load32_splat(A->xd + o);
     v128_t av = wasm_v128_load(blk + PCODES(dt));
     *acc = wasm_f32x4_add(*acc, wasm_f32x4_mul(unit_sums(is[0], il[0], mode), wasm_f32x4_mul(av, xd)));
-    if (dt == F_Q8H) {
+    if (HALVES(dt)) {
         v128_t av1 = wasm_v128_load(blk + PCODES(dt) + 16);
         *acc = wasm_f32x4_add(*acc, wasm_f32x4_mul(unit_sums(is[hs], il[hs], mode), wasm_f32x4_mul(av1, xd)));
     }
-    if (HAS_B(dt))
+    if (dt == F_Q4H || dt == F_Q4Z) {  // each half's b against its half's sum of x (F_Q4Z: b = -4 a, exact)
+        v128_t m4 = wasm_f32x4_splat(-4.0f);
+        v128_t b0 = dt == F_Q4Z ? wasm_f32x4_mul(av, m4) : wasm_v128_load(blk + PCODES(dt) + 32);
+        v128_t b1 = dt == F_Q4Z ? wasm_f32x4_mul(wasm_v128_load(blk + PCODES(dt) + 16), m4)
+                                : wasm_v128_load(blk + PCODES(dt) + 48);
+        *bacc = wasm_f32x4_add(*bacc, wasm_f32x4_mul(b0, wasm_v128_load32_splat(A->xs16 + 2 * o)));
+        *bacc = wasm_f32x4_add(*bacc, wasm_f32x4_mul(b1, wasm_v128_load32_splat(A->xs16 + 2 * o + 1)));
+    } else if (HAS_B(dt))
         *bacc = wasm_f32x4_add(*bacc, wasm_f32x4_mul(wasm_v128_load(blk + PCODES(dt) + 16),
                                                      wasm_v128_load32_splat(A->xs32 + o)));
 }
@@ -1037,14 +1119,14 @@ INLINE void packed_groups_hi(u32 dt, const Weight *w, const u32 *gs, int ns, con
         acc[j] = bacc[j] = sp[j] = wasm_f32x4_splat(0.0f);
     }
     for (u32 u = 0; u < nu; u++) {
-        v128_t is[2 * GEMV_STREAMS], il[2 * GEMV_STREAMS];  // (F_Q8H: two halves a stream)
+        v128_t is[2 * GEMV_STREAMS], il[2 * GEMV_STREAMS];  // (HALVES: two halves a stream)
         for (int j = 0; j < ns; j++) packed_unit(dt, p[j], A, r, 1, mode, kp, u, &is[2 * j], &il[2 * j], hi_only);
         for (int j = 0; j < ns; j++) {
             unit_step(dt, p[j], &is[2 * j], &il[2 * j], 1, A, r * nu + u, mode, &acc[j], &bacc[j]);
             if (hi_only) {  // (the products unit_step rounds: |fl(a xd)|)
                 v128_t xd = wasm_v128_load32_splat(A->xd + r * nu + u);
                 sp[j] = wasm_f32x4_add(sp[j], wasm_f32x4_abs(wasm_f32x4_mul(wasm_v128_load(p[j] + PCODES(dt)), xd)));
-                if (dt == F_Q8H)
+                if (HALVES(dt))
                     sp[j] = wasm_f32x4_add(sp[j], wasm_f32x4_abs(wasm_f32x4_mul(wasm_v128_load(p[j] + PCODES(dt) + 16),
                                                                                 xd)));
             }
@@ -1123,7 +1205,7 @@ INLINE void packed_group4(u32 dt, const Weight *w, u32 g, const Acts *A, u32 r0,
     v128_t acc[4], bacc[4];
     for (int r = 0; r < 4; r++) acc[r] = bacc[r] = wasm_f32x4_splat(0.0f);
     for (u32 u = 0; u < nu; u++, blk += PBLK(dt)) {
-        v128_t is[8], il[8];  // (F_Q8H: the second half's at 4 + r)
+        v128_t is[8], il[8];  // (HALVES: the second half's at 4 + r)
         packed_unit(dt, blk, A, r0, 4, mode, kp, u, is, il, 0);
         for (u32 r = 0; r < 4; r++)
             unit_step(dt, blk, is + r, il + r, 4, A, (r0 + r) * nu + u, mode, &acc[r], &bacc[r]);
@@ -1169,8 +1251,8 @@ INLINE void store_group(const Weight *w, const Acts *A, v128_t v, u32 g, float *
 INLINE void linear_packed(u32 dt, const Weight *w, const Acts *A, float *y, u32 y_stride, u32 rows, int accumulate,
                           int mode) {
     v128_t out[GEMM_ROWS];
-    // (F_Q8H: never the GEMM, whose unit sums are one per row: exact mode's prompt rows take the 4-row tiles)
-    int gemm = dt != F_Q8H && (packed_i8(dt, mode) || mode == EXACT_INT);
+    // (HALVES: never the GEMM, whose unit sums are one per row: their prompt rows take the 4-row tiles)
+    int gemm = !HALVES(dt) && (packed_i8(dt, mode) || mode == EXACT_INT);
     u32 g0 = A->n0 / 4, g1 = (A->n1 + 3) / 4;
     for (u32 r0 = 0; r0 < rows;) {
         u32 R = !gemm ? (rows - r0 >= 4 ? 4 : 1) : rows - r0 < GEMM_ROWS ? rows - r0 : GEMM_ROWS;
@@ -1212,6 +1294,8 @@ static void linear_packed_any(const Weight *w, const Acts *A, float *y, u32 y_st
     else if (w->dtype == F_Q4A) LP(F_Q4A);
     else if (w->dtype == F_Q8H) LP(F_Q8H);
     else if (w->dtype == F_Q8B) LP(F_Q8B);
+    else if (w->dtype == F_Q4H) LP(F_Q4H);
+    else if (w->dtype == F_Q4Z) LP(F_Q4Z);
     else LP(F_Q8);
 #undef LP
 }
@@ -1233,7 +1317,9 @@ INLINE int packed_acts(const Weight *w, Acts *A, u8 *scratch, u32 rows, int fast
     A->xd = (float *)p;
     p += rows * (kp / 32) * 4;
     A->xs32 = (float *)p;
-    p = (u8 *)(((uintptr_t)p + rows * (kp / 32) * 4 + 15) & ~(uintptr_t)15);
+    p += rows * (kp / 32) * 4;
+    A->xs16 = (float *)p;  // (in the room linear()'s xsum takes in the package layouts)
+    p = (u8 *)(((uintptr_t)p + rows * (kp / 16) * 4 + 15) & ~(uintptr_t)15);
     A->xw = (i16 *)p;
     A->xq = (i8 *)(p + rows * kp * 4);
     A->xl = (i16 *)(p + rows * kp * 4);  // xq (int8 codes) and xl (exact mode) are never both used
@@ -1252,7 +1338,7 @@ static void linear(const Weight *w, const float *x, u32 x_stride, float *y, u32 
                    int fast, u8 *scratch, int prepare, u32 n0, u32 n1) {
     if (skip_linear) return;
     u32 kp = w->dtype == F_F32 ? w->k : w->kp;
-    Acts A = {x, x_stride, (float *)scratch, 0, 0, 0, 0, 0, n0, n1};
+    Acts A = {x, x_stride, (float *)scratch, 0, 0, 0, 0, 0, n0, n1, 0};
     if (w->dtype == F_F32) fast = ACT_F32;  // in: 0 exact, 1 int8 activations, 2 int16 activations
     else if (fast == ACT_F32) fast = EXACT_INT;  // every quantized format: integer dots at f32 precision
     if (w->packed == 1) {  // (always a VEC4 format: exact mode is EXACT_INT)
@@ -1284,9 +1370,11 @@ static void linear(const Weight *w, const float *x, u32 x_stride, float *y, u32 
         case F_Q5_1: linear_rows(F_Q5_1, w, &A, y, y_stride, rows, accumulate, fast); break;
         case F_Q4K: linear_rows(F_Q4K, w, &A, y, y_stride, rows, accumulate, fast); break;
         case F_Q5K: linear_rows(F_Q5K, w, &A, y, y_stride, rows, accumulate, fast); break;
-        case F_Q6K:
-            linear_rows(F_Q6K, w, &A, y, y_stride, rows, accumulate, fast);
-            break;
+        case F_Q6K: linear_rows(F_Q6K, w, &A, y, y_stride, rows, accumulate, fast); break;
+        case F_Q3K: linear_rows(F_Q3K, w, &A, y, y_stride, rows, accumulate, fast); break;
+        case F_Q2K: linear_rows(F_Q2K, w, &A, y, y_stride, rows, accumulate, fast); break;
+        case F_IQ4NL: linear_rows(F_IQ4NL, w, &A, y, y_stride, rows, accumulate, fast); break;
+        case F_IQ4XS: linear_rows(F_IQ4XS, w, &A, y, y_stride, rows, accumulate, fast); break;
     }
 }
 
@@ -1386,7 +1474,7 @@ INLINE void head_candidates(u32 dt, const Weight *w, const Acts *A, int mode, fl
 // each pass: a few microseconds)
 static float head_pass(const Weight *w, const float *x, float *y, u8 *scratch, u32 n0, u32 n1, int first, float L,
                        float *bmax) {
-    Acts A = {x, w->k, (float *)scratch, 0, 0, 0, 0, 0, n0, n1};
+    Acts A = {x, w->k, (float *)scratch, 0, 0, 0, 0, 0, n0, n1, 0};
     int mode = packed_acts(w, &A, scratch, 1, EXACT_INT);
     prepare_packed(&A, 1, w->k, w->kp, mode, 0);
 #define HP(dt)                                                                                              \
@@ -1400,6 +1488,8 @@ static float head_pass(const Weight *w, const float *x, float *y, u8 *scratch, u
     else if (w->dtype == F_Q4A) HP(F_Q4A);
     else if (w->dtype == F_Q8H) HP(F_Q8H);
     else if (w->dtype == F_Q8B) HP(F_Q8B);
+    else if (w->dtype == F_Q4H) HP(F_Q4H);
+    else if (w->dtype == F_Q4Z) HP(F_Q4Z);
     else HP(F_Q8);
 #undef HP
     return 0.0f;
@@ -2218,8 +2308,8 @@ static void head_band_update(const Model *m, const Step *s, const float *cuts) {
     }
 }
 
-// bytes of scratch linear() needs for `rows` rows of K = kp: the packed layout's rows * (kp / 32 * 8 + kp * 8) + 16,
-// or for one row (EXACT_I8) kp / 32 * 8 + kp * 12 + 16
+// bytes of scratch linear() needs for `rows` rows of K = kp: the packed layout's rows * (kp / 32 * 16 + kp * 8) + 16,
+// or for one row (EXACT_I8) kp / 32 * 16 + kp * 12 + 16
 INLINE u32 linear_scratch_bytes(u32 rows, u32 kp) { return rows * (kp / 16 * 4 + kp / 32 * 8 + kp * 8) + kp * 4 + 64; }
 
 // Where each thread leaves its rows' largest lower bounds (HEAD_ROWS floats) and top-k floors (head_topk_floor,

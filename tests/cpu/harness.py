@@ -59,8 +59,8 @@ class WasmMem:
     def weight(self, dtype: str, n: int, k: int, group_size: int | None, comps: dict, bias=None,
                packed: bool = False) -> int:
         """A Weight descriptor over components (bytes) placed in memory; returns its offset. packed: rewritten
-        into the packed GEMV layout by wi_repack, as the runner loads q4/q4a/q8/q5_0 at group 32, q4k and q6k (the packed bytes
-        between guards)."""
+        into the packed GEMV layout by wi_repack, as the runner loads every format it can pack (kernels.c PACKABLE;
+        the packed bytes between guards)."""
         offs = {c: self.put(np.frombuffer(b, np.uint8)).off for c, b in comps.items()}
         b = self.put(np.asarray(bias, np.float32)).off if bias is not None else 0
         desc = self.arena.put(weight_desc(dtype, n, k, group_size, offs, b), "weight desc")

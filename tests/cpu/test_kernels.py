@@ -19,12 +19,14 @@ from webinfer.kernels.sampling import SampleRow, pack
 from webinfer.kernels.sampling import uniform
 from webinfer_packager.reference import model as ref
 
+LOW_BIT = [("q3k", 256), ("q2k", 256), ("iq4nl", 32), ("iq4xs", 256)]  # GGUF Q3_K, Q2_K, IQ4_NL, IQ4_XS
 FORMATS = [("q4", 32), ("q4", 128), ("q4a", 32), ("q4a", 64), ("q8", 32), ("q5_0", 32), ("q5_1", 32), ("q4k", 256),
-           ("q5k", 256), ("q6k", 256), ("f32", None)]
-# the formats the runner repacks into the packed GEMV layout (wi_repack; q4k as q4a, q5_0 as q8, q6k as q8 with a
-# scale per half, q5_1 and q5k as bytes with a b term): tested in both layouts (q4 and q4a at groups over 32 keep
-# the package layout)
-PACKED = [("q4", 32), ("q4a", 32), ("q8", 32), ("q5_0", 32), ("q5_1", 32), ("q4k", 256), ("q5k", 256), ("q6k", 256)]
+           ("q5k", 256), ("q6k", 256), *LOW_BIT, ("f32", None)]
+# the formats the runner repacks into the packed GEMV layout (wi_repack; q4k as q4a, q5_0, iq4nl and iq4xs as q8,
+# q6k as q8 with a scale per half, q5_1 and q5k as bytes with a b term, q2k and q3k as nibbles with (a, b) per
+# half): tested in both layouts (q4 and q4a at groups over 32 keep the package layout)
+PACKED = [("q4", 32), ("q4a", 32), ("q8", 32), ("q5_0", 32), ("q5_1", 32), ("q4k", 256), ("q5k", 256), ("q6k", 256),
+          *LOW_BIT]
 LAYOUTS = [(d, g, False) for d, g in FORMATS] + [(d, g, True) for d, g in PACKED]
 SIGNED_CODES = ("q5_0", "q6k")  # packed as q8's signed bytes, q - 16 and q - 32
 
@@ -154,7 +156,9 @@ def test_two_pass_head_samples_as_the_one_pass_head(mem, dtype, gs):
 
 @pytest.mark.parametrize("dtype,gs,packed", [("q4a", 32, False), ("q6k", 256, False), ("f32", None, False),
                                              ("q4a", 32, True), ("q8", 32, True), ("q6k", 256, True),
-                                             ("q4k", 256, True), ("q5_0", 32, True)])
+                                             ("q4k", 256, True), ("q5_0", 32, True), ("q2k", 256, False),
+                                             ("iq4nl", 32, False), ("q3k", 256, True), ("q2k", 256, True),
+                                             ("iq4xs", 256, True)])
 @pytest.mark.parametrize("fast", [0, 1, 2])
 def test_split_linear_equals_the_whole(mem, dtype, gs, packed, fast):
     """Two threads' shares of a matrix (wi_linear_part: output columns [0, n0) and [n0, n), n0 a multiple of 4, as
@@ -235,6 +239,58 @@ def test_packed_gemm_equals_gemv_bitwise(mem, dtype, gs, fast):
         got = y.read()
         bad = np.argwhere(got.view(np.uint32) != one[:rows].view(np.uint32))
         assert not len(bad), f"{dtype} mode {fast}: {rows} rows, row {bad[0][0]} differs from its GEMV"
+
+
+def test_every_format_has_a_kernel_code():
+    """runner.DTYPE_CODES (kernels.c's F_* enum) names every format of webinfer/formats.py, each code once."""
+    from webinfer.cpu.runner import DTYPE_CODES
+    from webinfer.formats import FORMATS
+
+    assert set(DTYPE_CODES) == set(FORMATS) and len(set(DTYPE_CODES.values())) == len(DTYPE_CODES)
+
+
+@pytest.mark.parametrize("dtype,gs", LOW_BIT)
+@pytest.mark.parametrize("packed", [False, True])
+def test_gguf_blocks_decode_as_gguf_quants(mem, dtype, gs, packed):
+    """GGUF-realistic matrices of the low-bit types (random_gguf: random blocks with the d a real row gives),
+    re-laid into the spec's components (formats_np.from_gguf, ggml's block structs): the module's dequantization
+    (the embedding gather) equals gguf.quants.dequantize bit for bit in both layouts, as does the spec decoder; the
+    GEMV and a 5-row prefill agree with float64 numpy on those values in exact mode and with numpy's int8 model of
+    fast mode."""
+    from tests.cpu.formats_np import from_gguf, gguf_values, random_gguf
+
+    pytest.importorskip("gguf")
+    n, k, rows = 23, 512, 5
+    rng = np.random.default_rng(31)
+    blocks = random_gguf(dtype, n, k, rng)
+    want = gguf_values(dtype, blocks)
+    comps = from_gguf(dtype, blocks, n, k)
+    v, q, a, b = decode(dtype, comps, n, k, gs)
+    assert np.array_equal(v.view(np.uint32), want.view(np.uint32)), "formats_np against gguf.quants"
+    w = mem.weight(dtype, n, k, gs, comps, packed=packed)
+    out = mem.empty((n, k))
+    mem.call("wi_dequant_rows", w, 0, n, out.off)
+    got = out.read()
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), \
+        f"{dtype}: first mismatch at {np.argwhere(got.view(np.uint32) != want.view(np.uint32))[:1]}"
+    x = (rng.standard_normal((rows, k)) * rng.uniform(0.1, 10, (rows, 1))).astype(np.float32)
+    xa = mem.put(x)
+    scratch = mem.scratch(mem.call("wi_linear_scratch_bytes", rows, k))
+    x64, w64 = x.astype(np.float64), want.astype(np.float64)
+    scale = np.abs(x64) @ np.abs(w64).T
+    for fast in (0, 1):
+        y = mem.empty((rows, n))
+        mem.call("wi_linear", w, xa.off, k, y.off, n, rows, 0, fast, scratch.off)
+        if fast:
+            xq = _quantize_x(x, k).astype(np.float64)
+            aq = a.astype(np.float64) * q
+            ref64 = xq @ aq.T + x64 @ b.astype(np.float64).T
+            if packed and dtype in SIGNED_CODES:
+                ref64 = xq @ (aq + b).T
+        else:
+            ref64 = x64 @ w64.T
+        err = np.abs(y.read() - ref64)
+        assert np.all(err <= 1e-5 * scale + 1e-6), f"{dtype} fast {fast}: max err {err.max()}"
 
 
 def test_bench_switch_skips_linear_and_resets(mem):
@@ -320,7 +376,8 @@ def test_greedy_head_keeps_rows_the_high_digits_alone_would_drop(mem):
 @pytest.mark.parametrize("dtype,gs,packed", [("q4a", 32, False), ("q6k", 256, False), ("q5k", 256, False),
                                              ("q8", 32, False), ("q4a", 32, True), ("q4", 32, True), ("q8", 32, True),
                                              ("q6k", 256, True), ("q4k", 256, True), ("q5_0", 32, True),
-                                             ("q5_1", 32, True), ("q5k", 256, True)])
+                                             ("q5_1", 32, True), ("q5k", 256, True)] +
+                         [(d, g, p) for d, g in LOW_BIT for p in (False, True)])
 @pytest.mark.parametrize("fast", [0, 1, 2])
 def test_base_and_relaxed_builds_agree_bitwise(both, dtype, gs, packed, fast):
     n, k, rows = 20, 512, 5

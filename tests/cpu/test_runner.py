@@ -496,6 +496,60 @@ def test_a_model_too_big_packed_loads_in_its_package_layouts(tiny_qwen, monkeypa
         asyncio.run(load_cpu_runner(tiny_qwen, **kw))
 
 
+LOW_BIT = ("q3k", "q2k", "iq4nl", "iq4xs")
+
+
+@pytest.fixture(scope="module")
+def low_bit_packages(tmp_path_factory):
+    """Tiny llamas with every matrix (the tied embedding / LM head too) in one of the low-bit GGUF formats: d = 256
+    and f = 512, whole super-blocks of 256."""
+    from tests.synthetic import write_hf
+    from webinfer_packager.pack.build import pack
+
+    tmp = tmp_path_factory.mktemp("low_bit")
+    write_hf(tmp / "hf", arch="llama", hidden_size=256, intermediate_size=512, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=64)
+    return {q: pack(tmp / "hf", tmp / q, quant=q, embedding=q, progress=False) for q in LOW_BIT}
+
+
+@pytest.mark.parametrize("quant", LOW_BIT)
+@pytest.mark.parametrize("variant,packed,threads", [("base", True, 1), ("relaxed", True, 1), ("relaxed", False, 1),
+                                                    ("relaxed", True, 2)])
+def test_low_bit_formats_follow_the_reference(low_bit_packages, quant, variant, packed, threads):
+    """q3k, q2k, iq4nl and iq4xs end to end (the embedding gather, every GEMV and prefill GEMM, the LM head), in
+    the packed layouts and in the package layouts, on one thread and on two (split_k's part matrices): exact mode's
+    greedy ids are the reference's, its logits within 1e-3; fast mode's within the int8 activations' error
+    (test_batch_invariance_and_logits)."""
+    from tests.gpu_fixtures import generate_ids
+    from webinfer.cpu.runner import CpuRunner
+    from webinfer.cpu.wasm import WasmtimeHost
+    from webinfer.package import Package
+    from webinfer_packager.reference.model import ReferenceModel
+
+    pkg = Package.open(low_bit_packages[quant])
+    assert {t.dtype for t in pkg.tensors.values() if len(t.shape) == 2} == {quant}
+    kw = {"num_blocks": 24, "block_size": 8, "max_batch_tokens": 16, "max_seqs": 4}
+    runners = {}
+    for mode in ("exact", "fast"):
+        host = WasmtimeHost(variant, threads=threads)
+        runners[mode] = asyncio.run(CpuRunner._load(host, pkg, pack=packed, mode=mode, **kw))
+        assert runners[mode].packed_weights == packed
+    for prompt in PROMPTS:
+        assert generate_ids(pkg, prompt, 12, runner=runners["exact"]) == _reference(pkg, prompt, 12), prompt[:5]
+    ref = ReferenceModel.from_package(pkg)
+    prompts = [[5, 17, 200, 33, 1], list(range(3, 14))]
+    for mode, runner in runners.items():
+        for p, got in zip(prompts, _logits_alone_and_batched(runner, prompts)[0]):
+            ref.reset()
+            want = ref.forward(p, 0)[-1]
+            if mode == "exact":
+                assert np.abs(got - want).max() < 1e-3, f"max logit error {np.abs(got - want).max()}"
+            else:
+                rel = float(np.sqrt(np.mean((got - want) ** 2) / np.mean((want - want.mean()) ** 2)))
+                assert rel < 0.08, f"fast mode: relative RMS logit error {rel:.4f}"
+        runner.close()
+
+
 def test_barrier_polls_follow_the_step_thread_count(tiny_llama):
     """Threads that outnumber the cores block at barriers at once (a poller only delays the partner waiting for its
     core); a step on fewer of them polls again: the Team's spins follow each count the runner switches to."""

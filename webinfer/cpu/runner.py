@@ -48,7 +48,9 @@ from ..kernels.sampling import (LOGPROB_BYTES, MAX_LOGIT_BIAS, CountsSlots, Samp
                                 pack_scores, unpack_logprobs)
 from .wasm import _NTH_WORD, WasmMemoryError, bufs_words, spins_for, team_words
 
-DTYPE_CODES = {"f32": 0, "q4": 1, "q4a": 2, "q8": 3, "q5_0": 4, "q5_1": 5, "q4k": 6, "q5k": 7, "q6k": 8}
+# kernels.c's format enum (F_*), one code per webinfer/formats.py format (tests/cpu/test_kernels.py checks both)
+DTYPE_CODES = {"f32": 0, "q4": 1, "q4a": 2, "q8": 3, "q5_0": 4, "q5_1": 5, "q4k": 6, "q5k": 7, "q6k": 8, "q3k": 9,
+               "q2k": 10, "iq4nl": 11, "iq4xs": 12}
 WEIGHT_WORDS, LAYER_WORDS, MODEL_WORDS, STEP_WORDS = 12, 16, 42, 13
 WORKER_STACK = 65536  # a worker thread's wasm stack (it runs the GEMVs only: a few hundred bytes deep)
 PARAM_BYTES = 64  # sampling.py's RowParams, as kernels.c's SampleParams reads it

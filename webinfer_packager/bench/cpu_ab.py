@@ -171,7 +171,9 @@ def run(a: bytes, b: bytes, package, mode: str = "fast", rounds: int = 8, tokens
     return res
 
 
-FORMAT_CASES = [("q4a", 32), ("q8", 32), ("q5_0", 32), ("q5_1", 32), ("q4k", 256), ("q5k", 256), ("q6k", 256)]
+# (a module built before the low-bit formats, q3k .. iq4xs, does not know their codes: time those on newer builds)
+FORMAT_CASES = [("q4a", 32), ("q8", 32), ("q5_0", 32), ("q5_1", 32), ("q4k", 256), ("q5k", 256), ("q6k", 256),
+                ("q3k", 256), ("q2k", 256), ("iq4nl", 32), ("iq4xs", 256)]
 FORMAT_SHAPES = [(2048, 2048), (1536, 576), (576, 1536)]
 
 
