@@ -41,12 +41,26 @@ def _reencode(pkg, name, to):
             "mins": (s * np.float16(-8)).astype(np.float16).tobytes()}
 
 
+def _same_as_reference(runner, pkg, ref_model):
+    """Greedy ids of two prompts (the second in 3 prefill chunks) and one prefill chunk's logits."""
+    from tests.gpu_fixtures import generate_ids
+    from webinfer_packager.reference.model import Sampler, generate
+
+    for prompt in ([5, 17, 200, 33, 1, 9, 250], list(range(3, 40))):
+        got = generate_ids(pkg, prompt, 12, runner=runner)
+        assert got == generate(ref_model, prompt, 12, Sampler(0.0)), f"prompt {prompt[:5]}"
+    prompt = list(range(10, 24))  # one prefill chunk (max_batch_tokens=16)
+    asyncio.run(runner.execute(StepBatch([SeqChunk(0, prompt, 0, [3, 1, 5], True)])))
+    got = np.array(asyncio.run(runner.logits(1))[0], np.float32)
+    ref_model.reset()
+    np.testing.assert_allclose(got, ref_model.forward(prompt, 0)[-1], atol=1e-3, rtol=1e-3)
+
+
 def test_mixed_formats_unfused_match_reference(gpu, tmp_path):
     from tests.synthetic import write_hf
     from webinfer.engine.gpu_model import GPUModel
-    from tests.gpu_fixtures import generate_ids
     from webinfer_packager.pack.build import pack
-    from webinfer_packager.reference.model import ReferenceModel, Sampler, generate
+    from webinfer_packager.reference.model import ReferenceModel
 
     path = pack(write_hf(tmp_path / "hf", arch="llama"), tmp_path / "pkg", quant="q4", progress=False)
     pkg = Package.open(path)
@@ -61,15 +75,7 @@ def test_mixed_formats_unfused_match_reference(gpu, tmp_path):
     l0, l1 = runner.layers
     assert [d.gemv.dtype for d in l0.qkv] == ["q5_0", "q8", "q4"] and l0.swiglu is not None
     assert len(l1.qkv) == 1 and l1.swiglu is None and l1.down.gemv.dtype == "q8"
-    ref_model = ReferenceModel.from_package(Package.open(path))
-    for prompt in ([5, 17, 200, 33, 1, 9, 250], list(range(3, 40))):
-        got = generate_ids(pkg, prompt, 12, runner=runner)
-        assert got == generate(ref_model, prompt, 12, Sampler(0.0)), f"prompt {prompt[:5]}"
-    prompt = list(range(10, 24))  # one prefill chunk (max_batch_tokens=16)
-    asyncio.run(runner.execute(StepBatch([SeqChunk(0, prompt, 0, [3, 1, 5], True)])))
-    got = np.array(asyncio.run(runner.logits(1))[0], np.float32)
-    ref_model.reset()
-    np.testing.assert_allclose(got, ref_model.forward(prompt, 0)[-1], atol=1e-3, rtol=1e-3)
+    _same_as_reference(runner, pkg, ReferenceModel.from_package(Package.open(path)))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -131,9 +137,8 @@ def test_new_gguf_formats_unfused_match_reference(gpu, tmp_path):
     from tests.gpu.quant_ref import decode
     from tests.synthetic import write_hf
     from webinfer.engine.gpu_model import GPUModel
-    from tests.gpu_fixtures import generate_ids
     from webinfer_packager.pack.build import pack
-    from webinfer_packager.reference.model import Config, ReferenceModel, Sampler, generate, load_weights
+    from webinfer_packager.reference.model import Config, ReferenceModel, load_weights
 
     path = pack(write_hf(tmp_path / "hf", arch="llama"), tmp_path / "pkg", quant="q4", progress=False)
     pkg = Package.open(path)
@@ -160,12 +165,4 @@ def test_new_gguf_formats_unfused_match_reference(gpu, tmp_path):
     assert [d.gemv.dtype for d in l0.gate_up + l1.gate_up] == ["q2k", "q4", "q4", "q3k"]  # separate SwiGLU
     assert (l1.o.gemv.dtype, l1.down.gemv.dtype) == ("q2k", "iq4xs")
     assert runner.lm_head.dtype == "iq4xs"
-    ref_model = ReferenceModel(cfg, weights)
-    for prompt in ([5, 17, 200, 33, 1, 9, 250], list(range(3, 40))):
-        got = generate_ids(pkg, prompt, 12, runner=runner)
-        assert got == generate(ref_model, prompt, 12, Sampler(0.0)), f"prompt {prompt[:5]}"
-    prompt = list(range(10, 24))  # one prefill chunk (max_batch_tokens=16)
-    asyncio.run(runner.execute(StepBatch([SeqChunk(0, prompt, 0, [3, 1, 5], True)])))
-    got = np.array(asyncio.run(runner.logits(1))[0], np.float32)
-    ref_model.reset()
-    np.testing.assert_allclose(got, ref_model.forward(prompt, 0)[-1], atol=1e-3, rtol=1e-3)
+    _same_as_reference(runner, pkg, ReferenceModel(cfg, weights))
