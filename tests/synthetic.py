@@ -218,11 +218,11 @@ def gguf_blocks(type_name: str, w: np.ndarray) -> np.ndarray:
 
 
 def write_gguf(path: Path, *, types: dict | None = None, seed: int = 0, tied: bool = True, version: int = 3,
-               rope_freqs=False, **overrides) -> Path:
+               rope_freqs=False, rope_dims: int | None = None, **overrides) -> Path:
     """A tiny llama GGUF. types: {"linear": "Q4_0"|"Q4_1"|"Q8_0"|"F32"|"F16"|a LOW_BIT type, "embed": ...,
     "norm": "F32"}, and per projection ("q", "k", "v", "o", "gate", "up", "down") to override "linear".
     rope_freqs: add Llama 3.1's per-frequency RoPE factors tensor (True: 1..8 spread over the frequencies, or
-    the values to write)."""
+    the values to write). rope_dims: write llama.rope.dimension_count."""
     import gguf
     from gguf.quants import quantize
 
@@ -241,6 +241,8 @@ def write_gguf(path: Path, *, types: dict | None = None, seed: int = 0, tied: bo
     wr.add_head_count(cfg["num_attention_heads"])
     wr.add_head_count_kv(cfg["num_key_value_heads"])
     wr.add_rope_freq_base(cfg["rope_theta"])
+    if rope_dims is not None:
+        wr.add_rope_dimension_count(rope_dims)
     wr.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     wr.add_vocab_size(cfg["vocab_size"])
     wr.add_tokenizer_model("gpt2")

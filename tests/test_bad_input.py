@@ -205,6 +205,28 @@ def test_unsupported_gguf_quant_type(tmp_path):
     assert sorted(x.name for x in tmp_path.iterdir()) == ["m.gguf"]
 
 
+def test_partial_rotary_embeddings_are_refused_by_name(tmp_path):
+    """Phi-4-mini ropes 96 of each head's 128 dims: running it with whole-head RoPE would be silently wrong, so a
+    GGUF's rope.dimension_count below head_dim and a config's partial_rotary_factor (either place transformers 5
+    writes it) are refused naming the field; the whole head (head_dim 16 here) packs."""
+    pack(synthetic.write_gguf(tmp_path / "ok.gguf", rope_dims=16), tmp_path / "ok", progress=False)
+    with pytest.raises(UnsupportedArchitectureError) as e:
+        pack(synthetic.write_gguf(tmp_path / "m.gguf", rope_dims=12), tmp_path / "out", progress=False)
+    assert e.value.field == "llama.rope.dimension_count" and "12" in e.value.problem and e.value.expected.startswith("16")
+    for where in ("top", "rope_parameters"):
+        src = synthetic.write_hf(tmp_path / f"hf-{where}")
+        cfg = json.loads((src / "config.json").read_text())
+        if where == "top":
+            cfg["partial_rotary_factor"] = 0.75
+        else:
+            cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+        (src / "config.json").write_text(json.dumps(cfg))
+        with pytest.raises(UnsupportedArchitectureError) as e:
+            pack(src, tmp_path / f"out-{where}", progress=False)
+        assert e.value.field == ("partial_rotary_factor" if where == "top" else "rope_parameters.partial_rotary_factor")
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out-top").exists()
+
+
 def test_gguf_rope_frequency_factors_are_read_and_bad_ones_refused(tmp_path):
     """Llama 3.1 GGUFs scale RoPE through a rope_freqs tensor: it becomes freq_factors scaling (ignoring it would
     be silently wrong); a tensor of the wrong length or with a zero factor is refused, naming the tensor."""

@@ -391,6 +391,11 @@ class GGUFSource:
         hidden = num("embedding_length")
         heads = num("attention.head_count")
         head_dim = num("attention.key_length", hidden // heads if heads else 0)
+        rope_dims = self._get(f"{arch}.rope.dimension_count")
+        if rope_dims is not None and rope_dims != head_dim:  # Phi-4-mini: RoPE on 96 of 128 dims
+            raise UnsupportedArchitectureError(
+                self.path, f"{arch}.rope.dimension_count", f"is {rope_dims!r}: RoPE on part of each head (head_dim "
+                f"{head_dim}), which webinfer does not implement", f"{head_dim} (RoPE on the whole head)")
         n_layers = num("block_count")
         if n_layers > len(self.tensors) // 6:  # 6 tensors per layer at least (fused Phi-3): checked before sizing
             raise FormatError(self.path, f"{arch}.block_count", f"is {n_layers} but the file holds "
