@@ -222,8 +222,8 @@ class HFSource:
         params = c.get("rope_parameters") if isinstance(c.get("rope_parameters"), dict) else {}
         for key, holder in [("partial_rotary_factor", c), ("rope_parameters.partial_rotary_factor", params)] + [
                 (f"rope_parameters.{k}.partial_rotary_factor", v) for k, v in params.items() if isinstance(v, dict)]:
-            partial = holder.get("partial_rotary_factor", 1.0)
-            if partial != 1.0:  # Phi-4-mini: 0.75 (transformers 5 writes it in both places)
+            partial = holder.get("partial_rotary_factor")
+            if partial is not None and partial != 1.0:  # Phi-4-mini: 0.75 (transformers 5 writes it in both places)
                 raise UnsupportedArchitectureError(
                     f, key, f"is {partial!r}: RoPE on part of each head, which webinfer does not implement",
                     "1.0 (RoPE on the whole head)")
