@@ -252,19 +252,22 @@ def test_every_format_has_a_kernel_code():
 @pytest.mark.parametrize("dtype,gs", LOW_BIT)
 @pytest.mark.parametrize("packed", [False, True])
 def test_gguf_blocks_decode_as_gguf_quants(mem, dtype, gs, packed):
-    """GGUF-realistic matrices of the low-bit types (random_gguf: random blocks with the d a real row gives),
-    re-laid into the spec's components (formats_np.from_gguf, ggml's block structs): the module's dequantization
-    (the embedding gather) equals gguf.quants.dequantize bit for bit in both layouts, as does the spec decoder; the
-    GEMV and a 5-row prefill agree with float64 numpy on those values in exact mode and with numpy's int8 model of
-    fast mode."""
-    from tests.cpu.formats_np import from_gguf, gguf_values, random_gguf
+    """Random GGUF blocks of the low-bit types (quant_ref.random_gguf: finite d of either sign, values of unit size)
+    re-laid into the spec's components (quant_ref.from_gguf, ggml's block structs, shared with the GPU tests): the
+    module's dequantization (the embedding gather) equals gguf.quants.dequantize bit for bit in both layouts, as does
+    the spec decoder; the GEMV and a 5-row prefill agree with float64 numpy on those values in exact mode and with
+    numpy's int8 model of fast mode."""
+    from gguf import GGMLQuantizationType as T
+    from gguf.quants import dequantize as gguf_dequantize
 
-    pytest.importorskip("gguf")
+    from tests.gpu.quant_ref import GGUF_TYPES, from_gguf, random_gguf
+
     n, k, rows = 23, 512, 5
     rng = np.random.default_rng(31)
-    blocks = random_gguf(dtype, n, k, rng)
-    want = gguf_values(dtype, blocks)
-    comps = from_gguf(dtype, blocks, n, k)
+    gguf_type = {v: t for t, v in GGUF_TYPES.items()}[dtype]
+    blocks = random_gguf(gguf_type, n, k, seed=31)
+    want = gguf_dequantize(blocks, T[gguf_type]).astype(np.float32)
+    comps = {c: v.tobytes() for c, v in from_gguf(gguf_type, blocks, k).items()}
     v, q, a, b = decode(dtype, comps, n, k, gs)
     assert np.array_equal(v.view(np.uint32), want.view(np.uint32)), "formats_np against gguf.quants"
     w = mem.weight(dtype, n, k, gs, comps, packed=packed)
